@@ -1,0 +1,34 @@
+/* ll.h — the FUSE lowlevel handlers over one immutable view (index + tree + virtual files).
+ * Contract: inode N is tree node N-1 (the root is FUSE_ROOT_ID); nothing changes after mount,
+ * so every reply may be cached by the kernel for as long as it likes; every handler that would
+ * modify answers EROFS. Handlers are safe to run on many threads at once.
+ */
+#ifndef CK_LL_H
+#define CK_LL_H
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+
+#include "tree.h"
+
+enum { CK_VFILE_INDEX_JSON, CK_VFILE_COUNT };
+#define CK_VDIR ".ckptfs"
+extern const char *const ck_vfile_names[CK_VFILE_COUNT];
+
+typedef struct ck_fs {
+    const ck_index *ix;
+    const ck_tree *tree;
+    char *vdata[CK_VFILE_COUNT];
+    size_t vlen[CK_VFILE_COUNT];
+    uid_t uid;
+    gid_t gid;
+    int direct_io;
+    double timeout;             /* seconds the kernel may cache entries and attributes */
+    struct timespec mtime;      /* directories and virtual files: the source's */
+    pthread_key_t read_buf;     /* each worker thread's read buffer */
+} ck_fs;
+
+extern const struct fuse_lowlevel_ops ck_ll_ops;
+
+#endif

@@ -1,0 +1,263 @@
+#include "tree.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+enum { HASH_CUT = 236 }; /* bytes kept from an over-long component, before "%~" + 16 hex */
+
+static int needs_escape(unsigned char c)
+{
+    return c == '%' || c == '/' || c < 0x20 || c == 0x7f;
+}
+
+size_t ck_escape_component(const char *s, size_t len, char *out)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    if (len == 0) {
+        memcpy(out, "%", 2);
+        return 1;
+    }
+    size_t full = 0;
+    for (size_t i = 0; i < len; i++)
+        full += needs_escape((unsigned char)s[i]) ? 3 : 1;
+    size_t max = full <= CK_NAME_MAX ? CK_NAME_MAX : HASH_CUT, n = 0;
+    /* Copy whole units only (an escape, or a character with its UTF-8 continuation bytes), so a
+     * cut never splits one. */
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = 1;
+        while (!needs_escape(c) && i + k < len && ((unsigned char)s[i + k] & 0xC0) == 0x80)
+            k++;
+        size_t w = needs_escape(c) ? 3 : k;
+        if (n + w > max)
+            break;
+        if (needs_escape(c)) {
+            out[n++] = '%';
+            out[n++] = hex[c >> 4];
+            out[n++] = hex[c & 15];
+        } else {
+            memcpy(out + n, s + i, k);
+            n += k;
+        }
+        i += k;
+    }
+    if (full > CK_NAME_MAX)
+        n += (size_t)snprintf(out + n, CK_NAME_MAX + 1 - n, "%%~%016llx",
+                              (unsigned long long)XXH3_64bits(s, len));
+    out[n] = 0;
+    return n;
+}
+
+static uint64_t slot_hash(uint32_t parent, const char *name, size_t len)
+{
+    return XXH3_64bits_withSeed(name, len, parent);
+}
+
+uint32_t ck_tree_lookup(const ck_tree *t, uint32_t parent, const char *name, size_t len)
+{
+    size_t mask = t->nslots - 1;
+    for (size_t i = slot_hash(parent, name, len) & mask;; i = (i + 1) & mask) {
+        uint32_t id = t->slots[i];
+        if (id == CK_NO_NODE)
+            return CK_NO_NODE;
+        const ck_node *nd = &t->nodes[id];
+        if (nd->parent == parent && nd->name_len == len && memcmp(nd->name, name, len) == 0)
+            return id;
+    }
+}
+
+/* Adds a node (the caller checked it is absent); nodes and slots were sized for the worst case. */
+static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t len, int32_t entry)
+{
+    char *copy = ck_arena_alloc(&t->arena, len + 1);
+    if (!copy)
+        return CK_NO_NODE;
+    memcpy(copy, name, len);
+    copy[len] = 0;
+    uint32_t id = t->nnodes++;
+    t->nodes[id] = (ck_node){.name = copy, .name_len = (uint32_t)len, .parent = parent,
+                             .entry = entry};
+    size_t mask = t->nslots - 1, i = slot_hash(parent, name, len) & mask;
+    while (t->slots[i] != CK_NO_NODE)
+        i = (i + 1) & mask;
+    t->slots[i] = id;
+    return id;
+}
+
+/* The directory that holds name's last piece, created as needed; *last_start is where that
+ * piece begins in name. */
+static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, size_t *last_start)
+{
+    uint32_t dir = 0;
+    size_t start = 0;
+    char esc[CK_NAME_MAX + 1];
+    for (size_t i = 0; i < len; i++) {
+        if (name[i] != '.')
+            continue;
+        size_t n = ck_escape_component(name + start, i - start, esc);
+        uint32_t id = ck_tree_lookup(t, dir, esc, n);
+        if (id == CK_NO_NODE && (id = add_node(t, dir, esc, n, CK_NODE_DIR)) == CK_NO_NODE)
+            return CK_NO_NODE;
+        dir = id;
+        start = i + 1;
+    }
+    *last_start = start;
+    return dir;
+}
+
+static int by_node_name(const void *a, const void *b, void *tree)
+{
+    const ck_node *nodes = ((const ck_tree *)tree)->nodes;
+    const ck_node *x = &nodes[*(const uint32_t *)a], *y = &nodes[*(const uint32_t *)b];
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int c = memcmp(x->name, y->name, n);
+    return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
+static int sort_children(ck_tree *t)
+{
+    uint32_t n = t->nnodes;
+    t->children = malloc((n ? n : 1) * sizeof *t->children);
+    if (!t->children)
+        return -1;
+    for (uint32_t i = 0; i < n; i++)
+        t->nodes[i].nchild = 0;
+    for (uint32_t i = 1; i < n; i++)
+        t->nodes[t->nodes[i].parent].nchild++;
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        t->nodes[i].child0 = at;
+        at += t->nodes[i].nchild;
+        t->nodes[i].nchild = 0;
+    }
+    for (uint32_t i = 1; i < n; i++) {
+        ck_node *p = &t->nodes[t->nodes[i].parent];
+        t->children[p->child0 + p->nchild++] = i;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (t->nodes[i].nchild > 1)
+            qsort_r(t->children + t->nodes[i].child0, t->nodes[i].nchild, sizeof(uint32_t),
+                    by_node_name, t);
+    return 0;
+}
+
+void ck_tree_free(ck_tree *t)
+{
+    if (!t)
+        return;
+    free(t->nodes);
+    free(t->children);
+    free(t->entry_node);
+    free(t->slots);
+    ck_arena_free(t->arena);
+    free(t);
+}
+
+static int add_virtual(ck_tree *t, const char *vdir, const char *const *vnames, unsigned nvirtual)
+{
+    uint32_t dir = add_node(t, 0, vdir, strlen(vdir), CK_NODE_DIR);
+    for (unsigned k = 0; dir != CK_NO_NODE && k < nvirtual; k++)
+        if (add_node(t, dir, vnames[k], strlen(vnames[k]), CK_NODE_VIRTUAL(k)) == CK_NO_NODE)
+            return -1;
+    return dir == CK_NO_NODE ? -1 : 0;
+}
+
+/* Files go in after every directory exists, so a file that meets a directory of its own name
+ * is always the one renamed, whatever the order of the entries. */
+static int add_files(ck_tree *t, const ck_index *ix, ck_error *err)
+{
+    char esc[CK_NAME_MAX + 2];
+    for (size_t i = 0; i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        size_t start, n;
+        uint32_t dir = make_dirs(t, e->name, e->name_len, &start);
+        if (dir == CK_NO_NODE)
+            return ck_fail(err, ix->files[0].path, "out of memory");
+        n = ck_escape_component(e->name + start, e->name_len - start, esc);
+        uint32_t other = ck_tree_lookup(t, dir, esc, n);
+        if (other != CK_NO_NODE && t->nodes[other].entry == CK_NODE_DIR) {
+            esc[n++] = '%';
+            esc[n] = 0;
+            other = ck_tree_lookup(t, dir, esc, n);
+        }
+        if (other != CK_NO_NODE)
+            return ck_fail(err, ix->files[0].path, "tensors '%s' and '%s' map to one path",
+                           t->nodes[other].entry >= 0 ? ix->entries[t->nodes[other].entry].name
+                                                      : "?", e->name);
+        t->entry_node[i] = add_node(t, dir, esc, n, (int32_t)i);
+        if (t->entry_node[i] == CK_NO_NODE)
+            return ck_fail(err, ix->files[0].path, "out of memory");
+    }
+    return 0;
+}
+
+int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vnames,
+                  unsigned nvirtual, ck_tree **out, ck_error *err)
+{
+    const char *src = ix->nfiles ? ix->files[0].path : "?";
+    *out = NULL;
+    /* Worst case: every piece of every name is a node of its own, plus a directory for each. */
+    size_t bound = 2 + nvirtual;
+    for (size_t i = 0; i < ix->nentries; i++) {
+        bound++;
+        for (uint32_t k = 0; k < ix->entries[i].name_len; k++)
+            bound += ix->entries[i].name[k] == '.';
+    }
+    if (bound >= CK_NO_NODE / 2)
+        return ck_fail(err, src, "too many tensors for one tree (%zu nodes)", bound);
+    ck_tree *t = calloc(1, sizeof *t);
+    size_t nslots = 16;
+    while (nslots < 2 * bound)
+        nslots *= 2;
+    if (t) {
+        t->nodes = malloc(bound * sizeof *t->nodes);
+        t->slots = malloc(nslots * sizeof *t->slots);
+        t->entry_node = malloc((ix->nentries ? ix->nentries : 1) * sizeof *t->entry_node);
+        t->nslots = nslots;
+    }
+    if (!t || !t->nodes || !t->slots || !t->entry_node) {
+        ck_tree_free(t);
+        return ck_fail(err, src, "out of memory");
+    }
+    memset(t->slots, 0xff, nslots * sizeof *t->slots);
+    t->nodes[0] = (ck_node){.name = "", .parent = 0, .entry = CK_NODE_DIR};
+    t->nnodes = 1;
+    int rc = add_virtual(t, vdir, vnames, nvirtual) ? ck_fail(err, src, "out of memory") : 0;
+    for (size_t i = 0; i < ix->nentries && rc == 0; i++) {
+        size_t start;
+        if (make_dirs(t, ix->entries[i].name, ix->entries[i].name_len, &start) == CK_NO_NODE)
+            rc = ck_fail(err, src, "out of memory");
+    }
+    if (rc == 0)
+        rc = add_files(t, ix, err);
+    if (rc == 0 && sort_children(t))
+        rc = ck_fail(err, src, "out of memory");
+    if (rc) {
+        ck_tree_free(t);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
+size_t ck_tree_path(const ck_tree *t, uint32_t node, char *buf, size_t cap)
+{
+    size_t len = 0;
+    for (uint32_t n = node; n != 0; n = t->nodes[n].parent)
+        len += t->nodes[n].name_len + (t->nodes[n].parent != 0);
+    if (len < cap) {
+        size_t at = len;
+        buf[at] = 0;
+        for (uint32_t n = node; n != 0; n = t->nodes[n].parent) {
+            at -= t->nodes[n].name_len;
+            memcpy(buf + at, t->nodes[n].name, t->nodes[n].name_len);
+            if (t->nodes[n].parent != 0)
+                buf[--at] = '/';
+        }
+    } else if (cap) {
+        buf[0] = 0;
+    }
+    return len;
+}

@@ -1,0 +1,67 @@
+/* tree.h — the directory tree a mount shows for an index. No FUSE here: testable on its own.
+ *
+ * Tensor "a.b.c" is the file a/b/c. The mapping is deterministic and reversible:
+ *  - a name is split at every '.', each piece one path component;
+ *  - in a component, '%', '/', bytes 0x01-0x1F and 0x7F are written %XX (uppercase hex);
+ *  - an empty piece (from "a..b", ".a" or "a.") is written "%";
+ *  - a file whose path is also a directory (tensors "a" and "a.b") gets "%" appended: "a%";
+ *  - a component whose escaped form is over 255 bytes keeps its first whole characters and
+ *    escapes (at most 236 bytes), then "%~" and 16 lowercase hex digits: the XXH3-64 of the
+ *    piece's original bytes.
+ * No component can be "." or "..", begin with '.', or hold '/', so no path leaves the mount, and
+ * the names beginning with '.' (.ckptfs) are free for the mount's own files. Node 0 is the root;
+ * children of a directory are sorted bytewise.
+ */
+#ifndef CK_TREE_H
+#define CK_TREE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../pack/index.h"
+
+#define CK_NAME_MAX 255
+#define CK_NO_NODE UINT32_MAX
+
+enum { CK_NODE_DIR = -1 }; /* ck_node.entry: >= 0 an entry of the index, <= -2 a virtual file */
+#define CK_NODE_VIRTUAL(k) (-2 - (int32_t)(k))
+#define CK_VIRTUAL_ID(entry) ((uint32_t)(-2 - (entry)))
+
+typedef struct ck_node {
+    const char *name;   /* escaped component, NUL-terminated; "" for the root */
+    uint32_t name_len;
+    uint32_t parent;
+    uint32_t child0;    /* children are tree->children[child0 .. child0 + nchild) */
+    uint32_t nchild;
+    int32_t entry;
+} ck_node;
+
+typedef struct ck_tree {
+    ck_node *nodes;
+    uint32_t nnodes;
+    uint32_t *children;
+    uint32_t *entry_node; /* index entry -> its node */
+    uint32_t *slots;      /* hash of (parent, name) -> node */
+    size_t nslots;
+    ck_arena *arena;
+} ck_tree;
+
+/* Builds the tree for ix, with the directory `vdir` (e.g. ".ckptfs") holding nvirtual files
+ * named vnames[k], node entry CK_NODE_VIRTUAL(k). Fails only on out-of-memory or two entries
+ * with one path (err names both). */
+int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vnames,
+                  unsigned nvirtual, ck_tree **out, ck_error *err);
+void ck_tree_free(ck_tree *t);
+
+/* The child of parent called name (len bytes), or CK_NO_NODE. */
+uint32_t ck_tree_lookup(const ck_tree *t, uint32_t parent, const char *name, size_t len);
+
+/* Writes node's path relative to the root ("a/b/c") into buf; returns its length, or the length
+ * it would have had when cap is too small (like snprintf). */
+size_t ck_tree_path(const ck_tree *t, uint32_t node, char *buf, size_t cap);
+
+/* Escapes one component (len bytes, no '.') into out (CK_NAME_MAX + 1 bytes), NUL-terminated;
+ * returns the escaped length. */
+size_t ck_escape_component(const char *s, size_t len, char *out);
+
+#endif

@@ -1,0 +1,21 @@
+/* view.h — what the mount's own files say about an index. No FUSE here.
+ * Contract: the strings returned are malloc'ed and the caller frees them; JSON is UTF-8 and
+ * follows the formats documented in README.md ("The mount").
+ */
+#ifndef CK_VIEW_H
+#define CK_VIEW_H
+
+#include <stddef.h>
+
+#include "tree.h"
+
+/* .ckptfs/index.json: {"format", "metadata", "tensors": [{name, path, dtype, shape, nbytes}]}.
+ * With locations, each tensor also has "file" (source file path) and "offset" (byte offset of
+ * its first byte in that file; null unless its bytes are one extent) — `ckpt ls --json`. */
+char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_locations, size_t *len);
+
+/* A tensor's shape as a JSON array, e.g. "[2,3]" or "[]", into buf (cap bytes). Returns the
+ * length, or what it would have been (like snprintf). */
+size_t ck_view_shape_json(const ck_entry *e, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,22 @@
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
+{
+    if (!err)
+        return -1;
+    int n = snprintf(err->msg, sizeof err->msg, "%s: ", file);
+    if (n < 0 || (size_t)n >= sizeof err->msg)
+        n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    /* Names quoted into messages come from the checkpoint: keep the message one line. */
+    for (char *p = err->msg; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
+    return -1;
+}

@@ -1,0 +1,16 @@
+/* error.h — one-line error messages, "FILE: what is wrong (where)".
+ * Contract: every function that can fail on bad input fills a caller-owned ck_error and returns
+ * -1 (or NULL); the message never holds a newline, so a tool prints it as exactly one line.
+ */
+#ifndef CK_ERROR_H
+#define CK_ERROR_H
+
+typedef struct ck_error {
+    char msg[512];
+} ck_error;
+
+/* Sets err to "FILE: " + the formatted text, control characters replaced by '?'. Returns -1. */
+int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

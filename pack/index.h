@@ -1,0 +1,119 @@
+/* index.h — the common tensor index that every format reader produces.
+ *
+ * Contract:
+ *  - An index is built once by a reader (ck_open) and immutable afterwards; every function that
+ *    takes a const ck_index is safe to call from many threads at once (reads use pread only).
+ *  - The index owns its source file descriptors and all strings; ck_index_free releases them.
+ *  - An entry is a tensor (dtype, shape, bytes somewhere in the source files) or a non-tensor
+ *    value (its text, e.g. JSON, held in memory). A tensor's bytes are described by a layout:
+ *    one extent, several extents concatenated, or a strided gather from a storage. Whatever the
+ *    layout, ck_entry_read returns the tensor's elements in row-major order, little-endian.
+ *  - Nothing here knows about FUSE or CUDA.
+ */
+#ifndef CK_INDEX_H
+#define CK_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "arena.h"
+#include "dtype.h"
+#include "error.h"
+
+enum ck_entry_kind { CK_TENSOR = 0, CK_VALUE = 1 };
+
+enum ck_layout {
+    CK_CONTIGUOUS = 0, /* ext holds every byte, in order */
+    CK_EXTENTS = 1,    /* extents[0..nextents) concatenated */
+    CK_STRIDED = 2,    /* ext.offset = first element; shape[rank..2*rank) = element strides */
+};
+
+typedef struct ck_extent {
+    uint64_t offset; /* byte offset in the source file */
+    uint64_t length; /* bytes */
+    uint32_t file;   /* index into ck_index.files */
+} ck_extent;
+
+typedef struct ck_entry {
+    const char *name;      /* UTF-8, name_len bytes, NUL-terminated, never contains NUL */
+    const int64_t *shape;  /* rank dims; CK_STRIDED: followed by rank strides (elements) */
+    union {
+        const ck_extent *extents; /* CK_EXTENTS */
+        const char *text;         /* CK_VALUE: nbytes bytes */
+    } u;
+    ck_extent ext;         /* CK_CONTIGUOUS: the bytes; CK_STRIDED: file and first element */
+    uint64_t nbytes;       /* size of what ck_entry_read yields */
+    uint32_t name_len;
+    uint32_t nextents;     /* CK_EXTENTS only */
+    uint8_t kind;          /* enum ck_entry_kind */
+    uint8_t layout;        /* enum ck_layout */
+    uint8_t dtype;         /* enum ck_dtype; CK_VALUE: unused */
+    uint8_t rank;
+} ck_entry;
+
+typedef struct ck_file {
+    const char *path;        /* as opened, for messages */
+    int fd;
+    uint64_t size;
+    struct timespec mtime;
+    dev_t dev;
+    ino_t ino;
+} ck_file;
+
+typedef struct ck_meta {
+    const char *key, *value; /* UTF-8 strings */
+} ck_meta;
+
+typedef struct ck_index {
+    const char *format;      /* "safetensors", "safetensors-sharded", ... */
+    ck_file *files;
+    uint32_t nfiles;
+    ck_entry *entries;       /* in source order */
+    size_t nentries;
+    ck_meta *meta;
+    size_t nmeta;
+    /* private to index.c */
+    size_t cap_entries, cap_meta, cap_files;
+    ck_arena *arena;
+} ck_index;
+
+#define CK_MAX_RANK 64
+
+/* Opens SOURCE (a file, or a directory of shards), detects its format by content and parses
+ * its headers. No tensor data is read. On failure returns -1 with err set and *out NULL. */
+int ck_open(const char *source, ck_index **out, ck_error *err);
+
+void ck_index_free(ck_index *ix);
+
+/* Copies up to len bytes of the entry's row-major contents starting at off into buf.
+ * Returns the number of bytes copied (0 at or past the end), or -errno. A source file that is
+ * shorter than the index says gives -EIO: callers never see a short count before the end. */
+ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off);
+
+/* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
+int ck_pread(int fd, void *buf, size_t len, uint64_t off);
+
+/* Looks an entry up by exact name; NULL if absent. Linear: for tools, not for hot paths. */
+const ck_entry *ck_index_find(const ck_index *ix, const char *name);
+
+/* --- for format readers --------------------------------------------------------------- */
+
+ck_index *ck_index_new(const char *format);
+/* Takes ownership of fd. Returns the file id, or -1 (out of memory, err set). */
+int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err);
+/* Appends an entry with a copy of name and shape (rank dims, plus rank strides when the layout
+ * is CK_STRIDED); the caller fills in where the bytes are. NULL on out-of-memory (err set). */
+ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, uint8_t layout,
+                             unsigned rank, const int64_t *shape, ck_error *err);
+int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error *err);
+/* Memory that lives as long as the index. NULL on out-of-memory. */
+void *ck_index_alloc(ck_index *ix, size_t n);
+char *ck_index_strndup(ck_index *ix, const char *s, size_t n);
+
+/* Product of dims times the dtype's bits, in bytes. -1 on overflow, a negative dim, or a
+ * sub-byte dtype whose element count does not fill whole bytes. */
+int ck_tensor_nbytes(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint64_t *nbytes);
+
+#endif

@@ -1,0 +1,529 @@
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ST_INDEX_JSON "model.safetensors.index.json"
+#define MAX_EXACT_DOUBLE 9007199254740992.0 /* 2^53: above it a double no longer counts by one */
+
+int st_probe(const unsigned char *head, size_t n)
+{
+    return n >= 9 && head[8] == '{';
+}
+
+/* Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points past
+ * U+10FFFF included), or n when all is well. */
+static size_t utf8_invalid_at(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            k = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            k = 2;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            k = 3;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return i;
+        }
+        if (i + k >= n)
+            return i;
+        for (size_t j = 1; j <= k; j++) {
+            unsigned b = s[i + j];
+            if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xBF))
+                return i;
+        }
+        i += k + 1;
+    }
+    return n;
+}
+
+/* Numbers in a header can only be offsets and dims, so all must be integers. cJSON returns
+ * doubles, which cannot tell 2 from 2.0, so integer spelling is checked on the text. Strings
+ * may not hold \u0000: cJSON would cut the name there, and a name must survive intact. */
+static int st_scan_text(const char *s, size_t n, const char *path, ck_error *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '"') {
+            for (i++; i < n && s[i] != '"'; i++) {
+                if (s[i] != '\\')
+                    continue;
+                if (i + 5 < n && memcmp(s + i + 1, "u0000", 5) == 0)
+                    return ck_fail(err, path, "header string contains \\u0000 (header byte %zu)",
+                                   i);
+                i++;
+            }
+        } else if (s[i] == '-' || (s[i] >= '0' && s[i] <= '9')) {
+            size_t start = i;
+            int integral = 1;
+            for (; i < n && strchr("-+.eE0123456789", s[i]); i++)
+                if (strchr(".eE+", s[i]))
+                    integral = 0;
+            if (!integral)
+                return ck_fail(err, path, "number %.*s is not an integer (header byte %zu)",
+                               (int)(i - start > 32 ? 32 : i - start), s + start, start);
+            i--;
+        }
+    }
+    return 0;
+}
+
+/* A non-negative integer below 2^53 (the text scan already ruled out fractions). */
+static int json_count(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= MAX_EXACT_DOUBLE)
+        return -1;
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+typedef struct st_tensor {
+    const char *name;
+    const cJSON *shape;
+    uint64_t begin, end;
+    uint8_t dtype;
+} st_tensor;
+
+static int by_offsets(const void *a, const void *b)
+{
+    const st_tensor *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int by_cstr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int st_read_metadata(ck_index *ix, const cJSON *meta, const char *path, ck_error *err)
+{
+    if (!cJSON_IsObject(meta))
+        return ck_fail(err, path, "__metadata__ is not an object");
+    for (const cJSON *m = meta->child; m; m = m->next) {
+        if (!cJSON_IsString(m))
+            return ck_fail(err, path, "__metadata__ value of '%s' is not a string", m->string);
+        int have = 0;
+        for (size_t i = 0; i < ix->nmeta && !have; i++)
+            have = strcmp(ix->meta[i].key, m->string) == 0;
+        if (!have && ck_index_add_meta(ix, m->string, m->valuestring, err))
+            return -1;
+    }
+    return 0;
+}
+
+/* Checks one tensor's description and fills t; the extent is checked against the others later. */
+static int st_read_tensor(const cJSON *v, st_tensor *t, const char *path, ck_error *err)
+{
+    const char *name = v->string;
+    if (!cJSON_IsObject(v))
+        return ck_fail(err, path, "tensor '%s': description is not an object", name);
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(v, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(v, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(v, "data_offsets");
+    if (!cJSON_IsString(dtype))
+        return ck_fail(err, path, "tensor '%s': missing or non-string \"dtype\"", name);
+    int dt = ck_dtype_from_name(dtype->valuestring, strlen(dtype->valuestring));
+    if (dt < 0)
+        return ck_fail(err, path, "tensor '%s': unknown dtype '%s'", name, dtype->valuestring);
+    if (!cJSON_IsArray(shape))
+        return ck_fail(err, path, "tensor '%s': missing or non-array \"shape\"", name);
+    int rank = cJSON_GetArraySize(shape);
+    if (rank > CK_MAX_RANK)
+        return ck_fail(err, path, "tensor '%s': rank %d exceeds %d", name, rank, CK_MAX_RANK);
+    int64_t dims[CK_MAX_RANK];
+    int d = 0;
+    for (const cJSON *x = shape->child; x; x = x->next, d++) {
+        uint64_t n;
+        if (json_count(x, &n))
+            return ck_fail(err, path, "tensor '%s': shape[%d] is not a non-negative integer "
+                           "below 2^53", name, d);
+        dims[d] = (int64_t)n;
+    }
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
+        json_count(offs->child, &t->begin) || json_count(offs->child->next, &t->end))
+        return ck_fail(err, path, "tensor '%s': \"data_offsets\" is not two non-negative "
+                       "integers below 2^53", name);
+    if (t->end < t->begin)
+        return ck_fail(err, path, "tensor '%s': data_offsets [%llu, %llu] end before they begin",
+                       name, (unsigned long long)t->begin, (unsigned long long)t->end);
+    uint64_t nbytes;
+    if (ck_tensor_nbytes((unsigned)rank, dims, (enum ck_dtype)dt, &nbytes))
+        return ck_fail(err, path, "tensor '%s': shape × %s overflows or is not a whole number "
+                       "of bytes", name, ck_dtype_name((enum ck_dtype)dt));
+    if (nbytes != t->end - t->begin)
+        return ck_fail(err, path, "tensor '%s': data_offsets [%llu, %llu] hold %llu bytes, "
+                       "shape × %s needs %llu", name, (unsigned long long)t->begin,
+                       (unsigned long long)t->end, (unsigned long long)(t->end - t->begin),
+                       ck_dtype_name((enum ck_dtype)dt), (unsigned long long)nbytes);
+    t->name = name;
+    t->shape = shape;
+    t->dtype = (uint8_t)dt;
+    return 0;
+}
+
+/* The spec's tiling rule: sorted by offset, extents start at 0, touch without hole or overlap,
+ * and end exactly where the file ends. */
+static int st_check_tiling(st_tensor *t, size_t n, uint64_t data_len, const char *path,
+                           ck_error *err)
+{
+    qsort(t, n, sizeof *t, by_offsets);
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].begin > at)
+            return ck_fail(err, path, "hole in the data region: bytes [%llu, %llu) belong to no "
+                           "tensor (before tensor '%s')", (unsigned long long)at,
+                           (unsigned long long)t[i].begin, t[i].name);
+        if (t[i].begin < at)
+            return ck_fail(err, path, "tensor '%s' [%llu, %llu] overlaps tensor '%s'", t[i].name,
+                           (unsigned long long)t[i].begin, (unsigned long long)t[i].end,
+                           t[i - 1].name);
+        at = t[i].end;
+    }
+    if (at > data_len)
+        return ck_fail(err, path, "tensor '%s' ends at data byte %llu, past the end of file "
+                       "(data region is %llu bytes)", t[n - 1].name, (unsigned long long)at,
+                       (unsigned long long)data_len);
+    if (at < data_len)
+        return ck_fail(err, path, "%llu trailing bytes after the last tensor (data region is "
+                       "%llu bytes, tensors end at %llu)", (unsigned long long)(data_len - at),
+                       (unsigned long long)data_len, (unsigned long long)at);
+    return 0;
+}
+
+static int st_check_unique(const st_tensor *t, size_t n, const char *path, ck_error *err)
+{
+    const char **names = malloc((n ? n : 1) * sizeof *names);
+    if (!names)
+        return ck_fail(err, path, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        names[i] = t[i].name;
+    qsort(names, n, sizeof *names, by_cstr);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            rc = ck_fail(err, path, "duplicate tensor name '%s'", names[i]);
+    free(names);
+    return rc;
+}
+
+static int st_add_tensors(ck_index *ix, uint32_t file, const st_tensor *t, size_t n,
+                          uint64_t data_start, ck_error *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        int64_t dims[CK_MAX_RANK];
+        unsigned rank = 0;
+        for (const cJSON *x = t[i].shape->child; x; x = x->next)
+            dims[rank++] = (int64_t)x->valuedouble;
+        ck_entry *e = ck_index_add_entry(ix, t[i].name, strlen(t[i].name), CK_CONTIGUOUS, rank,
+                                         dims, err);
+        if (!e)
+            return -1;
+        e->dtype = t[i].dtype;
+        e->nbytes = t[i].end - t[i].begin;
+        e->ext = (ck_extent){.offset = data_start + t[i].begin, .length = e->nbytes,
+                             .file = file};
+    }
+    return 0;
+}
+
+int st_parse_header(ck_index *ix, uint32_t file, const char *json, size_t len,
+                    uint64_t data_start, uint64_t data_len, ck_error *err)
+{
+    const char *path = ix->files[file].path;
+    size_t bad = utf8_invalid_at((const unsigned char *)json, len);
+    if (bad < len)
+        return ck_fail(err, path, "header is not valid UTF-8 (header byte %zu)", bad);
+    if (len == 0 || json[0] != '{')
+        return ck_fail(err, path, "header does not start with '{' (header byte 0)");
+    if (st_scan_text(json, len, path, err))
+        return -1;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root)
+        return ck_fail(err, path, "header is not valid JSON (header byte %zu)",
+                       end ? (size_t)(end - json) : (size_t)0);
+    for (; end < json + len; end++)
+        if (!strchr(" \t\r\n", *end) || *end == 0) {
+            cJSON_Delete(root);
+            return ck_fail(err, path, "unexpected bytes after the header JSON (header byte %zu)",
+                           (size_t)(end - json));
+        }
+    int rc = 0;
+    size_t n = 0, nmeta = 0;
+    st_tensor *t = NULL;
+    if (!cJSON_IsObject(root)) {
+        rc = ck_fail(err, path, "header is not a JSON object");
+        goto out;
+    }
+    for (const cJSON *v = root->child; v; v = v->next)
+        n++;
+    t = malloc((n ? n : 1) * sizeof *t);
+    if (!t) {
+        rc = ck_fail(err, path, "out of memory");
+        goto out;
+    }
+    n = 0;
+    for (const cJSON *v = root->child; v && rc == 0; v = v->next) {
+        if (strcmp(v->string, "__metadata__") == 0) {
+            rc = nmeta++ ? ck_fail(err, path, "duplicate \"__metadata__\"")
+                         : st_read_metadata(ix, v, path, err);
+        } else {
+            rc = st_read_tensor(v, &t[n++], path, err);
+        }
+    }
+    if (rc == 0)
+        rc = st_check_unique(t, n, path, err);
+    if (rc == 0)
+        rc = st_check_tiling(t, n, data_len, path, err);
+    if (rc == 0)
+        rc = st_add_tensors(ix, file, t, n, data_start, err);
+out:
+    free(t);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int st_read_file(ck_index *ix, uint32_t file, ck_error *err)
+{
+    const ck_file *f = &ix->files[file];
+    unsigned char lenbuf[8];
+    if (f->size < 8)
+        return ck_fail(err, f->path, "file is %llu bytes, too short for a safetensors header "
+                       "(needs 8)", (unsigned long long)f->size);
+    int rc = ck_pread(f->fd, lenbuf, 8, 0);
+    if (rc)
+        return ck_fail(err, f->path, "cannot read header length: %s", strerror(-rc));
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | lenbuf[i];
+    if (hlen > ST_MAX_HEADER)
+        return ck_fail(err, f->path, "header length %llu exceeds the limit of %u (bytes 0-7)",
+                       (unsigned long long)hlen, ST_MAX_HEADER);
+    if (hlen > f->size - 8)
+        return ck_fail(err, f->path, "header length %llu runs past the end of the file "
+                       "(%llu bytes) (bytes 0-7)", (unsigned long long)hlen,
+                       (unsigned long long)f->size);
+    char *json = malloc(hlen ? hlen : 1);
+    if (!json)
+        return ck_fail(err, f->path, "out of memory for a %llu-byte header",
+                       (unsigned long long)hlen);
+    rc = ck_pread(f->fd, json, hlen, 8);
+    if (rc)
+        rc = ck_fail(err, f->path, "cannot read header: %s", strerror(-rc));
+    else
+        rc = st_parse_header(ix, file, json, hlen, 8 + hlen, f->size - 8 - hlen, err);
+    free(json);
+    return rc;
+}
+
+/* --- shard directories ---------------------------------------------------------------- */
+
+/* A shard name comes from the checkpoint: it must name a file in this directory, nothing else. */
+static int is_plain_filename(const char *s)
+{
+    return *s && strcmp(s, ".") && strcmp(s, "..") && !strchr(s, '/');
+}
+
+static int open_shard(ck_index *ix, int dirfd, const char *dir, const char *name, ck_error *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return ck_fail(err, path, "cannot open shard: %s", strerror(errno));
+    int id = ck_index_add_file(ix, path, fd, err);
+    if (id < 0)
+        return -1;
+    return st_read_file(ix, (uint32_t)id, err) ? -1 : id;
+}
+
+/* Shards named by weight_map, each opened once, in order of first mention. */
+static int open_indexed_shards(ck_index *ix, int dirfd, const char *dir, const cJSON *map,
+                               const char *ipath, ck_error *err)
+{
+    for (const cJSON *v = map->child; v; v = v->next) {
+        if (!cJSON_IsString(v) || !is_plain_filename(v->valuestring))
+            return ck_fail(err, ipath, "weight_map entry '%s' does not name a file in this "
+                           "directory", v->string);
+        int seen = 0;
+        for (uint32_t i = 0; i < ix->nfiles && !seen; i++)
+            seen = strcmp(strrchr(ix->files[i].path, '/') + 1, v->valuestring) == 0;
+        if (!seen && open_shard(ix, dirfd, dir, v->valuestring, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int by_entry_name(const void *a, const void *b)
+{
+    return strcmp((*(const ck_entry *const *)a)->name, (*(const ck_entry *const *)b)->name);
+}
+
+static int open_listed_shards(ck_index *ix, int dirfd, const char *dir, ck_error *err)
+{
+    DIR *d = fdopendir(dup(dirfd));
+    if (!d)
+        return ck_fail(err, dir, "cannot list directory: %s", strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
+        size_t l = strlen(de->d_name);
+        if (l <= 12 || strcmp(de->d_name + l - 12, ".safetensors") || de->d_name[0] == '.')
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **p = realloc(names, cap * sizeof *p);
+            if (!p) {
+                rc = ck_fail(err, dir, "out of memory");
+                break;
+            }
+            names = p;
+        }
+        if (!(names[n++] = strdup(de->d_name)))
+            rc = ck_fail(err, dir, "out of memory");
+    }
+    closedir(d);
+    if (rc == 0 && n == 0)
+        rc = ck_fail(err, dir, "directory holds no *.safetensors file and no " ST_INDEX_JSON);
+    qsort(names, n, sizeof *names, by_cstr);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = open_shard(ix, dirfd, dir, names[i], err) < 0 ? -1 : 0;
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+/* Every tensor in exactly one shard, and where weight_map says. Entries were appended shard by
+ * shard, so sorting a copy of the names finds tensors that appear twice. */
+static int check_shards(const ck_index *ix, const cJSON *map, const char *dir, const char *ipath,
+                        ck_error *err)
+{
+    size_t n = ix->nentries;
+    const ck_entry **by = malloc((n ? n : 1) * sizeof *by);
+    if (!by)
+        return ck_fail(err, dir, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        by[i] = &ix->entries[i];
+    qsort(by, n, sizeof *by, by_entry_name);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        if (strcmp(by[i - 1]->name, by[i]->name) == 0)
+            rc = ck_fail(err, dir, "tensor '%s' is in two shards: %s and %s", by[i]->name,
+                         ix->files[by[i - 1]->ext.file].path, ix->files[by[i]->ext.file].path);
+    for (size_t i = 0; map && i < n && rc == 0; i++) {
+        const cJSON *where = cJSON_GetObjectItemCaseSensitive(map, by[i]->name);
+        const char *shard = strrchr(ix->files[by[i]->ext.file].path, '/') + 1;
+        if (!where)
+            rc = ck_fail(err, ipath, "tensor '%s' of shard %s is missing from weight_map",
+                         by[i]->name, shard);
+        else if (strcmp(where->valuestring, shard))
+            rc = ck_fail(err, ipath, "weight_map puts tensor '%s' in %s, but it is in %s",
+                         by[i]->name, where->valuestring, shard);
+    }
+    /* Each weight_map name now either matched a tensor or is absent from every shard. */
+    if (rc == 0 && map && (size_t)cJSON_GetArraySize(map) != n)
+        for (const cJSON *v = map->child; v && rc == 0; v = v->next)
+            if (!ck_index_find(ix, v->string))
+                rc = ck_fail(err, ipath, "weight_map names tensor '%s', which is in no shard "
+                             "(%s)", v->string, v->valuestring);
+    free(by);
+    return rc;
+}
+
+/* Reads and parses the index JSON; its non-object "metadata" values become strings. */
+static cJSON *read_index_json(ck_index *ix, int dirfd, const char *ipath, ck_error *err)
+{
+    int fd = openat(dirfd, ST_INDEX_JSON, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        return ck_fail(err, ipath, "cannot open: %s", strerror(errno)), NULL;
+    cJSON *root = NULL;
+    char *text = NULL;
+    int rc;
+    if (!S_ISREG(st.st_mode) || st.st_size > ST_MAX_HEADER) {
+        ck_fail(err, ipath, "not a regular file of at most %u bytes", ST_MAX_HEADER);
+    } else if (!(text = malloc((size_t)st.st_size + 1))) {
+        ck_fail(err, ipath, "out of memory");
+    } else if ((rc = ck_pread(fd, text, (size_t)st.st_size, 0))) {
+        ck_fail(err, ipath, "cannot read: %s", strerror(-rc));
+    } else {
+        const char *end = NULL;
+        root = cJSON_ParseWithLengthOpts(text, (size_t)st.st_size, &end, 0);
+        const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+        if (!root)
+            ck_fail(err, ipath, "not valid JSON (byte %zu)", end ? (size_t)(end - text) : 0);
+        else if (!cJSON_IsObject(map))
+            ck_fail(err, ipath, "no \"weight_map\" object");
+        if (!cJSON_IsObject(map)) {
+            cJSON_Delete(root);
+            root = NULL;
+        }
+    }
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
+    for (const cJSON *m = cJSON_IsObject(meta) ? meta->child : NULL; m; m = m->next) {
+        char *s = cJSON_IsString(m) ? NULL : cJSON_PrintUnformatted(m);
+        int bad = ck_index_add_meta(ix, m->string, s ? s : m->valuestring, err);
+        free(s);
+        if (bad) {
+            cJSON_Delete(root);
+            root = NULL;
+            break;
+        }
+    }
+    free(text);
+    close(fd);
+    return root;
+}
+
+int st_open_dir(const char *dir, ck_index **out, ck_error *err)
+{
+    *out = NULL;
+    char ipath[4096];
+    snprintf(ipath, sizeof ipath, "%s/%s", dir, ST_INDEX_JSON);
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0)
+        return ck_fail(err, dir, "cannot open directory: %s", strerror(errno));
+    ck_index *ix = ck_index_new("safetensors-sharded");
+    cJSON *root = NULL;
+    int rc = ix ? 0 : ck_fail(err, dir, "out of memory");
+    if (rc == 0 && faccessat(dirfd, ST_INDEX_JSON, F_OK, 0) == 0) {
+        root = read_index_json(ix, dirfd, ipath, err);
+        rc = root ? open_indexed_shards(ix, dirfd, dir,
+                                        cJSON_GetObjectItemCaseSensitive(root, "weight_map"),
+                                        ipath, err)
+                  : -1;
+    } else if (rc == 0) {
+        rc = open_listed_shards(ix, dirfd, dir, err);
+    }
+    if (rc == 0)
+        rc = check_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"), dir, ipath,
+                          err);
+    cJSON_Delete(root);
+    close(dirfd);
+    if (rc) {
+        ck_index_free(ix);
+        return -1;
+    }
+    *out = ix;
+    return 0;
+}

@@ -1,0 +1,70 @@
+/* source.c — ck_open: what kind of checkpoint a path holds, decided by content alone. */
+#include "index.h"
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
+{
+    unsigned char head[16];
+    ck_index *ix = ck_index_new(NULL);
+    if (!ix) {
+        close(fd);
+        return ck_fail(err, source, "out of memory");
+    }
+    int id = ck_index_add_file(ix, source, fd, err);
+    if (id < 0)
+        goto fail;
+    const ck_file *f = &ix->files[id];
+    size_t n = f->size < sizeof head ? (size_t)f->size : sizeof head;
+    int rc = ck_pread(f->fd, head, n, 0);
+    if (rc) {
+        ck_fail(err, source, "cannot read: %s", strerror(-rc));
+        goto fail;
+    }
+    if (n == 0) {
+        ck_fail(err, source, "empty file");
+        goto fail;
+    }
+    if (st_probe(head, n)) {
+        ix->format = "safetensors";
+        if (st_read_file(ix, (uint32_t)id, err))
+            goto fail;
+    } else {
+        char hex[3 * sizeof head + 1] = "";
+        for (size_t i = 0, k = 0; i < n && i < 8; i++)
+            k += (size_t)snprintf(hex + k, sizeof hex - k, "%s%02x", i ? " " : "", head[i]);
+        ck_fail(err, source, "not a checkpoint format ckptfs knows (first bytes %s)", hex);
+        goto fail;
+    }
+    *out = ix;
+    return 0;
+fail:
+    ck_index_free(ix);
+    return -1;
+}
+
+int ck_open(const char *source, ck_index **out, ck_error *err)
+{
+    *out = NULL;
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
+    int fd = open(source, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return ck_fail(err, source, "cannot open: %s", strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ck_fail(err, source, "cannot stat: %s", strerror(e));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return st_open_dir(source, out, err);
+    }
+    return open_file(source, fd, out, err);
+}
