@@ -224,7 +224,7 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vname
     memset(t->slots, 0xff, nslots * sizeof *t->slots);
     t->nodes[0] = (ck_node){.name = "", .parent = 0, .entry = CK_NODE_DIR};
     t->nnodes = 1;
-    int rc = add_virtual(t, vdir, vnames, nvirtual) ? ck_fail(err, src, "out of memory") : 0;
+    int rc = (vdir && add_virtual(t, vdir, vnames, nvirtual)) ? ck_fail(err, src, "out of memory") : 0;
     for (size_t i = 0; i < ix->nentries && rc == 0; i++) {
         size_t start;
         if (make_dirs(t, ix->entries[i].name, ix->entries[i].name_len, &start) == CK_NO_NODE)

@@ -47,8 +47,8 @@ typedef struct ck_tree {
 } ck_tree;
 
 /* Builds the tree for ix, with the directory `vdir` (e.g. ".ckptfs") holding nvirtual files
- * named vnames[k], node entry CK_NODE_VIRTUAL(k). Fails only on out-of-memory or two entries
- * with one path (err names both). */
+ * named vnames[k], node entry CK_NODE_VIRTUAL(k); no such directory when vdir is NULL. Fails
+ * only on out-of-memory or two entries with one path (err names both). */
 int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vnames,
                   unsigned nvirtual, ck_tree **out, ck_error *err);
 void ck_tree_free(ck_tree *t);

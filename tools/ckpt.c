@@ -1,0 +1,234 @@
+/* ckpt — the checkpoint tool: the same readers as the mount, without mounting anything.
+ * Every command prints one line "ckpt: ..." on stderr and exits 1 on failure, 2 on bad usage.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../fs/view.h"
+
+typedef struct ck_command {
+    const char *name;
+    const char *usage;
+    const char *help;
+    int (*run)(int argc, char **argv);
+} ck_command;
+
+static const ck_command *find_command(const char *name);
+
+static int usage_error(const char *cmd, const char *what)
+{
+    fprintf(stderr, "ckpt: %s: %s (see ckpt %s --help)\n", cmd, what, cmd);
+    return 2;
+}
+
+/* True when argv holds -h or --help. */
+static int wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
+            return 1;
+    return 0;
+}
+
+static int open_source(const char *source, ck_index **ix)
+{
+    ck_error err;
+    if (ck_open(source, ix, &err) == 0)
+        return 0;
+    fprintf(stderr, "ckpt: %s\n", err.msg);
+    return -1;
+}
+
+static void print_table(const ck_index *ix)
+{
+    char shape[1400];
+    for (size_t i = 0; i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        if (e->kind != CK_TENSOR)
+            continue;
+        ck_view_shape_json(e, shape, sizeof shape);
+        printf("%s\t%s\t%s\t%llu\t", e->name, ck_dtype_name(e->dtype), shape,
+               (unsigned long long)e->nbytes);
+        if (e->layout == CK_CONTIGUOUS)
+            printf("%llu", (unsigned long long)e->ext.offset);
+        else
+            printf("-");
+        if (ix->nfiles > 1)
+            printf("\t%s", ix->files[e->ext.file].path);
+        putchar('\n');
+    }
+}
+
+static int print_json(const ck_index *ix, const char *source)
+{
+    ck_error err;
+    ck_tree *tree;
+    if (ck_tree_build(ix, NULL, NULL, 0, &tree, &err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err.msg);
+        return -1;
+    }
+    size_t len;
+    char *json = ck_view_index_json(ix, tree, 1, &len);
+    ck_tree_free(tree);
+    if (!json) {
+        fprintf(stderr, "ckpt: %s: out of memory\n", source);
+        return -1;
+    }
+    fwrite(json, 1, len, stdout);
+    putchar('\n');
+    free(json);
+    return 0;
+}
+
+static int cmd_ls(int argc, char **argv)
+{
+    int json = 0;
+    const char *source = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = 1;
+        else if (argv[i][0] == '-' && argv[i][1])
+            return usage_error("ls", "unknown option");
+        else if (source)
+            return usage_error("ls", "one SOURCE only");
+        else
+            source = argv[i];
+    }
+    if (!source)
+        return usage_error("ls", "missing SOURCE");
+    ck_index *ix;
+    if (open_source(source, &ix) != 0)
+        return 1;
+    int rc = 0;
+    if (json)
+        rc = print_json(ix, source);
+    else
+        print_table(ix);
+    ck_index_free(ix);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "ckpt: stdout: %s\n", strerror(errno));
+        return 1;
+    }
+    return rc ? 1 : 0;
+}
+
+/* Streams an entry to fd 1 in bounded chunks. */
+static int write_entry(const ck_index *ix, const ck_entry *e, const char *source)
+{
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(CHUNK);
+    if (!buf) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        return -1;
+    }
+    int rc = 0;
+    for (uint64_t off = 0; off < e->nbytes && rc == 0;) {
+        ssize_t n = ck_entry_read(ix, e, buf, CHUNK, off);
+        if (n <= 0) {
+            fprintf(stderr, "ckpt: %s: cannot read tensor '%s': %s\n", source, e->name,
+                    strerror(n < 0 ? (int)-n : EIO));
+            rc = -1;
+        }
+        for (ssize_t done = 0; rc == 0 && done < n;) {
+            ssize_t w = write(1, buf + done, (size_t)(n - done));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                fprintf(stderr, "ckpt: stdout: %s\n", strerror(errno));
+                rc = -1;
+            } else {
+                done += w;
+            }
+        }
+        off += n > 0 ? (uint64_t)n : 0;
+    }
+    free(buf);
+    return rc;
+}
+
+static int cmd_cat(int argc, char **argv)
+{
+    if (argc != 3)
+        return usage_error("cat", "need SOURCE and NAME");
+    ck_index *ix;
+    if (open_source(argv[1], &ix) != 0)
+        return 1;
+    const ck_entry *e = ck_index_find(ix, argv[2]);
+    int rc = 1;
+    if (!e || e->kind != CK_TENSOR)
+        fprintf(stderr, "ckpt: %s: no tensor named '%s'\n", argv[1], argv[2]);
+    else
+        rc = write_entry(ix, e, argv[1]) != 0;
+    ck_index_free(ix);
+    return rc;
+}
+
+static int cmd_help(int argc, char **argv);
+
+static const ck_command commands[] = {
+    {"ls", "ckpt ls SOURCE [--json]",
+     "Lists the tensors of SOURCE: name, dtype, shape, bytes, byte offset in the source ('-' when\n"
+     "the bytes are not one extent) and, for sharded sources, the file. --json prints the mount's\n"
+     "index.json with \"file\" and \"offset\" added to each tensor.",
+     cmd_ls},
+    {"cat", "ckpt cat SOURCE NAME",
+     "Writes the bytes of tensor NAME to stdout: row-major, little-endian, no header (the same\n"
+     "bytes as the tensor's file in a mount).",
+     cmd_cat},
+    {"help", "ckpt help [COMMAND]", "Shows what a command does.", cmd_help},
+};
+enum { NCOMMANDS = sizeof commands / sizeof *commands };
+
+static void print_usage(FILE *out)
+{
+    fprintf(out, "usage: ckpt COMMAND [ARGS]   (SOURCE: a checkpoint file or a directory of shards)\n\n");
+    for (int i = 0; i < NCOMMANDS; i++)
+        fprintf(out, "  %s\n", commands[i].usage);
+    fprintf(out, "\nckpt COMMAND --help explains one command.\n");
+}
+
+static void print_command_help(const ck_command *c)
+{
+    printf("usage: %s\n\n%s\n", c->usage, c->help);
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    const ck_command *c = argc > 1 ? find_command(argv[1]) : NULL;
+    if (argc > 1 && !c)
+        return usage_error("help", "unknown command");
+    if (c)
+        print_command_help(c);
+    else
+        print_usage(stdout);
+    return 0;
+}
+
+static const ck_command *find_command(const char *name)
+{
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (strcmp(commands[i].name, name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        print_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const ck_command *c = find_command(argv[1]);
+    if (!c) {
+        fprintf(stderr, "ckpt: unknown command '%s' (see ckpt --help)\n", argv[1]);
+        return 2;
+    }
+    if (wants_help(argc - 1, argv + 1)) {
+        print_command_help(c);
+        return 0;
+    }
+    return c->run(argc - 1, argv + 1);
+}
