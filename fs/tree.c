@@ -12,7 +12,8 @@ static int needs_escape(unsigned char c)
     return c == '%' || c == '/' || c < 0x20 || c == 0x7f;
 }
 
-size_t ck_escape_component(const char *s, size_t len, char *out)
+/* ck_escape_component, with the hashed form taken for escaped forms over limit bytes. */
+static size_t escape(const char *s, size_t len, char *out, size_t limit)
 {
     static const char hex[] = "0123456789ABCDEF";
     if (len == 0) {
@@ -22,7 +23,7 @@ size_t ck_escape_component(const char *s, size_t len, char *out)
     size_t full = 0;
     for (size_t i = 0; i < len; i++)
         full += needs_escape((unsigned char)s[i]) ? 3 : 1;
-    size_t max = full <= CK_NAME_MAX ? CK_NAME_MAX : HASH_CUT, n = 0;
+    size_t max = full <= limit ? limit : HASH_CUT, n = 0;
     /* Copy whole units only (an escape, or a character with its UTF-8 continuation bytes), so a
      * cut never splits one. */
     for (size_t i = 0; i < len;) {
@@ -43,11 +44,16 @@ size_t ck_escape_component(const char *s, size_t len, char *out)
         }
         i += k;
     }
-    if (full > CK_NAME_MAX)
+    if (full > limit)
         n += (size_t)snprintf(out + n, CK_NAME_MAX + 1 - n, "%%~%016llx",
                               (unsigned long long)XXH3_64bits(s, len));
     out[n] = 0;
     return n;
+}
+
+size_t ck_escape_component(const char *s, size_t len, char *out)
+{
+    return escape(s, len, out, CK_NAME_MAX);
 }
 
 static uint64_t slot_hash(uint32_t parent, const char *name, size_t len)
@@ -166,7 +172,7 @@ static int add_virtual(ck_tree *t, const char *vdir, const char *const *vnames, 
 
 /* Files go in after every directory exists, so a file that meets a directory of its own name
  * is always the one renamed, whatever the order of the entries. */
-static int add_files(ck_tree *t, const ck_index *ix, ck_error *err)
+static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *err)
 {
     char esc[CK_NAME_MAX + 2];
     for (size_t i = 0; i < ix->nentries; i++) {
@@ -174,21 +180,23 @@ static int add_files(ck_tree *t, const ck_index *ix, ck_error *err)
         size_t start, n;
         uint32_t dir = make_dirs(t, e->name, e->name_len, &start);
         if (dir == CK_NO_NODE)
-            return ck_fail(err, ix->files[0].path, "out of memory");
+            return ck_fail(err, src, "out of memory");
         n = ck_escape_component(e->name + start, e->name_len - start, esc);
         uint32_t other = ck_tree_lookup(t, dir, esc, n);
         if (other != CK_NO_NODE && t->nodes[other].entry == CK_NODE_DIR) {
+            if (n == CK_NAME_MAX) /* no room for the '%': the hashed form leaves some */
+                n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX - 1);
             esc[n++] = '%';
             esc[n] = 0;
             other = ck_tree_lookup(t, dir, esc, n);
         }
         if (other != CK_NO_NODE)
-            return ck_fail(err, ix->files[0].path, "tensors '%s' and '%s' map to one path",
+            return ck_fail(err, src, "tensors '%s' and '%s' map to one path",
                            t->nodes[other].entry >= 0 ? ix->entries[t->nodes[other].entry].name
                                                       : "?", e->name);
         t->entry_node[i] = add_node(t, dir, esc, n, (int32_t)i);
         if (t->entry_node[i] == CK_NO_NODE)
-            return ck_fail(err, ix->files[0].path, "out of memory");
+            return ck_fail(err, src, "out of memory");
     }
     return 0;
 }
@@ -231,7 +239,7 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vname
             rc = ck_fail(err, src, "out of memory");
     }
     if (rc == 0)
-        rc = add_files(t, ix, err);
+        rc = add_files(t, ix, src, err);
     if (rc == 0 && sort_children(t))
         rc = ck_fail(err, src, "out of memory");
     if (rc) {

@@ -4,7 +4,8 @@
  *  - a name is split at every '.', each piece one path component;
  *  - in a component, '%', '/', bytes 0x01-0x1F and 0x7F are written %XX (uppercase hex);
  *  - an empty piece (from "a..b", ".a" or "a.") is written "%";
- *  - a file whose path is also a directory (tensors "a" and "a.b") gets "%" appended: "a%";
+ *  - a file whose path is also a directory (tensors "a" and "a.b") gets "%" appended: "a%"
+ *    (a 255-byte component takes the hashed form below first, to leave room for it);
  *  - a component whose escaped form is over 255 bytes keeps its first whole characters and
  *    escapes (at most 236 bytes), then "%~" and 16 lowercase hex digits: the XXH3-64 of the
  *    piece's original bytes.

@@ -17,7 +17,10 @@ size_t ck_view_shape_json(const ck_entry *e, char *buf, size_t cap)
 {
     size_t n = 0;
     char tmp[24];
-#define PUT(s) do { size_t l_ = strlen(s); if (n + l_ < cap) memcpy(buf + n, s, l_); n += l_; } while (0)
+    /* Like snprintf: what fits of each piece is copied, so a short buffer holds a prefix. */
+#define PUT(s) do { size_t l_ = strlen(s); \
+                    if (n < cap) memcpy(buf + n, s, n + l_ < cap ? l_ : cap - 1 - n); \
+                    n += l_; } while (0)
     PUT("[");
     for (unsigned d = 0; d < e->rank; d++) {
         snprintf(tmp, sizeof tmp, "%s%lld", d ? "," : "", (long long)e->shape[d]);

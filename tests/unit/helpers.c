@@ -1,0 +1,255 @@
+#include "helpers.h"
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Everything to undo at cleanup, in order of creation: paths to remove, or memory to free. */
+static struct undo {
+    char *p;
+    int is_path;
+} *undo;
+static size_t nundo, cap_undo;
+
+static char *keep(char *p, int is_path)
+{
+    cr_assert_not_null(p, "out of memory");
+    if (nundo == cap_undo) {
+        if (cap_undo == 0)
+            atexit(tmp_cleanup);
+        cap_undo = cap_undo ? 2 * cap_undo : 64;
+        undo = realloc(undo, cap_undo * sizeof *undo);
+        cr_assert_not_null(undo, "out of memory");
+    }
+    undo[nundo++] = (struct undo){p, is_path};
+    return p;
+}
+
+void tmp_cleanup(void)
+{
+    while (nundo > 0) {
+        struct undo u = undo[--nundo];
+        if (u.is_path)
+            remove(u.p);
+        free(u.p);
+    }
+    free(undo);
+    undo = NULL;
+    cap_undo = 0;
+}
+
+const char *strf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    cr_assert_geq(n, 0, "out of memory");
+    return keep(s, 0);
+}
+
+static void write_all(int fd, const void *data, size_t len, const char *path)
+{
+    const unsigned char *p = data;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        cr_assert_gt(n, 0, "cannot write %s", path);
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+const char *tmp_file(const void *data, size_t len)
+{
+    char *path = keep(strdup("/tmp/ckptfs-unit-XXXXXX"), 1);
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0, "mkstemp failed");
+    write_all(fd, data, len, path);
+    close(fd);
+    return path;
+}
+
+const char *tmp_dir(void)
+{
+    char *path = keep(strdup("/tmp/ckptfs-unit-XXXXXX"), 1);
+    cr_assert_not_null(mkdtemp(path), "mkdtemp failed");
+    return path;
+}
+
+const char *tmp_path_in(const char *dir, const char *name)
+{
+    char *path = NULL;
+    cr_assert_geq(asprintf(&path, "%s/%s", dir, name), 0, "out of memory");
+    return keep(path, 1);
+}
+
+const char *tmp_file_in(const char *dir, const char *name, const void *data, size_t len)
+{
+    const char *path = tmp_path_in(dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    cr_assert_geq(fd, 0, "cannot create %s", path);
+    write_all(fd, data, len, path);
+    close(fd);
+    return path;
+}
+
+void fill_bytes(void *buf, size_t n, uint32_t seed)
+{
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull;
+    unsigned char *p = buf;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        p[i] = (unsigned char)((x * 0x2545F4914F6CDD1Dull) >> 56);
+    }
+}
+
+const char *st_tensor(const char *name, const char *dtype, const char *shape,
+                      unsigned long long begin, unsigned long long end)
+{
+    return strf("\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%llu,%llu]}", name,
+                dtype, shape, begin, end);
+}
+
+unsigned char *st_bytes(const char *header, const void *data, size_t data_len, size_t *len)
+{
+    size_t hlen = strlen(header);
+    unsigned char *b = malloc(8 + hlen + data_len + 1);
+    cr_assert_not_null(b, "out of memory");
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    memcpy(b + 8, header, hlen);
+    if (data_len)
+        memcpy(b + 8 + hlen, data, data_len);
+    *len = 8 + hlen + data_len;
+    return b;
+}
+
+const char *st_file(const char *header, const void *data, size_t data_len)
+{
+    size_t len;
+    unsigned char *b = st_bytes(header, data, data_len, &len);
+    const char *path = tmp_file(b, len);
+    free(b);
+    return path;
+}
+
+const char *st_file_in(const char *dir, const char *name, const char *header, const void *data,
+                       size_t data_len)
+{
+    size_t len;
+    unsigned char *b = st_bytes(header, data, data_len, &len);
+    const char *path = tmp_file_in(dir, name, b, len);
+    free(b);
+    return path;
+}
+
+const char *st_file_hlen(uint64_t hlen, const void *rest, size_t rest_len)
+{
+    unsigned char *b = malloc(8 + rest_len);
+    cr_assert_not_null(b, "out of memory");
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(hlen >> (8 * i));
+    memcpy(b + 8, rest, rest_len);
+    const char *path = tmp_file(b, 8 + rest_len);
+    free(b);
+    return path;
+}
+
+void assert_error(const ck_error *err, const char *path, const char *what)
+{
+    cr_assert(strncmp(err->msg, path, strlen(path)) == 0 && err->msg[strlen(path)] != 0,
+              "message '%s' does not start with the path %s", err->msg, path);
+    cr_assert_not_null(strstr(err->msg, what), "message '%s' does not say '%s'", err->msg, what);
+    for (const char *p = err->msg; *p; p++)
+        cr_assert((unsigned char)*p >= 0x20 && *p != 0x7f,
+                  "message '%s' holds a control character", err->msg);
+}
+
+void assert_open_fails(const char *path, const char *what)
+{
+    ck_index sentinel;
+    ck_index *ix = &sentinel;
+    ck_error err = {""};
+    int rc = ck_open(path, &ix, &err);
+    cr_assert_eq(rc, -1, "ck_open(%s) gave %d, expected an error saying '%s'", path, rc, what);
+    cr_assert_null(ix, "ck_open failed but left *out set");
+    assert_error(&err, path, what);
+}
+
+ck_index *open_ok(const char *path)
+{
+    ck_index *ix = NULL;
+    ck_error err = {""};
+    int rc = ck_open(path, &ix, &err);
+    cr_assert_eq(rc, 0, "ck_open(%s) failed: %s", path, err.msg);
+    cr_assert_not_null(ix);
+    return ix;
+}
+
+ck_index *index_over(const void *data, size_t len)
+{
+    const char *path = tmp_file(data, len);
+    ck_index *ix = ck_index_new("test");
+    cr_assert_not_null(ix);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "cannot open %s", path);
+    ck_error err = {""};
+    cr_assert_eq(ck_index_add_file(ix, path, fd, &err), 0, "%s", err.msg);
+    return ix;
+}
+
+ck_entry *add_contig(ck_index *ix, const char *name, enum ck_dtype dt, unsigned rank,
+                     const int64_t *shape, uint64_t offset, uint64_t nbytes)
+{
+    ck_error err = {""};
+    ck_entry *e = ck_index_add_entry(ix, name, strlen(name), CK_CONTIGUOUS, rank, shape, &err);
+    cr_assert_not_null(e, "%s", err.msg);
+    e->dtype = (uint8_t)dt;
+    e->nbytes = nbytes;
+    e->ext = (ck_extent){.offset = offset, .length = nbytes, .file = 0};
+    return e;
+}
+
+ck_index *index_of_names(const char *const *names, size_t n)
+{
+    ck_index *ix = ck_index_new("names");
+    cr_assert_not_null(ix);
+    for (size_t i = 0; i < n; i++) {
+        ck_error err = {""};
+        ck_entry *e = ck_index_add_entry(ix, names[i], strlen(names[i]), CK_CONTIGUOUS, 0, NULL,
+                                         &err);
+        cr_assert_not_null(e, "%s", err.msg);
+        e->dtype = CK_U8;
+        e->nbytes = 1;
+    }
+    return ix;
+}
+
+ck_tree *tree_ok(const ck_index *ix, const char *vdir, const char *const *vnames,
+                 unsigned nvirtual)
+{
+    ck_tree *t = NULL;
+    ck_error err = {""};
+    cr_assert_eq(ck_tree_build(ix, vdir, vnames, nvirtual, &t, &err), 0, "%s", err.msg);
+    cr_assert_not_null(t);
+    return t;
+}
+
+uint32_t tree_find(const ck_tree *t, const char *path)
+{
+    uint32_t node = 0;
+    while (*path && node != CK_NO_NODE) {
+        const char *slash = strchr(path, '/');
+        size_t len = slash ? (size_t)(slash - path) : strlen(path);
+        node = ck_tree_lookup(t, node, path, len);
+        path += len + (slash != NULL);
+    }
+    return node;
+}

@@ -1,0 +1,81 @@
+/* helpers.h — shared fixtures for the unit tests: temporary files, safetensors files, indexes
+ * built by hand, and the checks every error test makes.
+ *
+ * Every path made here lives under /tmp and is removed by tmp_cleanup, which each suite runs as
+ * its .fini (and which also runs at exit). Strings returned by the tmp_ and st_ functions stay
+ * valid until then.
+ */
+#ifndef CK_TEST_HELPERS_H
+#define CK_TEST_HELPERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../fs/tree.h"
+#include "../../pack/index.h"
+
+/* --- temporary paths --------------------------------------------------------------------- */
+
+/* A new file (mkstemp under /tmp) holding len bytes of data; its path. */
+const char *tmp_file(const void *data, size_t len);
+/* A new empty directory (mkdtemp under /tmp); its path. */
+const char *tmp_dir(void);
+/* dir/name, registered for removal; nothing is created. */
+const char *tmp_path_in(const char *dir, const char *name);
+/* The file dir/name holding len bytes of data; its path. */
+const char *tmp_file_in(const char *dir, const char *name, const void *data, size_t len);
+/* Removes every registered path, newest first. */
+void tmp_cleanup(void);
+
+/* --- bytes and strings ------------------------------------------------------------------- */
+
+/* n deterministic pseudo-random bytes for seed: a byte that lands in the wrong place shows. */
+void fill_bytes(void *buf, size_t n, uint32_t seed);
+/* A malloc'ed, formatted string that tmp_cleanup frees. */
+const char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* --- safetensors files ------------------------------------------------------------------- */
+
+/* One tensor's header JSON: "name":{"dtype":..,"shape":..,"data_offsets":[begin,end]}. */
+const char *st_tensor(const char *name, const char *dtype, const char *shape,
+                      unsigned long long begin, unsigned long long end);
+/* The bytes of a safetensors file: header length (8 bytes, little-endian), header, data. Malloc'ed;
+ * *len gets the size. */
+unsigned char *st_bytes(const char *header, const void *data, size_t data_len, size_t *len);
+/* A temporary safetensors file; its path. data may be NULL for data_len zero bytes. */
+const char *st_file(const char *header, const void *data, size_t data_len);
+/* The same, as dir/name. */
+const char *st_file_in(const char *dir, const char *name, const char *header, const void *data,
+                       size_t data_len);
+/* A file whose length field says hlen, followed by rest (rest_len bytes). */
+const char *st_file_hlen(uint64_t hlen, const void *rest, size_t rest_len);
+
+/* --- opening ----------------------------------------------------------------------------- */
+
+/* Asserts that ck_open(path) fails: -1, *out NULL, and a one-line message that starts with path
+ * and contains what. */
+void assert_open_fails(const char *path, const char *what);
+/* Asserts that msg (from a failed call about path) starts with path and contains what. */
+void assert_error(const ck_error *err, const char *path, const char *what);
+/* ck_open(path), asserted to succeed. */
+ck_index *open_ok(const char *path);
+
+/* --- indexes built by hand --------------------------------------------------------------- */
+
+/* An index whose file 0 is a temporary file holding data. */
+ck_index *index_over(const void *data, size_t len);
+/* Appends a tensor whose bytes are nbytes at offset of file 0, in one extent. */
+ck_entry *add_contig(ck_index *ix, const char *name, enum ck_dtype dt, unsigned rank,
+                     const int64_t *shape, uint64_t offset, uint64_t nbytes);
+/* An index without files holding one rank-0 U8 tensor per name (names[i] of strlen bytes). */
+ck_index *index_of_names(const char *const *names, size_t n);
+
+/* --- trees ------------------------------------------------------------------------------- */
+
+/* ck_tree_build(ix, vdir, vnames, nvirtual), asserted to succeed. */
+ck_tree *tree_ok(const ck_index *ix, const char *vdir, const char *const *vnames,
+                 unsigned nvirtual);
+/* The node at path ("a/b/c", "" for the root), or CK_NO_NODE. */
+uint32_t tree_find(const ck_tree *t, const char *path);
+
+#endif

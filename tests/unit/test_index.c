@@ -1,0 +1,550 @@
+/* The common index: sizes, dtype names, lookups, and ck_entry_read for every layout, checked
+ * byte for byte against what the test gathers itself. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+
+TestSuite(nbytes);
+TestSuite(dtype);
+TestSuite(find, .fini = tmp_cleanup);
+TestSuite(read_contiguous, .fini = tmp_cleanup);
+TestSuite(read_extents, .fini = tmp_cleanup);
+TestSuite(read_strided, .fini = tmp_cleanup);
+TestSuite(read_other, .fini = tmp_cleanup);
+
+/* --- ck_tensor_nbytes ------------------------------------------------------------------ */
+
+static int nbytes_of(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint64_t *n)
+{
+    *n = 12345;
+    return ck_tensor_nbytes(rank, shape, dt, n);
+}
+
+Test(nbytes, products)
+{
+    uint64_t n;
+    cr_assert_eq(nbytes_of(2, (int64_t[]){2, 3}, CK_F32, &n), 0);
+    cr_assert_eq(n, 2 * 3 * 4);
+    cr_assert_eq(nbytes_of(3, (int64_t[]){5, 1, 7}, CK_C64, &n), 0);
+    cr_assert_eq(n, 5 * 7 * 8);
+    cr_assert_eq(nbytes_of(1, (int64_t[]){1000}, CK_BF16, &n), 0);
+    cr_assert_eq(n, 2000);
+}
+
+Test(nbytes, rank_zero_is_one_element)
+{
+    uint64_t n;
+    cr_assert_eq(nbytes_of(0, NULL, CK_F64, &n), 0);
+    cr_assert_eq(n, 8);
+    cr_assert_eq(nbytes_of(0, NULL, CK_BOOL, &n), 0);
+    cr_assert_eq(n, 1);
+}
+
+Test(nbytes, zero_dim)
+{
+    uint64_t n;
+    cr_assert_eq(nbytes_of(3, (int64_t[]){4, 0, 9}, CK_I64, &n), 0);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(nbytes_of(1, (int64_t[]){0}, CK_F4, &n), 0);
+    cr_assert_eq(n, 0);
+}
+
+Test(nbytes, negative_dim)
+{
+    uint64_t n;
+    cr_assert_eq(nbytes_of(1, (int64_t[]){-1}, CK_U8, &n), -1);
+    cr_assert_eq(nbytes_of(2, (int64_t[]){3, -2}, CK_U8, &n), -1);
+    cr_assert_eq(nbytes_of(2, (int64_t[]){0, INT64_MIN}, CK_U8, &n), -1);
+}
+
+Test(nbytes, overflow)
+{
+    uint64_t n;
+    int64_t d32 = (int64_t)1 << 32;
+    cr_assert_eq(nbytes_of(2, (int64_t[]){d32, d32}, CK_U8, &n), -1);          /* 2^64 elements */
+    cr_assert_eq(nbytes_of(1, (int64_t[]){(int64_t)1 << 62}, CK_F32, &n), -1); /* 2^67 bits */
+    cr_assert_eq(nbytes_of(2, (int64_t[]){INT64_MAX, 3}, CK_U8, &n), -1);
+    /* The largest that fits: 2^60 elements of 8 bytes would be 2^63 bytes. */
+    cr_assert_eq(nbytes_of(1, (int64_t[]){(int64_t)1 << 57}, CK_I64, &n), 0);
+    cr_assert_eq(n, (uint64_t)1 << 60);
+}
+
+Test(nbytes, sub_byte)
+{
+    uint64_t n;
+    cr_assert_eq(nbytes_of(1, (int64_t[]){3}, CK_F4, &n), -1); /* 12 bits */
+    cr_assert_eq(nbytes_of(0, NULL, CK_F4, &n), -1);           /* 4 bits */
+    cr_assert_eq(nbytes_of(2, (int64_t[]){3, 2}, CK_F4, &n), 0);
+    cr_assert_eq(n, 3 * 2 * 4 / 8);
+    cr_assert_eq(nbytes_of(1, (int64_t[]){2}, CK_F6_E2M3, &n), -1); /* 12 bits */
+    cr_assert_eq(nbytes_of(1, (int64_t[]){6}, CK_F6_E3M2, &n), -1); /* 36 bits */
+    cr_assert_eq(nbytes_of(1, (int64_t[]){4}, CK_F6_E3M2, &n), 0);
+    cr_assert_eq(n, 4 * 6 / 8);
+    cr_assert_eq(nbytes_of(2, (int64_t[]){2, 8}, CK_F6_E2M3, &n), 0);
+    cr_assert_eq(n, 2 * 8 * 6 / 8);
+}
+
+/* --- dtype names ------------------------------------------------------------------------ */
+
+/* The safetensors spec's names and widths, in ck_dtype order. */
+static const struct {
+    const char *name;
+    unsigned bits;
+} spec[] = {
+    {"BOOL", 8},    {"U8", 8},      {"I8", 8},       {"F8_E5M2", 8}, {"F8_E4M3", 8},
+    {"F8_E8M0", 8}, {"I16", 16},    {"U16", 16},     {"F16", 16},    {"BF16", 16},
+    {"I32", 32},    {"U32", 32},    {"F32", 32},     {"I64", 64},    {"U64", 64},
+    {"F64", 64},    {"C64", 64},    {"F4", 4},       {"F6_E2M3", 6}, {"F6_E3M2", 6},
+};
+
+Test(dtype, names_and_bits)
+{
+    cr_assert_eq(sizeof spec / sizeof *spec, CK_DTYPE_COUNT);
+    for (int d = 0; d < CK_DTYPE_COUNT; d++) {
+        cr_assert_str_eq(ck_dtype_name((enum ck_dtype)d), spec[d].name);
+        cr_assert_eq(ck_dtype_bits((enum ck_dtype)d), spec[d].bits, "%s", spec[d].name);
+    }
+    cr_assert_eq(CK_F4, 17);
+    cr_assert_eq(CK_C64, 16);
+}
+
+Test(dtype, round_trip)
+{
+    for (int d = 0; d < CK_DTYPE_COUNT; d++) {
+        const char *name = ck_dtype_name((enum ck_dtype)d);
+        cr_assert_eq(ck_dtype_from_name(name, strlen(name)), d, "%s", name);
+    }
+}
+
+Test(dtype, from_name_uses_the_length)
+{
+    cr_assert_eq(ck_dtype_from_name("F16xyz", 3), CK_F16);
+    cr_assert_eq(ck_dtype_from_name("F8_E4M3FN", 7), CK_F8_E4M3);
+    cr_assert_eq(ck_dtype_from_name("F32", 2), -1);
+    cr_assert_eq(ck_dtype_from_name("F8_E4M3FN", 9), -1);
+}
+
+Test(dtype, unknown_names)
+{
+    static const char *const bad[] = {"", "f32", "F128", "FLOAT", "bf16", "U1", "F6"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_eq(ck_dtype_from_name(bad[i], strlen(bad[i])), -1, "'%s'", bad[i]);
+}
+
+Test(dtype, out_of_range)
+{
+    cr_assert_str_eq(ck_dtype_name(CK_DTYPE_COUNT), "?");
+    cr_assert_eq(ck_dtype_bits(CK_DTYPE_COUNT), 0);
+    cr_assert_str_eq(ck_dtype_name((enum ck_dtype)255), "?");
+}
+
+/* --- ck_index_find ---------------------------------------------------------------------- */
+
+Test(find, exact_names_only)
+{
+    static const char *const names[] = {"a", "ab", "a.b", "", "\xc3\xa9"};
+    ck_index *ix = index_of_names(names, 5);
+    for (size_t i = 0; i < 5; i++)
+        cr_assert_eq(ck_index_find(ix, names[i]), &ix->entries[i], "'%s'", names[i]);
+    cr_assert_null(ck_index_find(ix, "abc"));
+    cr_assert_null(ck_index_find(ix, "A"));
+    cr_assert_null(ck_index_find(ix, "a."));
+    cr_assert_null(ck_index_find(ix, "\xc3"));
+    ck_index_free(ix);
+}
+
+Test(find, empty_index)
+{
+    ck_index *ix = ck_index_new("x");
+    cr_assert_null(ck_index_find(ix, "a"));
+    cr_assert_null(ck_index_find(ix, ""));
+    ck_index_free(ix);
+}
+
+/* --- reading ---------------------------------------------------------------------------- */
+
+/* One read, checked: the count is what remains of the entry (0 at or past the end), the bytes
+ * are expect's, and nothing past the count is touched. */
+static void check_read(const ck_index *ix, const ck_entry *e, const unsigned char *expect,
+                       size_t n, uint64_t off, size_t len)
+{
+    unsigned char *buf = malloc(len + 1);
+    cr_assert_not_null(buf);
+    memset(buf, 0xA5, len + 1);
+    size_t want = off >= n ? 0 : (len < n - off ? len : (size_t)(n - off));
+    ssize_t got = ck_entry_read(ix, e, buf, len, off);
+    cr_assert_eq(got, (ssize_t)want, "read(off %llu, len %zu) of %zu bytes gave %zd",
+                 (unsigned long long)off, len, n, got);
+    cr_assert(want == 0 || memcmp(buf, expect + off, want) == 0,
+              "read(off %llu, len %zu) gave the wrong bytes", (unsigned long long)off, len);
+    size_t i = want;
+    while (i <= len && buf[i] == 0xA5)
+        i++;
+    cr_assert_gt(i, len, "read(off %llu, len %zu) wrote byte %zu", (unsigned long long)off, len, i);
+    free(buf);
+}
+
+/* Every offset and length, for small entries. */
+static void check_every_read(const ck_index *ix, const ck_entry *e, const unsigned char *expect,
+                             size_t n)
+{
+    for (uint64_t off = 0; off <= n + 1; off++)
+        for (size_t len = 0; len <= n + 2 - off; len++)
+            check_read(ix, e, expect, n, off, len);
+}
+
+/* Chosen offsets and lengths, for entries too large for every one. */
+static void check_some_reads(const ck_index *ix, const ck_entry *e, const unsigned char *expect,
+                             size_t n)
+{
+    const uint64_t offs[] = {0, 1, 2, 3, 4, 5, 7, 4095, 4096, 65537, 262143, 262144, 262145,
+                             n / 2 + 1, n - 9, n - 1, n, n + 1, n + 1000000};
+    const size_t lens[] = {1, 2, 3, 5, 8, 4096, 65537, 262144, 262151, 300001, n};
+    for (size_t i = 0; i < sizeof offs / sizeof *offs; i++)
+        for (size_t j = 0; j < sizeof lens / sizeof *lens; j++)
+            check_read(ix, e, expect, n, offs[i], lens[j]);
+}
+
+Test(read_contiguous, every_offset_and_length)
+{
+    unsigned char file[200];
+    fill_bytes(file, sizeof file, 3);
+    ck_index *ix = index_over(file, sizeof file);
+    const ck_entry *e = add_contig(ix, "t", CK_U8, 1, (int64_t[]){57}, 13, 57);
+    check_every_read(ix, e, file + 13, 57);
+    ck_index_free(ix);
+}
+
+Test(read_contiguous, past_the_end_is_zero)
+{
+    unsigned char file[16];
+    fill_bytes(file, sizeof file, 4);
+    ck_index *ix = index_over(file, sizeof file);
+    const ck_entry *e = add_contig(ix, "t", CK_U8, 1, (int64_t[]){8}, 8, 8);
+    char c;
+    cr_assert_eq(ck_entry_read(ix, e, &c, 1, 8), 0);
+    cr_assert_eq(ck_entry_read(ix, e, &c, 1, 9), 0);
+    cr_assert_eq(ck_entry_read(ix, e, &c, 1, UINT64_MAX), 0);
+    cr_assert_eq(ck_entry_read(ix, e, &c, 0, 0), 0);
+    ck_index_free(ix);
+}
+
+Test(read_contiguous, short_file_is_eio)
+{
+    unsigned char file[60];
+    fill_bytes(file, sizeof file, 5);
+    ck_index *ix = index_over(file, sizeof file);
+    const ck_entry *e = add_contig(ix, "t", CK_U8, 1, (int64_t[]){100}, 10, 100);
+    unsigned char buf[100];
+    cr_assert_eq(ck_entry_read(ix, e, buf, 100, 0), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 10, 45), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 1, 50), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 50, 0), 50); /* wholly inside the file */
+    cr_assert_arr_eq(buf, file + 10, 50);
+    ck_index_free(ix);
+}
+
+/* An entry of the given extents over file 0, holding their concatenation. */
+static const ck_entry *add_extents(ck_index *ix, const ck_extent *x, uint32_t n)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++)
+        total += x[i].length;
+    ck_error err = {""};
+    ck_entry *e = ck_index_add_entry(ix, "x", 1, CK_EXTENTS, 1, (int64_t[]){(int64_t)total}, &err);
+    cr_assert_not_null(e, "%s", err.msg);
+    ck_extent *copy = ck_index_alloc(ix, n * sizeof *copy);
+    cr_assert_not_null(copy);
+    memcpy(copy, x, n * sizeof *copy);
+    e->u.extents = copy;
+    e->nextents = n;
+    e->dtype = CK_U8;
+    e->nbytes = total;
+    return e;
+}
+
+/* What the extents say, concatenated by the test. */
+static unsigned char *concat(const unsigned char *file, const ck_extent *x, uint32_t n, size_t *len)
+{
+    size_t total = 0;
+    for (uint32_t i = 0; i < n; i++)
+        total += x[i].length;
+    unsigned char *out = malloc(total + 1), *p = out;
+    cr_assert_not_null(out);
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(p, file + x[i].offset, x[i].length);
+        p += x[i].length;
+    }
+    *len = total;
+    return out;
+}
+
+Test(read_extents, several_out_of_order_with_odd_offsets)
+{
+    unsigned char file[128];
+    fill_bytes(file, sizeof file, 6);
+    const ck_extent x[] = {{101, 9, 0}, {3, 7, 0}, {50, 1, 0}, {77, 0, 0}, {11, 23, 0}, {3, 7, 0}};
+    ck_index *ix = index_over(file, sizeof file);
+    const ck_entry *e = add_extents(ix, x, 6);
+    size_t n;
+    unsigned char *expect = concat(file, x, 6, &n);
+    cr_assert_eq(n, 9 + 7 + 1 + 0 + 23 + 7);
+    check_every_read(ix, e, expect, n);
+    free(expect);
+    ck_index_free(ix);
+}
+
+Test(read_extents, two_files)
+{
+    unsigned char a[40], b[40];
+    fill_bytes(a, sizeof a, 7);
+    fill_bytes(b, sizeof b, 8);
+    ck_index *ix = index_over(a, sizeof a);
+    const char *pb = tmp_file(b, sizeof b);
+    ck_error err = {""};
+    cr_assert_eq(ck_index_add_file(ix, pb, open(pb, O_RDONLY), &err), 1, "%s", err.msg);
+    const ck_extent x[] = {{5, 10, 1}, {0, 4, 0}, {30, 10, 1}};
+    const ck_entry *e = add_extents(ix, x, 3);
+    unsigned char expect[24];
+    memcpy(expect, b + 5, 10);
+    memcpy(expect + 10, a, 4);
+    memcpy(expect + 14, b + 30, 10);
+    check_every_read(ix, e, expect, sizeof expect);
+    ck_index_free(ix);
+}
+
+Test(read_extents, extent_past_eof_is_eio)
+{
+    unsigned char file[32];
+    fill_bytes(file, sizeof file, 9);
+    ck_index *ix = index_over(file, sizeof file);
+    const ck_extent x[] = {{0, 8, 0}, {28, 8, 0}, {4, 4, 0}};
+    const ck_entry *e = add_extents(ix, x, 3);
+    unsigned char buf[20];
+    cr_assert_eq(ck_entry_read(ix, e, buf, 20, 0), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 1, 12), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 12, 0), 12); /* up to where the file ends */
+    cr_assert_arr_eq(buf, file, 8);
+    cr_assert_arr_eq(buf + 8, file + 28, 4);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 4, 16), 4); /* the last extent alone */
+    cr_assert_arr_eq(buf, file + 4, 4);
+    ck_index_free(ix);
+}
+
+/* A strided entry: element (i0, i1, ...) of the tensor is element first + sum(i_d * strides[d])
+ * of file 0. */
+static const ck_entry *add_strided(ck_index *ix, enum ck_dtype dt, unsigned rank,
+                                   const int64_t *dims, const int64_t *strides, uint64_t first)
+{
+    int64_t both[2 * CK_MAX_RANK];
+    for (unsigned d = 0; d < rank; d++) {
+        both[d] = dims[d];
+        both[rank + d] = strides[d];
+    }
+    ck_error err = {""};
+    ck_entry *e = ck_index_add_entry(ix, "s", 1, CK_STRIDED, rank, both, &err);
+    cr_assert_not_null(e, "%s", err.msg);
+    uint64_t count = 1;
+    for (unsigned d = 0; d < rank; d++)
+        count *= (uint64_t)dims[d];
+    unsigned esize = ck_dtype_bits(dt) / 8;
+    e->dtype = (uint8_t)dt;
+    e->nbytes = count * esize;
+    e->ext = (ck_extent){.offset = first * esize, .length = 0, .file = 0};
+    return e;
+}
+
+/* The same tensor, gathered by the test one element at a time in row-major order. */
+static unsigned char *gather(const unsigned char *file, unsigned esize, unsigned rank,
+                             const int64_t *dims, const int64_t *strides, uint64_t first,
+                             size_t *len)
+{
+    size_t count = 1;
+    for (unsigned d = 0; d < rank; d++)
+        count *= (size_t)dims[d];
+    unsigned char *out = malloc(count * esize + 1);
+    cr_assert_not_null(out);
+    for (size_t i = 0; i < count; i++) {
+        size_t rest = i;
+        int64_t at = (int64_t)first;
+        for (unsigned d = rank; d-- > 0;) {
+            at += (int64_t)(rest % (size_t)dims[d]) * strides[d];
+            rest /= (size_t)dims[d];
+        }
+        memcpy(out + i * esize, file + (size_t)at * esize, esize);
+    }
+    *len = count * esize;
+    return out;
+}
+
+/* A strided tensor over a file of file_len pseudo-random bytes, read every way (exhaustively
+ * when small) and compared with the gather. */
+static void check_strided(size_t file_len, enum ck_dtype dt, unsigned rank, const int64_t *dims,
+                          const int64_t *strides, uint64_t first)
+{
+    unsigned char *file = malloc(file_len);
+    cr_assert_not_null(file);
+    fill_bytes(file, file_len, (uint32_t)file_len);
+    ck_index *ix = index_over(file, file_len);
+    const ck_entry *e = add_strided(ix, dt, rank, dims, strides, first);
+    size_t n;
+    unsigned char *expect = gather(file, ck_dtype_bits(dt) / 8, rank, dims, strides, first, &n);
+    cr_assert_eq(e->nbytes, n);
+    if (n <= 200)
+        check_every_read(ix, e, expect, n);
+    else
+        check_some_reads(ix, e, expect, n);
+    check_read(ix, e, expect, n, 0, n);
+    free(expect);
+    free(file);
+    ck_index_free(ix);
+}
+
+Test(read_strided, transposed_2d)
+{
+    /* storage [3][5] of F32, shown as its transpose [5][3] */
+    check_strided(3 * 5 * 4, CK_F32, 2, (int64_t[]){5, 3}, (int64_t[]){1, 5}, 0);
+}
+
+Test(read_strided, transposed_2d_two_byte_elements_with_offset)
+{
+    check_strided(200, CK_BF16, 2, (int64_t[]){4, 6}, (int64_t[]){1, 4}, 17);
+}
+
+Test(read_strided, permuted_3d)
+{
+    /* storage [4][3][2] (strides 6, 2, 1) shown as [2][3][4] with strides (1, 2, 6) */
+    check_strided(24 * 2, CK_F16, 3, (int64_t[]){2, 3, 4}, (int64_t[]){1, 2, 6}, 0);
+}
+
+Test(read_strided, permuted_3d_eight_byte_elements)
+{
+    check_strided(24 * 8 + 8, CK_F64, 3, (int64_t[]){4, 2, 3}, (int64_t[]){1, 12, 4}, 1);
+}
+
+Test(read_strided, one_byte_elements)
+{
+    check_strided(64, CK_U8, 3, (int64_t[]){3, 2, 4}, (int64_t[]){1, 3, 6}, 5);
+}
+
+Test(read_strided, unit_stride_rows)
+{
+    /* every other row of a [6][7] matrix */
+    check_strided(6 * 7 * 4, CK_I32, 2, (int64_t[]){3, 7}, (int64_t[]){14, 1}, 0);
+}
+
+Test(read_strided, negative_strides)
+{
+    /* [4][5] I16 read backwards in both dims, from the last element */
+    check_strided(20 * 2, CK_I16, 2, (int64_t[]){4, 5}, (int64_t[]){-5, -1}, 19);
+    check_strided(20 * 4, CK_U32, 2, (int64_t[]){5, 4}, (int64_t[]){-1, 5}, 4);
+}
+
+Test(read_strided, broadcast_zero_strides)
+{
+    check_strided(32, CK_F32, 2, (int64_t[]){3, 4}, (int64_t[]){0, 1}, 1);
+    check_strided(32, CK_F16, 2, (int64_t[]){4, 3}, (int64_t[]){1, 0}, 2);
+}
+
+Test(read_strided, size_one_dims)
+{
+    check_strided(40, CK_F32, 3, (int64_t[]){1, 5, 1}, (int64_t[]){7, 2, 3}, 0);
+}
+
+Test(read_strided, rank_zero)
+{
+    check_strided(64, CK_F64, 0, NULL, NULL, 3);
+}
+
+Test(read_strided, zero_elements)
+{
+    unsigned char file[16] = {0};
+    ck_index *ix = index_over(file, sizeof file);
+    const ck_entry *e = add_strided(ix, CK_F32, 2, (int64_t[]){3, 0}, (int64_t[]){1, 3}, 0);
+    char c;
+    cr_assert_eq(ck_entry_read(ix, e, &c, 1, 0), 0);
+    ck_index_free(ix);
+}
+
+Test(read_strided, long_rows_larger_than_scratch)
+{
+    /* [2][70000] F16 taking every other element: each row spans 280000 bytes, more than the
+     * 256 KiB the reader gathers at once, and the tensor is larger than that too. */
+    check_strided(2 * 140000 * 2, CK_F16, 2, (int64_t[]){2, 70000}, (int64_t[]){140000, 2}, 0);
+}
+
+Test(read_strided, stride_wider_than_scratch)
+{
+    /* elements 280000 bytes apart: one read each */
+    check_strided(4 * (3 * 70000 + 2 + 1), CK_F32, 2, (int64_t[]){3, 4}, (int64_t[]){1, 70000}, 0);
+}
+
+Test(read_strided, larger_transpose)
+{
+    /* storage [40][96] F32 as [96][40] */
+    check_strided(40 * 96 * 4, CK_F32, 2, (int64_t[]){96, 40}, (int64_t[]){1, 96}, 0);
+}
+
+Test(read_strided, short_file_is_eio)
+{
+    unsigned char file[40];
+    fill_bytes(file, sizeof file, 10);
+    ck_index *ix = index_over(file, sizeof file);
+    /* [3][4] F32, element (i, j) at storage element i + 3j: the file holds storage elements 0-9,
+     * so elements (1, 3) and (2, 3), the tensor's 8th and 12th, lie past its end. */
+    const ck_entry *e = add_strided(ix, CK_F32, 2, (int64_t[]){3, 4}, (int64_t[]){1, 3}, 0);
+    unsigned char buf[48];
+    cr_assert_eq(ck_entry_read(ix, e, buf, 48, 0), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 1, 7 * 4 + 1), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 40, 8), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 4, 11 * 4), -EIO);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 28, 0), 28); /* elements 0-6 are all in the file */
+    for (int k = 0; k < 7; k++)
+        cr_assert_arr_eq(buf + 4 * k, file + 4 * (k / 4 + 3 * (k % 4)), 4, "element %d", k);
+    cr_assert_eq(ck_entry_read(ix, e, buf, 3, 1), 3);
+    cr_assert_arr_eq(buf, file + 1, 3);
+    ck_index_free(ix);
+}
+
+/* --- other entries ---------------------------------------------------------------------- */
+
+Test(read_other, value_entries)
+{
+    ck_index *ix = ck_index_new("x");
+    ck_error err = {""};
+    ck_entry *e = ck_index_add_entry(ix, "v", 1, CK_CONTIGUOUS, 0, NULL, &err);
+    cr_assert_not_null(e);
+    const char *text = "{\"k\": [1, 2, 3]}";
+    e->kind = CK_VALUE;
+    e->u.text = ck_index_strndup(ix, text, strlen(text));
+    e->nbytes = strlen(text);
+    check_every_read(ix, e, (const unsigned char *)text, strlen(text));
+    ck_index_free(ix);
+}
+
+Test(read_other, unknown_layout_is_eio)
+{
+    unsigned char file[8] = {0};
+    ck_index *ix = index_over(file, sizeof file);
+    ck_entry *e = add_contig(ix, "t", CK_U8, 1, (int64_t[]){8}, 0, 8);
+    e->layout = 7;
+    cr_assert_eq(ck_entry_read(ix, e, file, 8, 0), -EIO);
+    ck_index_free(ix);
+}
+
+Test(read_other, pread_exact)
+{
+    unsigned char file[10];
+    fill_bytes(file, sizeof file, 11);
+    ck_index *ix = index_over(file, sizeof file);
+    unsigned char buf[10];
+    cr_assert_eq(ck_pread(ix->files[0].fd, buf, 6, 4), 0);
+    cr_assert_arr_eq(buf, file + 4, 6);
+    cr_assert_eq(ck_pread(ix->files[0].fd, buf, 7, 4), -EIO);
+    cr_assert_eq(ck_pread(-1, buf, 1, 0), -EBADF);
+    ck_index_free(ix);
+}

@@ -1,0 +1,285 @@
+/* What the mount's own files say: .ckptfs/index.json (parsed back with cJSON) and the shape
+ * xattr's JSON. */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "../../fs/view.h"
+
+TestSuite(index_json, .fini = tmp_cleanup);
+TestSuite(shape_json, .fini = tmp_cleanup);
+
+static const char *const vnames[] = {"index.json"};
+
+/* ck_view_index_json's text for ix, checked to be JSON of *len bytes; its parse. */
+static cJSON *index_json(const ck_index *ix, int with_locations, const char **text)
+{
+    ck_tree *t = tree_ok(ix, ".ckptfs", vnames, 1);
+    size_t len = 0;
+    char *s = ck_view_index_json(ix, t, with_locations, &len);
+    cr_assert_not_null(s);
+    cr_assert_eq(len, strlen(s));
+    *text = strf("%s", s);
+    free(s);
+    ck_tree_free(t);
+    cJSON *root = cJSON_Parse(*text);
+    cr_assert_not_null(root, "not JSON: %s", *text);
+    cr_assert(cJSON_IsObject(root));
+    return root;
+}
+
+static const cJSON *member(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    cr_assert_not_null(v, "no \"%s\"", key);
+    return v;
+}
+
+static void expect_string(const cJSON *o, const char *key, const char *want)
+{
+    const cJSON *v = member(o, key);
+    cr_assert(cJSON_IsString(v), "\"%s\" is not a string", key);
+    cr_assert_str_eq(v->valuestring, want, "\"%s\"", key);
+}
+
+static void expect_number(const cJSON *o, const char *key, double want)
+{
+    const cJSON *v = member(o, key);
+    cr_assert(cJSON_IsNumber(v), "\"%s\" is not a number", key);
+    cr_assert_eq(v->valuedouble, want, "\"%s\" is %.17g, not %.17g", key, v->valuedouble, want);
+}
+
+static void expect_shape(const cJSON *o, unsigned rank, const double *dims)
+{
+    const cJSON *shape = member(o, "shape");
+    cr_assert(cJSON_IsArray(shape));
+    cr_assert_eq(cJSON_GetArraySize(shape), (int)rank);
+    for (unsigned d = 0; d < rank; d++) {
+        const cJSON *x = cJSON_GetArrayItem(shape, (int)d);
+        cr_assert(cJSON_IsNumber(x));
+        cr_assert_eq(x->valuedouble, dims[d], "shape[%u]", d);
+    }
+}
+
+/* An index over 40 bytes with three tensors and two metadata entries. */
+static ck_index *sample(void)
+{
+    unsigned char data[40];
+    fill_bytes(data, sizeof data, 20);
+    ck_index *ix = index_over(data, sizeof data);
+    add_contig(ix, "model.w", CK_F32, 2, (int64_t[]){2, 3}, 0, 2 * 3 * 4);
+    add_contig(ix, "model.b", CK_BF16, 1, (int64_t[]){3}, 24, 3 * 2);
+    add_contig(ix, "s", CK_F64, 0, NULL, 30, 8);
+    ck_error err = {""};
+    cr_assert_eq(ck_index_add_meta(ix, "format", "pt", &err), 0);
+    cr_assert_eq(ck_index_add_meta(ix, "quote \"q\"", "line\nbreak \xc3\xa9", &err), 0);
+    return ix;
+}
+
+Test(index_json, format_metadata_and_tensors)
+{
+    ck_index *ix = sample();
+    const char *text;
+    cJSON *root = index_json(ix, 0, &text);
+    expect_string(root, "format", "test");
+    const cJSON *meta = member(root, "metadata");
+    cr_assert(cJSON_IsObject(meta));
+    cr_assert_eq(cJSON_GetArraySize(meta), 2);
+    expect_string(meta, "format", "pt");
+    expect_string(meta, "quote \"q\"", "line\nbreak \xc3\xa9");
+    const cJSON *list = member(root, "tensors");
+    cr_assert(cJSON_IsArray(list));
+    cr_assert_eq(cJSON_GetArraySize(list), 3);
+
+    const cJSON *w = cJSON_GetArrayItem(list, 0), *b = cJSON_GetArrayItem(list, 1),
+                *s = cJSON_GetArrayItem(list, 2);
+    expect_string(w, "name", "model.w");
+    expect_string(w, "path", "model/w");
+    expect_string(w, "dtype", "F32");
+    expect_shape(w, 2, (double[]){2, 3});
+    expect_number(w, "nbytes", 2 * 3 * 4);
+    expect_string(b, "name", "model.b");
+    expect_string(b, "path", "model/b");
+    expect_string(b, "dtype", "BF16");
+    expect_shape(b, 1, (double[]){3});
+    expect_number(b, "nbytes", 3 * 2);
+    expect_string(s, "name", "s");
+    expect_string(s, "path", "s");
+    expect_string(s, "dtype", "F64");
+    expect_shape(s, 0, NULL);
+    expect_number(s, "nbytes", 8);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(w, "file"));
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(w, "offset"));
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
+Test(index_json, paths_follow_the_tree)
+{
+    unsigned char data[4] = {0};
+    ck_index *ix = index_over(data, sizeof data);
+    add_contig(ix, "a", CK_U8, 0, NULL, 0, 1);
+    add_contig(ix, "a.b", CK_U8, 0, NULL, 1, 1);
+    add_contig(ix, "../x", CK_U8, 0, NULL, 2, 1);
+    add_contig(ix, "c\x01", CK_U8, 0, NULL, 3, 1);
+    const char *text;
+    cJSON *root = index_json(ix, 0, &text);
+    const cJSON *list = member(root, "tensors");
+    static const char *const paths[] = {"a%", "a/b", "%/%/%2Fx", "c%01"};
+    for (int i = 0; i < 4; i++) {
+        expect_string(cJSON_GetArrayItem(list, i), "name", ix->entries[i].name);
+        expect_string(cJSON_GetArrayItem(list, i), "path", paths[i]);
+    }
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
+Test(index_json, with_locations)
+{
+    ck_index *ix = sample();
+    /* One tensor in several extents and one strided: they have no single offset. */
+    ck_error err = {""};
+    ck_entry *x = ck_index_add_entry(ix, "ext", 3, CK_EXTENTS, 1, (int64_t[]){4}, &err);
+    cr_assert_not_null(x);
+    ck_extent *ex = ck_index_alloc(ix, 2 * sizeof *ex);
+    cr_assert_not_null(ex);
+    ex[0] = (ck_extent){0, 2, 0};
+    ex[1] = (ck_extent){10, 2, 0};
+    x->u.extents = ex;
+    x->nextents = 2;
+    x->dtype = CK_U8;
+    x->nbytes = 4;
+    ck_entry *st = ck_index_add_entry(ix, "str", 3, CK_STRIDED, 1, (int64_t[]){2, 3}, &err);
+    cr_assert_not_null(st);
+    st->dtype = CK_U8;
+    st->nbytes = 2;
+    st->ext = (ck_extent){.offset = 5, .file = 0};
+
+    const char *text;
+    cJSON *root = index_json(ix, 1, &text);
+    const cJSON *list = member(root, "tensors");
+    cr_assert_eq(cJSON_GetArraySize(list), 5);
+    static const double offsets[] = {0, 24, 30};
+    for (int i = 0; i < 3; i++) {
+        expect_string(cJSON_GetArrayItem(list, i), "file", ix->files[0].path);
+        expect_number(cJSON_GetArrayItem(list, i), "offset", offsets[i]);
+    }
+    for (int i = 3; i < 5; i++) {
+        expect_string(cJSON_GetArrayItem(list, i), "file", ix->files[0].path);
+        cr_assert(cJSON_IsNull(member(cJSON_GetArrayItem(list, i), "offset")), "entry %d", i);
+    }
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
+Test(index_json, large_integers_exact)
+{
+    ck_index *ix = index_over("x", 1);
+    uint64_t d40 = (uint64_t)1 << 40, d62 = (uint64_t)1 << 62, off = ((uint64_t)1 << 60) + 7;
+    add_contig(ix, "big", CK_F32, 2, (int64_t[]){(int64_t)d40, 3}, 0, d40 * 3 * 4);
+    add_contig(ix, "huge", CK_U8, 2, (int64_t[]){(int64_t)d62 + 1, 1}, off, d62 + 1);
+    const char *text;
+    cJSON *root = index_json(ix, 1, &text);
+    const cJSON *list = member(root, "tensors");
+    /* Below 2^53 a parse is exact; above it only the text can tell. */
+    expect_shape(cJSON_GetArrayItem(list, 0), 2, (double[]){(double)d40, 3});
+    expect_number(cJSON_GetArrayItem(list, 0), "nbytes", (double)(d40 * 3 * 4));
+    const char *want[] = {
+        strf("\"shape\":[%llu,3]", (unsigned long long)d40),
+        strf("\"nbytes\":%llu", (unsigned long long)(d40 * 3 * 4)),
+        strf("\"shape\":[%llu,1]", (unsigned long long)(d62 + 1)),
+        strf("\"nbytes\":%llu", (unsigned long long)(d62 + 1)),
+        strf("\"offset\":%llu", (unsigned long long)off),
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_assert_not_null(strstr(text, want[i]), "'%s' not in %s", want[i], text);
+    cr_assert_null(strstr(text, "e+"), "exponent in %s", text);
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
+Test(index_json, values_are_not_tensors)
+{
+    ck_index *ix = sample();
+    ck_error err = {""};
+    ck_entry *v = ck_index_add_entry(ix, "config", 6, CK_CONTIGUOUS, 0, NULL, &err);
+    cr_assert_not_null(v);
+    v->kind = CK_VALUE;
+    v->u.text = "{}";
+    v->nbytes = 2;
+    const char *text;
+    cJSON *root = index_json(ix, 1, &text);
+    cr_assert_eq(cJSON_GetArraySize(member(root, "tensors")), 3);
+    cr_assert_null(strstr(text, "config"));
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
+Test(index_json, empty_index)
+{
+    ck_index *ix = ck_index_new("safetensors");
+    const char *text;
+    cJSON *root = index_json(ix, 0, &text);
+    expect_string(root, "format", "safetensors");
+    cr_assert_eq(cJSON_GetArraySize(member(root, "metadata")), 0);
+    cr_assert_eq(cJSON_GetArraySize(member(root, "tensors")), 0);
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
+/* --- ck_view_shape_json ----------------------------------------------------------------- */
+
+/* An entry of this shape, in an index of its own (freed by the caller). */
+static const ck_entry *shaped(ck_index **ix, unsigned rank, const int64_t *dims)
+{
+    *ix = ck_index_new("x");
+    ck_error err = {""};
+    ck_entry *e = ck_index_add_entry(*ix, "t", 1, CK_CONTIGUOUS, rank, dims, &err);
+    cr_assert_not_null(e);
+    return e;
+}
+
+/* The shape's JSON with every buffer size: the full length back each time, and as much of the
+ * text as fits, NUL-terminated, like snprintf; nothing written past cap. */
+static void expect_shape_json(unsigned rank, const int64_t *dims, const char *want)
+{
+    ck_index *ix;
+    const ck_entry *e = shaped(&ix, rank, dims);
+    size_t full = strlen(want);
+    char buf[128];
+    cr_assert_lt(full + 8, sizeof buf);
+    for (size_t cap = 0; cap <= full + 2; cap++) {
+        memset(buf, 'Z', sizeof buf);
+        cr_assert_eq(ck_view_shape_json(e, buf, cap), full, "cap %zu", cap);
+        if (cap > 0) {
+            size_t kept = full < cap - 1 ? full : cap - 1;
+            cr_assert_eq(strlen(buf), kept, "cap %zu: '%s'", cap, buf);
+            cr_assert(memcmp(buf, want, kept) == 0, "cap %zu: '%s' is not a prefix of '%s'", cap,
+                      buf, want);
+        }
+        for (size_t i = cap; i < sizeof buf; i++)
+            cr_assert_eq(buf[i], 'Z', "cap %zu: byte %zu written", cap, i);
+    }
+    ck_index_free(ix);
+}
+
+Test(shape_json, rank_zero)
+{
+    expect_shape_json(0, NULL, "[]");
+}
+
+Test(shape_json, dims)
+{
+    expect_shape_json(1, (int64_t[]){7}, "[7]");
+    expect_shape_json(2, (int64_t[]){2, 3}, "[2,3]");
+    expect_shape_json(3, (int64_t[]){0, 123456, 1}, "[0,123456,1]");
+}
+
+Test(shape_json, large_dims)
+{
+    int64_t d40 = (int64_t)1 << 40;
+    expect_shape_json(2, (int64_t[]){d40, INT64_MAX},
+                      strf("[%lld,%lld]", (long long)d40, (long long)INT64_MAX));
+}
