@@ -12,7 +12,9 @@ static const struct {
     [CK_BF16] = {"BF16", 16},        [CK_I32] = {"I32", 32},        [CK_U32] = {"U32", 32},
     [CK_F32] = {"F32", 32},          [CK_I64] = {"I64", 64},        [CK_U64] = {"U64", 64},
     [CK_F64] = {"F64", 64},          [CK_C64] = {"C64", 64},        [CK_F4] = {"F4", 4},
-    [CK_F6_E2M3] = {"F6_E2M3", 6},   [CK_F6_E3M2] = {"F6_E3M2", 6},
+    [CK_F6_E2M3] = {"F6_E2M3", 6},   [CK_F6_E3M2] = {"F6_E3M2", 6},   [CK_C128] = {"C128", 128},
+    [CK_C32] = {"C32", 32},          [CK_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8},
+    [CK_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8},
 };
 
 const char *ck_dtype_name(enum ck_dtype dt)

@@ -155,7 +155,7 @@ static int st_read_tensor(const cJSON *v, st_tensor *t, const char *path, ck_err
     if (!cJSON_IsString(dtype))
         return ck_fail(err, path, "tensor '%s': missing or non-string \"dtype\"", name);
     int dt = ck_dtype_from_name(dtype->valuestring, strlen(dtype->valuestring));
-    if (dt < 0)
+    if (dt < 0 || dt >= CK_ST_DTYPE_COUNT)
         return ck_fail(err, path, "tensor '%s': unknown dtype '%s'", name, dtype->valuestring);
     if (!cJSON_IsArray(shape))
         return ck_fail(err, path, "tensor '%s': missing or non-array \"shape\"", name);

@@ -1,0 +1,123 @@
+/* pickle.h — a safe pickle reader for torch checkpoints: it decodes, it never executes.
+ *
+ * Contract:
+ *  - pk_load runs the pickle opcodes of protocols 0-5 that torch.save can emit and builds a tree
+ *    of plain values (pk_obj). GLOBAL / STACK_GLOBAL resolve only names on a fixed allowlist
+ *    (modelled on torch's weights_only unpickler); any other name is an error that quotes it.
+ *    REDUCE / NEWOBJ / BUILD act only on allowed callables, and each does one fixed, known
+ *    thing (build a tensor, a dict, a torch.Size, ...). Nothing is imported, looked up by name
+ *    at run time, or called.
+ *  - Persistent ids ('storage', StorageClass, key, location, numel[, view_metadata]) become
+ *    PK_STORAGE objects; the location is ignored. One PK_STORAGE object per distinct key, so
+ *    tensors sharing a storage point at the same object.
+ *  - Hard limits (pk_limits) bound stack depth, MARK nesting, memo size, container sizes and
+ *    the total object count, so no pickle can exhaust memory or time. Every read of the input
+ *    is bounds-checked; a truncated stream is an error naming the byte offset.
+ *  - All objects live in one arena owned by the caller's pk_result; pk_free releases it.
+ */
+#ifndef CK_PICKLE_H
+#define CK_PICKLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "dtype.h"
+#include "error.h"
+
+enum pk_type {
+    PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_BYTES,
+    PK_TUPLE, PK_LIST, PK_DICT, /* DICT: items[2k] key, items[2k+1] value, in insertion order */
+    PK_GLOBAL,                  /* an allowed global that is a value: a storage class, a dtype */
+    PK_STORAGE,                 /* a persistent id naming a storage record */
+    PK_TENSOR,                  /* _rebuild_tensor* / _rebuild_parameter* */
+};
+
+/* The allowed globals. */
+enum pk_global {
+    PKG_REBUILD_TENSOR,            /* torch._utils._rebuild_tensor (legacy) */
+    PKG_REBUILD_TENSOR_V2,         /* torch._utils._rebuild_tensor_v2 */
+    PKG_REBUILD_TENSOR_V3,         /* torch._utils._rebuild_tensor_v3 (dtype given) */
+    PKG_REBUILD_PARAMETER,         /* torch._utils._rebuild_parameter */
+    PKG_REBUILD_PARAMETER_STATE,   /* torch._utils._rebuild_parameter_with_state */
+    PKG_ORDERED_DICT,              /* collections.OrderedDict */
+    PKG_TORCH_SIZE,                /* torch.Size */
+    PKG_CODECS_ENCODE,             /* _codecs.encode: protocol 2 writes bytes this way */
+    PKG_STORAGE_CLASS,             /* torch.<X>Storage, torch.UntypedStorage: .dtype says which */
+    PKG_DTYPE,                     /* torch.float32, torch.float8_e4m3fn, ...: .dtype */
+    PKG_DEVICE,                    /* torch.device */
+};
+
+/* Marks an untyped storage (torch.UntypedStorage): its numel counts bytes, and the tensors on
+ * it carry their own dtype (_rebuild_tensor_v3). Every other dtype is an enum ck_dtype. */
+#define PK_DTYPE_BYTES 255
+
+typedef struct pk_obj pk_obj;
+struct pk_obj {
+    uint8_t type;                  /* enum pk_type */
+    union {
+        int64_t i;                 /* BOOL, INT (ints beyond 64 bits are an error) */
+        double f;                  /* FLOAT */
+        struct {                   /* STR (UTF-8 as in the pickle), BYTES */
+            const char *s;         /* NUL-terminated copy; len excludes the NUL */
+            size_t len;
+        } str;
+        struct {                   /* TUPLE, LIST, DICT */
+            pk_obj **items;
+            size_t n;              /* DICT: 2 × the number of pairs */
+        } seq;
+        struct {                   /* GLOBAL */
+            uint8_t which;         /* enum pk_global */
+            uint8_t dtype;         /* STORAGE_CLASS, DTYPE: enum ck_dtype or PK_DTYPE_BYTES */
+            const char *name;      /* "torch.FloatStorage", for messages */
+        } global;
+        struct {                   /* STORAGE */
+            const char *key;       /* the record name: data/<key> in a zip, the key in legacy */
+            uint64_t numel;        /* elements of dtype (bytes when PK_DTYPE_BYTES) */
+            uint8_t dtype;
+        } storage;
+        struct {                   /* TENSOR */
+            pk_obj *storage;       /* a PK_STORAGE */
+            int64_t offset;        /* storage offset, elements */
+            const int64_t *size;   /* rank dims */
+            const int64_t *stride; /* rank strides, elements */
+            uint8_t rank;
+            uint8_t dtype;         /* the tensor's (v3 may differ from an untyped storage's) */
+            uint8_t parameter;     /* 1 when rebuilt as an nn.Parameter */
+        } tensor;
+    } u;
+};
+
+typedef struct pk_limits {
+    size_t max_stack;      /* values on the stack */
+    size_t max_marks;      /* MARK nesting */
+    size_t max_memo;       /* memo slots; an index beyond is an error */
+    size_t max_objects;    /* objects created in all */
+    size_t max_depth;      /* container nesting of the result */
+} pk_limits;
+
+/* Defaults: stack 1,000,000; marks 10,000; memo 10,000,000; objects 50,000,000; depth 1,000. */
+extern const pk_limits pk_default_limits;
+
+typedef struct pk_result {
+    pk_obj *root;          /* the value STOP returned */
+    size_t consumed;       /* bytes of input up to and including STOP */
+    ck_arena *arena;
+} pk_result;
+
+enum { PK_ERROR = -1, PK_TRUNCATED = -2 };
+
+/* Runs the pickle in data[0..len). path names the input in messages; base is the file offset
+ * of data[0], so messages give offsets in the file. On failure returns PK_ERROR, or
+ * PK_TRUNCATED when the input ended before STOP (a caller reading from a file can retry with
+ * more), with err set and nothing to free. */
+int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const char *path,
+            uint64_t base, pk_result *out, ck_error *err);
+
+void pk_free(pk_result *r);
+
+/* The pk_type's name as Python spells it ("int", "str", "tensor", ...), for messages and for
+ * the "type" of values in index.json. */
+const char *pk_type_name(enum pk_type t);
+
+#endif
