@@ -213,7 +213,6 @@ static int serve(struct fuse_session *se, const struct fuse_cmdline_opts *co)
     fuse_loop_cfg_set_clone_fd(cfg, (unsigned)co->clone_fd);
     fuse_loop_cfg_set_max_threads(cfg, co->max_threads);
     if (co->max_idle_threads != UINT_MAX) /* "unset": libfuse 3.14 would log it as invalid */
-        if (co->max_idle_threads != UINT_MAX) /* UINT_MAX: not given */
         fuse_loop_cfg_set_idle_threads(cfg, co->max_idle_threads);
     int rc = fuse_session_loop_mt(se, cfg);
     fuse_loop_cfg_destroy(cfg);

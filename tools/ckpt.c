@@ -42,6 +42,21 @@ static int open_source(const char *source, ck_index **ix)
     return -1;
 }
 
+/* A name in the table: tabs, newlines and other control bytes would break its columns, so they
+ * are written \xNN, and a backslash is doubled; --json has every name exactly. */
+static void print_name(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\\')
+            fputs("\\\\", stdout);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
+    }
+}
+
 static void print_table(const ck_index *ix)
 {
     char shape[1400];
@@ -50,7 +65,8 @@ static void print_table(const ck_index *ix)
         if (e->kind != CK_TENSOR)
             continue;
         ck_view_shape_json(e, shape, sizeof shape);
-        printf("%s\t%s\t%s\t%llu\t", e->name, ck_dtype_name(e->dtype), shape,
+        print_name(e->name, e->name_len);
+        printf("\t%s\t%s\t%llu\t", ck_dtype_name(e->dtype), shape,
                (unsigned long long)e->nbytes);
         if (e->layout == CK_CONTIGUOUS)
             printf("%llu", (unsigned long long)e->ext.offset);
@@ -170,8 +186,9 @@ static int cmd_help(int argc, char **argv);
 
 static const ck_command commands[] = {
     {"ls", "ckpt ls SOURCE [--json]",
-     "Lists the tensors of SOURCE: name, dtype, shape, bytes, byte offset in the source ('-' when\n"
-     "the bytes are not one extent) and, for sharded sources, the file. --json prints the mount's\n"
+     "Lists the tensors of SOURCE, one per line, tab-separated: name, dtype, shape, bytes, byte\n"
+     "offset in the source ('-' when the bytes are not one extent) and, for sharded sources, the\n"
+     "file. Control bytes and '\\' in names are written \\xNN and \\\\. --json prints the mount's\n"
      "index.json with \"file\" and \"offset\" added to each tensor.",
      cmd_ls},
     {"cat", "ckpt cat SOURCE NAME",

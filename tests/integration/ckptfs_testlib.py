@@ -1,0 +1,296 @@
+"""Shared helpers for the ckptfs integration tests.
+
+Everything "expected" in these tests comes from an independent reader (the safetensors library,
+torch, numpy) or from bytes a test wrote itself; nothing here knows what ckptfs prints.
+"""
+import contextlib
+import json
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = Path("/work/shared/corpus")
+MOUNT_TIMEOUT = 30  # seconds for ckptfs to parse SOURCE and mount (or refuse)
+
+assert sys.byteorder == "little", "these tests compare against little-endian host arrays"
+
+
+def build_dir():
+    return Path(os.environ.get("CKPTFS_BUILD") or REPO / "build").resolve()
+
+
+def ckptfs_bin():
+    return build_dir() / "ckptfs"
+
+
+def ckpt_bin():
+    return build_dir() / "ckpt"
+
+
+# --- /proc/mounts --------------------------------------------------------------------------
+
+def _unescape_mount_field(s):
+    # /proc/mounts writes space, tab, newline and backslash as \ooo.
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and len(s[i + 1:i + 4]) == 3 and s[i + 1:i + 4].isdigit():
+            out.append(chr(int(s[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_entries():
+    """(source, mountpoint, fstype, options) for every line of /proc/mounts."""
+    rows = []
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 4:
+                rows.append((_unescape_mount_field(fields[0]), _unescape_mount_field(fields[1]),
+                             fields[2], fields[3]))
+    return rows
+
+
+def mount_entry(mountpoint):
+    mp = os.path.realpath(str(mountpoint))
+    for row in mount_entries():
+        if row[1] == mp:
+            return row
+    return None
+
+
+def is_mounted(mountpoint):
+    return mount_entry(mountpoint) is not None
+
+
+def unmount(mountpoint):
+    """fusermount3 -u, then a lazy -uz if that did not work. Returns True when it is gone."""
+    mp = str(mountpoint)
+    if not is_mounted(mp):
+        return True
+    for args in (["-u"], ["-uz"]):
+        for _ in range(20):
+            subprocess.run(["fusermount3", *args, mp], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=20)
+            if not is_mounted(mp):
+                return True
+            time.sleep(0.1)
+    return not is_mounted(mp)
+
+
+# --- FUSE availability ---------------------------------------------------------------------
+
+def fuse_problem():
+    """None when /dev/fuse and fusermount3 are usable, else a sentence saying what is wrong."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist"
+    st = os.stat("/dev/fuse")
+    if not stat.S_ISCHR(st.st_mode):
+        return "/dev/fuse is not a character device"
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+    except OSError as e:
+        return f"/dev/fuse cannot be opened read-write: {e}"
+    os.close(fd)
+    if not shutil.which("fusermount3"):
+        return "fusermount3 is not on PATH"
+    return None
+
+
+# --- running ckptfs ------------------------------------------------------------------------
+
+class Mounter:
+    """mount(source, options=(), cwd=None): context manager; mounts with the daemonizing
+    `ckptfs` on a fresh empty directory, yields its Path, always unmounts and removes it."""
+
+    def __init__(self, base):
+        self.base = Path(base)
+
+    def new_mountpoint(self):
+        return Path(tempfile.mkdtemp(prefix="mnt-", dir=self.base))
+
+    @contextlib.contextmanager
+    def __call__(self, source, options=(), cwd=None):
+        mnt = self.new_mountpoint()
+        cmd = [str(ckptfs_bin())]
+        if options:
+            cmd += ["-o", ",".join(options)]
+        cmd += [str(source), str(mnt)]
+        try:
+            try:
+                p = subprocess.run(cmd, capture_output=True, timeout=MOUNT_TIMEOUT, cwd=cwd)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"ckptfs did not return within {MOUNT_TIMEOUT}s: {cmd}")
+            if p.returncode != 0:
+                pytest.fail(f"ckptfs failed (exit {p.returncode}) for {cmd}:\n"
+                            f"{p.stderr.decode(errors='replace')}")
+            entry = mount_entry(mnt)
+            assert entry is not None, f"ckptfs exited 0 but {mnt} is not in /proc/mounts"
+            assert entry[2] == "fuse.ckptfs", entry
+            yield mnt
+        finally:
+            gone = unmount(mnt)
+            try:
+                mnt.rmdir()
+            except OSError:
+                pass
+            if not gone:
+                pytest.fail(f"could not unmount {mnt}")
+
+
+def run(cmd, timeout=30, **kw):
+    try:
+        return subprocess.run([str(c) for c in cmd], capture_output=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{cmd} did not finish within {timeout}s (hung?)")
+
+
+def assert_refused(source, mountpoint, *, prefix=None, tool="ckptfs"):
+    """Runs `ckptfs SOURCE MOUNTPOINT` and checks the failure contract: exit 1, exactly one
+    line on stderr that starts with "ckptfs: " (+ prefix), nothing on stdout, nothing mounted.
+    Returns the line."""
+    mountpoint = Path(mountpoint)
+    p = run([ckptfs_bin(), source, mountpoint], timeout=20)
+    mounted = is_mounted(mountpoint)
+    if mounted:
+        unmount(mountpoint)
+    err = p.stderr.decode("utf-8", errors="replace")
+    assert not mounted, f"ckptfs left {mountpoint} mounted (stderr: {err!r})"
+    assert p.returncode == 1, f"exit {p.returncode}, stderr {err!r}"
+    assert p.stdout == b"", p.stdout
+    assert err.endswith("\n") and err.count("\n") == 1, f"not exactly one line: {err!r}"
+    want = "ckptfs: " + (str(prefix if prefix is not None else source))
+    assert err.startswith(want), f"{err!r} does not start with {want!r}"
+    return err.rstrip("\n")
+
+
+# --- safetensors files ---------------------------------------------------------------------
+
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def header_bytes(header):
+    h = json.dumps(header, ensure_ascii=False).encode("utf-8")
+    return h + b" " * (-len(h) % 8)
+
+
+def write_safetensors(path, tensors, metadata=None, order=None):
+    """Writes a safetensors file byte by byte. tensors: list of (name, dtype, shape, data);
+    data are laid out in list order (or `order`, a list of names)."""
+    header, blobs, at = {}, [], 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    by_name = {t[0]: t for t in tensors}
+    for name in order or [t[0] for t in tensors]:
+        _, dtype, shape, data = by_name[name]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    h = header_bytes(header)
+    Path(path).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    return Path(path)
+
+
+def raw_file(path, header_text, data=b"", hlen=None):
+    """A file with an arbitrary header text (bytes or str) and length field."""
+    if isinstance(header_text, str):
+        header_text = header_text.encode("utf-8")
+    n = len(header_text) if hlen is None else hlen
+    Path(path).write_bytes(struct.pack("<Q", n) + header_text + data)
+    return Path(path)
+
+
+def library_view(path):
+    """What the safetensors library reads from a file or a shard directory:
+    ({name: (dtype, shape, bytes)}, metadata). For a directory, every *.safetensors file."""
+    from safetensors import deserialize, safe_open
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    tensors, meta = {}, {}
+    for f in files:
+        for name, v in deserialize(f.read_bytes()):
+            assert name not in tensors, f"{name} twice"
+            tensors[name] = (v["dtype"], list(v["shape"]), bytes(v["data"]))
+        with safe_open(str(f), framework="numpy") as h:
+            for k, val in (h.metadata() or {}).items():
+                meta.setdefault(k, val)
+    return tensors, meta
+
+
+def torch_bytes(t):
+    """Row-major little-endian bytes of a torch tensor, whatever its strides."""
+    import torch
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+# --- the mount -----------------------------------------------------------------------------
+
+def read_index(mnt):
+    return json.loads((Path(mnt) / ".ckptfs" / "index.json").read_bytes())
+
+
+def xattrs_of(path):
+    return {k: os.getxattr(path, k) for k in
+            ("user.ckptfs.name", "user.ckptfs.dtype", "user.ckptfs.shape")}
+
+
+def check_mount(mnt, tensors, metadata, fmt, xattrs=True):
+    """Checks index.json, every tensor file's bytes and size, and its xattrs against
+    `tensors` ({name: (dtype, shape, bytes)}) from an independent reader."""
+    mnt = Path(mnt)
+    index = read_index(mnt)
+    assert set(index) == {"format", "metadata", "tensors"}
+    assert index["format"] == fmt
+    assert index["metadata"] == metadata
+    names = [t["name"] for t in index["tensors"]]
+    assert len(names) == len(set(names)), "a tensor is listed twice"
+    assert set(names) == set(tensors)
+    paths = set()
+    for ent in index["tensors"]:
+        assert set(ent) == {"name", "path", "dtype", "shape", "nbytes"}, ent
+        dtype, shape, data = tensors[ent["name"]]
+        assert ent["dtype"] == dtype, ent
+        assert ent["shape"] == shape, ent
+        assert ent["nbytes"] == len(data) == numel(shape) * DTYPE_BITS[dtype] // 8, ent
+        assert ent["path"] not in paths
+        paths.add(ent["path"])
+        p = mnt / ent["path"]
+        st = os.stat(p)
+        assert stat.S_ISREG(st.st_mode), ent
+        assert st.st_size == len(data), ent
+        with open(p, "rb") as f:
+            got = f.read()
+        assert got == data, f"bytes of {ent['name']!r} differ"
+        if xattrs:
+            x = xattrs_of(p)
+            assert x["user.ckptfs.name"] == ent["name"].encode("utf-8")
+            assert x["user.ckptfs.dtype"] == dtype.encode()
+            assert json.loads(x["user.ckptfs.shape"]) == shape
+            assert set(os.listxattr(p)) == set(x)
+    return index
