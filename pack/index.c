@@ -109,6 +109,29 @@ ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, ui
     return e;
 }
 
+ck_entry *ck_index_add_value(ck_index *ix, const char *name, size_t name_len,
+                             enum ck_value_type type, const char *text, size_t len,
+                             ck_error *err)
+{
+    ck_entry *e = ck_index_add_entry(ix, name, name_len, CK_CONTIGUOUS, 0, NULL, err);
+    char *copy = e ? ck_index_strndup(ix, text, len) : NULL;
+    if (!copy)
+        return e ? ck_fail(err, ix->nfiles ? ix->files[0].path : "?", "out of memory"), NULL
+                 : NULL;
+    e->kind = CK_VALUE;
+    e->dtype = (uint8_t)type;
+    e->u.text = copy;
+    e->nbytes = len;
+    return e;
+}
+
+const char *ck_value_type_name(enum ck_value_type t)
+{
+    static const char *const names[CK_VAL_TYPE_COUNT] = {"None", "bool", "int", "float",
+                                                         "str", "bytes", "global"};
+    return (unsigned)t < CK_VAL_TYPE_COUNT ? names[t] : "?";
+}
+
 int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error *err)
 {
     void *v = ix->meta;

@@ -24,6 +24,12 @@
 
 enum ck_entry_kind { CK_TENSOR = 0, CK_VALUE = 1 };
 
+/* A value's Python type (kept in ck_entry.dtype of a CK_VALUE). */
+enum ck_value_type {
+    CK_VAL_NONE, CK_VAL_BOOL, CK_VAL_INT, CK_VAL_FLOAT, CK_VAL_STR, CK_VAL_BYTES, CK_VAL_GLOBAL,
+    CK_VAL_TYPE_COUNT
+};
+
 enum ck_layout {
     CK_CONTIGUOUS = 0, /* ext holds every byte, in order */
     CK_EXTENTS = 1,    /* extents[0..nextents) concatenated */
@@ -49,7 +55,7 @@ typedef struct ck_entry {
     uint32_t nextents;     /* CK_EXTENTS only */
     uint8_t kind;          /* enum ck_entry_kind */
     uint8_t layout;        /* enum ck_layout */
-    uint8_t dtype;         /* enum ck_dtype; CK_VALUE: unused */
+    uint8_t dtype;         /* enum ck_dtype; CK_VALUE: enum ck_value_type */
     uint8_t rank;
 } ck_entry;
 
@@ -107,7 +113,13 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err);
  * is CK_STRIDED); the caller fills in where the bytes are. NULL on out-of-memory (err set). */
 ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, uint8_t layout,
                              unsigned rank, const int64_t *shape, ck_error *err);
+/* Appends a value entry holding a copy of text (len bytes). */
+ck_entry *ck_index_add_value(ck_index *ix, const char *name, size_t name_len,
+                             enum ck_value_type type, const char *text, size_t len,
+                             ck_error *err);
 int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error *err);
+/* "None", "bool", "int", "float", "str", "bytes", "global": as index.json spells them. */
+const char *ck_value_type_name(enum ck_value_type t);
 /* Memory that lives as long as the index. NULL on out-of-memory. */
 void *ck_index_alloc(ck_index *ix, size_t n);
 char *ck_index_strndup(ck_index *ix, const char *s, size_t n);

@@ -60,6 +60,11 @@ static int is_control(unsigned char c, int in_string)
     return c < 0x20 && (in_string || (c != '\t' && c != '\n' && c != '\r'));
 }
 
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
 /* Numbers in a header can only be offsets and dims, so all must be integers. cJSON returns
  * doubles, which cannot tell 2 from 2.0, so integer spelling is checked on the text. Strings
  * may not hold \u0000: cJSON would cut the name there, and a name must survive intact. Raw
@@ -86,9 +91,8 @@ static int st_scan_text(const char *s, size_t n, const char *path, ck_error *err
         } else if (s[i] == '-' || (s[i] >= '0' && s[i] <= '9')) {
             size_t start = i;
             int integral = 1;
-            for (; i < n && s[i] && strchr("-+.eE0123456789", s[i]); i++)
-                if (strchr(".eE+", s[i]))
-                    integral = 0;
+            for (; i < n && (is_digit(s[i]) || (s[i] && strchr("-+.eE", s[i]))); i++)
+                integral &= is_digit(s[i]) || s[i] == '-';
             if (!integral)
                 return ck_fail(err, path, "number %.*s is not an integer (header byte %zu)",
                                (int)(i - start > 32 ? 32 : i - start), s + start, start);

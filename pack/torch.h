@@ -1,0 +1,26 @@
+/* torch.h — PyTorch checkpoints: the zip format (torch >= 1.6) and the legacy format.
+ *
+ * Contract: the object pickle is decoded by the safe VM (pickle.h), never executed. Its tree of
+ * dicts, lists and tuples becomes entry names joined with '.' (dict keys as Python's str() of
+ * the key, list and tuple indices in decimal); tensors become tensor entries whose bytes stay in
+ * the source file (one extent when contiguous, a strided gather otherwise), and None, bool, int,
+ * float, str and bytes leaves become value entries (text: Python's str() and a newline; bytes
+ * raw). A tensor that is not a container's child is named "". Every tensor is bounds-checked
+ * against its storage record. Only the headers are read: the central directory and local
+ * headers (zip), or the pickles and one 8-byte count per storage (legacy).
+ */
+#ifndef CK_TORCH_H
+#define CK_TORCH_H
+
+#include "index.h"
+
+#define PT_MAX_PICKLE (256u << 20) /* the object pickle may not be bigger */
+
+/* True when head (the first n bytes) starts a legacy torch file (its magic-number pickle). */
+int pt_probe_legacy(const unsigned char *head, size_t n);
+
+/* Parse file `file` of ix (already added) and append its entries. */
+int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err);
+int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err);
+
+#endif
