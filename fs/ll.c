@@ -12,8 +12,14 @@ const char *const ck_vfile_names[CK_VFILE_COUNT] = {
     [CK_VFILE_INDEX_JSON] = "index.json",
 };
 
+/* A tensor has the first three; a value has the name and its type. */
 static const char *const xattr_names[] = {"user.ckptfs.name", "user.ckptfs.dtype",
-                                          "user.ckptfs.shape"};
+                                          "user.ckptfs.shape", "user.ckptfs.type"};
+
+static int has_xattr(const ck_entry *e, size_t k)
+{
+    return k == 0 || (e->kind == CK_TENSOR ? k < 3 : k == 3);
+}
 
 static ck_fs *fs_of(fuse_req_t req)
 {
@@ -183,24 +189,22 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 }
 
 /* The value of one of our xattrs for an entry, in buf; its length, or -1 if there is none. */
-static ssize_t xattr_value(const ck_fs *fs, const ck_entry *e, const char *name, char *buf,
-                           size_t cap)
+static ssize_t xattr_value(const ck_entry *e, const char *name, char *buf, size_t cap)
 {
-    if (strcmp(name, xattr_names[0]) == 0) {
-        if (e->name_len > cap)
-            return -1;
-        memcpy(buf, e->name, e->name_len);
-        return e->name_len;
-    }
-    if (strcmp(name, xattr_names[1]) == 0) {
-        size_t n = strlen(ck_dtype_name(e->dtype));
-        memcpy(buf, ck_dtype_name(e->dtype), n);
-        return (ssize_t)n;
-    }
-    if (strcmp(name, xattr_names[2]) == 0)
+    size_t k = 0;
+    while (k < sizeof xattr_names / sizeof *xattr_names && strcmp(name, xattr_names[k]) != 0)
+        k++;
+    if (k == sizeof xattr_names / sizeof *xattr_names || !has_xattr(e, k))
+        return -1;
+    const char *text = k == 0 ? e->name : k == 1 ? ck_dtype_name(e->dtype)
+                              : k == 3 ? ck_value_type_name(e->dtype) : NULL;
+    if (!text)
         return (ssize_t)ck_view_shape_json(e, buf, cap);
-    (void)fs;
-    return -1;
+    size_t n = k == 0 ? e->name_len : strlen(text);
+    if (n > cap)
+        return -1;
+    memcpy(buf, text, n);
+    return (ssize_t)n;
 }
 
 static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
@@ -210,13 +214,13 @@ static void ll_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
     if (node == CK_NO_NODE)
         return (void)fuse_reply_err(req, ENOENT);
     int32_t entry = fs->tree->nodes[node].entry;
-    if (entry < 0 || fs->ix->entries[entry].kind != CK_TENSOR)
+    if (entry < 0)
         return (void)fuse_reply_err(req, ENODATA);
     const ck_entry *e = &fs->ix->entries[entry];
     /* Large enough for any shape (64 dims of 20 digits) and any name. */
     size_t cap = e->name_len > 2048 ? e->name_len : 2048;
     char *buf = malloc(cap);
-    ssize_t n = buf ? xattr_value(fs, e, name, buf, cap) : -1;
+    ssize_t n = buf ? xattr_value(e, name, buf, cap) : -1;
     if (!buf)
         fuse_reply_err(req, ENOMEM);
     else if (n < 0)
@@ -239,8 +243,8 @@ static void ll_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
     int32_t entry = fs->tree->nodes[node].entry;
     char list[128];
     size_t n = 0;
-    if (entry >= 0 && fs->ix->entries[entry].kind == CK_TENSOR)
-        for (size_t i = 0; i < sizeof xattr_names / sizeof *xattr_names; i++) {
+    for (size_t i = 0; entry >= 0 && i < sizeof xattr_names / sizeof *xattr_names; i++)
+        if (has_xattr(&fs->ix->entries[entry], i)) {
             size_t l = strlen(xattr_names[i]) + 1;
             memcpy(list + n, xattr_names[i], l);
             n += l;

@@ -33,18 +33,15 @@ size_t ck_view_shape_json(const ck_entry *e, char *buf, size_t cap)
     return n;
 }
 
-static cJSON *tensor_json(const ck_index *ix, const ck_tree *t, size_t i, int with_locations)
+/* {"name", "path"} of entry i: what tensors and values both start with. */
+static cJSON *entry_json(const ck_index *ix, const ck_tree *t, size_t i)
 {
-    const ck_entry *e = &ix->entries[i];
     char path[4096];
     size_t plen = ck_tree_path(t, t->entry_node[i], path, sizeof path);
-    cJSON *o = cJSON_CreateObject(), *shape = cJSON_CreateArray();
-    if (!o || !shape) {
-        cJSON_Delete(o);
-        cJSON_Delete(shape);
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
         return NULL;
-    }
-    cJSON_AddItemToObject(o, "name", cJSON_CreateString(e->name));
+    cJSON_AddItemToObject(o, "name", cJSON_CreateString(ix->entries[i].name));
     if (plen < sizeof path)
         cJSON_AddItemToObject(o, "path", cJSON_CreateString(path));
     else { /* deeper than PATH_MAX: build it in full */
@@ -52,6 +49,18 @@ static cJSON *tensor_json(const ck_index *ix, const ck_tree *t, size_t i, int wi
         ck_tree_path(t, t->entry_node[i], p, p ? plen + 1 : 0);
         cJSON_AddItemToObject(o, "path", cJSON_CreateString(p ? p : ""));
         free(p);
+    }
+    return o;
+}
+
+static cJSON *tensor_json(const ck_index *ix, const ck_tree *t, size_t i, int with_locations)
+{
+    const ck_entry *e = &ix->entries[i];
+    cJSON *o = entry_json(ix, t, i), *shape = cJSON_CreateArray();
+    if (!o || !shape) {
+        cJSON_Delete(o);
+        cJSON_Delete(shape);
+        return NULL;
     }
     cJSON_AddItemToObject(o, "dtype", cJSON_CreateString(ck_dtype_name(e->dtype)));
     for (unsigned d = 0; d < e->rank; d++)
@@ -81,13 +90,18 @@ char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_location
     cJSON_AddItemToObject(root, "tensors", list);
     for (size_t i = 0; i < ix->nmeta; i++)
         cJSON_AddItemToObject(meta, ix->meta[i].key, cJSON_CreateString(ix->meta[i].value));
+    cJSON *values = NULL;
     for (size_t i = 0; i < ix->nentries; i++) {
-        if (ix->entries[i].kind != CK_TENSOR)
-            continue;
-        cJSON *o = tensor_json(ix, t, i, with_locations);
+        int tensor = ix->entries[i].kind == CK_TENSOR;
+        if (!tensor && !values && !(values = cJSON_AddArrayToObject(root, "values")))
+            goto out;
+        cJSON *o = tensor ? tensor_json(ix, t, i, with_locations) : entry_json(ix, t, i);
         if (!o)
             goto out;
-        cJSON_AddItemToArray(list, o);
+        if (!tensor)
+            cJSON_AddItemToObject(o, "type", cJSON_CreateString(
+                                                 ck_value_type_name(ix->entries[i].dtype)));
+        cJSON_AddItemToArray(tensor ? list : values, o);
     }
     text = cJSON_PrintUnformatted(root);
 out:

@@ -9,7 +9,8 @@
 
 #include "tree.h"
 
-/* .ckptfs/index.json: {"format", "metadata", "tensors": [{name, path, dtype, shape, nbytes}]}.
+/* .ckptfs/index.json: {"format", "metadata", "tensors": [{name, path, dtype, shape, nbytes}]},
+ * and, when the index has values, "values": [{name, path, type}].
  * With locations, each tensor also has "file" (source file path) and "offset" (byte offset of
  * its first byte in that file; null unless its bytes are one extent) — `ckpt ls --json`. */
 char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_locations, size_t *len);

@@ -207,32 +207,81 @@ static int read_extents(const ck_index *ix, const ck_extent *x, uint32_t n, unsi
     return 0;
 }
 
-/* A strided tensor is read one innermost row at a time: a row with unit stride is one pread
- * straight into the caller's buffer; any other row is read as the span it covers, in bounded
- * pieces, and gathered. Memory stays O(GATHER_SPAN) whatever the tensor size. */
-enum { GATHER_SPAN = 256 * 1024 };
+/* Strided tensors. The elements a request covers are gathered in batches: each element's source
+ * offset is computed, the batch is sorted by offset, and elements that lie close together in the
+ * source are fetched with one pread of the span between them (at most GATHER_SPAN bytes, gaps
+ * of at most GATHER_GAP), then scattered into place. A transposed matrix thus costs one pread
+ * per run of adjacent source elements, not one per element, nor a re-read of the whole storage
+ * per output row. Memory stays O(GATHER_ITEMS + GATHER_SPAN) whatever the tensor size. */
+enum { GATHER_ITEMS = 16384, GATHER_SPAN = 256 * 1024, GATHER_GAP = 4096 };
 
-static int read_row(int fd, uint64_t first, int64_t stride, size_t count, unsigned esize,
-                    unsigned char *out, unsigned char *scratch)
+typedef struct gather_item {
+    uint64_t src;  /* byte offset in the source file */
+    uint32_t dst;  /* element index within the batch */
+} gather_item;
+
+static int by_src(const void *a, const void *b)
 {
-    if (stride == 1 || count == 1)
-        return ck_pread(fd, out, count * esize, first);
-    if (stride == 0) {
-        int rc = ck_pread(fd, out, esize, first);
-        for (size_t i = 1; rc == 0 && i < count; i++)
-            memcpy(out + i * esize, out, esize);
-        return rc;
+    uint64_t x = ((const gather_item *)a)->src, y = ((const gather_item *)b)->src;
+    return (x > y) - (x < y);
+}
+
+/* Source byte offset of element i (row-major index) of a strided entry. */
+static uint64_t element_offset(const ck_entry *e, uint64_t i, unsigned esize)
+{
+    uint64_t at = e->ext.offset;
+    for (unsigned d = e->rank; d-- > 0;) {
+        uint64_t dim = (uint64_t)e->shape[d];
+        at += (i % dim) * (uint64_t)e->shape[e->rank + d] * esize;
+        i /= dim;
     }
-    size_t step = (size_t)stride * esize;
-    size_t per = step <= GATHER_SPAN ? (GATHER_SPAN - esize) / step + 1 : 1;
-    for (size_t i = 0; i < count; i += per) {
-        size_t k = count - i < per ? count - i : per;
-        size_t span = (k - 1) * step + esize;
-        int rc = ck_pread(fd, scratch, span, first + i * step);
+    return at;
+}
+
+/* Fills items with the source offsets of elements first .. first+n-1, walking the multi-index
+ * instead of dividing for every element. */
+static void batch_offsets(const ck_entry *e, uint64_t first, size_t n, unsigned esize,
+                          gather_item *items)
+{
+    uint64_t idx[CK_MAX_RANK], rest = first;
+    unsigned rank = e->rank;
+    for (unsigned d = rank; d-- > 0;) {
+        idx[d] = rest % (uint64_t)e->shape[d];
+        rest /= (uint64_t)e->shape[d];
+    }
+    uint64_t at = element_offset(e, first, esize);
+    for (size_t k = 0; k < n; k++) {
+        items[k] = (gather_item){.src = at, .dst = (uint32_t)k};
+        for (unsigned d = rank; d-- > 0;) { /* next index, carrying like an odometer */
+            uint64_t step = (uint64_t)e->shape[rank + d] * esize;
+            if (++idx[d] < (uint64_t)e->shape[d]) {
+                at += step;
+                break;
+            }
+            at -= (idx[d] - 1) * step;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* Reads the batch's elements into out (n × esize bytes), coalescing nearby source elements. */
+static int gather_batch(int fd, gather_item *items, size_t n, unsigned esize, unsigned char *out,
+                        unsigned char *scratch)
+{
+    qsort(items, n, sizeof *items, by_src);
+    for (size_t a = 0; a < n;) {
+        size_t b = a + 1;
+        while (b < n && items[b].src - items[a].src + esize <= GATHER_SPAN &&
+               items[b].src - items[b - 1].src <= GATHER_GAP)
+            b++;
+        size_t span = (size_t)(items[b - 1].src - items[a].src) + esize;
+        int rc = ck_pread(fd, scratch, span, items[a].src);
         if (rc)
             return rc;
-        for (size_t j = 0; j < k; j++)
-            memcpy(out + (i + j) * esize, scratch + j * step, esize);
+        for (size_t k = a; k < b; k++)
+            memcpy(out + (size_t)items[k].dst * esize, scratch + (items[k].src - items[a].src),
+                   esize);
+        a = b;
     }
     return 0;
 }
@@ -241,41 +290,32 @@ static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *bu
                         uint64_t off)
 {
     unsigned esize = ck_dtype_bits(e->dtype) / 8;
-    unsigned rank = e->rank;
-    const int64_t *dims = e->shape, *strides = e->shape + rank;
     int fd = ix->files[e->ext.file].fd;
-    size_t row = rank ? (size_t)dims[rank - 1] : 1;
-    int64_t rstride = rank ? strides[rank - 1] : 1;
-    uint64_t first = off / esize, last = (off + len + esize - 1) / esize; /* elements */
-    unsigned char *scratch = malloc(GATHER_SPAN + esize);
-    unsigned char elem[16];
-    if (!scratch)
-        return -ENOMEM;
-    int rc = 0;
-    for (uint64_t i = first; i < last && rc == 0;) {
-        /* Element i: its row, its position in the row, and the row's first byte. */
-        uint64_t r = i / row, col = i % row, base = e->ext.offset;
-        for (unsigned d = rank - 1; rank && d-- > 0;) {
-            base += (uint64_t)((int64_t)(r % (uint64_t)dims[d]) * strides[d]) * esize;
-            r /= (uint64_t)dims[d];
+    if (esize == 0) /* sub-byte elements have no strided form */
+        return -EIO;
+    gather_item *items = malloc(GATHER_ITEMS * sizeof *items);
+    unsigned char *scratch = malloc(GATHER_SPAN > GATHER_ITEMS * esize ? GATHER_SPAN
+                                                                     : GATHER_ITEMS * esize);
+    unsigned char *part = scratch; /* a partial element at either end goes through scratch */
+    int rc = items && scratch ? 0 : -ENOMEM;
+    uint64_t i = off / esize, end = off + len;
+    while (rc == 0 && i * esize < end) {
+        uint64_t lo = i * esize;
+        if (lo < off || lo + esize > end) { /* only part of element i is asked for */
+            rc = ck_pread(fd, part, esize, element_offset(e, i, esize));
+            uint64_t from = lo < off ? off - lo : 0, to = lo + esize > end ? end - lo : esize;
+            if (rc == 0)
+                memcpy(buf + (lo + from - off), part + from, (size_t)(to - from));
+            i++;
+            continue;
         }
-        size_t count = (size_t)(row - col < last - i ? row - col : last - i);
-        uint64_t start = base + (uint64_t)((int64_t)col * rstride) * esize;
-        uint64_t lo = i * esize, hi = (i + count) * esize; /* bytes of the tensor this covers */
-        if (lo >= off && hi <= off + len) {
-            rc = read_row(fd, start, rstride, count, esize, buf + (lo - off), scratch);
-        } else {
-            /* A partial element at either end of the request: read whole elements one by one. */
-            for (size_t j = 0; j < count && rc == 0; j++) {
-                uint64_t eb = (i + j) * esize;
-                rc = ck_pread(fd, elem, esize, start + (uint64_t)((int64_t)j * rstride) * esize);
-                uint64_t from = eb < off ? off - eb : 0, to = eb + esize > off + len ? off + len - eb : esize;
-                if (rc == 0)
-                    memcpy(buf + (eb + from - off), elem + from, (size_t)(to - from));
-            }
-        }
-        i += count;
+        uint64_t whole = (end - lo) / esize;
+        size_t n = whole < GATHER_ITEMS ? (size_t)whole : GATHER_ITEMS;
+        batch_offsets(e, i, n, esize, items);
+        rc = gather_batch(fd, items, n, esize, buf + (lo - off), scratch);
+        i += n;
     }
+    free(items);
     free(scratch);
     return rc;
 }

@@ -200,19 +200,30 @@ Test(index_json, large_integers_exact)
     ck_index_free(ix);
 }
 
-Test(index_json, values_are_not_tensors)
+Test(index_json, values_are_listed_apart_from_tensors)
 {
     ck_index *ix = sample();
     ck_error err = {""};
-    ck_entry *v = ck_index_add_entry(ix, "config", 6, CK_CONTIGUOUS, 0, NULL, &err);
-    cr_assert_not_null(v);
-    v->kind = CK_VALUE;
-    v->u.text = "{}";
-    v->nbytes = 2;
+    cr_assert_not_null(ck_index_add_value(ix, "epoch", 5, CK_VAL_INT, "7\n", 2, &err));
     const char *text;
     cJSON *root = index_json(ix, 1, &text);
     cr_assert_eq(cJSON_GetArraySize(member(root, "tensors")), 3);
-    cr_assert_null(strstr(text, "config"));
+    const cJSON *values = member(root, "values");
+    cr_assert_eq(cJSON_GetArraySize(values), 1);
+    const cJSON *v = cJSON_GetArrayItem(values, 0);
+    expect_string(v, "name", "epoch");
+    expect_string(v, "path", "epoch");
+    expect_string(v, "type", "int");
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
+Test(index_json, no_values_member_without_values)
+{
+    ck_index *ix = sample();
+    const char *text;
+    cJSON *root = index_json(ix, 0, &text);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(root, "values"));
     cJSON_Delete(root);
     ck_index_free(ix);
 }
