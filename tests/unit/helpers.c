@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Everything to undo at cleanup, in order of creation: paths to remove, or memory to free. */
@@ -96,6 +98,68 @@ const char *tmp_file_in(const char *dir, const char *name, const void *data, siz
     write_all(fd, data, len, path);
     close(fd);
     return path;
+}
+
+unsigned char *read_whole(const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "cannot open %s", path);
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0, "cannot stat %s", path);
+    unsigned char *b = malloc((size_t)st.st_size + 1);
+    cr_assert_not_null(b, "out of memory");
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
+        cr_assert_gt(n, 0, "cannot read %s", path);
+        got += (size_t)n;
+    }
+    close(fd);
+    *len = got;
+    return b;
+}
+
+const char *run_python(const char *script, ...)
+{
+    const char *argv[16] = {"/usr/bin/python3", "-c", script};
+    size_t argc = 3;
+    va_list ap;
+    va_start(ap, script);
+    for (const char *a; (a = va_arg(ap, const char *));) {
+        cr_assert_lt(argc, 15, "too many arguments for run_python");
+        argv[argc++] = a;
+    }
+    va_end(ap);
+    int out[2];
+    cr_assert_eq(pipe(out), 0, "pipe failed");
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork failed");
+    if (pid == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(out[1]);
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap);
+    cr_assert_not_null(buf, "out of memory");
+    for (ssize_t n; (n = read(out[0], buf + len, cap - len - 1)) != 0;) {
+        cr_assert_geq(n, 0, "cannot read python's output");
+        len += (size_t)n;
+        if (cap - len == 1) {
+            buf = realloc(buf, cap *= 2);
+            cr_assert_not_null(buf, "out of memory");
+        }
+    }
+    buf[len] = 0;
+    close(out[0]);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid, "waitpid failed");
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "python failed (status 0x%x; its stderr is above) running:\n%s", status, script);
+    return keep(buf, 0);
 }
 
 void fill_bytes(void *buf, size_t n, uint32_t seed)

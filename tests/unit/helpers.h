@@ -34,6 +34,14 @@ void fill_bytes(void *buf, size_t n, uint32_t seed);
 /* A malloc'ed, formatted string that tmp_cleanup frees. */
 const char *strf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* --- files and other programs ------------------------------------------------------------ */
+
+/* The whole file at path, malloc'ed (the caller frees); *len gets its size. */
+unsigned char *read_whole(const char *path, size_t *len);
+/* Runs /usr/bin/python3 -c script with the arguments that follow (up to 12, then NULL) and
+ * asserts that it exits 0; what it wrote to stdout, NUL-terminated, which tmp_cleanup frees. */
+const char *run_python(const char *script, ...) __attribute__((sentinel));
+
 /* --- safetensors files ------------------------------------------------------------------- */
 
 /* One tensor's header JSON: "name":{"dtype":..,"shape":..,"data_offsets":[begin,end]}. */

@@ -1,0 +1,490 @@
+/* zip.c — the central directory of a zip archive (PKZIP APPNOTE 6.3); see zip.h.
+ *
+ * Order of work: find the end-of-central-directory record (and the ZIP64 one it may point to),
+ * read the whole central directory in one pread, parse every header, then read each local
+ * header (30 bytes) for the data offset, then sort the names. Every number the archive gives is
+ * checked against the bytes that are really there before it is used.
+ */
+#include "zip.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "index.h" /* ck_pread */
+
+#define SIG_LOCAL 0x04034b50u   /* local file header */
+#define SIG_CENTRAL 0x02014b50u /* central directory header */
+#define SIG_END 0x06054b50u     /* end of central directory record */
+#define SIG_END64 0x06064b50u   /* zip64 end of central directory record */
+#define SIG_LOC64 0x07064b50u   /* zip64 end of central directory locator */
+
+enum {
+    LOCAL_LEN = 30,
+    CENTRAL_LEN = 46,
+    CENTRAL_MAX = CENTRAL_LEN + 3 * 0xFFFF, /* with the longest name, extra field and comment */
+    END_LEN = 22,
+    END64_LEN = 56, /* up to and including the central directory offset */
+    LOC64_LEN = 20,
+    MAX_COMMENT = 65535,
+    EXTRA_ZIP64 = 0x0001,
+    FLAG_ENCRYPTED = 0x0001,
+    NAME_SHOWN = 200, /* at most this many bytes of an entry name go into a message */
+};
+
+typedef unsigned long long ull;
+
+static uint16_t le16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+/* An entry's name as a message quotes it: "%.*s" with these two arguments. */
+#define SHOWN(e) (int)((e)->name_len < NAME_SHOWN ? (e)->name_len : NAME_SHOWN), (e)->name
+
+int zip_probe(const unsigned char *head, size_t n)
+{
+    /* A checkpoint always holds entries, so an empty archive ("PK\5\6" first) is not one. */
+    return n >= 4 && le32(head) == SIG_LOCAL;
+}
+
+/* --- the end of the archive ------------------------------------------------------------ */
+
+/* Where the central directory is, as the end record(s) say. */
+typedef struct zip_end {
+    uint64_t count;     /* entries */
+    uint64_t cd_offset; /* first byte of the central directory */
+    uint64_t cd_size;   /* its bytes */
+    uint64_t limit;     /* the central directory must end by here: the first end record */
+} zip_end;
+
+/* Finds the end-of-central-directory record: its offset in *at, its 22 bytes in rec. It ends
+ * the file but for its comment (up to 65535 bytes), so the search is over the last 65557 bytes,
+ * backwards, and a record only counts when its comment length reaches exactly the end of the
+ * file: a comment may itself hold "PK\5\6". */
+static int find_end(int fd, uint64_t file_size, const char *path, uint64_t *at,
+                    unsigned char rec[END_LEN], ck_error *err)
+{
+    if (file_size < END_LEN)
+        return ck_fail(err, path, "file is %llu bytes, too short for a zip archive (needs %d)",
+                       (ull)file_size, END_LEN);
+    size_t n = file_size < END_LEN + MAX_COMMENT ? (size_t)file_size : END_LEN + MAX_COMMENT;
+    uint64_t base = file_size - n;
+    unsigned char *tail = malloc(n);
+    if (!tail)
+        return ck_fail(err, path, "out of memory");
+    int rc = ck_pread(fd, tail, n, base);
+    if (rc) {
+        free(tail);
+        return ck_fail(err, path, "cannot read the last %zu bytes: %s", n, strerror(-rc));
+    }
+    size_t found = n, liar = n; /* liar: the last record whose comment length is wrong */
+    for (size_t i = n - END_LEN + 1; i-- > 0 && found == n;) {
+        if (le32(tail + i) != SIG_END)
+            continue;
+        if (i + END_LEN + le16(tail + i + 20) == n)
+            found = i;
+        else if (liar == n)
+            liar = i;
+    }
+    if (found < n) {
+        *at = base + found;
+        memcpy(rec, tail + found, END_LEN);
+        rc = 0;
+    } else if (liar < n) {
+        rc = ck_fail(err, path, "end-of-central-directory record says its comment is %u bytes, "
+                     "but %zu bytes follow it: truncated, or data after the archive (offset "
+                     "%llu)", le16(tail + liar + 20), n - liar - END_LEN, (ull)(base + liar));
+    } else {
+        rc = ck_fail(err, path, "no end-of-central-directory record in the last %zu bytes: not "
+                     "a zip archive, or truncated", n);
+    }
+    free(tail);
+    return rc;
+}
+
+static int multi_disk(const char *path, const char *record, ull at, ck_error *err)
+{
+    return ck_fail(err, path, "%s says the archive spans several disks; multi-disk (split) "
+                   "archives are not supported (offset %llu)", record, at);
+}
+
+/* Reads the zip64 end-of-central-directory record that the locator (loc, at offset loc_at)
+ * points to, and takes the counts, size and offset from it. The 32-bit fields of the plain
+ * record (rec) must either say 0xFFFF(FFFF), "see zip64", or agree with it. */
+static int read_end64(int fd, const unsigned char *loc, uint64_t loc_at,
+                      const unsigned char *rec, uint64_t rec_at, const char *path,
+                      zip_end *end, ck_error *err)
+{
+    uint64_t at = le64(loc + 8);
+    /* Writers put 1 in the locator's disk total; some put 0. */
+    if (le32(loc + 4) != 0 || le32(loc + 16) > 1)
+        return multi_disk(path, "zip64 end-of-central-directory locator", loc_at, err);
+    if (at > loc_at || loc_at - at < END64_LEN)
+        return ck_fail(err, path, "zip64 end-of-central-directory locator points to offset "
+                       "%llu, but the %d-byte record must lie before the locator at offset "
+                       "%llu", (ull)at, END64_LEN, (ull)loc_at);
+    unsigned char r[END64_LEN];
+    int rc = ck_pread(fd, r, sizeof r, at);
+    if (rc)
+        return ck_fail(err, path, "cannot read the zip64 end-of-central-directory record: %s "
+                       "(offset %llu)", strerror(-rc), (ull)at);
+    if (le32(r) != SIG_END64)
+        return ck_fail(err, path, "no zip64 end-of-central-directory record where the locator "
+                       "at offset %llu points (offset %llu)", (ull)loc_at, (ull)at);
+    /* The record size counts the bytes after its own 12; extensible data may follow. */
+    uint64_t rsize = le64(r + 4);
+    if (rsize < END64_LEN - 12 || rsize > loc_at - at - 12)
+        return ck_fail(err, path, "zip64 end-of-central-directory record says it is %llu bytes "
+                       "after its first 12; it needs %d and has %llu before the locator "
+                       "(offset %llu)", (ull)rsize, END64_LEN - 12, (ull)(loc_at - at - 12),
+                       (ull)at);
+    if (le32(r + 16) != 0 || le32(r + 20) != 0)
+        return multi_disk(path, "zip64 end-of-central-directory record", at, err);
+    uint64_t on_disk = le64(r + 24);
+    end->count = le64(r + 32);
+    end->cd_size = le64(r + 40);
+    end->cd_offset = le64(r + 48);
+    end->limit = at;
+    if (on_disk != end->count)
+        return ck_fail(err, path, "zip64 end-of-central-directory record counts %llu entries "
+                       "on this disk but %llu in all (offset %llu)", (ull)on_disk,
+                       (ull)end->count, (ull)at);
+    if ((le16(rec + 8) != 0xFFFF && le16(rec + 8) != end->count) ||
+        (le16(rec + 10) != 0xFFFF && le16(rec + 10) != end->count) ||
+        (le32(rec + 12) != 0xFFFFFFFF && le32(rec + 12) != end->cd_size) ||
+        (le32(rec + 16) != 0xFFFFFFFF && le32(rec + 16) != end->cd_offset))
+        return ck_fail(err, path, "end-of-central-directory record (%u entries, central "
+                       "directory of %u bytes at offset %u) disagrees with the zip64 record "
+                       "(%llu entries, %llu bytes at offset %llu) (offset %llu)",
+                       le16(rec + 10), le32(rec + 12), le32(rec + 16), (ull)end->count,
+                       (ull)end->cd_size, (ull)end->cd_offset, (ull)rec_at);
+    return 0;
+}
+
+/* Reads the end record(s) and checks that the central directory they describe can be there. */
+static int read_end(int fd, uint64_t file_size, const char *path, zip_end *end, ck_error *err)
+{
+    unsigned char rec[END_LEN] = {0}, loc[LOC64_LEN];
+    uint64_t at = 0;
+    if (find_end(fd, file_size, path, &at, rec, err))
+        return -1;
+    if (le16(rec + 4) != 0 || le16(rec + 6) != 0)
+        return multi_disk(path, "end-of-central-directory record", at, err);
+    int has_loc = 0;
+    if (at >= LOC64_LEN) {
+        int rc = ck_pread(fd, loc, sizeof loc, at - LOC64_LEN);
+        if (rc)
+            return ck_fail(err, path, "cannot read before the end-of-central-directory record: "
+                           "%s (offset %llu)", strerror(-rc), (ull)(at - LOC64_LEN));
+        has_loc = le32(loc) == SIG_LOC64;
+    }
+    if (has_loc) {
+        if (read_end64(fd, loc, at - LOC64_LEN, rec, at, path, end, err))
+            return -1;
+    } else {
+        /* 0xFFFF entries may be the true count (Python writes up to 65535 entries without
+         * zip64); a size or offset of 0xFFFFFFFF with no zip64 record cannot be trusted. */
+        if (le32(rec + 12) == 0xFFFFFFFF || le32(rec + 16) == 0xFFFFFFFF)
+            return ck_fail(err, path, "end-of-central-directory record defers to a zip64 record, "
+                           "but no zip64 end-of-central-directory locator precedes it (offset "
+                           "%llu)", (ull)at);
+        if (le16(rec + 8) != le16(rec + 10))
+            return ck_fail(err, path, "end-of-central-directory record counts %u entries on "
+                           "this disk but %u in all (offset %llu)", le16(rec + 8),
+                           le16(rec + 10), (ull)at);
+        end->count = le16(rec + 10);
+        end->cd_size = le32(rec + 12);
+        end->cd_offset = le32(rec + 16);
+        end->limit = at;
+    }
+    if (end->count > ZIP_MAX_ENTRIES)
+        return ck_fail(err, path, "archive claims %llu entries, more than the limit of %u "
+                       "(offset %llu)", (ull)end->count, ZIP_MAX_ENTRIES, (ull)end->limit);
+    if (end->cd_offset > end->limit || end->cd_size > end->limit - end->cd_offset)
+        return ck_fail(err, path, "central directory (%llu bytes at offset %llu) runs past the "
+                       "end record at offset %llu", (ull)end->cd_size, (ull)end->cd_offset,
+                       (ull)end->limit);
+    if (end->cd_size / CENTRAL_LEN < end->count)
+        return ck_fail(err, path, "central directory of %llu bytes is too small for %llu "
+                       "entries of at least %d bytes each (offset %llu)", (ull)end->cd_size,
+                       (ull)end->count, CENTRAL_LEN, (ull)end->cd_offset);
+    /* It is read whole into memory: a size the headers could never fill is a lie, not a
+     * reason to allocate gigabytes. (count <= ZIP_MAX_ENTRIES: the product fits.) */
+    if (end->cd_size > end->count * CENTRAL_MAX || end->cd_size > SIZE_MAX / 2)
+        return ck_fail(err, path, "central directory of %llu bytes is too large for %llu "
+                       "entries of at most %d bytes each (offset %llu)", (ull)end->cd_size,
+                       (ull)end->count, CENTRAL_MAX, (ull)end->cd_offset);
+    return 0;
+}
+
+/* --- the central directory ------------------------------------------------------------- */
+
+/* The 64-bit values in a zip64 extra field (x, n bytes): one for each of the 32-bit fields that
+ * reads 0xFFFFFFFF (0xFFFF for the disk), in this order, and nothing for the others. Bytes past
+ * those are ignored, as Python's zipfile does. */
+static int apply_zip64(const unsigned char *x, size_t n, uint64_t *size, uint64_t *csize,
+                       uint64_t *local, uint32_t *disk)
+{
+    uint64_t *field[3] = {size, csize, local};
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        if (*field[i] != 0xFFFFFFFF)
+            continue;
+        if (n - at < 8)
+            return -1;
+        *field[i] = le64(x + at);
+        at += 8;
+    }
+    if (*disk == 0xFFFF) {
+        if (n - at < 4)
+            return -1;
+        *disk = le32(x + at);
+    }
+    return 0;
+}
+
+/* How many bytes a zip64 extra field must hold for these 32-bit fields. */
+static unsigned zip64_need(uint64_t size, uint64_t csize, uint64_t local, uint32_t disk)
+{
+    return 8 * ((size == 0xFFFFFFFF) + (csize == 0xFFFFFFFF) + (local == 0xFFFFFFFF)) +
+           4 * (disk == 0xFFFF);
+}
+
+/* Parses the central directory header at cd + pos (entry i), leaving the local header offset in
+ * e->data_offset until the local header is read, and moves the name down to cd + *names (the
+ * caller points e->name there once the buffer has shrunk to the names): each
+ * header is at least 46 bytes and each name takes its length + 1, so names packed from the
+ * start of the buffer never overtake the header being read. */
+static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, size_t *names,
+                         size_t i, zip_entry *e, const char *path, ck_error *err)
+{
+    size_t p = *pos, left = (size_t)end->cd_size - p;
+    ull at = (ull)(end->cd_offset + p);
+    if (left < CENTRAL_LEN)
+        return ck_fail(err, path, "central directory entry %zu is truncated: %zu bytes left of "
+                       "the %d it needs (offset %llu)", i, left, CENTRAL_LEN, at);
+    const unsigned char *h = cd + p;
+    if (le32(h) != SIG_CENTRAL)
+        return ck_fail(err, path, "central directory entry %zu has signature 0x%08x, not "
+                       "0x%08x (offset %llu)", i, le32(h), SIG_CENTRAL, at);
+    size_t nlen = le16(h + 28), xlen = le16(h + 30), clen = le16(h + 32);
+    if (nlen + xlen + clen > left - CENTRAL_LEN)
+        return ck_fail(err, path, "central directory entry %zu: name, extra field and comment "
+                       "(%zu + %zu + %zu bytes) run past the end of the central directory "
+                       "(offset %llu)", i, nlen, xlen, clen, at);
+    const char *name = (const char *)h + CENTRAL_LEN;
+    int shown = (int)(nlen < NAME_SHOWN ? nlen : NAME_SHOWN);
+    if (memchr(name, 0, nlen))
+        return ck_fail(err, path, "central directory entry %zu: name '%.*s' holds a NUL byte "
+                       "(offset %llu)", i, shown, name, at);
+    uint16_t flags = le16(h + 8);
+    if (flags & FLAG_ENCRYPTED)
+        return ck_fail(err, path, "entry '%.*s' is encrypted, which is not supported (central "
+                       "directory entry %zu at offset %llu)", shown, name, i, at);
+    uint64_t csize = le32(h + 20), size = le32(h + 24), local = le32(h + 42);
+    uint32_t disk = le16(h + 34);
+    /* Extra fields: 2-byte id, 2-byte length, data. Fewer than 4 bytes left over are
+     * ignored, as Python's zipfile and Go's archive/zip do. */
+    const unsigned char *x = h + CENTRAL_LEN + nlen;
+    int zip64_seen = 0;
+    for (size_t k = 0; k + 4 <= xlen;) {
+        size_t id = le16(x + k), len = le16(x + k + 2);
+        if (len > xlen - k - 4)
+            return ck_fail(err, path, "entry '%.*s': extra field 0x%04zx of %zu bytes runs %zu "
+                           "bytes past the end of its header (central directory entry %zu at "
+                           "offset %llu)", shown, name, id, len, len - (xlen - k - 4), i, at);
+        if (id == EXTRA_ZIP64) {
+            if (zip64_seen++)
+                return ck_fail(err, path, "entry '%.*s' has two zip64 extra fields (central "
+                               "directory entry %zu at offset %llu)", shown, name, i, at);
+            unsigned need = zip64_need(size, csize, local, disk);
+            if (apply_zip64(x + k + 4, len, &size, &csize, &local, &disk))
+                return ck_fail(err, path, "entry '%.*s': zip64 extra field is %zu bytes, the "
+                               "fields it replaces need %u (central directory entry %zu at "
+                               "offset %llu)", shown, name, len, need, i, at);
+        }
+        k += 4 + len;
+    }
+    if (disk != 0)
+        return ck_fail(err, path, "entry '%.*s' starts on disk %u; multi-disk (split) archives "
+                       "are not supported (central directory entry %zu at offset %llu)", shown,
+                       name, (unsigned)disk, i, at);
+    uint16_t method = le16(h + 10);
+    if (method == 0 && size != csize)
+        return ck_fail(err, path, "entry '%.*s' is stored (not compressed) but its sizes "
+                       "differ: %llu bytes, %llu in the archive (central directory entry %zu at "
+                       "offset %llu)", shown, name, (ull)size, (ull)csize, i, at);
+    *e = (zip_entry){.name_len = (uint32_t)nlen, .method = method, .flags = flags,
+                     .data_offset = local, .size = size, .csize = csize};
+    memmove(cd + *names, name, nlen);
+    cd[*names + nlen] = 0;
+    *names += nlen + 1;
+    *pos = p + CENTRAL_LEN + nlen + xlen + clen;
+    return 0;
+}
+
+/* Parses all end->count headers of the central directory cd, which must hold nothing else. */
+static int parse_directory(unsigned char *cd, const zip_end *end, zip_archive *z,
+                           const char *path, ck_error *err)
+{
+    size_t pos = 0, names = 0;
+    for (size_t i = 0; i < z->nentries; i++)
+        if (parse_central(cd, end, &pos, &names, i, &z->entries[i], path, err))
+            return -1;
+    if (pos != end->cd_size)
+        return ck_fail(err, path, "central directory holds %llu bytes after its %zu entries: "
+                       "the end record's count or size is wrong (offset %llu)",
+                       (ull)(end->cd_size - pos), z->nentries, (ull)(end->cd_offset + pos));
+    return 0;
+}
+
+/* --- local headers --------------------------------------------------------------------- */
+
+/* Turns e->data_offset from the local header offset into the data offset: the local header's
+ * own name and extra lengths count (torch pads its local extra field for alignment, which the
+ * central directory does not repeat). The data must end by the central directory. */
+static int read_local(int fd, const zip_end *end, size_t i, zip_entry *e, const char *path,
+                      ck_error *err)
+{
+    uint64_t local = e->data_offset, cd = end->cd_offset;
+    if (local > cd || cd - local < LOCAL_LEN)
+        return ck_fail(err, path, "entry '%.*s': local header at offset %llu does not lie "
+                       "before the central directory at offset %llu (central directory entry "
+                       "%zu)", SHOWN(e), (ull)local, (ull)cd, i);
+    unsigned char h[LOCAL_LEN];
+    int rc = ck_pread(fd, h, sizeof h, local);
+    if (rc)
+        return ck_fail(err, path, "entry '%.*s': cannot read the local header: %s (offset "
+                       "%llu)", SHOWN(e), strerror(-rc), (ull)local);
+    if (le32(h) != SIG_LOCAL)
+        return ck_fail(err, path, "entry '%.*s': local header has signature 0x%08x, not 0x%08x "
+                       "(offset %llu)", SHOWN(e), le32(h), SIG_LOCAL, (ull)local);
+    if (le16(h + 26) != e->name_len)
+        return ck_fail(err, path, "entry '%.*s': local header names %u bytes, the central "
+                       "directory %u (offset %llu)", SHOWN(e), le16(h + 26), e->name_len,
+                       (ull)local);
+    uint64_t data = local + LOCAL_LEN + le16(h + 26) + le16(h + 28);
+    if (data > cd || e->csize > cd - data)
+        return ck_fail(err, path, "entry '%.*s': data (%llu bytes at offset %llu) runs past the "
+                       "central directory at offset %llu (local header at offset %llu)",
+                       SHOWN(e), (ull)e->csize, (ull)data, (ull)cd, (ull)local);
+    e->data_offset = data;
+    return 0;
+}
+
+/* --- names ----------------------------------------------------------------------------- */
+
+static int name_cmp(const char *a, size_t an, const char *b, size_t bn)
+{
+    int c = memcmp(a, b, an < bn ? an : bn);
+    return c ? c : (an > bn) - (an < bn);
+}
+
+static int by_name(const void *x, const void *y, void *ctx)
+{
+    const zip_entry *a = (const zip_entry *)ctx + *(const uint32_t *)x;
+    const zip_entry *b = (const zip_entry *)ctx + *(const uint32_t *)y;
+    return name_cmp(a->name, a->name_len, b->name, b->name_len);
+}
+
+static int sort_names(zip_archive *z, const char *path, ck_error *err)
+{
+    for (size_t i = 0; i < z->nentries; i++)
+        z->by_name[i] = (uint32_t)i;
+    qsort_r(z->by_name, z->nentries, sizeof *z->by_name, by_name, z->entries);
+    for (size_t i = 1; i < z->nentries; i++) {
+        uint32_t a = z->by_name[i - 1], b = z->by_name[i];
+        const zip_entry *e = &z->entries[b];
+        if (by_name(&a, &b, z->entries) == 0)
+            return ck_fail(err, path, "duplicate entry name '%.*s' (central directory entries "
+                           "%u and %u)", SHOWN(e), a < b ? a : b, a < b ? b : a);
+    }
+    return 0;
+}
+
+const zip_entry *zip_find(const zip_archive *z, const char *name, size_t len)
+{
+    size_t lo = 0, hi = z->nentries;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const zip_entry *e = &z->entries[z->by_name[mid]];
+        int c = name_cmp(e->name, e->name_len, name, len);
+        if (c == 0)
+            return e;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+/* --- the whole ------------------------------------------------------------------------- */
+
+int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive *z,
+                       ck_error *err)
+{
+    *z = (zip_archive){0};
+    zip_end end = {0};
+    if (read_end(fd, file_size, path, &end, err))
+        return -1;
+    /* read_end bounded count by ZIP_MAX_ENTRIES and cd_size by the file size. */
+    size_t n = (size_t)end.count;
+    unsigned char *cd = malloc(end.cd_size ? (size_t)end.cd_size : 1);
+    z->entries = malloc((n ? n : 1) * sizeof *z->entries);
+    z->by_name = malloc((n ? n : 1) * sizeof *z->by_name);
+    z->nentries = n;
+    if (!cd || !z->entries || !z->by_name) {
+        ck_fail(err, path, "out of memory for a central directory of %llu bytes and %zu "
+                "entries", (ull)end.cd_size, n);
+        goto fail;
+    }
+    int rc = ck_pread(fd, cd, (size_t)end.cd_size, end.cd_offset);
+    if (rc) {
+        ck_fail(err, path, "cannot read the central directory: %s (offset %llu)", strerror(-rc),
+                (ull)end.cd_offset);
+        goto fail;
+    }
+    if (parse_directory(cd, &end, z, path, err))
+        goto fail;
+    /* The names alone stay, packed at the start of the buffer in entry order. */
+    size_t used = 0;
+    for (size_t i = 0; i < n; i++)
+        used += z->entries[i].name_len + 1;
+    unsigned char *shrunk = realloc(cd, used ? used : 1);
+    z->names = (char *)(shrunk ? shrunk : cd);
+    cd = NULL;
+    for (size_t i = 0, at = 0; i < n; i++) {
+        z->entries[i].name = z->names + at;
+        at += z->entries[i].name_len + 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (read_local(fd, &end, i, &z->entries[i], path, err))
+            goto fail;
+    if (sort_names(z, path, err))
+        goto fail;
+    return 0;
+fail:
+    free(cd);
+    zip_free(z);
+    return -1;
+}
+
+void zip_free(zip_archive *z)
+{
+    free(z->entries);
+    free(z->names);
+    free(z->by_name);
+    *z = (zip_archive){0};
+}
