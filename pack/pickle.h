@@ -13,6 +13,10 @@
  *  - Hard limits (pk_limits) bound stack depth, MARK nesting, memo size, container sizes and
  *    the total object count, so no pickle can exhaust memory or time. Every read of the input
  *    is bounds-checked; a truncated stream is an error naming the byte offset.
+ *  - The result is a finite, acyclic tree (shared subtrees allowed): containers nest at most
+ *    max_depth deep, and a walk that expands shared containers every time it meets them visits
+ *    at most max_objects values, so consumers may walk it naively. A list or dict can no longer
+ *    change once it is inside another container, which is what rules cycles out.
  *  - All objects live in one arena owned by the caller's pk_result; pk_free releases it.
  */
 #ifndef CK_PICKLE_H
@@ -46,6 +50,7 @@ enum pk_global {
     PKG_STORAGE_CLASS,             /* torch.<X>Storage, torch.UntypedStorage: .dtype says which */
     PKG_DTYPE,                     /* torch.float32, torch.float8_e4m3fn, ...: .dtype */
     PKG_DEVICE,                    /* torch.device */
+    PKG_BYTES,                     /* builtins.bytes: protocols < 3 write b'' as bytes() */
 };
 
 /* Marks an untyped storage (torch.UntypedStorage): its numel counts bytes, and the tensors on
@@ -82,7 +87,8 @@ struct pk_obj {
             const int64_t *size;   /* rank dims */
             const int64_t *stride; /* rank strides, elements */
             uint8_t rank;
-            uint8_t dtype;         /* the tensor's (v3 may differ from an untyped storage's) */
+            uint8_t dtype;         /* the tensor's (v3 may differ from an untyped storage's); */
+                                   /* never PK_DTYPE_BYTES: v1/v2 on an untyped storage is U8 */
             uint8_t parameter;     /* 1 when rebuilt as an nn.Parameter */
         } tensor;
     } u;
@@ -107,10 +113,10 @@ typedef struct pk_result {
 
 enum { PK_ERROR = -1, PK_TRUNCATED = -2 };
 
-/* Runs the pickle in data[0..len). path names the input in messages; base is the file offset
- * of data[0], so messages give offsets in the file. On failure returns PK_ERROR, or
- * PK_TRUNCATED when the input ended before STOP (a caller reading from a file can retry with
- * more), with err set and nothing to free. */
+/* Runs the pickle in data[0..len). lim NULL means pk_default_limits. path names the input in
+ * messages; base is the file offset of data[0], so messages give offsets in the file. On
+ * failure returns PK_ERROR, or PK_TRUNCATED when the input ended before STOP (a caller reading
+ * from a file can retry with more), with err set and nothing to free. */
 int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const char *path,
             uint64_t base, pk_result *out, ck_error *err);
 

@@ -1,6 +1,8 @@
 /* source.c — ck_open: what kind of checkpoint a path holds, decided by content alone. */
 #include "index.h"
 #include "safetensors.h"
+#include "torch.h"
+#include "zip.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +13,7 @@
 
 static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
 {
-    unsigned char head[16];
+    unsigned char head[PT_PROBE_BYTES];
     ck_index *ix = ck_index_new(NULL);
     if (!ix) {
         close(fd);
@@ -31,10 +33,17 @@ static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
         ck_fail(err, source, "empty file");
         goto fail;
     }
+    /* Content decides, never the file name. */
+    int rc_read;
     if (st_probe(head, n)) {
         ix->format = "safetensors";
-        if (st_read_file(ix, (uint32_t)id, err))
-            goto fail;
+        rc_read = st_read_file(ix, (uint32_t)id, err);
+    } else if (zip_probe(head, n)) {
+        ix->format = "pytorch-zip";
+        rc_read = pt_read_zip(ix, (uint32_t)id, err);
+    } else if (pt_probe_legacy(head, n)) {
+        ix->format = "pytorch-legacy";
+        rc_read = pt_read_legacy(ix, (uint32_t)id, err);
     } else {
         char hex[3 * sizeof head + 1] = "";
         for (size_t i = 0, k = 0; i < n && i < 8; i++)
@@ -42,6 +51,8 @@ static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
         ck_fail(err, source, "not a checkpoint format ckptfs knows (first bytes %s)", hex);
         goto fail;
     }
+    if (rc_read != 0)
+        goto fail;
     *out = ix;
     return 0;
 fail:

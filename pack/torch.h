@@ -16,6 +16,8 @@
 
 #define PT_MAX_PICKLE (256u << 20) /* the object pickle may not be bigger */
 
+#define PT_PROBE_BYTES 32 /* what pt_probe_legacy needs to see */
+
 /* True when head (the first n bytes) starts a legacy torch file (its magic-number pickle). */
 int pt_probe_legacy(const unsigned char *head, size_t n);
 

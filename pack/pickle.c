@@ -1,0 +1,1735 @@
+/* pickle.c — the safe pickle VM (see pickle.h).
+ *
+ * Beyond the header's contract, what the VM guarantees about the tree it returns, and why:
+ *  - It is finite and acyclic. A list, dict or set may change (APPEND, SETITEM, ADDITEMS) only
+ *    until it is first put inside another container; after that it is frozen. Python's pickler
+ *    always finishes a container before its parent takes it, so real pickles never hit this;
+ *    only a cycle needs it, because the last edge closing a cycle must change a container that
+ *    already has a parent (or put a container into itself, also refused).
+ *  - Because children are frozen when adopted, a container's depth (1 + its deepest child's)
+ *    and its walk size (the values a walk visits when it expands shared containers each time it
+ *    meets them) are exact and final. Depth is bounded by max_depth and the walk by
+ *    max_objects, so a consumer may walk the result naively, even recursively up to max_depth.
+ *  - Memory stays proportional to the input: every value created counts against max_objects,
+ *    and the REDUCEs that copy (OrderedDict(pairs), torch.Size(list), _codecs.encode,
+ *    torch.device(type, index)) share a budget of 8 bytes per input byte, so no short pickle
+ *    can copy one big value over and over.
+ *  - A dict keeps every key in SETITEM order; a key set twice appears twice (Python keeps the
+ *    last value; torch never writes that). A list, set or dict as a key is refused, as Python
+ *    refuses it.
+ */
+#include "pickle.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "index.h" /* CK_MAX_RANK */
+
+const pk_limits pk_default_limits = {
+    .max_stack = 1000000,
+    .max_marks = 10000,
+    .max_memo = 10000000,
+    .max_objects = 50000000,
+    .max_depth = 1000,
+};
+
+#define COPY_PER_INPUT_BYTE 8
+#define COPY_SLACK (1u << 20)
+#define MAX_QUOTE 100 /* characters of a refused global's module or name quoted in a message */
+/* Ints in this range are made once per pickle and shared, as Python shares them: a checkpoint
+ * repeats 0, 1 and small dims in every tensor's arguments. */
+#define SMALL_INT_MIN (-5)
+#define SMALL_INT_MAX 256
+
+/* --- values ---------------------------------------------------------------------------- */
+
+enum { BOX_SET = 1, BOX_FROZENSET = 2 };
+
+/* A tuple, list or dict. The pk_obj comes first, so a container's pk_obj * is its pk_box *. */
+typedef struct pk_box {
+    pk_obj o;
+    size_t cap;           /* items allocated */
+    size_t depth;         /* 1 + the deepest child's depth */
+    uint64_t walk;        /* values a walk visits, shared containers expanded: 1 + children's */
+    const int64_t *ints;  /* a tuple of ints, converted once (sizes and strides are reused) */
+    uint8_t frozen;       /* inside another container: no more changes (see the top) */
+    uint8_t flags;        /* BOX_SET, BOX_FROZENSET: a set shown as a list */
+} pk_box;
+
+static int is_container(const pk_obj *o)
+{
+    return o->type == PK_TUPLE || o->type == PK_LIST || o->type == PK_DICT;
+}
+
+static pk_box *box(pk_obj *o)
+{
+    return (pk_box *)o;
+}
+
+static size_t depth_of(const pk_obj *o)
+{
+    return is_container(o) ? ((const pk_box *)o)->depth : 0;
+}
+
+static uint64_t walk_of(const pk_obj *o)
+{
+    return is_container(o) ? ((const pk_box *)o)->walk : 1;
+}
+
+const char *pk_type_name(enum pk_type t)
+{
+    static const char *const names[] = {
+        [PK_NONE] = "None",   [PK_BOOL] = "bool",       [PK_INT] = "int",
+        [PK_FLOAT] = "float", [PK_STR] = "str",         [PK_BYTES] = "bytes",
+        [PK_TUPLE] = "tuple", [PK_LIST] = "list",       [PK_DICT] = "dict",
+        [PK_GLOBAL] = "global", [PK_STORAGE] = "storage", [PK_TENSOR] = "tensor",
+    };
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "?";
+}
+
+/* --- opcodes --------------------------------------------------------------------------- */
+
+static const char *const opnames[256] = {
+    ['('] = "MARK", ['.'] = "STOP", ['0'] = "POP", ['1'] = "POP_MARK", ['2'] = "DUP",
+    ['F'] = "FLOAT", ['I'] = "INT", ['J'] = "BININT", ['K'] = "BININT1", ['L'] = "LONG",
+    ['M'] = "BININT2", ['N'] = "NONE", ['P'] = "PERSID", ['Q'] = "BINPERSID", ['R'] = "REDUCE",
+    ['S'] = "STRING", ['T'] = "BINSTRING", ['U'] = "SHORT_BINSTRING", ['V'] = "UNICODE",
+    ['X'] = "BINUNICODE", ['a'] = "APPEND", ['b'] = "BUILD", ['c'] = "GLOBAL", ['d'] = "DICT",
+    ['}'] = "EMPTY_DICT", ['e'] = "APPENDS", ['g'] = "GET", ['h'] = "BINGET", ['i'] = "INST",
+    ['j'] = "LONG_BINGET", ['l'] = "LIST", [']'] = "EMPTY_LIST", ['o'] = "OBJ", ['p'] = "PUT",
+    ['q'] = "BINPUT", ['r'] = "LONG_BINPUT", ['s'] = "SETITEM", ['t'] = "TUPLE",
+    [')'] = "EMPTY_TUPLE", ['u'] = "SETITEMS", ['G'] = "BINFLOAT", ['B'] = "BINBYTES",
+    ['C'] = "SHORT_BINBYTES", [0x80] = "PROTO", [0x81] = "NEWOBJ", [0x82] = "EXT1",
+    [0x83] = "EXT2", [0x84] = "EXT4", [0x85] = "TUPLE1", [0x86] = "TUPLE2", [0x87] = "TUPLE3",
+    [0x88] = "NEWTRUE", [0x89] = "NEWFALSE", [0x8a] = "LONG1", [0x8b] = "LONG4",
+    [0x8c] = "SHORT_BINUNICODE", [0x8d] = "BINUNICODE8", [0x8e] = "BINBYTES8",
+    [0x8f] = "EMPTY_SET", [0x90] = "ADDITEMS", [0x91] = "FROZENSET", [0x92] = "NEWOBJ_EX",
+    [0x93] = "STACK_GLOBAL", [0x94] = "MEMOIZE", [0x95] = "FRAME", [0x96] = "BYTEARRAY8",
+    [0x97] = "NEXT_BUFFER", [0x98] = "READONLY_BUFFER",
+};
+
+/* --- allowed globals ------------------------------------------------------------------- */
+
+typedef struct allowed {
+    const char *module, *name, *full;
+    uint8_t which, dtype;
+} allowed;
+
+#define G(m, n, w, d) {m, n, m "." n, w, d}
+static const allowed allowlist[] = {
+    G("torch._utils", "_rebuild_tensor", PKG_REBUILD_TENSOR, 0),
+    G("torch._utils", "_rebuild_tensor_v2", PKG_REBUILD_TENSOR_V2, 0),
+    G("torch._utils", "_rebuild_tensor_v3", PKG_REBUILD_TENSOR_V3, 0),
+    G("torch._utils", "_rebuild_parameter", PKG_REBUILD_PARAMETER, 0),
+    G("torch._utils", "_rebuild_parameter_with_state", PKG_REBUILD_PARAMETER_STATE, 0),
+    G("collections", "OrderedDict", PKG_ORDERED_DICT, 0),
+    G("torch", "Size", PKG_TORCH_SIZE, 0),
+    G("_codecs", "encode", PKG_CODECS_ENCODE, 0),
+    /* Protocols < 3 write b'' as bytes(); fix_imports spells builtins as __builtin__. */
+    G("builtins", "bytes", PKG_BYTES, 0),
+    G("__builtin__", "bytes", PKG_BYTES, 0),
+    G("torch", "device", PKG_DEVICE, 0),
+    G("torch", "DoubleStorage", PKG_STORAGE_CLASS, CK_F64),
+    G("torch", "FloatStorage", PKG_STORAGE_CLASS, CK_F32),
+    G("torch", "HalfStorage", PKG_STORAGE_CLASS, CK_F16),
+    G("torch", "BFloat16Storage", PKG_STORAGE_CLASS, CK_BF16),
+    G("torch", "LongStorage", PKG_STORAGE_CLASS, CK_I64),
+    G("torch", "IntStorage", PKG_STORAGE_CLASS, CK_I32),
+    G("torch", "ShortStorage", PKG_STORAGE_CLASS, CK_I16),
+    G("torch", "CharStorage", PKG_STORAGE_CLASS, CK_I8),
+    G("torch", "ByteStorage", PKG_STORAGE_CLASS, CK_U8),
+    G("torch", "BoolStorage", PKG_STORAGE_CLASS, CK_BOOL),
+    G("torch", "ComplexFloatStorage", PKG_STORAGE_CLASS, CK_C64),
+    G("torch", "ComplexDoubleStorage", PKG_STORAGE_CLASS, CK_C128),
+    G("torch", "UntypedStorage", PKG_STORAGE_CLASS, PK_DTYPE_BYTES),
+    G("torch.storage", "UntypedStorage", PKG_STORAGE_CLASS, PK_DTYPE_BYTES),
+    G("torch", "float64", PKG_DTYPE, CK_F64),
+    G("torch", "double", PKG_DTYPE, CK_F64),
+    G("torch", "float32", PKG_DTYPE, CK_F32),
+    G("torch", "float", PKG_DTYPE, CK_F32),
+    G("torch", "float16", PKG_DTYPE, CK_F16),
+    G("torch", "half", PKG_DTYPE, CK_F16),
+    G("torch", "bfloat16", PKG_DTYPE, CK_BF16),
+    G("torch", "int64", PKG_DTYPE, CK_I64),
+    G("torch", "long", PKG_DTYPE, CK_I64),
+    G("torch", "int32", PKG_DTYPE, CK_I32),
+    G("torch", "int", PKG_DTYPE, CK_I32),
+    G("torch", "int16", PKG_DTYPE, CK_I16),
+    G("torch", "short", PKG_DTYPE, CK_I16),
+    G("torch", "int8", PKG_DTYPE, CK_I8),
+    G("torch", "uint8", PKG_DTYPE, CK_U8),
+    G("torch", "uint16", PKG_DTYPE, CK_U16),
+    G("torch", "uint32", PKG_DTYPE, CK_U32),
+    G("torch", "uint64", PKG_DTYPE, CK_U64),
+    G("torch", "bool", PKG_DTYPE, CK_BOOL),
+    G("torch", "complex64", PKG_DTYPE, CK_C64),
+    G("torch", "cfloat", PKG_DTYPE, CK_C64),
+    G("torch", "complex128", PKG_DTYPE, CK_C128),
+    G("torch", "cdouble", PKG_DTYPE, CK_C128),
+    G("torch", "complex32", PKG_DTYPE, CK_C32),
+    G("torch", "chalf", PKG_DTYPE, CK_C32),
+    G("torch", "float8_e4m3fn", PKG_DTYPE, CK_F8_E4M3),
+    G("torch", "float8_e5m2", PKG_DTYPE, CK_F8_E5M2),
+    G("torch", "float8_e4m3fnuz", PKG_DTYPE, CK_F8_E4M3FNUZ),
+    G("torch", "float8_e5m2fnuz", PKG_DTYPE, CK_F8_E5M2FNUZ),
+    G("torch", "float8_e8m0fnu", PKG_DTYPE, CK_F8_E8M0),
+};
+
+/* Globals that build tensors this reader cannot show: refused with a message that says what
+ * kind of tensor, not just "refused". A NULL name matches any name starting with "_rebuild_". */
+static const struct {
+    const char *module, *name, *kind;
+} unsupported[] = {
+    {"torch._utils", "_rebuild_qtensor", "quantized"},
+    {"torch._utils", "_rebuild_sparse_tensor", "sparse"},
+    {"torch._utils", "_rebuild_sparse_csr_tensor", "sparse"},
+    {"torch._utils", "_rebuild_nested_tensor", "nested"},
+    {"torch._utils", "_rebuild_wrapper_subclass", "tensor-subclass"},
+    {"torch._utils", "_rebuild_device_tensor_from_numpy", "numpy-backed"},
+    {"torch._utils", "_rebuild_device_tensor_from_cpu_tensor", "device-specific"},
+    {"torch._utils", "_rebuild_meta_tensor_no_storage", "meta"},
+    {"torch._utils", "_rebuild_xla_tensor", "XLA"},
+    {"torch._utils", "_rebuild_mlc_tensor", "MLC"},
+    {"torch._utils", NULL, "such"},
+    {"torch._tensor", "_rebuild_from_type", "tensor-subclass"},
+    {"torch._tensor", "_rebuild_from_type_v2", "tensor-subclass"},
+    {"torch.serialization", "_get_layout", "sparse"},
+    {"torch", "sparse_coo", "sparse"},
+    {"torch", "sparse_csr", "sparse"},
+    {"torch", "sparse_csc", "sparse"},
+    {"torch", "sparse_bsr", "sparse"},
+    {"torch", "sparse_bsc", "sparse"},
+    {"torch", "QInt8Storage", "quantized"},
+    {"torch", "QUInt8Storage", "quantized"},
+    {"torch", "QInt32Storage", "quantized"},
+    {"torch", "QUInt4x2Storage", "quantized"},
+    {"torch", "QUInt2x4Storage", "quantized"},
+    {"torch", "qint8", "quantized"},
+    {"torch", "quint8", "quantized"},
+    {"torch", "qint32", "quantized"},
+    {"torch", "quint4x2", "quantized"},
+    {"torch", "quint2x4", "quantized"},
+};
+
+/* --- the machine ----------------------------------------------------------------------- */
+
+typedef struct memo_slot {
+    uint64_t key;
+    pk_obj *val;              /* NULL: empty */
+} memo_slot;
+
+typedef struct store_slot {
+    uint64_t hash;
+    size_t len;
+    pk_obj *storage;          /* NULL: empty */
+} store_slot;
+
+typedef struct vm {
+    const unsigned char *in;
+    size_t len, pos;          /* pos: the next byte to read */
+    size_t op;                /* where the running opcode starts */
+    uint8_t opcode;
+    const char *path;
+    uint64_t base;
+    pk_limits lim;
+    ck_error *err;
+    int truncated;
+    ck_arena *arena;
+    size_t nobjects;
+    uint64_t copy_left;       /* bytes copying REDUCEs may still make */
+    uint64_t seed;            /* hash seed: key collisions cannot be planned */
+    pk_obj *none, *yes, *no;  /* one each, as in Python */
+    pk_obj *empty_tuple;      /* likewise; so are the small ints: */
+    pk_obj *small_ints[SMALL_INT_MAX - SMALL_INT_MIN + 1];
+
+    pk_obj **stack;
+    size_t sp, cap_stack;
+    size_t *marks;            /* stack heights at each MARK */
+    size_t nmarks, cap_marks;
+
+    /* The memo. Python numbers it densely from 0, so most indices live in an array; an index
+     * far beyond what has been stored goes to a hash table, so a huge index costs one slot. */
+    pk_obj **dense;
+    size_t cap_dense;
+    memo_slot *sparse;
+    size_t cap_sparse, nsparse;
+    size_t nmemo;             /* distinct indices set: MEMOIZE's next index */
+
+    store_slot *stores;       /* storage key -> its one PK_STORAGE */
+    size_t cap_stores, nstores;
+} vm;
+
+static unsigned long long at(const vm *v)
+{
+    return (unsigned long long)(v->base + v->op);
+}
+
+static const char *opname(const vm *v)
+{
+    return opnames[v->opcode] ? opnames[v->opcode] : "?";
+}
+
+/* Sets the error to the message, then " (byte N)" with the running opcode's file offset. */
+__attribute__((format(printf, 2, 3))) static int fail(vm *v, const char *fmt, ...)
+{
+    char what[sizeof v->err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return ck_fail(v->err, v->path, "%s (byte %llu)", what, at(v));
+}
+
+static int oom(vm *v)
+{
+    return fail(v, "out of memory running %s", opname(v));
+}
+
+/* --- input ----------------------------------------------------------------------------- */
+
+static const unsigned char *take(vm *v, uint64_t n, const char *what)
+{
+    if (n > v->len - v->pos) {
+        v->truncated = 1;
+        fail(v, "truncated pickle: %s %s needs %llu bytes, %zu remain", opname(v), what,
+             (unsigned long long)n, v->len - v->pos);
+        return NULL;
+    }
+    const unsigned char *p = v->in + v->pos;
+    v->pos += (size_t)n;
+    return p;
+}
+
+/* An n-byte little-endian unsigned integer. */
+static int take_uint(vm *v, unsigned n, const char *what, uint64_t *out)
+{
+    const unsigned char *p = take(v, n, what);
+    if (!p)
+        return -1;
+    *out = 0;
+    for (unsigned i = n; i-- > 0;)
+        *out = *out << 8 | p[i];
+    return 0;
+}
+
+/* The text up to the next newline (protocol 0 arguments), which is consumed but not returned. */
+static const unsigned char *take_line(vm *v, size_t *n)
+{
+    const unsigned char *p = v->in + v->pos;
+    const unsigned char *nl = memchr(p, '\n', v->len - v->pos);
+    if (!nl) {
+        v->truncated = 1;
+        fail(v, "truncated pickle: %s argument has no newline before the end of the input",
+             opname(v));
+        return NULL;
+    }
+    *n = (size_t)(nl - p);
+    v->pos += *n + 1;
+    return p;
+}
+
+/* --- allocation ------------------------------------------------------------------------ */
+
+static void *alloc(vm *v, size_t n)
+{
+    void *p = ck_arena_alloc(&v->arena, n);
+    if (!p)
+        oom(v);
+    return p;
+}
+
+static int count_object(vm *v)
+{
+    if (v->nobjects >= v->lim.max_objects)
+        return fail(v, "%s: more than %zu objects", opname(v), v->lim.max_objects);
+    v->nobjects++;
+    return 0;
+}
+
+static pk_obj *new_obj(vm *v, enum pk_type t)
+{
+    if (count_object(v))
+        return NULL;
+    pk_obj *o = alloc(v, sizeof *o);
+    if (o) {
+        memset(o, 0, sizeof *o);
+        o->type = (uint8_t)t;
+    }
+    return o;
+}
+
+/* Room for extra more items. Old arrays stay in the arena: doubling wastes at most as much as
+ * the final array holds. */
+static int reserve(vm *v, pk_box *b, size_t extra)
+{
+    size_t n = b->o.u.seq.n;
+    if (b->cap - n >= extra)
+        return 0;
+    if (extra > SIZE_MAX / sizeof(pk_obj *) / 2 - n)
+        return oom(v);
+    size_t cap = b->cap * 2 > n + extra ? b->cap * 2 : n + extra;
+    pk_obj **items = alloc(v, cap * sizeof *items);
+    if (!items)
+        return -1;
+    if (n)
+        memcpy(items, b->o.u.seq.items, n * sizeof *items);
+    b->o.u.seq.items = items;
+    b->cap = cap;
+    return 0;
+}
+
+static pk_box *new_box(vm *v, enum pk_type t, size_t cap)
+{
+    if (v->lim.max_depth < 1)
+        return fail(v, "%s: containers nested deeper than %zu", opname(v), v->lim.max_depth),
+               NULL;
+    if (count_object(v))
+        return NULL;
+    pk_box *b = alloc(v, sizeof *b);
+    if (!b)
+        return NULL;
+    memset(b, 0, sizeof *b);
+    b->o.type = (uint8_t)t;
+    b->depth = 1;
+    b->walk = 1;
+    return reserve(v, b, cap) ? NULL : b;
+}
+
+/* Bytes a REDUCE is about to copy out of values it already has. */
+static int charge_copy(vm *v, uint64_t n, const char *what)
+{
+    if (n > v->copy_left)
+        return fail(v, "%s: copies more than %d bytes per input byte in all", what,
+                    COPY_PER_INPUT_BYTE);
+    v->copy_left -= n;
+    return 0;
+}
+
+/* Adds child to b (the caller has made room), enforcing what the top comment promises. */
+static int adopt(vm *v, pk_box *b, pk_obj *child)
+{
+    const char *tn = pk_type_name(b->o.type);
+    if (b->frozen)
+        return fail(v, "%s changes a %s that is already inside another container (that could "
+                    "make a cycle)", opname(v), tn);
+    if (child == &b->o)
+        return fail(v, "%s puts a %s inside itself", opname(v), tn);
+    size_t d = depth_of(child) + 1;
+    if (d > v->lim.max_depth)
+        return fail(v, "%s: containers nested deeper than %zu", opname(v), v->lim.max_depth);
+    uint64_t w = b->walk + walk_of(child);
+    if (w > v->lim.max_objects)
+        return fail(v, "%s: a walk of the result would visit more than %zu values (shared "
+                    "containers)", opname(v), v->lim.max_objects);
+    b->o.u.seq.items[b->o.u.seq.n++] = child;
+    if (d > b->depth)
+        b->depth = d;
+    b->walk = w;
+    if (is_container(child))
+        box(child)->frozen = 1;
+    return 0;
+}
+
+/* A dict key must be hashable in Python: a list, set or dict is not. */
+static int adopt_key(vm *v, pk_box *d, pk_obj *key)
+{
+    if ((key->type == PK_LIST && !(box(key)->flags & BOX_FROZENSET)) || key->type == PK_DICT)
+        return fail(v, "%s: a %s cannot be a dict key (unhashable)", opname(v),
+                    box(key)->flags & BOX_SET ? "set" : pk_type_name(key->type));
+    return adopt(v, d, key);
+}
+
+static pk_obj *new_str(vm *v, enum pk_type t, const void *s, size_t len)
+{
+    if (len == SIZE_MAX)
+        return oom(v), NULL;
+    pk_obj *o = new_obj(v, t);
+    char *copy = o ? alloc(v, len + 1) : NULL;
+    if (!copy)
+        return NULL;
+    if (len)
+        memcpy(copy, s, len);
+    copy[len] = 0;
+    o->u.str.s = copy;
+    o->u.str.len = len;
+    return o;
+}
+
+static pk_obj *new_int(vm *v, int64_t i)
+{
+    pk_obj **slot = i >= SMALL_INT_MIN && i <= SMALL_INT_MAX ? &v->small_ints[i - SMALL_INT_MIN]
+                                                             : NULL;
+    if (slot && *slot)
+        return *slot;
+    pk_obj *o = new_obj(v, PK_INT);
+    if (o)
+        o->u.i = i;
+    if (slot)
+        *slot = o;
+    return o;
+}
+
+static pk_obj *singleton(vm *v, pk_obj **slot, enum pk_type t, int64_t i)
+{
+    if (!*slot && (*slot = new_obj(v, t)))
+        (*slot)->u.i = i;
+    return *slot;
+}
+
+/* --- the stack ------------------------------------------------------------------------- */
+
+static size_t floor_of(const vm *v)
+{
+    return v->nmarks ? v->marks[v->nmarks - 1] : 0;
+}
+
+static int push(vm *v, pk_obj *o)
+{
+    if (!o)
+        return -1;
+    if (v->sp == v->cap_stack) {
+        if (v->sp >= v->lim.max_stack)
+            return fail(v, "%s: more than %zu values on the stack", opname(v), v->lim.max_stack);
+        size_t cap = v->cap_stack ? 2 * v->cap_stack : 64;
+        if (cap > v->lim.max_stack)
+            cap = v->lim.max_stack;
+        pk_obj **s = realloc(v->stack, cap * sizeof *s);
+        if (!s)
+            return oom(v);
+        v->stack = s;
+        v->cap_stack = cap;
+    }
+    v->stack[v->sp++] = o;
+    return 0;
+}
+
+/* Checks that n values lie above the innermost MARK. */
+static int need(vm *v, size_t n)
+{
+    size_t have = v->sp - floor_of(v);
+    if (have < n)
+        return fail(v, "stack underflow: %s needs %zu value%s above the mark, %zu there",
+                    opname(v), n, n == 1 ? "" : "s", have);
+    return 0;
+}
+
+static pk_obj *pop(vm *v)
+{
+    return v->stack[--v->sp];
+}
+
+static pk_obj *top(vm *v)
+{
+    return v->stack[v->sp - 1];
+}
+
+/* Removes the innermost MARK; the values it covered are stack[*start .. sp). */
+static int pop_mark(vm *v, size_t *start)
+{
+    *start = v->sp;
+    if (v->nmarks == 0)
+        return fail(v, "%s without a MARK", opname(v));
+    *start = v->marks[--v->nmarks];
+    return 0;
+}
+
+/* --- the memo -------------------------------------------------------------------------- */
+
+static uint64_t hash_u64(const vm *v, uint64_t key)
+{
+    return XXH3_64bits_withSeed(&key, sizeof key, v->seed);
+}
+
+static memo_slot *sparse_slot(const vm *v, uint64_t key)
+{
+    size_t mask = v->cap_sparse - 1;
+    for (size_t i = hash_u64(v, key) & mask;; i = (i + 1) & mask)
+        if (!v->sparse[i].val || v->sparse[i].key == key)
+            return &v->sparse[i];
+}
+
+static pk_obj *memo_get(const vm *v, uint64_t key)
+{
+    if (key < v->cap_dense && v->dense[key])
+        return v->dense[key];
+    /* An index stored in the table before the array grew over it is still found here. */
+    return v->nsparse ? sparse_slot(v, key)->val : NULL;
+}
+
+static int sparse_put(vm *v, uint64_t key, pk_obj *o)
+{
+    if (2 * (v->nsparse + 1) > v->cap_sparse) {
+        size_t cap = v->cap_sparse ? 2 * v->cap_sparse : 64;
+        memo_slot *old = v->sparse, *s = calloc(cap, sizeof *s);
+        if (!s)
+            return oom(v);
+        size_t oldcap = v->cap_sparse;
+        v->sparse = s;
+        v->cap_sparse = cap;
+        for (size_t i = 0; i < oldcap; i++)
+            if (old[i].val)
+                *sparse_slot(v, old[i].key) = old[i];
+        free(old);
+    }
+    memo_slot *slot = sparse_slot(v, key);
+    v->nsparse += !slot->val;
+    *slot = (memo_slot){key, o};
+    return 0;
+}
+
+static int memo_put(vm *v, uint64_t key, pk_obj *o)
+{
+    if (key >= v->lim.max_memo)
+        return fail(v, "%s: memo index %llu is beyond the limit of %zu", opname(v),
+                    (unsigned long long)key, v->lim.max_memo);
+    int fresh = memo_get(v, key) == NULL;
+    /* The array grows to cover key only while it stays at least about half full. */
+    if (key >= v->cap_dense && key < 2 * v->nmemo + 1024) {
+        size_t cap = v->cap_dense ? 2 * v->cap_dense : 1024;
+        if (cap <= key)
+            cap = (size_t)key + 1;
+        if (cap > v->lim.max_memo)
+            cap = v->lim.max_memo;
+        pk_obj **d = realloc(v->dense, cap * sizeof *d);
+        if (!d)
+            return oom(v);
+        memset(d + v->cap_dense, 0, (cap - v->cap_dense) * sizeof *d);
+        v->dense = d;
+        v->cap_dense = cap;
+    }
+    if (key < v->cap_dense)
+        v->dense[key] = o;
+    else if (sparse_put(v, key, o))
+        return -1;
+    v->nmemo += fresh;
+    return 0;
+}
+
+static int memo_push(vm *v, uint64_t key)
+{
+    pk_obj *o = memo_get(v, key);
+    if (!o)
+        return fail(v, "%s of memo index %llu, which was never set", opname(v),
+                    (unsigned long long)key);
+    return push(v, o);
+}
+
+static int memo_store_top(vm *v, uint64_t key)
+{
+    if (need(v, 1))
+        return -1;
+    return memo_put(v, key, top(v));
+}
+
+/* --- text arguments (protocol 0) ------------------------------------------------------- */
+
+/* An optionally signed decimal integer filling s[0..n): 0; -1 when it is not one; -2 when it
+ * does not fit in 64 bits. */
+static int parse_int64(const unsigned char *s, size_t n, int64_t *out)
+{
+    size_t i = 0;
+    int neg = 0;
+    if (i < n && (s[i] == '-' || s[i] == '+'))
+        neg = s[i++] == '-';
+    if (i == n)
+        return -1;
+    uint64_t u = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    int big = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        unsigned d = s[i] - '0';
+        if (u > (lim - d) / 10)
+            big = 1;
+        else
+            u = u * 10 + d;
+    }
+    if (big)
+        return -2;
+    *out = neg ? (int64_t)(0 - u) : (int64_t)u;
+    return 0;
+}
+
+static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
+{
+    int rc = parse_int64(s, n, out);
+    if (rc == -2)
+        return fail(v, "%s: integer %.*s does not fit in 64 bits", opname(v),
+                    (int)(n > 40 ? 40 : n), (const char *)s);
+    if (rc)
+        return fail(v, "%s: '%.*s' is not a decimal integer", opname(v), (int)(n > 40 ? 40 : n),
+                    (const char *)s);
+    return 0;
+}
+
+/* The code point at s[*i], advancing *i; -1 when the bytes there are not UTF-8. Encoded
+ * surrogates are accepted: Python pickles str with 'surrogatepass'. */
+static long utf8_next(const unsigned char *s, size_t n, size_t *i)
+{
+    unsigned c = s[*i];
+    size_t k;
+    unsigned lo = 0x80, hi = 0xBF;
+    long cp;
+    if (c < 0x80) {
+        ++*i;
+        return c;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+        k = 1, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        k = 2, cp = c & 0x0F;
+        if (c == 0xE0)
+            lo = 0xA0;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        k = 3, cp = c & 0x07;
+        if (c == 0xF0)
+            lo = 0x90;
+        if (c == 0xF4)
+            hi = 0x8F;
+    } else {
+        return -1;
+    }
+    if (n - *i <= k)
+        return -1;
+    for (size_t j = 1; j <= k; j++) {
+        unsigned b = s[*i + j];
+        if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xBF))
+            return -1;
+        cp = cp << 6 | (b & 0x3F);
+    }
+    *i += k + 1;
+    return cp;
+}
+
+static size_t utf8_put(unsigned char *out, unsigned long cp)
+{
+    if (cp < 0x80) {
+        out[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (unsigned char)(0xC0 | cp >> 6);
+        out[1] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (unsigned char)(0xE0 | cp >> 12);
+        out[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        out[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (unsigned char)(0xF0 | cp >> 18);
+    out[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+    out[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+    out[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* A str from n bytes of input that must be UTF-8 (torch.load decodes with 'utf-8'). */
+static pk_obj *new_utf8(vm *v, const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        size_t bad = i;
+        if (utf8_next(s, n, &i) < 0)
+            return fail(v, "%s: string is not valid UTF-8 (its byte %zu)", opname(v), bad), NULL;
+    }
+    return new_str(v, PK_STR, s, n);
+}
+
+static int hexval(unsigned c)
+{
+    return c >= '0' && c <= '9' ? (int)(c - '0')
+           : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (int)((c | 0x20) - 'a' + 10) : -1;
+}
+
+/* UNICODE: raw-unicode-escape, i.e. bytes are Latin-1 code points except \uXXXX and
+ * \UXXXXXXXX. Each input byte gives at most 2 bytes of UTF-8. */
+static pk_obj *raw_unicode_escape(vm *v, const unsigned char *s, size_t n)
+{
+    if (n > (SIZE_MAX - 1) / 2)
+        return oom(v), NULL;
+    unsigned char *out = malloc(2 * n + 1);
+    if (!out)
+        return oom(v), NULL;
+    size_t o = 0;
+    const char *bad = NULL;
+    for (size_t i = 0; i < n && !bad;) {
+        unsigned c = s[i++];
+        if (c != '\\' || i == n || (s[i] != 'u' && s[i] != 'U')) {
+            o += utf8_put(out + o, c);
+            if (c == '\\' && i < n) /* a backslash escapes the next one: both are literal */
+                o += utf8_put(out + o, s[i++]);
+            continue;
+        }
+        size_t digits = s[i++] == 'u' ? 4 : 8;
+        unsigned long cp = 0;
+        for (size_t j = 0; j < digits && !bad; j++) {
+            int h = i < n ? hexval(s[i++]) : -1;
+            if (h < 0)
+                bad = "a truncated \\u or \\U escape";
+            cp = cp << 4 | (unsigned)(h & 0xF);
+        }
+        if (!bad && cp > 0x10FFFF)
+            bad = "a \\U escape beyond U+10FFFF";
+        if (!bad)
+            o += utf8_put(out + o, cp);
+    }
+    pk_obj *r = bad ? (fail(v, "%s: string holds %s", opname(v), bad), NULL)
+                    : new_str(v, PK_STR, out, o);
+    free(out);
+    return r;
+}
+
+static int simple_escape(unsigned c)
+{
+    switch (c) {
+    case '\\': case '\'': case '"': return (int)c;
+    case 'a': return '\a';
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    case 'v': return '\v';
+    default: return -1;
+    }
+}
+
+/* STRING: a quoted Python 2 str literal; escapes as codecs.escape_decode reads them. The
+ * result is decoded as UTF-8 like the other Python 2 strings. */
+static pk_obj *quoted_string(vm *v, const unsigned char *s, size_t n)
+{
+    if (n < 2 || s[0] != s[n - 1] || (s[0] != '\'' && s[0] != '"'))
+        return fail(v, "STRING argument is not quoted"), NULL;
+    s++, n -= 2;
+    unsigned char *out = malloc(n + 1);
+    if (!out)
+        return oom(v), NULL;
+    size_t o = 0;
+    const char *bad = NULL;
+    for (size_t i = 0; i < n && !bad;) {
+        unsigned c = s[i++];
+        if (c != '\\') {
+            out[o++] = (unsigned char)c;
+            continue;
+        }
+        if (i == n) {
+            bad = "a trailing backslash";
+            break;
+        }
+        c = s[i++];
+        int simple = simple_escape(c);
+        if (simple >= 0) {
+            out[o++] = (unsigned char)simple;
+        } else if (c >= '0' && c <= '7') {
+            unsigned x = c - '0';
+            for (int k = 0; k < 2 && i < n && s[i] >= '0' && s[i] <= '7'; k++)
+                x = x * 8 + (s[i++] - '0');
+            out[o++] = (unsigned char)x;
+        } else if (c == 'x') {
+            int h1 = i < n ? hexval(s[i]) : -1, h2 = i + 1 < n ? hexval(s[i + 1]) : -1;
+            if (h1 < 0 || h2 < 0)
+                bad = "an invalid \\x escape";
+            else
+                out[o++] = (unsigned char)(h1 << 4 | h2), i += 2;
+        } else if (c != '\n') { /* an unknown escape stays as written */
+            out[o++] = '\\';
+            out[o++] = (unsigned char)c;
+        }
+    }
+    pk_obj *r = bad ? (fail(v, "STRING argument holds %s", bad), NULL) : new_utf8(v, out, o);
+    free(out);
+    return r;
+}
+
+/* --- scalars --------------------------------------------------------------------------- */
+
+/* n bytes of little-endian two's complement (LONG1, LONG4), which must fit in 64 bits. */
+static int long_bytes(vm *v, const unsigned char *p, uint64_t n)
+{
+    uint64_t u = 0;
+    if (n) {
+        unsigned fill = p[n - 1] & 0x80 ? 0xFF : 0;
+        for (uint64_t i = 8; i < n; i++)
+            if (p[i] != fill)
+                return fail(v, "%s: integer of %llu bytes does not fit in 64 bits", opname(v),
+                            (unsigned long long)n);
+        if (n > 8 && (p[7] & 0x80) != (fill & 0x80))
+            return fail(v, "%s: integer of %llu bytes does not fit in 64 bits", opname(v),
+                        (unsigned long long)n);
+        u = fill ? UINT64_MAX : 0;
+        for (unsigned i = 0; i < 8 && i < n; i++)
+            u = (u & ~(0xFFull << 8 * i)) | (uint64_t)p[i] << 8 * i;
+    }
+    int64_t i;
+    memcpy(&i, &u, sizeof i);
+    return push(v, new_int(v, i));
+}
+
+static int op_long_n(vm *v, unsigned lenbytes)
+{
+    uint64_t n;
+    if (take_uint(v, lenbytes, "length", &n))
+        return -1;
+    if (lenbytes == 4 && n > INT32_MAX)
+        return fail(v, "LONG4 has a negative byte count");
+    const unsigned char *p = take(v, n, "integer");
+    return p ? long_bytes(v, p, n) : -1;
+}
+
+static int op_float_text(vm *v)
+{
+    size_t n;
+    const unsigned char *s = take_line(v, &n);
+    if (!s)
+        return -1;
+    char buf[128];
+    if (n == 0 || n >= sizeof buf)
+        return fail(v, "FLOAT argument of %zu characters is not a float", n);
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    char *end;
+    double d = strtod(buf, &end);
+    if (end != buf + n)
+        return fail(v, "FLOAT argument '%s' is not a float", buf);
+    pk_obj *o = new_obj(v, PK_FLOAT);
+    if (o)
+        o->u.f = d;
+    return push(v, o);
+}
+
+static int op_binfloat(vm *v)
+{
+    const unsigned char *p = take(v, 8, "double");
+    if (!p)
+        return -1;
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++) /* big-endian */
+        u = u << 8 | p[i];
+    pk_obj *o = new_obj(v, PK_FLOAT);
+    if (o)
+        memcpy(&o->u.f, &u, sizeof u);
+    return push(v, o);
+}
+
+static int op_int_text(vm *v, int is_long)
+{
+    size_t n;
+    const unsigned char *s = take_line(v, &n);
+    if (!s)
+        return -1;
+    if (!is_long && n == 2 && s[0] == '0' && (s[1] == '0' || s[1] == '1')) /* Python 2 bools */
+        return push(v, s[1] == '1' ? singleton(v, &v->yes, PK_BOOL, 1)
+                                   : singleton(v, &v->no, PK_BOOL, 0));
+    if (is_long && n && s[n - 1] == 'L')
+        n--;
+    int64_t i;
+    return text_int(v, s, n, &i) ? -1 : push(v, new_int(v, i));
+}
+
+static int op_binint(vm *v, unsigned nbytes)
+{
+    uint64_t u;
+    if (take_uint(v, nbytes, "integer", &u))
+        return -1;
+    int64_t i = nbytes == 4 ? (int64_t)(int32_t)(uint32_t)u : (int64_t)u;
+    return push(v, new_int(v, i));
+}
+
+/* BINSTRING, BINUNICODE, BINBYTES, ...: a length of lenbytes bytes, then the data. */
+static int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signed_len)
+{
+    uint64_t n;
+    if (take_uint(v, lenbytes, "length", &n))
+        return -1;
+    if (signed_len && n > INT32_MAX)
+        return fail(v, "%s has a negative byte count", opname(v));
+    const unsigned char *p = take(v, n, t == PK_STR ? "string" : "bytes");
+    if (!p)
+        return -1;
+    return push(v, t == PK_STR ? new_utf8(v, p, (size_t)n) : new_str(v, t, p, (size_t)n));
+}
+
+/* --- containers ------------------------------------------------------------------------ */
+
+/* A tuple, list or set of the n values on top of the stack, which it pops. */
+static int build_seq(vm *v, enum pk_type t, size_t n, uint8_t flags)
+{
+    pk_box *b = new_box(v, t, n);
+    if (!b)
+        return -1;
+    b->flags = flags;
+    size_t start = v->sp - n;
+    for (size_t i = 0; i < n; i++)
+        if (adopt(v, b, v->stack[start + i]))
+            return -1;
+    v->sp = start;
+    if (flags & BOX_FROZENSET)
+        b->frozen = 1;
+    return push(v, &b->o);
+}
+
+static int op_tuple_n(vm *v, size_t n)
+{
+    if (n == 0 && v->empty_tuple) /* immutable, so one will do */
+        return push(v, v->empty_tuple);
+    if (need(v, n) || build_seq(v, PK_TUPLE, n, 0))
+        return -1;
+    if (n == 0)
+        v->empty_tuple = top(v);
+    return 0;
+}
+
+static int op_marked_seq(vm *v, enum pk_type t, uint8_t flags)
+{
+    size_t start;
+    if (pop_mark(v, &start))
+        return -1;
+    return build_seq(v, t, v->sp - start, flags);
+}
+
+/* Sets the pairs stack[start .. sp) into dict d and pops them. */
+static int set_pairs(vm *v, pk_box *d, size_t start)
+{
+    size_t n = v->sp - start;
+    if (n % 2)
+        return fail(v, "%s: odd number of values (%zu) for key-value pairs", opname(v), n);
+    if (reserve(v, d, n))
+        return -1;
+    for (size_t i = start; i < v->sp; i += 2)
+        if (adopt_key(v, d, v->stack[i]) || adopt(v, d, v->stack[i + 1]))
+            return -1;
+    v->sp = start;
+    return 0;
+}
+
+static int op_dict(vm *v)
+{
+    size_t start;
+    if (pop_mark(v, &start))
+        return -1;
+    pk_box *d = new_box(v, PK_DICT, 0);
+    if (!d || set_pairs(v, d, start))
+        return -1;
+    return push(v, &d->o);
+}
+
+static const char *kind_of(const pk_obj *o)
+{
+    if (o->type == PK_LIST && box((pk_obj *)o)->flags & BOX_FROZENSET)
+        return "frozenset";
+    if (o->type == PK_LIST && box((pk_obj *)o)->flags & BOX_SET)
+        return "set";
+    return pk_type_name(o->type);
+}
+
+/* The container under the values stack[start..) that APPENDS, SETITEMS or ADDITEMS adds. */
+static pk_box *target(vm *v, size_t start, enum pk_type t, uint8_t set)
+{
+    if (start <= floor_of(v))
+        return fail(v, "stack underflow: %s has nothing to add to", opname(v)), NULL;
+    pk_obj *o = v->stack[start - 1];
+    const char *want = t == PK_DICT ? "dict" : set ? "set" : "list";
+    if (o->type != t || (t == PK_LIST && (box(o)->flags & (BOX_SET | BOX_FROZENSET)) != set))
+        return fail(v, "%s needs a %s, got a %s", opname(v), want, kind_of(o)), NULL;
+    return box(o);
+}
+
+static int op_appends(vm *v, int marked, uint8_t set)
+{
+    size_t start = v->sp - 1;
+    if (marked ? pop_mark(v, &start) : need(v, 2))
+        return -1;
+    pk_box *l = target(v, start, PK_LIST, set);
+    if (!l || reserve(v, l, v->sp - start))
+        return -1;
+    for (size_t i = start; i < v->sp; i++)
+        if (adopt(v, l, v->stack[i]))
+            return -1;
+    v->sp = start;
+    return 0;
+}
+
+static int op_setitems(vm *v, int marked)
+{
+    size_t start = v->sp - 2;
+    if (marked ? pop_mark(v, &start) : need(v, 3))
+        return -1;
+    pk_box *d = target(v, start, PK_DICT, 0);
+    return d ? set_pairs(v, d, start) : -1;
+}
+
+/* --- globals --------------------------------------------------------------------------- */
+
+static int eq(const char *s, size_t n, const char *lit)
+{
+    return strlen(lit) == n && memcmp(s, lit, n) == 0;
+}
+
+static int resolve(vm *v, const char *mod, size_t ml, const char *name, size_t nl)
+{
+    for (size_t i = 0; i < sizeof allowlist / sizeof *allowlist; i++) {
+        const allowed *a = &allowlist[i];
+        if (eq(mod, ml, a->module) && eq(name, nl, a->name)) {
+            pk_obj *o = new_obj(v, PK_GLOBAL);
+            if (o) {
+                o->u.global.which = a->which;
+                o->u.global.dtype = a->dtype;
+                o->u.global.name = a->full;
+            }
+            return push(v, o);
+        }
+    }
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+        if (eq(mod, ml, unsupported[i].module) &&
+            (unsupported[i].name ? eq(name, nl, unsupported[i].name)
+                                 : nl > 9 && memcmp(name, "_rebuild_", 9) == 0))
+            return ck_fail(v->err, v->path, "%s tensors are not supported (%s %.*s.%.*s at byte "
+                           "%llu)", unsupported[i].kind, opname(v), (int)ml, mod,
+                           (int)(nl > MAX_QUOTE ? MAX_QUOTE : nl), name, at(v));
+    return fail(v, "refused global '%.*s %.*s'", (int)(ml > MAX_QUOTE ? MAX_QUOTE : ml), mod,
+                (int)(nl > MAX_QUOTE ? MAX_QUOTE : nl), name);
+}
+
+static int op_global(vm *v)
+{
+    size_t ml, nl;
+    const unsigned char *mod = take_line(v, &ml);
+    const unsigned char *name = mod ? take_line(v, &nl) : NULL;
+    return name ? resolve(v, (const char *)mod, ml, (const char *)name, nl) : -1;
+}
+
+static int op_stack_global(vm *v)
+{
+    if (need(v, 2))
+        return -1;
+    pk_obj *name = pop(v), *mod = pop(v);
+    if (mod->type != PK_STR || name->type != PK_STR)
+        return fail(v, "STACK_GLOBAL needs two str, got %s and %s", kind_of(mod), kind_of(name));
+    return resolve(v, mod->u.str.s, mod->u.str.len, name->u.str.s, name->u.str.len);
+}
+
+/* --- persistent ids: storages ---------------------------------------------------------- */
+
+static store_slot *store_find(const vm *v, uint64_t hash, const char *key, size_t len)
+{
+    size_t mask = v->cap_stores - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+        store_slot *s = &v->stores[i];
+        if (!s->storage || (s->hash == hash && s->len == len &&
+                            memcmp(s->storage->u.storage.key, key, len) == 0))
+            return s;
+    }
+}
+
+static int store_grow(vm *v)
+{
+    size_t cap = v->cap_stores ? 2 * v->cap_stores : 64, oldcap = v->cap_stores;
+    store_slot *old = v->stores, *s = calloc(cap, sizeof *s);
+    if (!s)
+        return oom(v);
+    v->stores = s;
+    v->cap_stores = cap;
+    for (size_t i = 0; i < oldcap; i++)
+        if (old[i].storage)
+            *store_find(v, old[i].hash, old[i].storage->u.storage.key, old[i].len) = old[i];
+    free(old);
+    return 0;
+}
+
+static const char *dtype_name(uint8_t dt)
+{
+    return dt == PK_DTYPE_BYTES ? "bytes" : ck_dtype_name((enum ck_dtype)dt);
+}
+
+/* ('storage', StorageClass, key, location, numel) in zip files; legacy files add a sixth item,
+ * view_metadata, which must be None (storage views predate torch 1.0), and key is the storage's
+ * address in decimal. */
+static int persistent_load(vm *v, pk_obj *pid)
+{
+    if (pid->type != PK_TUPLE || (pid->u.seq.n != 5 && pid->u.seq.n != 6))
+        return fail(v, "%s: persistent id is a %s of %zu, not a ('storage', class, key, "
+                    "location, numel) tuple", opname(v), kind_of(pid),
+                    is_container(pid) ? pid->u.seq.n : (size_t)0);
+    pk_obj **a = pid->u.seq.items;
+    int legacy = pid->u.seq.n == 6;
+    if (a[0]->type != PK_STR || strcmp(a[0]->u.str.s, "storage") != 0 ||
+        a[0]->u.str.len != 7)
+        return fail(v, "%s: persistent id is not a 'storage' record", opname(v));
+    if (a[1]->type != PK_GLOBAL || a[1]->u.global.which != PKG_STORAGE_CLASS)
+        return fail(v, "%s: persistent id names a %s%s%s, not a storage class", opname(v),
+                    kind_of(a[1]), a[1]->type == PK_GLOBAL ? " " : "",
+                    a[1]->type == PK_GLOBAL ? a[1]->u.global.name : "");
+    if (a[2]->type != PK_STR || a[2]->u.str.len == 0 ||
+        memchr(a[2]->u.str.s, 0, a[2]->u.str.len))
+        return fail(v, "%s: storage key is not a non-empty str without NUL", opname(v));
+    const char *key = a[2]->u.str.s;
+    size_t len = a[2]->u.str.len;
+    if (legacy && strspn(key, "0123456789") != len)
+        return fail(v, "%s: legacy storage key '%.*s' is not a decimal number", opname(v),
+                    MAX_QUOTE, key);
+    if (a[3]->type != PK_STR)
+        return fail(v, "%s: storage location is a %s, not a str", opname(v), kind_of(a[3]));
+    if (a[4]->type != PK_INT || a[4]->u.i < 0)
+        return fail(v, "%s: storage '%.*s' size is not a non-negative int", opname(v),
+                    MAX_QUOTE, key);
+    if (legacy && a[5]->type != PK_NONE)
+        return fail(v, "%s: storage '%.*s' is a view (view_metadata is not None), which is not "
+                    "supported", opname(v), MAX_QUOTE, key);
+    uint8_t dt = a[1]->u.global.dtype;
+    uint64_t numel = (uint64_t)a[4]->u.i;
+
+    if (2 * (v->nstores + 1) > v->cap_stores && store_grow(v))
+        return -1;
+    uint64_t hash = XXH3_64bits_withSeed(key, len, v->seed);
+    store_slot *slot = store_find(v, hash, key, len);
+    if (slot->storage) {
+        const pk_obj *s = slot->storage;
+        if (s->u.storage.dtype != dt || s->u.storage.numel != numel)
+            return fail(v, "%s: storage '%.*s' is %s × %llu here but %s × %llu before",
+                        opname(v), MAX_QUOTE, key, dtype_name(dt), (unsigned long long)numel,
+                        dtype_name(s->u.storage.dtype),
+                        (unsigned long long)s->u.storage.numel);
+        return push(v, slot->storage);
+    }
+    pk_obj *s = new_obj(v, PK_STORAGE);
+    if (!s)
+        return -1;
+    s->u.storage.key = key; /* the str's copy already lives in the arena */
+    s->u.storage.numel = numel;
+    s->u.storage.dtype = dt;
+    *slot = (store_slot){hash, len, s};
+    v->nstores++;
+    return push(v, s);
+}
+
+static int op_binpersid(vm *v)
+{
+    return need(v, 1) ? -1 : persistent_load(v, pop(v));
+}
+
+static int op_persid(vm *v)
+{
+    size_t n;
+    const unsigned char *s = take_line(v, &n);
+    pk_obj *pid = s ? new_str(v, PK_STR, s, n) : NULL;
+    return pid ? persistent_load(v, pid) : -1;
+}
+
+/* --- calls: REDUCE, NEWOBJ, BUILD ------------------------------------------------------ */
+
+/* The ints of a tuple (size or stride), converted once per tuple. */
+static const int64_t *int_tuple(vm *v, const char *fn, const char *what, pk_obj *t, size_t *n)
+{
+    if (t->type != PK_TUPLE)
+        return fail(v, "%s: %s is a %s, not a tuple of ints", fn, what, kind_of(t)), NULL;
+    pk_box *b = box(t);
+    *n = t->u.seq.n;
+    if (*n > CK_MAX_RANK)
+        return fail(v, "%s: %s has %zu dims, more than %d", fn, what, *n, CK_MAX_RANK), NULL;
+    static const int64_t none[1];
+    if (*n == 0)
+        return none;
+    if (b->ints)
+        return b->ints;
+    int64_t *d = alloc(v, *n * sizeof *d);
+    if (!d)
+        return NULL;
+    for (size_t i = 0; i < *n; i++) {
+        if (t->u.seq.items[i]->type != PK_INT)
+            return fail(v, "%s: %s[%zu] is a %s, not an int", fn, what, i,
+                        kind_of(t->u.seq.items[i])), NULL;
+        d[i] = t->u.seq.items[i]->u.i;
+    }
+    return b->ints = d;
+}
+
+static int rebuild_tensor(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    const char *name = fn->u.global.name;
+    size_t n = args->u.seq.n;
+    uint8_t which = fn->u.global.which;
+    if ((which == PKG_REBUILD_TENSOR && n != 4) ||
+        (which == PKG_REBUILD_TENSOR_V2 && n != 6 && n != 7) ||
+        (which == PKG_REBUILD_TENSOR_V3 && n != 7 && n != 8))
+        return fail(v, "%s: %zu arguments is not a known signature", name, n);
+    pk_obj **a = args->u.seq.items;
+    if (a[0]->type != PK_STORAGE)
+        return fail(v, "%s: storage argument is a %s, not a persistent storage", name,
+                    kind_of(a[0]));
+    if (a[1]->type != PK_INT || a[1]->u.i < 0)
+        return fail(v, "%s: storage offset is not a non-negative int", name);
+    size_t rank, srank;
+    const int64_t *size = int_tuple(v, name, "size", a[2], &rank);
+    const int64_t *stride = size ? int_tuple(v, name, "stride", a[3], &srank) : NULL;
+    if (!stride)
+        return -1;
+    if (rank != srank)
+        return fail(v, "%s: size has %zu dims but stride %zu", name, rank, srank);
+    for (size_t i = 0; i < rank; i++)
+        if (size[i] < 0 || stride[i] < 0)
+            return fail(v, "%s: %s[%zu] is negative (%lld)", name, size[i] < 0 ? "size" : "stride",
+                        i, (long long)(size[i] < 0 ? size[i] : stride[i]));
+    uint8_t dt = a[0]->u.storage.dtype;
+    if (which == PKG_REBUILD_TENSOR_V3) {
+        if (a[6]->type != PK_GLOBAL || a[6]->u.global.which != PKG_DTYPE)
+            return fail(v, "%s: dtype argument is a %s, not a torch dtype", name, kind_of(a[6]));
+        dt = a[6]->u.global.dtype;
+    } else if (dt == PK_DTYPE_BYTES) {
+        dt = CK_U8; /* what torch makes of an untyped storage without a dtype */
+    }
+    pk_obj *t = new_obj(v, PK_TENSOR);
+    if (!t)
+        return -1;
+    t->u.tensor.storage = a[0];
+    t->u.tensor.offset = a[1]->u.i;
+    t->u.tensor.size = rank ? size : NULL;
+    t->u.tensor.stride = rank ? stride : NULL;
+    t->u.tensor.rank = (uint8_t)rank;
+    t->u.tensor.dtype = dt;
+    v->stack[v->sp - 1] = t;
+    return 0;
+}
+
+static int rebuild_parameter(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    size_t want = fn->u.global.which == PKG_REBUILD_PARAMETER ? 3 : 4;
+    if (args->u.seq.n != want)
+        return fail(v, "%s: %zu arguments, expected %zu", fn->u.global.name, args->u.seq.n,
+                    want);
+    pk_obj *src = args->u.seq.items[0];
+    if (src->type != PK_TENSOR)
+        return fail(v, "%s: data is a %s, not a tensor", fn->u.global.name, kind_of(src));
+    pk_obj *t = new_obj(v, PK_TENSOR); /* a new object: the plain tensor may be shared */
+    if (!t)
+        return -1;
+    *t = *src;
+    t->u.tensor.parameter = 1;
+    v->stack[v->sp - 1] = t;
+    return 0;
+}
+
+static int is_pair(const pk_obj *o)
+{
+    return (o->type == PK_TUPLE || o->type == PK_LIST) && o->u.seq.n == 2;
+}
+
+/* OrderedDict() or OrderedDict(pairs): pairs a dict, or a list or tuple of 2-item lists or
+ * tuples (Python 2 pickled OrderedDicts as a list of [key, value] lists). */
+static int make_ordered_dict(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    size_t n = args->u.seq.n;
+    pk_obj *src = n == 1 ? args->u.seq.items[0] : NULL;
+    if (n > 1 || (src && !is_container(src)))
+        return fail(v, "%s: takes no argument or one dict or list of pairs",
+                    fn->u.global.name);
+    size_t m = src ? src->u.seq.n : 0;
+    if (src && src->type != PK_DICT)
+        for (size_t i = 0; i < m; i++)
+            if (!is_pair(src->u.seq.items[i]))
+                return fail(v, "%s: item %zu is a %s, not a (key, value) pair",
+                            fn->u.global.name, i, kind_of(src->u.seq.items[i]));
+    size_t slots = src && src->type != PK_DICT ? 2 * m : m;
+    pk_box *d = new_box(v, PK_DICT, slots);
+    if (!d || charge_copy(v, (uint64_t)slots * sizeof(pk_obj *), fn->u.global.name))
+        return -1;
+    for (size_t i = 0; src && i < m; i += src->type == PK_DICT ? 2 : 1) {
+        pk_obj **kv = src->type == PK_DICT ? &src->u.seq.items[i]
+                                           : src->u.seq.items[i]->u.seq.items;
+        if (adopt_key(v, d, kv[0]) || adopt(v, d, kv[1]))
+            return -1;
+    }
+    v->stack[v->sp - 1] = &d->o;
+    return 0;
+}
+
+static int make_size(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    size_t n = args->u.seq.n;
+    pk_obj *src = n == 1 ? args->u.seq.items[0] : NULL;
+    if (n > 1 || (src && src->type != PK_TUPLE && src->type != PK_LIST))
+        return fail(v, "%s: takes no argument or one tuple of ints", fn->u.global.name);
+    size_t m = src ? src->u.seq.n : 0;
+    for (size_t i = 0; i < m; i++)
+        if (src->u.seq.items[i]->type != PK_INT)
+            return fail(v, "%s: item %zu is a %s, not an int", fn->u.global.name, i,
+                        kind_of(src->u.seq.items[i]));
+    if (src && src->type == PK_TUPLE) { /* a torch.Size is the tuple it was made from */
+        v->stack[v->sp - 1] = src;
+        return 0;
+    }
+    pk_box *t = new_box(v, PK_TUPLE, m);
+    if (!t || charge_copy(v, (uint64_t)m * sizeof(pk_obj *), fn->u.global.name))
+        return -1;
+    for (size_t i = 0; i < m; i++)
+        if (adopt(v, t, src->u.seq.items[i]))
+            return -1;
+    v->stack[v->sp - 1] = &t->o;
+    return 0;
+}
+
+/* _codecs.encode(str, 'latin1'): how protocols < 3 write bytes. Each code point is a byte. */
+static int codecs_encode(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    pk_obj **a = args->u.seq.items;
+    if (args->u.seq.n != 2 || a[0]->type != PK_STR || a[1]->type != PK_STR)
+        return fail(v, "%s: takes (str, encoding)", fn->u.global.name);
+    if (strcmp(a[1]->u.str.s, "latin1") != 0 && strcmp(a[1]->u.str.s, "latin-1") != 0)
+        return fail(v, "%s: encoding '%.*s' is not latin1", fn->u.global.name, MAX_QUOTE,
+                    a[1]->u.str.s);
+    const unsigned char *s = (const unsigned char *)a[0]->u.str.s;
+    size_t n = a[0]->u.str.len, o = 0;
+    if (charge_copy(v, n, fn->u.global.name))
+        return -1;
+    unsigned char *out = malloc(n + 1);
+    if (!out)
+        return oom(v);
+    for (size_t i = 0; i < n;) {
+        long cp = utf8_next(s, n, &i); /* the str was checked when it was made */
+        if (cp < 0 || cp > 0xFF) {
+            free(out);
+            return fail(v, "%s: character U+%04lX of the string is not latin1",
+                        fn->u.global.name, (unsigned long)cp);
+        }
+        out[o++] = (unsigned char)cp;
+    }
+    pk_obj *b = new_str(v, PK_BYTES, out, o);
+    free(out);
+    if (!b)
+        return -1;
+    v->stack[v->sp - 1] = b;
+    return 0;
+}
+
+/* torch.device('cuda:0') or torch.device('cuda', 0), as torch pickles it: the str "cuda:0". */
+static int make_device(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    size_t n = args->u.seq.n;
+    pk_obj **a = args->u.seq.items;
+    if (n < 1 || n > 2 || a[0]->type != PK_STR ||
+        (n == 2 && a[1]->type != PK_NONE && (a[1]->type != PK_INT || a[1]->u.i < 0)))
+        return fail(v, "%s: takes (str) or (str, index)", fn->u.global.name);
+    if (n == 1 || a[1]->type == PK_NONE) {
+        v->stack[v->sp - 1] = a[0];
+        return 0;
+    }
+    size_t len = a[0]->u.str.len;
+    if (len > MAX_QUOTE || charge_copy(v, len + 24, fn->u.global.name))
+        return len > MAX_QUOTE ? fail(v, "%s: device type of %zu bytes", fn->u.global.name, len)
+                               : -1;
+    char buf[MAX_QUOTE + 24];
+    int m = snprintf(buf, sizeof buf, "%s:%lld", a[0]->u.str.s, (long long)a[1]->u.i);
+    pk_obj *s = new_str(v, PK_STR, buf, (size_t)m);
+    if (!s)
+        return -1;
+    v->stack[v->sp - 1] = s;
+    return 0;
+}
+
+static int op_reduce(vm *v)
+{
+    if (need(v, 2))
+        return -1;
+    pk_obj *args = pop(v), *fn = top(v);
+    if (fn->type != PK_GLOBAL)
+        return fail(v, "REDUCE calls a %s, which is not callable", kind_of(fn));
+    const char *name = fn->u.global.name;
+    if (args->type != PK_TUPLE)
+        return fail(v, "REDUCE %s: arguments are a %s, not a tuple", name, kind_of(args));
+    switch (fn->u.global.which) {
+    case PKG_REBUILD_TENSOR:
+    case PKG_REBUILD_TENSOR_V2:
+    case PKG_REBUILD_TENSOR_V3:
+        return rebuild_tensor(v, fn, args);
+    case PKG_REBUILD_PARAMETER:
+    case PKG_REBUILD_PARAMETER_STATE:
+        return rebuild_parameter(v, fn, args);
+    case PKG_ORDERED_DICT:
+        return make_ordered_dict(v, fn, args);
+    case PKG_TORCH_SIZE:
+        return make_size(v, fn, args);
+    case PKG_CODECS_ENCODE:
+        return codecs_encode(v, fn, args);
+    case PKG_DEVICE:
+        return make_device(v, fn, args);
+    case PKG_BYTES: {
+        if (args->u.seq.n != 0)
+            return fail(v, "REDUCE %s: only bytes() is supported", name);
+        pk_obj *b = new_str(v, PK_BYTES, "", 0);
+        if (!b)
+            return -1;
+        v->stack[v->sp - 1] = b;
+        return 0;
+    }
+    default:
+        return fail(v, "REDUCE calls %s, which may not be called", name);
+    }
+}
+
+/* NEWOBJ (cls, args) and NEWOBJ_EX (cls, args, kwargs): only OrderedDict, whose __new__ makes
+ * an empty dict whatever the arguments (its items come later, by SETITEMS). */
+static int op_newobj(vm *v, int ex)
+{
+    if (need(v, ex ? 3 : 2))
+        return -1;
+    pk_obj *kwargs = ex ? pop(v) : NULL, *args = pop(v), *cls = pop(v);
+    if (cls->type != PK_GLOBAL || cls->u.global.which != PKG_ORDERED_DICT)
+        return fail(v, "%s of %s%s%s is not supported (only collections.OrderedDict)",
+                    opname(v), kind_of(cls), cls->type == PK_GLOBAL ? " " : "",
+                    cls->type == PK_GLOBAL ? cls->u.global.name : "");
+    if (args->type != PK_TUPLE || (kwargs && kwargs->type != PK_DICT))
+        return fail(v, "%s: arguments are not a tuple%s", opname(v), ex ? " and a dict" : "");
+    pk_box *d = new_box(v, PK_DICT, 0);
+    return d ? push(v, &d->o) : -1;
+}
+
+static int is_state_dict(const pk_obj *o)
+{
+    return o->type == PK_NONE || o->type == PK_DICT;
+}
+
+/* BUILD (setstate): a dict's state is its Python attributes (a state_dict's _metadata) and a
+ * tensor's is legacy backward hooks; neither is part of the data, so both are dropped. */
+static int op_build(vm *v)
+{
+    if (need(v, 2))
+        return -1;
+    pk_obj *state = pop(v), *o = top(v);
+    if (o->type == PK_TENSOR)
+        return 0;
+    if (o->type != PK_DICT)
+        return fail(v, "BUILD on a %s is not supported", kind_of(o));
+    if (!is_state_dict(state) &&
+        !(state->type == PK_TUPLE && state->u.seq.n == 2 &&
+          is_state_dict(state->u.seq.items[0]) && is_state_dict(state->u.seq.items[1])))
+        return fail(v, "BUILD on a dict with a %s state is not supported", kind_of(state));
+    return 0;
+}
+
+/* --- the loop -------------------------------------------------------------------------- */
+
+static int op_mark(vm *v)
+{
+    if (v->nmarks == v->cap_marks) {
+        if (v->nmarks >= v->lim.max_marks)
+            return fail(v, "MARK: more than %zu nested marks", v->lim.max_marks);
+        size_t cap = v->cap_marks ? 2 * v->cap_marks : 64;
+        if (cap > v->lim.max_marks)
+            cap = v->lim.max_marks;
+        size_t *m = realloc(v->marks, cap * sizeof *m);
+        if (!m)
+            return oom(v);
+        v->marks = m;
+        v->cap_marks = cap;
+    }
+    v->marks[v->nmarks++] = v->sp;
+    return 0;
+}
+
+static int op_pop(vm *v)
+{
+    if (v->sp > floor_of(v)) {
+        v->sp--;
+        return 0;
+    }
+    if (v->nmarks) { /* POP on an empty mark pops the mark, as Python does */
+        v->nmarks--;
+        return 0;
+    }
+    return need(v, 1);
+}
+
+static int op_get_put(vm *v, unsigned nbytes, int put)
+{
+    uint64_t key;
+    if (nbytes == 0) {
+        size_t n;
+        const unsigned char *s = take_line(v, &n);
+        int64_t i;
+        if (!s || text_int(v, s, n, &i))
+            return -1;
+        if (i < 0)
+            return fail(v, "%s: negative memo index %lld", opname(v), (long long)i);
+        key = (uint64_t)i;
+    } else if (take_uint(v, nbytes, "memo index", &key)) {
+        return -1;
+    }
+    return put ? memo_store_top(v, key) : memo_push(v, key);
+}
+
+static int op_text_string(vm *v, int unicode)
+{
+    size_t n;
+    const unsigned char *s = take_line(v, &n);
+    if (!s)
+        return -1;
+    return push(v, unicode ? raw_unicode_escape(v, s, n) : quoted_string(v, s, n));
+}
+
+static int op_proto(vm *v)
+{
+    const unsigned char *p = take(v, 1, "version");
+    if (!p)
+        return -1;
+    if (*p > 5)
+        return fail(v, "unsupported pickle protocol %u", *p);
+    return 0;
+}
+
+static int step(vm *v)
+{
+    switch (v->opcode) {
+    case 0x80: return op_proto(v);
+    case 0x95: { /* FRAME: a buffering hint; opcodes are read the same across frames */
+        uint64_t n;
+        return take_uint(v, 8, "length", &n);
+    }
+    case '(': return op_mark(v);
+    case '0': return op_pop(v);
+    case '1': {
+        size_t start;
+        if (pop_mark(v, &start))
+            return -1;
+        v->sp = start;
+        return 0;
+    }
+    case '2': return need(v, 1) ? -1 : push(v, top(v));
+    case '}': {
+        pk_box *d = new_box(v, PK_DICT, 0);
+        return d ? push(v, &d->o) : -1;
+    }
+    case ']': {
+        pk_box *l = new_box(v, PK_LIST, 0);
+        return l ? push(v, &l->o) : -1;
+    }
+    case 0x8f: {
+        pk_box *s = new_box(v, PK_LIST, 0);
+        if (s)
+            s->flags = BOX_SET;
+        return s ? push(v, &s->o) : -1;
+    }
+    case ')': return op_tuple_n(v, 0);
+    case 0x85: return op_tuple_n(v, 1);
+    case 0x86: return op_tuple_n(v, 2);
+    case 0x87: return op_tuple_n(v, 3);
+    case 't': return op_marked_seq(v, PK_TUPLE, 0);
+    case 'l': return op_marked_seq(v, PK_LIST, 0);
+    case 0x91: return op_marked_seq(v, PK_LIST, BOX_SET | BOX_FROZENSET);
+    case 'd': return op_dict(v);
+    case 'a': return op_appends(v, 0, 0);
+    case 'e': return op_appends(v, 1, 0);
+    case 0x90: return op_appends(v, 1, BOX_SET);
+    case 's': return op_setitems(v, 0);
+    case 'u': return op_setitems(v, 1);
+    case 'N': return push(v, singleton(v, &v->none, PK_NONE, 0));
+    case 0x88: return push(v, singleton(v, &v->yes, PK_BOOL, 1));
+    case 0x89: return push(v, singleton(v, &v->no, PK_BOOL, 0));
+    case 'I': return op_int_text(v, 0);
+    case 'L': return op_int_text(v, 1);
+    case 'J': return op_binint(v, 4);
+    case 'K': return op_binint(v, 1);
+    case 'M': return op_binint(v, 2);
+    case 0x8a: return op_long_n(v, 1);
+    case 0x8b: return op_long_n(v, 4);
+    case 'F': return op_float_text(v);
+    case 'G': return op_binfloat(v);
+    case 'S': return op_text_string(v, 0);
+    case 'V': return op_text_string(v, 1);
+    case 'T': return op_counted(v, 4, PK_STR, 1);
+    case 'U': return op_counted(v, 1, PK_STR, 0);
+    case 'X': return op_counted(v, 4, PK_STR, 0);
+    case 0x8c: return op_counted(v, 1, PK_STR, 0);
+    case 0x8d: return op_counted(v, 8, PK_STR, 0);
+    case 'B': return op_counted(v, 4, PK_BYTES, 0);
+    case 'C': return op_counted(v, 1, PK_BYTES, 0);
+    case 0x8e: return op_counted(v, 8, PK_BYTES, 0);
+    case 0x96: return op_counted(v, 8, PK_BYTES, 0);
+    case 'p': return op_get_put(v, 0, 1);
+    case 'q': return op_get_put(v, 1, 1);
+    case 'r': return op_get_put(v, 4, 1);
+    case 0x94: return memo_store_top(v, v->nmemo);
+    case 'g': return op_get_put(v, 0, 0);
+    case 'h': return op_get_put(v, 1, 0);
+    case 'j': return op_get_put(v, 4, 0);
+    case 'c': return op_global(v);
+    case 0x93: return op_stack_global(v);
+    case 'R': return op_reduce(v);
+    case 0x81: return op_newobj(v, 0);
+    case 0x92: return op_newobj(v, 1);
+    case 'b': return op_build(v);
+    case 'P': return op_persid(v);
+    case 'Q': return op_binpersid(v);
+    default:
+        if (opnames[v->opcode])
+            return fail(v, "pickle opcode %s (0x%02x) is not supported", opnames[v->opcode],
+                        v->opcode);
+        return fail(v, "unknown pickle opcode 0x%02x", v->opcode);
+    }
+}
+
+static uint64_t make_seed(void)
+{
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == (ssize_t)sizeof seed)
+        return seed;
+    return (uint64_t)(uintptr_t)&seed ^ (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
+}
+
+static int run(vm *v, pk_obj **root)
+{
+    for (;;) {
+        v->op = v->pos;
+        if (v->pos == v->len) {
+            v->truncated = 1;
+            return fail(v, "truncated pickle: the input ends before STOP");
+        }
+        v->opcode = v->in[v->pos++];
+        if (v->opcode == '.') {
+            if (need(v, 1))
+                return -1;
+            *root = pop(v);
+            return 0;
+        }
+        if (step(v))
+            return -1;
+    }
+}
+
+int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const char *path,
+            uint64_t base, pk_result *out, ck_error *err)
+{
+    *out = (pk_result){0};
+    vm v = {
+        .in = data, .len = len, .path = path, .base = base,
+        .lim = lim ? *lim : pk_default_limits, .err = err,
+        .copy_left = (uint64_t)len * COPY_PER_INPUT_BYTE + COPY_SLACK,
+        .seed = make_seed(),
+    };
+    pk_obj *root = NULL;
+    int rc = run(&v, &root);
+    free(v.stack);
+    free(v.marks);
+    free(v.dense);
+    free(v.sparse);
+    free(v.stores);
+    if (rc) {
+        ck_arena_free(v.arena);
+        return v.truncated ? PK_TRUNCATED : PK_ERROR;
+    }
+    out->root = root;
+    out->consumed = v.pos;
+    out->arena = v.arena;
+    return 0;
+}
+
+void pk_free(pk_result *r)
+{
+    if (!r)
+        return;
+    ck_arena_free(r->arena);
+    *r = (pk_result){0};
+}

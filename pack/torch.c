@@ -1,0 +1,635 @@
+/* torch.c — PyTorch checkpoints (zip and legacy) into the common index, via the safe pickle VM. */
+#include "torch.h"
+#include "pickle.h"
+#include "zip.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PT_MAX_ENTRIES 10000000u /* shared subtrees could otherwise multiply without end */
+#define PT_MAX_NAME 65536u
+
+/* Where a storage's bytes are in the source file. */
+typedef struct pt_place {
+    const char *key;
+    uint64_t offset, bytes;
+    uint64_t numel;
+    uint8_t dtype;
+} pt_place;
+
+typedef struct pt_reader {
+    ck_index *ix;
+    uint32_t file;
+    const char *path;
+    const zip_archive *zip;   /* zip: records are found here under prefix */
+    const char *prefix;
+    size_t prefix_len;
+    pt_place *places;         /* legacy: every storage, sorted by key */
+    size_t nplaces, cap_places;
+    char *name;               /* the walk's current name */
+    size_t name_cap;
+    size_t visits;
+    ck_error *err;
+} pt_reader;
+
+typedef int (*pt_visit)(pt_reader *r, size_t name_len, const pk_obj *leaf);
+
+/* --- text of keys and values --------------------------------------------------------------- */
+
+/* Python's repr of a float: the shortest text that reads back as the same double. */
+static size_t float_text(double d, char *buf, size_t cap)
+{
+    if (isnan(d))
+        return (size_t)snprintf(buf, cap, "nan");
+    if (isinf(d))
+        return (size_t)snprintf(buf, cap, d < 0 ? "-inf" : "inf");
+    int n = 0;
+    for (int prec = 1; prec <= 17; prec++) {
+        n = snprintf(buf, cap, "%.*g", prec, d);
+        if (strtod(buf, NULL) == d)
+            break;
+    }
+    if (!strpbrk(buf, ".e"))
+        n += snprintf(buf + n, cap - (size_t)n, ".0");
+    return (size_t)n;
+}
+
+/* The text Python's str() gives a scalar; *text points into buf or into the object. Returns 0,
+ * or -1 when the object is no scalar. */
+static int scalar_text(const pk_obj *o, char *buf, size_t cap, const char **text, size_t *len)
+{
+    *text = buf;
+    switch (o->type) {
+    case PK_NONE:
+        *len = (size_t)snprintf(buf, cap, "None");
+        return 0;
+    case PK_BOOL:
+        *len = (size_t)snprintf(buf, cap, o->u.i ? "True" : "False");
+        return 0;
+    case PK_INT:
+        *len = (size_t)snprintf(buf, cap, "%lld", (long long)o->u.i);
+        return 0;
+    case PK_FLOAT:
+        *len = float_text(o->u.f, buf, cap);
+        return 0;
+    case PK_STR:
+        *text = o->u.str.s;
+        *len = o->u.str.len;
+        return 0;
+    case PK_GLOBAL:
+        *text = o->u.global.name;
+        *len = strlen(o->u.global.name);
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* --- the walk over the object tree --------------------------------------------------------- */
+
+typedef struct pt_frame {
+    const pk_obj *obj;
+    size_t next;      /* next child */
+    size_t name_len;  /* this container's name */
+    int named;        /* 0 for the root: its children take no '.' */
+} pt_frame;
+
+static int is_container(const pk_obj *o)
+{
+    return o->type == PK_TUPLE || o->type == PK_LIST || o->type == PK_DICT;
+}
+
+static size_t nchildren(const pk_obj *o)
+{
+    return o->type == PK_DICT ? o->u.seq.n / 2 : o->u.seq.n;
+}
+
+/* Makes room for a name of len bytes (and its NUL) in r->name. */
+static int reserve_name(pt_reader *r, size_t len)
+{
+    if (len > PT_MAX_NAME)
+        return ck_fail(r->err, r->path, "a name longer than %u bytes under '%.64s'",
+                       PT_MAX_NAME, r->name ? r->name : "");
+    if (len + 1 <= r->name_cap)
+        return 0;
+    size_t cap = r->name_cap ? r->name_cap : 256;
+    while (cap < len + 1)
+        cap *= 2;
+    char *p = realloc(r->name, cap);
+    if (!p)
+        return ck_fail(r->err, r->path, "out of memory");
+    r->name = p;
+    r->name_cap = cap;
+    return 0;
+}
+
+/* Appends child k's name piece to r->name after the container's name. */
+static int child_name(pt_reader *r, const pt_frame *f, size_t k, size_t *len)
+{
+    char buf[64];
+    const char *piece = buf;
+    size_t plen;
+    if (f->obj->type == PK_DICT) {
+        const pk_obj *key = f->obj->u.seq.items[2 * k];
+        if (scalar_text(key, buf, sizeof buf, &piece, &plen) != 0 || key->type == PK_GLOBAL)
+            return ck_fail(r->err, r->path, "a dict key of type %s under '%.*s' (only str, int, "
+                           "float, bool and None keys name files)", pk_type_name(key->type),
+                           (int)f->name_len, r->name);
+    } else {
+        plen = (size_t)snprintf(buf, sizeof buf, "%zu", k);
+    }
+    size_t need = f->name_len + (f->named ? 1 : 0) + plen;
+    if (reserve_name(r, need) != 0)
+        return -1;
+    size_t at = f->name_len;
+    if (f->named)
+        r->name[at++] = '.';
+    memcpy(r->name + at, piece, plen);
+    r->name[need] = 0;
+    *len = need;
+    return 0;
+}
+
+/* Calls visit for every leaf under root, depth first, in container order. Iterative: the VM
+ * bounds the depth, and the visit count bounds a tree whose subtrees are shared. */
+static int walk(pt_reader *r, const pk_obj *root, pt_visit visit)
+{
+    size_t cap = 64, n = 1;
+    pt_frame *stack = malloc(cap * sizeof *stack);
+    if (!stack)
+        return ck_fail(r->err, r->path, "out of memory");
+    if (reserve_name(r, 0) != 0) {
+        free(stack);
+        return -1;
+    }
+    r->name[0] = 0;
+    stack[0] = (pt_frame){.obj = root};
+    int rc = 0;
+    while (n && rc == 0) {
+        pt_frame *f = &stack[n - 1];
+        if (!is_container(f->obj)) {
+            r->name[f->name_len] = 0;
+            rc = visit(r, f->name_len, f->obj);
+            n--;
+            continue;
+        }
+        if (f->next == nchildren(f->obj)) {
+            n--;
+            continue;
+        }
+        size_t k = f->next++, len = 0;
+        if (++r->visits > 4 * (size_t)PT_MAX_ENTRIES) {
+            rc = ck_fail(r->err, r->path, "more than %u objects to list", 4 * PT_MAX_ENTRIES);
+            break;
+        }
+        if ((rc = child_name(r, f, k, &len)) != 0)
+            break;
+        const pk_obj *child = f->obj->type == PK_DICT ? f->obj->u.seq.items[2 * k + 1]
+                                                      : f->obj->u.seq.items[k];
+        if (n == cap) {
+            pt_frame *p = realloc(stack, 2 * cap * sizeof *stack);
+            if (!p) {
+                rc = ck_fail(r->err, r->path, "out of memory");
+                break;
+            }
+            stack = p;
+            cap *= 2;
+        }
+        stack[n++] = (pt_frame){.obj = child, .name_len = len, .named = 1};
+    }
+    free(stack);
+    return rc;
+}
+
+/* --- storages and tensors ------------------------------------------------------------------ */
+
+static unsigned elem_size(uint8_t dtype)
+{
+    return dtype == PK_DTYPE_BYTES ? 1 : ck_dtype_bits(dtype) / 8;
+}
+
+static int place_by_key(const void *a, const void *b)
+{
+    return strcmp(((const pt_place *)a)->key, ((const pt_place *)b)->key);
+}
+
+static const pt_place *legacy_place(const pt_reader *r, const char *key)
+{
+    pt_place probe = {.key = key};
+    return bsearch(&probe, r->places, r->nplaces, sizeof probe, place_by_key);
+}
+
+/* Where storage s is, checked against the size the pickle gives it. */
+static int storage_place(pt_reader *r, const pk_obj *s, pt_place *out)
+{
+    uint64_t need = s->u.storage.numel * elem_size(s->u.storage.dtype);
+    if (elem_size(s->u.storage.dtype) && need / elem_size(s->u.storage.dtype) != s->u.storage.numel)
+        return ck_fail(r->err, r->path, "storage '%s': %llu elements overflow", s->u.storage.key,
+                       (unsigned long long)s->u.storage.numel);
+    if (!r->zip) {
+        const pt_place *p = legacy_place(r, s->u.storage.key);
+        if (!p || p->bytes == UINT64_MAX)
+            return ck_fail(r->err, r->path, "storage '%s' has no data record",
+                           s->u.storage.key);
+        *out = *p;
+        return 0;
+    }
+    char rec[512];
+    int n = snprintf(rec, sizeof rec, "%.*sdata/%s", (int)r->prefix_len, r->prefix,
+                     s->u.storage.key);
+    const zip_entry *e = n > 0 && (size_t)n < sizeof rec ? zip_find(r->zip, rec, (size_t)n) : NULL;
+    if (!e)
+        return ck_fail(r->err, r->path, "storage '%s': no record '%s'", s->u.storage.key, rec);
+    if (e->method != 0)
+        return ck_fail(r->err, r->path, "record '%s' is compressed (method %u); ckptfs serves "
+                       "stored records only", rec, e->method);
+    if (e->size != need)
+        return ck_fail(r->err, r->path, "record '%s' holds %llu bytes, its storage needs %llu",
+                       rec, (unsigned long long)e->size, (unsigned long long)need);
+    *out = (pt_place){.key = s->u.storage.key, .offset = e->data_offset, .bytes = e->size,
+                      .numel = s->u.storage.numel, .dtype = s->u.storage.dtype};
+    return 0;
+}
+
+static int is_row_major(const pk_obj *t)
+{
+    int64_t expect = 1;
+    for (unsigned d = t->u.tensor.rank; d-- > 0;) {
+        if (t->u.tensor.size[d] != 1 && t->u.tensor.stride[d] != expect)
+            return 0;
+        expect *= t->u.tensor.size[d];
+    }
+    return 1;
+}
+
+/* The last element the tensor touches, in elements from the storage start; -1 on overflow. */
+static int last_element(const pk_obj *t, uint64_t *last)
+{
+    uint64_t at = (uint64_t)t->u.tensor.offset;
+    for (unsigned d = 0; d < t->u.tensor.rank; d++) {
+        uint64_t span = (uint64_t)(t->u.tensor.size[d] - 1), step = (uint64_t)t->u.tensor.stride[d];
+        if (step && span > (UINT64_MAX - at) / step)
+            return -1;
+        at += span * step;
+    }
+    *last = at;
+    return 0;
+}
+
+static int add_tensor(pt_reader *r, size_t name_len, const pk_obj *t)
+{
+    const char *name = r->name;
+    const pk_obj *s = t->u.tensor.storage;
+    unsigned rank = t->u.tensor.rank, esize = elem_size(t->u.tensor.dtype);
+    if (t->u.tensor.dtype == PK_DTYPE_BYTES || esize == 0)
+        return ck_fail(r->err, r->path, "tensor '%s': no element type", name);
+    pt_place p = {0};
+    if (storage_place(r, s, &p) != 0)
+        return -1;
+    int64_t dims[2 * CK_MAX_RANK];
+    for (unsigned d = 0; d < rank; d++) {
+        if (t->u.tensor.stride[d] < 0)
+            return ck_fail(r->err, r->path, "tensor '%s': negative stride %lld", name,
+                           (long long)t->u.tensor.stride[d]);
+        dims[d] = t->u.tensor.size[d];
+        dims[rank + d] = t->u.tensor.stride[d];
+    }
+    uint64_t nbytes, last;
+    if (ck_tensor_nbytes(rank, dims, t->u.tensor.dtype, &nbytes) != 0)
+        return ck_fail(r->err, r->path, "tensor '%s': shape overflows", name);
+    int contiguous = nbytes == 0 || is_row_major(t);
+    if (nbytes) {
+        if (last_element(t, &last) != 0 || last >= p.bytes / esize)
+            return ck_fail(r->err, r->path, "tensor '%s' reaches past the end of its storage "
+                           "'%s' (%llu bytes)", name, s->u.storage.key,
+                           (unsigned long long)p.bytes);
+    }
+    ck_entry *e = ck_index_add_entry(r->ix, name, name_len, contiguous ? CK_CONTIGUOUS : CK_STRIDED,
+                                     rank, dims, r->err);
+    if (!e)
+        return -1;
+    e->dtype = t->u.tensor.dtype;
+    e->nbytes = nbytes;
+    uint64_t first = nbytes ? p.offset + (uint64_t)t->u.tensor.offset * esize : p.offset;
+    e->ext = (ck_extent){.offset = first, .length = nbytes, .file = r->file};
+    return 0;
+}
+
+static int add_value(pt_reader *r, size_t name_len, const pk_obj *v)
+{
+    static const uint8_t types[] = {[PK_NONE] = CK_VAL_NONE, [PK_BOOL] = CK_VAL_BOOL,
+                                    [PK_INT] = CK_VAL_INT,   [PK_FLOAT] = CK_VAL_FLOAT,
+                                    [PK_STR] = CK_VAL_STR,   [PK_BYTES] = CK_VAL_BYTES,
+                                    [PK_GLOBAL] = CK_VAL_GLOBAL};
+    char buf[64];
+    const char *text;
+    size_t len;
+    if (v->type == PK_BYTES) { /* raw, no newline: the file is the bytes */
+        return ck_index_add_value(r->ix, r->name, name_len, CK_VAL_BYTES, v->u.str.s,
+                                  v->u.str.len, r->err) ? 0 : -1;
+    }
+    if (scalar_text(v, buf, sizeof buf - 1, &text, &len) != 0)
+        return ck_fail(r->err, r->path, "'%s' is a %s, which ckptfs cannot show", r->name,
+                       pk_type_name(v->type));
+    char *line = malloc(len + 1);
+    if (!line)
+        return ck_fail(r->err, r->path, "out of memory");
+    memcpy(line, text, len);
+    line[len] = '\n';
+    int rc = ck_index_add_value(r->ix, r->name, name_len, types[v->type], line, len + 1, r->err)
+                 ? 0 : -1;
+    free(line);
+    return rc;
+}
+
+static int add_leaf(pt_reader *r, size_t name_len, const pk_obj *leaf)
+{
+    if (r->ix->nentries >= PT_MAX_ENTRIES)
+        return ck_fail(r->err, r->path, "more than %u entries", PT_MAX_ENTRIES);
+    return leaf->type == PK_TENSOR ? add_tensor(r, name_len, leaf) : add_value(r, name_len, leaf);
+}
+
+/* --- legacy files ---------------------------------------------------------------------------- */
+
+/* Every legacy file opens with a pickle of the magic number 0x1950a86a20f9469cfc6c: PROTO 2-5,
+ * a FRAME from protocol 4 on, LONG1 with its 10 little-endian bytes, STOP. The number is wider
+ * than the VM's integers, so it is matched as bytes. Returns the pickle's length, or 0. */
+static size_t legacy_magic_len(const unsigned char *head, size_t n)
+{
+    static const unsigned char magic[] = {0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20,
+                                          0x6a, 0xa8, 0x50, 0x19, '.'};
+    if (n < 2 || head[0] != 0x80 || head[1] < 2 || head[1] > 5)
+        return 0;
+    size_t at = 2;
+    if (n > at && head[at] == 0x95) /* FRAME and its 8-byte length */
+        at += 9;
+    return n >= at + sizeof magic && memcmp(head + at, magic, sizeof magic) == 0
+               ? at + sizeof magic : 0;
+}
+
+int pt_probe_legacy(const unsigned char *head, size_t n)
+{
+    return legacy_magic_len(head, n) != 0;
+}
+
+/* Runs the pickle at file offset *pos, reading more of the file while the VM asks for more;
+ * advances *pos past it. */
+static int load_pickle_at(pt_reader *r, uint64_t *pos, pk_result *res)
+{
+    const ck_file *f = &r->ix->files[r->file];
+    uint64_t left = f->size - *pos;
+    size_t want = left < (1u << 20) ? (size_t)left : (1u << 20);
+    for (;;) {
+        unsigned char *buf = malloc(want ? want : 1);
+        if (!buf)
+            return ck_fail(r->err, r->path, "out of memory");
+        int rc = ck_pread(f->fd, buf, want, *pos);
+        if (rc) {
+            free(buf);
+            return ck_fail(r->err, r->path, "cannot read: %s", strerror(-rc));
+        }
+        rc = pk_load(buf, want, &pk_default_limits, r->path, *pos, res, r->err);
+        free(buf);
+        if (rc == 0) {
+            *pos += res->consumed;
+            return 0;
+        }
+        if (rc != PK_TRUNCATED || want == left)
+            return -1;
+        if (want >= PT_MAX_PICKLE)
+            return ck_fail(r->err, r->path, "a pickle at byte %llu is over %u bytes",
+                           (unsigned long long)*pos, PT_MAX_PICKLE);
+        want = left < (uint64_t)want * 4 ? (size_t)left : want * 4;
+    }
+}
+
+/* Collects each tensor's storage (the walk's first pass over a legacy file). */
+static int collect_storage(pt_reader *r, size_t name_len, const pk_obj *leaf)
+{
+    (void)name_len;
+    if (leaf->type != PK_TENSOR)
+        return 0;
+    const pk_obj *s = leaf->u.tensor.storage;
+    if (r->nplaces == r->cap_places) {
+        size_t cap = r->cap_places ? 2 * r->cap_places : 64;
+        pt_place *p = realloc(r->places, cap * sizeof *p);
+        if (!p)
+            return ck_fail(r->err, r->path, "out of memory");
+        r->places = p;
+        r->cap_places = cap;
+    }
+    r->places[r->nplaces++] = (pt_place){.key = s->u.storage.key, .numel = s->u.storage.numel,
+                                         .dtype = s->u.storage.dtype, .bytes = UINT64_MAX};
+    return 0;
+}
+
+/* Sorts the storages by key and drops repeats (tensors sharing a storage). */
+static void unique_places(pt_reader *r)
+{
+    if (r->nplaces)
+        qsort(r->places, r->nplaces, sizeof *r->places, place_by_key);
+    size_t k = 0;
+    for (size_t i = 0; i < r->nplaces; i++)
+        if (k == 0 || strcmp(r->places[k - 1].key, r->places[i].key) != 0)
+            r->places[k++] = r->places[i];
+    r->nplaces = k;
+}
+
+/* After the pickles: for each key of the list, an 8-byte little-endian element count and the
+ * storage's bytes. Only the counts are read. */
+static int place_legacy_storages(pt_reader *r, const pk_obj *keys, uint64_t pos)
+{
+    const ck_file *f = &r->ix->files[r->file];
+    if (keys->type != PK_LIST)
+        return ck_fail(r->err, r->path, "the storage key list is a %s", pk_type_name(keys->type));
+    for (size_t i = 0; i < keys->u.seq.n; i++) {
+        const pk_obj *k = keys->u.seq.items[i];
+        pt_place *p = k->type == PK_STR ? (pt_place *)legacy_place(r, k->u.str.s) : NULL;
+        if (!p)
+            return ck_fail(r->err, r->path, "storage key %zu of the list names no storage of "
+                           "a tensor (byte %llu)", i, (unsigned long long)pos);
+        unsigned char c[8];
+        if (pos > f->size || f->size - pos < 8 || ck_pread(f->fd, c, 8, pos) != 0)
+            return ck_fail(r->err, r->path, "storage '%s': its record runs past the end of the "
+                           "file (byte %llu)", p->key, (unsigned long long)pos);
+        uint64_t numel = 0;
+        for (int b = 7; b >= 0; b--)
+            numel = numel << 8 | c[b];
+        uint64_t bytes = numel * elem_size(p->dtype);
+        if (numel != p->numel || (numel && bytes / numel != elem_size(p->dtype)))
+            return ck_fail(r->err, r->path, "storage '%s': the file says %llu elements, the "
+                           "pickle %llu (byte %llu)", p->key, (unsigned long long)numel,
+                           (unsigned long long)p->numel, (unsigned long long)pos);
+        if (bytes > f->size - pos - 8)
+            return ck_fail(r->err, r->path, "storage '%s': %llu bytes run past the end of the "
+                           "file (byte %llu)", p->key, (unsigned long long)bytes,
+                           (unsigned long long)pos + 8);
+        if (p->bytes != UINT64_MAX)
+            return ck_fail(r->err, r->path, "storage '%s' listed twice", p->key);
+        p->offset = pos + 8;
+        p->bytes = bytes;
+        pos += 8 + bytes;
+    }
+    return 0;
+}
+
+/* Opening pickles: protocol version 1001, then sys_info, which must say little-endian. */
+static int check_legacy_preamble(pt_reader *r, uint64_t *pos)
+{
+    pk_result res;
+    if (load_pickle_at(r, pos, &res) != 0)
+        return -1;
+    int ok = res.root->type == PK_INT && res.root->u.i == 1001;
+    pk_free(&res);
+    if (!ok)
+        return ck_fail(r->err, r->path, "legacy protocol version is not 1001");
+    if (load_pickle_at(r, pos, &res) != 0)
+        return -1;
+    const pk_obj *d = res.root;
+    int little = -1;
+    for (size_t i = 0; d->type == PK_DICT && i + 1 < d->u.seq.n; i += 2)
+        if (d->u.seq.items[i]->type == PK_STR && strcmp(d->u.seq.items[i]->u.str.s, "little_endian") == 0)
+            little = d->u.seq.items[i + 1]->type == PK_BOOL ? (int)d->u.seq.items[i + 1]->u.i : -1;
+    pk_free(&res);
+    if (little != 1)
+        return ck_fail(r->err, r->path, little == 0 ? "big-endian checkpoints are not supported"
+                                                   : "sys_info does not say little_endian");
+    return 0;
+}
+
+int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err)
+{
+    pt_reader r = {.ix = ix, .file = file, .path = ix->files[file].path, .err = err};
+    const ck_file *f = &ix->files[file];
+    unsigned char head[PT_PROBE_BYTES];
+    size_t n = f->size < sizeof head ? (size_t)f->size : sizeof head;
+    uint64_t pos = ck_pread(f->fd, head, n, 0) == 0 ? legacy_magic_len(head, n) : 0;
+    if (pos == 0)
+        return ck_fail(err, r.path, "not a legacy torch file (no magic number)");
+    pk_result obj = {0}, keys = {0};
+    int rc = check_legacy_preamble(&r, &pos);
+    if (rc == 0)
+        rc = load_pickle_at(&r, &pos, &obj);
+    if (rc == 0)
+        rc = load_pickle_at(&r, &pos, &keys);
+    if (rc == 0)
+        rc = walk(&r, obj.root, collect_storage);
+    if (rc == 0) {
+        unique_places(&r);
+        r.visits = 0;
+        rc = place_legacy_storages(&r, keys.root, pos);
+    }
+    if (rc == 0)
+        rc = walk(&r, obj.root, add_leaf);
+    pk_free(&obj);
+    pk_free(&keys);
+    free(r.places);
+    free(r.name);
+    return rc;
+}
+
+/* --- zip files ------------------------------------------------------------------------------- */
+
+/* Every record shares the first one's top folder, whatever its name. */
+static int find_prefix(pt_reader *r, const zip_archive *z)
+{
+    if (z->nentries == 0)
+        return ck_fail(r->err, r->path, "empty zip archive");
+    const char *slash = memchr(z->entries[0].name, '/', z->entries[0].name_len);
+    if (!slash)
+        return ck_fail(r->err, r->path, "record '%s' is not inside a folder", z->entries[0].name);
+    r->prefix = z->entries[0].name;
+    r->prefix_len = (size_t)(slash - r->prefix) + 1;
+    for (size_t i = 1; i < z->nentries; i++)
+        if (z->entries[i].name_len < r->prefix_len ||
+            memcmp(z->entries[i].name, r->prefix, r->prefix_len) != 0)
+            return ck_fail(r->err, r->path, "record '%s' is outside the archive folder '%.*s'",
+                           z->entries[i].name, (int)r->prefix_len, r->prefix);
+    return 0;
+}
+
+static const zip_entry *record(const pt_reader *r, const char *name)
+{
+    char full[512];
+    int n = snprintf(full, sizeof full, "%.*s%s", (int)r->prefix_len, r->prefix, name);
+    return n > 0 && (size_t)n < sizeof full ? zip_find(r->zip, full, (size_t)n) : NULL;
+}
+
+/* A small stored record's bytes, NUL-terminated, into buf. */
+static int read_small_record(pt_reader *r, const zip_entry *e, char *buf, size_t cap)
+{
+    if (e->method != 0 || e->size >= cap)
+        return ck_fail(r->err, r->path, "record '%s' is compressed or over %zu bytes", e->name,
+                       cap - 1);
+    int rc = ck_pread(r->ix->files[r->file].fd, buf, (size_t)e->size, e->data_offset);
+    if (rc)
+        return ck_fail(r->err, r->path, "cannot read record '%s': %s", e->name, strerror(-rc));
+    buf[e->size] = 0;
+    return 0;
+}
+
+static int check_zip_records(pt_reader *r)
+{
+    char text[64];
+    const zip_entry *e;
+    if (record(r, "constants.pkl"))
+        return ck_fail(r->err, r->path, "a TorchScript archive (it has constants.pkl); save the "
+                       "state_dict with torch.save instead");
+    if ((e = record(r, "byteorder")) != NULL) {
+        if (read_small_record(r, e, text, sizeof text) != 0)
+            return -1;
+        if (strcmp(text, "little") != 0)
+            return ck_fail(r->err, r->path, "byte order '%s' is not supported (little only)",
+                           strcmp(text, "big") == 0 ? "big" : "unknown");
+    }
+    if (!record(r, "data.pkl"))
+        return ck_fail(r->err, r->path, "no record '%.*sdata.pkl': not a torch.save archive",
+                       (int)r->prefix_len, r->prefix);
+    return 0;
+}
+
+static int load_data_pkl(pt_reader *r, pk_result *res)
+{
+    const zip_entry *e = record(r, "data.pkl");
+    if (e->method != 0)
+        return ck_fail(r->err, r->path, "record '%s' is compressed (method %u)", e->name,
+                       e->method);
+    if (e->size > PT_MAX_PICKLE)
+        return ck_fail(r->err, r->path, "record '%s' is %llu bytes, over the limit of %u",
+                       e->name, (unsigned long long)e->size, PT_MAX_PICKLE);
+    unsigned char *buf = malloc(e->size ? (size_t)e->size : 1);
+    if (!buf)
+        return ck_fail(r->err, r->path, "out of memory");
+    int rc = ck_pread(r->ix->files[r->file].fd, buf, (size_t)e->size, e->data_offset);
+    if (rc)
+        ck_fail(r->err, r->path, "cannot read record '%s': %s", e->name, strerror(-rc));
+    else if ((rc = pk_load(buf, (size_t)e->size, &pk_default_limits, r->path, e->data_offset,
+                           res, r->err)) != 0)
+        rc = -1;
+    free(buf);
+    return rc;
+}
+
+int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
+{
+    const ck_file *f = &ix->files[file];
+    zip_archive z;
+    if (zip_read_directory(f->fd, f->size, f->path, &z, err) != 0)
+        return -1;
+    pt_reader r = {.ix = ix, .file = file, .path = f->path, .zip = &z, .err = err};
+    pk_result res = {0};
+    int rc = find_prefix(&r, &z);
+    if (rc == 0)
+        rc = check_zip_records(&r);
+    if (rc == 0)
+        rc = load_data_pkl(&r, &res);
+    if (rc == 0)
+        rc = walk(&r, res.root, add_leaf);
+    pk_free(&res);
+    free(r.name);
+    zip_free(&z);
+    return rc;
+}

@@ -1,0 +1,270 @@
+"""PyTorch checkpoints (zip and legacy), written in the test run by Debian's torch, mounted and
+compared entry by entry with what torch.load returns: every tensor file holds
+tensor.contiguous()'s bytes, every value file the value's text."""
+import io
+import json
+import os
+import pickle
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckptfs_testlib import assert_refused, ckpt_bin, read_index, run, torch_bytes
+
+DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+               torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+               torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+               torch.complex64: "C64", torch.complex128: "C128"}
+
+
+def flatten(obj, prefix=None, out=None):
+    """{name: ("tensor", dtype, shape, bytes) | ("value", type, bytes)} by the mount's naming
+    rule: dict keys as str(), list and tuple indices, joined with '.'."""
+    out = {} if out is None else out
+    if isinstance(obj, dict):
+        items = [(str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(obj)]
+    else:
+        name = "" if prefix is None else prefix
+        if isinstance(obj, torch.Tensor):
+            out[name] = ("tensor", DTYPE_NAMES[obj.dtype], list(obj.shape), torch_bytes(obj))
+        elif isinstance(obj, bytes):
+            out[name] = ("value", "bytes", obj)
+        else:
+            kind = {type(None): "None", bool: "bool", int: "int", float: "float",
+                    str: "str"}[type(obj)]
+            out[name] = ("value", kind, (str(obj) + "\n").encode())
+        return out
+    for k, v in items:
+        flatten(v, k if prefix is None else prefix + "." + k, out)
+    return out
+
+
+def check_torch_mount(mnt, path, fmt):
+    """Mount contents against torch.load(path): index.json, every file's bytes, xattrs."""
+    expected = flatten(torch.load(path, map_location="cpu"))
+    mnt = Path(mnt)
+    index = read_index(mnt)
+    assert index["format"] == fmt
+    seen = {}
+    for ent in index["tensors"]:
+        kind, dtype, shape, data = expected[ent["name"]]
+        assert kind == "tensor", ent
+        assert (ent["dtype"], ent["shape"], ent["nbytes"]) == (dtype, shape, len(data)), ent
+        p = mnt / ent["path"]
+        assert p.read_bytes() == data, f"bytes of {ent['name']!r} differ"
+        assert os.stat(p).st_size == len(data)
+        assert os.getxattr(p, "user.ckptfs.name") == ent["name"].encode()
+        assert os.getxattr(p, "user.ckptfs.dtype") == dtype.encode()
+        assert json.loads(os.getxattr(p, "user.ckptfs.shape")) == shape
+        seen[ent["name"]] = ent["path"]
+    for ent in index.get("values", []):
+        kind, vtype, text = expected[ent["name"]]
+        assert kind == "value" and ent["type"] == vtype, ent
+        p = mnt / ent["path"]
+        assert p.read_bytes() == text, ent
+        assert os.getxattr(p, "user.ckptfs.type") == vtype.encode()
+        seen[ent["name"]] = ent["path"]
+    assert set(seen) == set(expected)
+    assert len(set(seen.values())) == len(seen), "two entries share a path"
+    return index
+
+
+def save(obj, path, **kw):
+    torch.save(obj, path, **kw)
+    return path
+
+
+def every_dtype():
+    g = torch.Generator().manual_seed(1)
+    out = OrderedDict()
+    for dt in DTYPE_NAMES:
+        if dt == torch.bool:
+            t = torch.rand(3, 5, generator=g) > 0.5
+        elif dt.is_complex:
+            t = torch.randn(3, 5, generator=g, dtype=dt)
+        elif dt.is_floating_point:
+            t = (torch.randn(3, 5, generator=g) * 100).to(dt)
+        else:
+            info = torch.iinfo(dt)
+            t = torch.randint(info.min, info.max, (3, 5), generator=g, dtype=dt)
+        out[DTYPE_NAMES[dt].lower()] = t
+    return out
+
+
+def views():
+    base = torch.arange(4 * 6 * 5, dtype=torch.float32).reshape(4, 6, 5)
+    m = torch.arange(48, dtype=torch.int64).reshape(6, 8)
+    return {
+        "transposed": m.t(),
+        "stepped": m[::2, 1::3],
+        "narrowed": m[2:5],
+        "permuted": base.permute(2, 0, 1),
+        "expanded": torch.arange(3, dtype=torch.int16).reshape(3, 1).expand(3, 7),
+        "channels_last": torch.arange(2 * 3 * 4 * 5, dtype=torch.float16)
+                              .reshape(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        "column": m[:, 3],
+        "scalar": torch.tensor(3.5, dtype=torch.float64),
+        "element": m[3, 4],
+        "empty": torch.zeros(0, 4),
+        "empty_view": m[:, 2:2],
+        "base": base,
+    }
+
+
+def training_checkpoint():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 7,
+            "lr": 0.001, "tag": "run-α", "best": None, "done": False, "blob": b"\x00\x01raw",
+            "history": [0.5, 0.25, (1, "x")], "extra": ((), [torch.ones(2)])}
+
+
+LEGACY = {"_use_new_zipfile_serialization": False}
+
+
+@pytest.mark.parametrize("kw", [{}, {"pickle_protocol": 4}, {"pickle_protocol": 5}, LEGACY,
+                                dict(LEGACY, pickle_protocol=4)],
+                         ids=["zip", "protocol4", "protocol5", "legacy", "legacy-protocol4"])
+@pytest.mark.parametrize("make", [every_dtype, views, training_checkpoint])
+def test_checkpoints_match_torch_load(tmp_path, mount, make, kw):
+    path = save(make(), tmp_path / "c.pt", **kw)
+    fmt = "pytorch-legacy" if "_use_new_zipfile_serialization" in kw else "pytorch-zip"
+    with mount(path) as mnt:
+        check_torch_mount(mnt, path, fmt)
+
+
+def test_parameters_and_tied_weights(tmp_path, mount):
+    emb = torch.nn.Parameter(torch.randn(10, 4))
+    obj = {"embed": emb, "lm_head": emb, "half": emb[:5], "plain": torch.nn.Parameter(torch.ones(3))}
+    path = save(obj, tmp_path / "p.pt")
+    with mount(path) as mnt:
+        check_torch_mount(mnt, path, "pytorch-zip")
+        assert (mnt / "embed").read_bytes() == (mnt / "lm_head").read_bytes()
+
+
+def test_values_read_as_text(tmp_path, mount):
+    path = save({"epoch": 7, "lr": 0.1, "name": "x", "ok": True, "none": None}, tmp_path / "v.pt")
+    with mount(path) as mnt:
+        assert (mnt / "epoch").read_bytes() == b"7\n"
+        assert (mnt / "lr").read_bytes() == b"0.1\n"
+        assert (mnt / "ok").read_bytes() == b"True\n"
+        assert (mnt / "none").read_bytes() == b"None\n"
+        types = {v["name"]: v["type"] for v in read_index(mnt)["values"]}
+        assert types == {"epoch": "int", "lr": "float", "name": "str", "ok": "bool",
+                         "none": "None"}
+
+
+def test_a_bare_tensor(tmp_path, mount):
+    path = save(torch.arange(5), tmp_path / "t.pt")
+    with mount(path) as mnt:
+        index = check_torch_mount(mnt, path, "pytorch-zip")
+        assert [t["name"] for t in index["tensors"]] == [""]
+
+
+def test_ten_thousand_tensors(tmp_path, mount):
+    obj = OrderedDict((f"layers.{i // 10}.w{i % 10}", torch.full((2,), i, dtype=torch.int32))
+                      for i in range(10000))
+    path = save(obj, tmp_path / "many.pt")
+    with mount(path) as mnt:
+        check_torch_mount(mnt, path, "pytorch-zip")
+
+
+def test_large_transposed_tensor_reads_in_chunks(tmp_path, mount):
+    t = torch.arange(700 * 900, dtype=torch.float32).reshape(700, 900).t()
+    path = save({"t": t}, tmp_path / "big.pt")
+    want = torch_bytes(t)
+    with mount(path) as mnt:
+        with open(mnt / "t", "rb") as f:
+            for off, n in [(0, 4096), (3, 17), (131072, 300000), (len(want) - 5, 100)]:
+                f.seek(off)
+                assert f.read(n) == want[off:off + n]
+
+
+@pytest.mark.parametrize("name", ["candle_fortran_tensor_3d.pth", "candle_test.pt",
+                                  "candle_test_with_key.pt", "tinypellm_pytorch_model.bin",
+                                  "graykode_mnist_cnn_legacy.pt"])
+def test_corpus(corpus, mount, name):
+    fmt = "pytorch-legacy" if "legacy" in name else "pytorch-zip"
+    with mount(corpus / name) as mnt:
+        check_torch_mount(mnt, corpus / name, fmt)
+
+
+def test_ckpt_ls_and_cat(tmp_path):
+    obj = views()
+    path = save(obj, tmp_path / "v.pt")
+    listed = json.loads(run([ckpt_bin(), "ls", "--json", path]).stdout)
+    assert {t["name"] for t in listed["tensors"]} == set(obj)
+    for name, t in obj.items():
+        p = run([ckpt_bin(), "cat", path, name])
+        assert p.returncode == 0 and p.stdout == torch_bytes(t), name
+
+
+# --- refused ---------------------------------------------------------------------------------
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def zip_with(path, records, compress=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", compression=compress) as z:
+        for name, data in records.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("payload,message", [
+    (pickle.dumps({"x": Evil()}, protocol=2), "posix system"),
+    (pickle.dumps({"x": Evil()}, protocol=4), "posix system"),
+    (pickle.dumps(eval, protocol=2), "eval"),
+])
+def test_code_in_the_pickle_is_refused(tmp_path, mountpoint, payload, message):
+    path = zip_with(tmp_path / "evil.pt", {"archive/data.pkl": payload, "archive/version": "3\n"})
+    err = assert_refused(path, mountpoint)
+    assert message in err
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_compressed_records_are_refused(tmp_path, mountpoint):
+    src = io.BytesIO()
+    torch.save({"w": torch.ones(1000)}, src)
+    src.seek(0)
+    with zipfile.ZipFile(src) as z:
+        records = {i.filename: z.read(i) for i in z.infolist()}
+    path = zip_with(tmp_path / "deflated.pt", records, zipfile.ZIP_DEFLATED)
+    assert "compressed" in assert_refused(path, mountpoint)
+
+
+def test_torchscript_is_refused(tmp_path, mountpoint):
+    path = tmp_path / "script.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(path))
+    assert "TorchScript" in assert_refused(path, mountpoint)
+
+
+def test_tensor_past_its_storage_is_refused(tmp_path, mountpoint):
+    src = io.BytesIO()
+    torch.save({"w": torch.arange(10, dtype=torch.int64)}, src)
+    src.seek(0)
+    with zipfile.ZipFile(src) as z:
+        records = {i.filename: z.read(i) for i in z.infolist()}
+    key = next(n for n in records if "/data/" in n)
+    records[key] = records[key][:40]  # storage shorter than the 80 bytes its tensor needs
+    path = zip_with(tmp_path / "short.pt", records)
+    assert_refused(path, mountpoint)
+
+
+@pytest.mark.parametrize("cut", [10, 100, 1000, -22, -100])
+def test_truncated_archives_are_refused(tmp_path, mountpoint, cut):
+    data = (save(training_checkpoint(), tmp_path / "t.pt")).read_bytes()
+    bad = tmp_path / "cut.pt"
+    bad.write_bytes(data[:cut] if cut > 0 else data[:len(data) + cut])
+    assert_refused(bad, mountpoint)
