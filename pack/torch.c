@@ -375,13 +375,14 @@ int pt_probe_legacy(const unsigned char *head, size_t n)
     return legacy_magic_len(head, n) != 0;
 }
 
-/* Runs the pickle at file offset *pos, reading more of the file while the VM asks for more;
- * advances *pos past it. */
+/* Runs the pickle at file offset *pos, reading more of the file while the VM asks for more
+ * (64 KiB first, then four times as much each time: the small pickles cost little, and the
+ * object pickle a few rereads at most); advances *pos past it. */
 static int load_pickle_at(pt_reader *r, uint64_t *pos, pk_result *res)
 {
     const ck_file *f = &r->ix->files[r->file];
     uint64_t left = f->size - *pos;
-    size_t want = left < (1u << 20) ? (size_t)left : (1u << 20);
+    size_t want = left < (64u << 10) ? (size_t)left : (64u << 10);
     for (;;) {
         unsigned char *buf = malloc(want ? want : 1);
         if (!buf)

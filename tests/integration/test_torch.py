@@ -5,6 +5,8 @@ import io
 import json
 import os
 import pickle
+import subprocess
+import time
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -12,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptfs_testlib import assert_refused, ckpt_bin, read_index, run, torch_bytes
+from ckptfs_testlib import (assert_refused, ckpt_bin, ckptfs_bin, is_mounted, read_index, run,
+                            torch_bytes, unmount)
 
 DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
                torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
@@ -268,3 +271,24 @@ def test_truncated_archives_are_refused(tmp_path, mountpoint, cut):
     bad = tmp_path / "cut.pt"
     bad.write_bytes(data[:cut] if cut > 0 else data[:len(data) + cut])
     assert_refused(bad, mountpoint)
+
+
+@pytest.mark.parametrize("kw", [{}, LEGACY], ids=["zip", "legacy"])
+def test_mounting_reads_no_tensor_data(tmp_path, mountpoint, kw):
+    """The daemon's read counter (/proc/PID/io rchar) after mounting and reading index.json
+    stays far below the 64 MiB of tensor data: only headers and the pickle are read."""
+    obj = {f"w{i}": torch.full((1024, 1024), i, dtype=torch.float32) for i in range(16)}
+    path = save(obj, tmp_path / "big.pt", **kw)
+    p = subprocess.Popen([str(ckptfs_bin()), "-f", str(path), str(mountpoint)])
+    try:
+        deadline = time.time() + 20
+        while not is_mounted(mountpoint):
+            assert time.time() < deadline and p.poll() is None, "mount did not come up"
+            time.sleep(0.02)
+        read_index(mountpoint)
+        with open(f"/proc/{p.pid}/io") as f:
+            rchar = next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+        assert rchar < 1 << 20, f"the daemon read {rchar} bytes to mount a 64 MiB checkpoint"
+    finally:
+        unmount(mountpoint)
+        p.wait(timeout=20)
