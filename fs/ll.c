@@ -10,6 +10,8 @@
 
 const char *const ck_vfile_names[CK_VFILE_COUNT] = {
     [CK_VFILE_INDEX_JSON] = "index.json",
+    [CK_VFILE_PACK] = "checkpoint.pack",
+    [CK_VFILE_SAFETENSORS] = "checkpoint.safetensors",
 };
 
 /* A tensor has the first three; a value has the name and its type. */
@@ -32,14 +34,35 @@ static uint32_t node_of(const ck_fs *fs, fuse_ino_t ino)
     return ino >= 1 && ino <= fs->tree->nnodes ? (uint32_t)(ino - 1) : CK_NO_NODE;
 }
 
-static uint64_t node_size(const ck_fs *fs, const ck_node *nd)
+/* The synthesized file k, built the first time anyone looks at it: its header costs memory and
+ * time that a mount used only for its tensors should not pay. NULL if it cannot be built. */
+static ck_synth *synth_of(ck_fs *fs, uint32_t k)
+{
+    pthread_mutex_lock(&fs->synth_lock);
+    if (!fs->synth[k] && !fs->synth_failed[k]) {
+        ck_error err;
+        int rc = k == CK_VFILE_PACK ? ck_synth_pack(fs->ix, NULL, &fs->synth[k], &err)
+                                    : ck_synth_safetensors(fs->ix, &fs->synth[k], &err);
+        fs->synth_failed[k] = rc != 0;
+    }
+    pthread_mutex_unlock(&fs->synth_lock);
+    return fs->synth[k];
+}
+
+static uint64_t node_size(ck_fs *fs, const ck_node *nd)
 {
     if (nd->entry >= 0)
         return fs->ix->entries[nd->entry].nbytes;
-    return nd->entry == CK_NODE_DIR ? 0 : fs->vlen[CK_VIRTUAL_ID(nd->entry)];
+    if (nd->entry == CK_NODE_DIR)
+        return 0;
+    uint32_t k = CK_VIRTUAL_ID(nd->entry);
+    if (fs->vdata[k])
+        return fs->vlen[k];
+    ck_synth *sy = synth_of(fs, k);
+    return sy ? ck_synth_size(sy) : 0;
 }
 
-static void node_stat(const ck_fs *fs, uint32_t node, struct stat *st)
+static void node_stat(ck_fs *fs, uint32_t node, struct stat *st)
 {
     const ck_node *nd = &fs->tree->nodes[node];
     memset(st, 0, sizeof *st);
@@ -174,15 +197,19 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
     int32_t entry = fs->tree->nodes[node].entry;
     if (entry == CK_NODE_DIR)
         return (void)fuse_reply_err(req, EISDIR);
-    if (entry < 0) {
-        uint32_t v = CK_VIRTUAL_ID(entry);
+    uint32_t v = entry < 0 ? CK_VIRTUAL_ID(entry) : 0;
+    if (entry < 0 && fs->vdata[v]) {
         size_t n = (uint64_t)off >= fs->vlen[v] ? 0 : fs->vlen[v] - (size_t)off;
         return (void)fuse_reply_buf(req, fs->vdata[v] + off, n < size ? n : size);
     }
+    ck_synth *sy = entry < 0 ? synth_of(fs, v) : NULL;
+    if (entry < 0 && !sy)
+        return (void)fuse_reply_err(req, EIO);
     char *buf = read_buffer(fs, size);
     if (!buf)
         return (void)fuse_reply_err(req, ENOMEM);
-    ssize_t n = ck_entry_read(fs->ix, &fs->ix->entries[entry], buf, size, (uint64_t)off);
+    ssize_t n = sy ? ck_synth_read(sy, buf, size, (uint64_t)off)
+                   : ck_entry_read(fs->ix, &fs->ix->entries[entry], buf, size, (uint64_t)off);
     if (n < 0)
         return (void)fuse_reply_err(req, (int)-n);
     fuse_reply_buf(req, buf, (size_t)n);
@@ -261,9 +288,10 @@ static void ll_statfs(fuse_req_t req, fuse_ino_t ino)
 {
     (void)ino;
     ck_fs *fs = fs_of(req);
-    uint64_t bytes = 0;
-    for (uint32_t i = 0; i < fs->tree->nnodes; i++)
-        bytes += node_size(fs, &fs->tree->nodes[i]);
+    /* The entries and index.json: counting the synthesized files would build them. */
+    uint64_t bytes = fs->vlen[CK_VFILE_INDEX_JSON];
+    for (size_t i = 0; i < fs->ix->nentries; i++)
+        bytes += fs->ix->entries[i].nbytes;
     struct statvfs sv = {
         .f_bsize = 4096, .f_frsize = 4096, .f_blocks = (bytes + 4095) / 4096,
         .f_files = fs->tree->nnodes, .f_namemax = CK_NAME_MAX, .f_flag = ST_RDONLY,

@@ -11,16 +11,20 @@
 #include <pthread.h>
 
 #include "tree.h"
+#include "../pack/synth.h"
 
-enum { CK_VFILE_INDEX_JSON, CK_VFILE_COUNT };
+enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_COUNT };
 #define CK_VDIR ".ckptfs"
 extern const char *const ck_vfile_names[CK_VFILE_COUNT];
 
 typedef struct ck_fs {
     const ck_index *ix;
     const ck_tree *tree;
-    char *vdata[CK_VFILE_COUNT];
+    char *vdata[CK_VFILE_COUNT];   /* index.json, built at mount */
     size_t vlen[CK_VFILE_COUNT];
+    ck_synth *synth[CK_VFILE_COUNT]; /* checkpoint.pack / .safetensors, built on first use */
+    int synth_failed[CK_VFILE_COUNT];
+    pthread_mutex_t synth_lock;
     uid_t uid;
     gid_t gid;
     int direct_io;

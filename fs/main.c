@@ -174,13 +174,16 @@ static int build_view(ck_fs *fs, const char *source, const struct ck_opts *o)
     fs->direct_io = o->direct_io;
     fs->timeout = o->timeout;
     fs->mtime = ix->files[0].mtime;
+    pthread_mutex_init(&fs->synth_lock, NULL);
     return 0;
 }
 
 static void free_view(ck_fs *fs)
 {
-    for (int k = 0; k < CK_VFILE_COUNT; k++)
+    for (int k = 0; k < CK_VFILE_COUNT; k++) {
         free(fs->vdata[k]);
+        ck_synth_free(fs->synth[k]);
+    }
     ck_tree_free((ck_tree *)fs->tree);
     ck_index_free((ck_index *)fs->ix);
 }

@@ -18,42 +18,6 @@ int st_probe(const unsigned char *head, size_t n)
     return n >= 9 && head[8] == '{';
 }
 
-/* Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points past
- * U+10FFFF included), or n when all is well. */
-static size_t utf8_invalid_at(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            k = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            k = 2;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
-        if (i + k >= n)
-            return i;
-        for (size_t j = 1; j <= k; j++) {
-            unsigned b = s[i + j];
-            if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xBF))
-                return i;
-        }
-        i += k + 1;
-    }
-    return n;
-}
-
 /* A byte JSON forbids here: any control byte in a string; outside, all but tab, LF and CR. */
 static int is_control(unsigned char c, int in_string)
 {
@@ -266,7 +230,7 @@ int st_parse_header(ck_index *ix, uint32_t file, const char *json, size_t len,
                     uint64_t data_start, uint64_t data_len, ck_error *err)
 {
     const char *path = ix->files[file].path;
-    size_t bad = utf8_invalid_at((const unsigned char *)json, len);
+    size_t bad = ck_utf8_invalid_at((const unsigned char *)json, len);
     if (bad < len)
         return ck_fail(err, path, "header is not valid UTF-8 (header byte %zu)", bad);
     if (len == 0 || json[0] != '{')

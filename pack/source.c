@@ -1,5 +1,6 @@
 /* source.c — ck_open: what kind of checkpoint a path holds, decided by content alone. */
 #include "index.h"
+#include "packfile.h"
 #include "safetensors.h"
 #include "torch.h"
 #include "zip.h"
@@ -35,7 +36,10 @@ static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
     }
     /* Content decides, never the file name. */
     int rc_read;
-    if (st_probe(head, n)) {
+    if (pack_probe(head, n)) {
+        ix->format = "pack";
+        rc_read = pack_read_file(ix, (uint32_t)id, err);
+    } else if (st_probe(head, n)) {
         ix->format = "safetensors";
         rc_read = st_read_file(ix, (uint32_t)id, err);
     } else if (zip_probe(head, n)) {

@@ -8,6 +8,14 @@
 #include <unistd.h>
 
 #include "../fs/view.h"
+#include "../pack/packfile.h"
+#include "../pack/synth.h"
+#include "progress.h"
+
+#include <fcntl.h>
+#include <libgen.h>
+#include <sys/stat.h>
+#include <xxhash.h>
 
 typedef struct ck_command {
     const char *name;
@@ -182,6 +190,168 @@ static int cmd_cat(int argc, char **argv)
     return rc;
 }
 
+/* Makes sure OUT's data and its directory entry are on disk. */
+static int sync_dir_of(const char *out)
+{
+    char *copy = strdup(out);
+    int fd = copy ? open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
+    if (fd >= 0)
+        close(fd);
+    free(copy);
+    return rc;
+}
+
+/* Streams the pack into a temp file beside out, fsyncs it and renames it into place: out
+ * appears whole or not at all. */
+static int write_pack(ck_synth *sy, const char *out)
+{
+    char *tmp = NULL;
+    if (asprintf(&tmp, "%s.tmp-XXXXXX", out) < 0) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        return -1;
+    }
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "ckpt: %s: cannot create: %s\n", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    ck_bar bar;
+    ck_bar_start(&bar, "pack");
+    int rc = ck_synth_write(sy, fd, ck_progress_tick, &bar);
+    ck_bar_end(&bar);
+    if (rc == 0 && (fchmod(fd, 0644) != 0 || fsync(fd) != 0))
+        rc = -errno;
+    if (close(fd) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && rename(tmp, out) != 0)
+        rc = -errno;
+    if (rc != 0) {
+        unlink(tmp);
+        fprintf(stderr, "ckpt: %s: %s\n", out,
+                rc == -ECANCELED ? "interrupted; nothing written" : strerror(-rc));
+    } else if (sync_dir_of(out) != 0) {
+        fprintf(stderr, "ckpt: %s: cannot sync its directory: %s\n", out, strerror(errno));
+        rc = -1;
+    }
+    free(tmp);
+    return rc;
+}
+
+static int cmd_pack(int argc, char **argv)
+{
+    const char *only = NULL, *args[2];
+    int nargs = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
+        else if (argv[i][0] == '-' && argv[i][1])
+            return usage_error("pack", "unknown option");
+        else if (nargs == 2)
+            return usage_error("pack", "need SOURCE and OUT only");
+        else
+            args[nargs++] = argv[i];
+    }
+    if (nargs != 2)
+        return usage_error("pack", "need SOURCE and OUT");
+    ck_index *ix;
+    if (open_source(args[0], &ix) != 0)
+        return 1;
+    ck_error err;
+    ck_synth *sy;
+    int rc = 1;
+    if (ck_synth_pack(ix, only, &sy, &err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err.msg);
+    } else {
+        ck_progress_catch_signals();
+        rc = write_pack(sy, args[1]) != 0;
+        ck_synth_free(sy);
+    }
+    ck_index_free(ix);
+    return rc;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* The pack's checksum trailer as stored: nblobs sums, then the sum of those. */
+static int read_trailer(const ck_index *ix, uint32_t nblobs, uint64_t *stored)
+{
+    const ck_file *f = &ix->files[0];
+    size_t n = 8 * (size_t)nblobs + 8;
+    unsigned char *t = malloc(n);
+    int rc = t && f->size >= n ? ck_pread(f->fd, t, n, f->size - n) : -EIO;
+    if (rc == 0 && XXH3_64bits(t, n - 8) != le64(t + n - 8))
+        rc = -EBADMSG;
+    for (uint32_t b = 0; rc == 0 && b < nblobs; b++)
+        stored[b] = le64(t + 8 * (size_t)b);
+    free(t);
+    return rc;
+}
+
+/* Recomputes every blob checksum and names the first tensor whose bytes do not match. */
+static int verify_pack(const ck_index *ix, ck_synth *sy, const char *path)
+{
+    uint32_t nb = ck_synth_nblobs(sy);
+    uint64_t *stored = malloc((nb + 1) * sizeof *stored), *got = malloc((nb + 1) * sizeof *got);
+    int rc = stored && got ? read_trailer(ix, nb, stored) : -ENOMEM;
+    if (rc == -EBADMSG)
+        fprintf(stderr, "ckpt: %s: the checksum table is corrupt\n", path);
+    else if (rc != 0)
+        fprintf(stderr, "ckpt: %s: cannot read the checksum table: %s\n", path, strerror(-rc));
+    ck_bar bar;
+    ck_bar_start(&bar, "verify");
+    if (rc == 0 && (rc = ck_synth_checksums(sy, got, ck_progress_tick, &bar)) != 0)
+        fprintf(stderr, "ckpt: %s: %s\n", path,
+                rc == -ECANCELED ? "interrupted" : strerror(-rc));
+    ck_bar_end(&bar);
+    for (uint32_t b = 0; rc == 0 && b < nb; b++)
+        if (got[b] != stored[b]) {
+            const ck_entry *e = ck_synth_blob_entry(sy, b);
+            fprintf(stderr, "ckpt: %s: tensor '%s': checksum mismatch (data at byte %llu)\n",
+                    path, e->name, (unsigned long long)e->ext.offset);
+            rc = -1;
+        }
+    if (rc == 0)
+        printf("%s: %u blobs, %zu entries: every checksum matches\n", path, nb, ix->nentries);
+    free(stored);
+    free(got);
+    return rc;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+    if (argc != 2)
+        return usage_error("verify", "need one FILE.pack");
+    ck_index *ix;
+    if (open_source(argv[1], &ix) != 0)
+        return 1;
+    ck_error err;
+    ck_synth *sy = NULL;
+    int rc = 1;
+    if (strcmp(ix->format, "pack") != 0)
+        fprintf(stderr, "ckpt: %s: not a pack (it is %s)\n", argv[1], ix->format);
+    else if (ck_synth_pack(ix, NULL, &sy, &err) != 0)
+        fprintf(stderr, "ckpt: %s\n", err.msg);
+    else if (ck_synth_size(sy) != ix->files[0].size)
+        fprintf(stderr, "ckpt: %s: not laid out as pack/FORMAT.md says (%llu bytes, expected "
+                "%llu)\n", argv[1], (unsigned long long)ix->files[0].size,
+                (unsigned long long)ck_synth_size(sy));
+    else {
+        ck_progress_catch_signals();
+        rc = verify_pack(ix, sy, argv[1]) != 0;
+    }
+    ck_synth_free(sy);
+    ck_index_free(ix);
+    return rc;
+}
+
 static int cmd_help(int argc, char **argv);
 
 static const ck_command commands[] = {
@@ -195,6 +365,17 @@ static const ck_command commands[] = {
      "Writes the bytes of tensor NAME to stdout: row-major, little-endian, no header (the same\n"
      "bytes as the tensor's file in a mount).",
      cmd_cat},
+    {"pack", "ckpt pack SOURCE OUT.pack [--only PREFIX_OR_GLOB]",
+     "Writes SOURCE as a pack (pack/FORMAT.md): the same bytes as the mount's\n"
+     ".ckptfs/checkpoint.pack. Memory stays a few MiB whatever the size. The file is written\n"
+     "beside OUT, fsynced and renamed, so OUT appears whole or not at all (Ctrl-C and errors\n"
+     "leave nothing). --only keeps the entries whose name is PREFIX or starts with PREFIX.,\n"
+     "or matches the glob. A progress bar is drawn when stderr is a terminal.",
+     cmd_pack},
+    {"verify", "ckpt verify FILE.pack",
+     "Recomputes every tensor's checksum. Names the first tensor that does not match and exits\n"
+     "1; prints a summary and exits 0 when all match.",
+     cmd_verify},
     {"help", "ckpt help [COMMAND]", "Shows what a command does.", cmd_help},
 };
 enum { NCOMMANDS = sizeof commands / sizeof *commands };

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path("/work/shared/corpus")
@@ -251,6 +252,10 @@ def torch_bytes(t):
 
 # --- the mount -----------------------------------------------------------------------------
 
+# The mount's own files (README.md, "The mount").
+VIRTUAL_FILES = {".ckptfs/index.json", ".ckptfs/checkpoint.pack", ".ckptfs/checkpoint.safetensors"}
+
+
 def read_index(mnt):
     return json.loads((Path(mnt) / ".ckptfs" / "index.json").read_bytes())
 
@@ -294,3 +299,67 @@ def check_mount(mnt, tensors, metadata, fmt, xattrs=True):
             assert json.loads(x["user.ckptfs.shape"]) == shape
             assert set(os.listxattr(p)) == set(x)
     return index
+
+
+# --- PyTorch checkpoints --------------------------------------------------------------------
+
+DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+               torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+               torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+               torch.complex64: "C64", torch.complex128: "C128"}
+
+
+def flatten(obj, prefix=None, out=None):
+    """{name: ("tensor", dtype, shape, bytes) | ("value", type, bytes)} by the mount's naming
+    rule: dict keys as str(), list and tuple indices, joined with '.'."""
+    out = {} if out is None else out
+    if isinstance(obj, dict):
+        items = [(str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(obj)]
+    else:
+        name = "" if prefix is None else prefix
+        if isinstance(obj, torch.Tensor):
+            out[name] = ("tensor", DTYPE_NAMES[obj.dtype], list(obj.shape), torch_bytes(obj))
+        elif isinstance(obj, bytes):
+            out[name] = ("value", "bytes", obj)
+        else:
+            kind = {type(None): "None", bool: "bool", int: "int", float: "float",
+                    str: "str"}[type(obj)]
+            out[name] = ("value", kind, (str(obj) + "\n").encode())
+        return out
+    for k, v in items:
+        flatten(v, k if prefix is None else prefix + "." + k, out)
+    return out
+
+
+def check_torch_mount(mnt, path, fmt):
+    """Mount contents against torch.load(path): index.json, every file's bytes, xattrs."""
+    expected = flatten(torch.load(path, map_location="cpu"))
+    mnt = Path(mnt)
+    index = read_index(mnt)
+    assert index["format"] == fmt
+    seen = {}
+    for ent in index["tensors"]:
+        kind, dtype, shape, data = expected[ent["name"]]
+        assert kind == "tensor", ent
+        assert (ent["dtype"], ent["shape"], ent["nbytes"]) == (dtype, shape, len(data)), ent
+        p = mnt / ent["path"]
+        assert p.read_bytes() == data, f"bytes of {ent['name']!r} differ"
+        assert os.stat(p).st_size == len(data)
+        assert os.getxattr(p, "user.ckptfs.name") == ent["name"].encode()
+        assert os.getxattr(p, "user.ckptfs.dtype") == dtype.encode()
+        assert json.loads(os.getxattr(p, "user.ckptfs.shape")) == shape
+        seen[ent["name"]] = ent["path"]
+    for ent in index.get("values", []):
+        kind, vtype, text = expected[ent["name"]]
+        assert kind == "value" and ent["type"] == vtype, ent
+        p = mnt / ent["path"]
+        assert p.read_bytes() == text, ent
+        assert os.getxattr(p, "user.ckptfs.type") == vtype.encode()
+        seen[ent["name"]] = ent["path"]
+    assert set(seen) == set(expected)
+    assert len(set(seen.values())) == len(seen), "two entries share a path"
+    return index
+
+

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from ckptfs_testlib import (check_mount, ckpt_bin, library_view, read_index, run,
+from ckptfs_testlib import (VIRTUAL_FILES, check_mount, ckpt_bin, library_view, read_index, run,
                             write_safetensors)
 
 _xx = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
@@ -144,7 +144,7 @@ def test_every_name_reachable_and_contained(nasty_source, mount):
                 dirs.add(os.path.normpath(os.path.join(rel, d)))
             for f in fs:
                 files.add(os.path.normpath(os.path.join(rel, f)))
-        assert files == {e["path"] for e in index["tensors"]} | {".ckptfs/index.json"}
+        assert files == {e["path"] for e in index["tensors"]} | VIRTUAL_FILES
         want_paths, want_dirs = expected_paths(NASTY)
         assert dirs == want_dirs | {".ckptfs"}
 

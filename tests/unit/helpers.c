@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* Everything to undo at cleanup, in order of creation: paths to remove, or memory to free. */
 static struct undo {
@@ -98,6 +99,14 @@ const char *tmp_file_in(const char *dir, const char *name, const void *data, siz
     write_all(fd, data, len, path);
     close(fd);
     return path;
+}
+
+void tmp_rewrite(const char *path, const void *data, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    cr_assert_geq(fd, 0, "cannot open %s", path);
+    write_all(fd, data, len, path);
+    close(fd);
 }
 
 unsigned char *read_whole(const char *path, size_t *len)
@@ -224,6 +233,172 @@ const char *st_file_hlen(uint64_t hlen, const void *rest, size_t rest_len)
     const char *path = tmp_file(b, 8 + rest_len);
     free(b);
     return path;
+}
+
+/* --- packs ------------------------------------------------------------------------------ */
+
+void buf_put(bytebuf *b, const void *data, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n)
+            cap *= 2;
+        b->p = realloc(b->p, cap);
+        cr_assert_not_null(b->p, "out of memory");
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->len, data, n);
+    b->len += n;
+}
+
+void put_le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+void put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+uint64_t get_le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+void buf_u8(bytebuf *b, uint8_t v)
+{
+    buf_put(b, &v, 1);
+}
+
+void buf_u32(bytebuf *b, uint32_t v)
+{
+    unsigned char le[4];
+    put_le32(le, v);
+    buf_put(b, le, 4);
+}
+
+void buf_u64(bytebuf *b, uint64_t v)
+{
+    unsigned char le[8];
+    put_le64(le, v);
+    buf_put(b, le, 8);
+}
+
+void pk_counts(bytebuf *ix, uint64_t nentries, uint64_t nblobs, uint32_t nmeta,
+               uint32_t reserved)
+{
+    buf_u64(ix, nentries);
+    buf_u64(ix, nblobs);
+    buf_u32(ix, nmeta);
+    buf_u32(ix, reserved);
+}
+
+void pk_str(bytebuf *ix, const void *s, uint32_t len)
+{
+    buf_u32(ix, len);
+    buf_put(ix, s, len);
+}
+
+void pk_meta(bytebuf *ix, const char *key, const char *value)
+{
+    pk_str(ix, key, (uint32_t)strlen(key));
+    pk_str(ix, value, (uint32_t)strlen(value));
+}
+
+void pk_head(bytebuf *ix, const char *name, size_t name_len, uint8_t kind, uint8_t type,
+             uint8_t rank, uint8_t reserved)
+{
+    pk_str(ix, name, (uint32_t)name_len);
+    buf_u8(ix, kind);
+    buf_u8(ix, type);
+    buf_u8(ix, rank);
+    buf_u8(ix, reserved);
+}
+
+void pk_tensor(bytebuf *ix, const char *name, enum ck_dtype dt, unsigned rank,
+               const int64_t *dims, uint64_t blob)
+{
+    pk_head(ix, name, strlen(name), 0, (uint8_t)dt, (uint8_t)rank, 0);
+    for (unsigned d = 0; d < rank; d++)
+        buf_u64(ix, (uint64_t)dims[d]);
+    buf_u64(ix, blob);
+}
+
+void pk_value(bytebuf *ix, const char *name, enum ck_value_type t, const char *text, size_t len)
+{
+    pk_head(ix, name, strlen(name), 1, (uint8_t)t, 0, 0);
+    pk_str(ix, text, (uint32_t)len);
+}
+
+void pk_place(pk_blob *blobs, size_t n)
+{
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        blobs[i].offset = (at + 255) / 256 * 256;
+        at = blobs[i].offset + blobs[i].length;
+    }
+}
+
+void pk_blobs(bytebuf *ix, const pk_blob *blobs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        buf_u64(ix, blobs[i].offset);
+        buf_u64(ix, blobs[i].length);
+    }
+}
+
+unsigned char *pk_bytes(const bytebuf *ix, const pk_blob *blobs, size_t n, size_t *len)
+{
+    uint64_t data_offset = (64 + ix->len + 4095) / 4096 * 4096, data_length = 0;
+    for (size_t i = 0; i < n; i++)
+        if (blobs[i].offset + blobs[i].length > data_length)
+            data_length = blobs[i].offset + blobs[i].length;
+    data_length = (data_length + 4095) / 4096 * 4096;
+    size_t size = (size_t)(data_offset + data_length + 8 * n + 8);
+    unsigned char *b = calloc(1, size);
+    cr_assert_not_null(b, "out of memory");
+    memcpy(b, "CKPTPACK", 8);
+    put_le32(b + 8, 1);
+    put_le32(b + 12, 0);
+    put_le64(b + 16, 64);
+    put_le64(b + 24, ix->len);
+    put_le64(b + 32, data_offset);
+    put_le64(b + 40, data_length);
+    put_le64(b + 48, data_offset + data_length);
+    if (ix->len)
+        memcpy(b + 64, ix->p, ix->len);
+    pk_fix_xxh3(b);
+    unsigned char *trailer = b + data_offset + data_length;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *at = b + data_offset + blobs[i].offset;
+        if (blobs[i].data)
+            memcpy(at, blobs[i].data, blobs[i].length);
+        put_le64(trailer + 8 * i, XXH3_64bits(at, blobs[i].length));
+    }
+    put_le64(trailer + 8 * n, XXH3_64bits(trailer, 8 * n));
+    *len = size;
+    return b;
+}
+
+const char *pk_file(const bytebuf *ix, const pk_blob *blobs, size_t n)
+{
+    size_t len;
+    unsigned char *b = pk_bytes(ix, blobs, n, &len);
+    const char *path = tmp_file(b, len);
+    free(b);
+    return path;
+}
+
+void pk_fix_xxh3(unsigned char *pack)
+{
+    put_le64(pack + 56, XXH3_64bits(pack + 64, (size_t)get_le64(pack + 24)));
 }
 
 void assert_error(const ck_error *err, const char *path, const char *what)

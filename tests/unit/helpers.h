@@ -24,6 +24,8 @@ const char *tmp_dir(void);
 const char *tmp_path_in(const char *dir, const char *name);
 /* The file dir/name holding len bytes of data; its path. */
 const char *tmp_file_in(const char *dir, const char *name, const void *data, size_t len);
+/* Replaces the contents of the file at path with len bytes of data. */
+void tmp_rewrite(const char *path, const void *data, size_t len);
 /* Removes every registered path, newest first. */
 void tmp_cleanup(void);
 
@@ -57,6 +59,58 @@ const char *st_file_in(const char *dir, const char *name, const char *header, co
                        size_t data_len);
 /* A file whose length field says hlen, followed by rest (rest_len bytes). */
 const char *st_file_hlen(uint64_t hlen, const void *rest, size_t rest_len);
+
+/* --- packs (pack/FORMAT.md), built byte by byte ----------------------------------------- */
+/* Written from FORMAT.md alone, sharing no code with the product's reader or writer. */
+
+/* A growing byte buffer; free(b.p) when done. */
+typedef struct bytebuf {
+    unsigned char *p;
+    size_t len, cap;
+} bytebuf;
+
+void buf_put(bytebuf *b, const void *data, size_t n);
+void buf_u8(bytebuf *b, uint8_t v);
+void buf_u32(bytebuf *b, uint32_t v);
+void buf_u64(bytebuf *b, uint64_t v);
+/* Little-endian fields in place. */
+void put_le32(unsigned char *p, uint32_t v);
+void put_le64(unsigned char *p, uint64_t v);
+uint64_t get_le64(const unsigned char *p);
+
+/* Index records. pk_str: a u32 length and the bytes; pk_meta: a key and a value (strlen);
+ * pk_head: an entry up to its reserved byte (name_len bytes of name); pk_tensor and pk_value:
+ * whole entries (names by strlen). */
+void pk_counts(bytebuf *ix, uint64_t nentries, uint64_t nblobs, uint32_t nmeta,
+               uint32_t reserved);
+void pk_str(bytebuf *ix, const void *s, uint32_t len);
+void pk_meta(bytebuf *ix, const char *key, const char *value);
+void pk_head(bytebuf *ix, const char *name, size_t name_len, uint8_t kind, uint8_t type,
+             uint8_t rank, uint8_t reserved);
+void pk_tensor(bytebuf *ix, const char *name, enum ck_dtype dt, unsigned rank,
+               const int64_t *dims, uint64_t blob);
+void pk_value(bytebuf *ix, const char *name, enum ck_value_type t, const char *text,
+              size_t len);
+
+/* A blob: its bytes (NULL: zeros) and its place in the data region. */
+typedef struct pk_blob {
+    const void *data;
+    uint64_t offset, length;
+} pk_blob;
+
+/* Places blobs as FORMAT.md says: each at the first multiple of 256 at or after the end of
+ * the one before, the first at 0. */
+void pk_place(pk_blob *blobs, size_t n);
+/* The blob table of the index. */
+void pk_blobs(bytebuf *ix, const pk_blob *blobs, size_t n);
+/* A whole pack: the header (index_xxh3 computed), the index, zeros up to the next multiple of
+ * 4096, the data region (each blob at its offset, zeros around, length a multiple of 4096),
+ * the trailer (XXH3 of each blob, then of those). Malloc'ed; *len gets its size. */
+unsigned char *pk_bytes(const bytebuf *ix, const pk_blob *blobs, size_t n, size_t *len);
+/* The same as a temporary file; its path. */
+const char *pk_file(const bytebuf *ix, const pk_blob *blobs, size_t n);
+/* Sets index_xxh3 of the pack in memory to the XXH3 of its index (as index_length says). */
+void pk_fix_xxh3(unsigned char *pack);
 
 /* --- opening ----------------------------------------------------------------------------- */
 

@@ -1,16 +1,16 @@
-/* layout.h — files synthesized from an index: the pack (FORMAT.md) and a safetensors file.
+/* synth.h — files synthesized from an index: the pack (FORMAT.md) and a safetensors file.
  *
- * Contract: a layout is a list of segments that together make the file: bytes held in memory
+ * Contract: a synthesized file (ck_synth) is a list of segments that together make the file: bytes held in memory
  * (header, index, the safetensors JSON), zeros (alignment padding), an entry's contents (read
  * through ck_entry_read, so strided tensors are gathered), and, for the pack, the checksum
- * trailer. Building a layout reads no tensor data. Reading any byte range is thread-safe; the
+ * trailer. Building one reads no tensor data. Reading any byte range is thread-safe; the
  * first read that touches the pack's trailer computes every blob checksum once (a pass over the
- * data) unless a writer already supplied them. ck_layout_write streams the whole file to an fd
+ * data) unless a writer already supplied them. ck_synth_write streams the whole file to an fd
  * with a bounded buffer, hashing blobs as they pass, so `ckpt pack` and the mount's virtual
  * pack are the same bytes by construction. No FUSE here.
  */
-#ifndef CK_LAYOUT_H
-#define CK_LAYOUT_H
+#ifndef CK_SYNTH_H
+#define CK_SYNTH_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -18,31 +18,37 @@
 
 #include "index.h"
 
-typedef struct ck_layout ck_layout;
+typedef struct ck_synth ck_synth;
 
 /* The pack of ix's entries, in natural name order. only: NULL for every entry, else a prefix
  * or a glob (fnmatch) over names; a name matches a prefix when it equals it or continues with
  * '.' after it. Fails on out-of-memory, or when only selects nothing. */
-int ck_layout_pack(const ck_index *ix, const char *only, ck_layout **out, ck_error *err);
+int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error *err);
 
 /* A safetensors file of ix's tensors (values and dtypes the spec lacks are left out; their
  * names are listed in __metadata__ "ckptfs.omitted"), natural name order, tied tensors copied. */
-int ck_layout_safetensors(const ck_index *ix, ck_layout **out, ck_error *err);
+int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err);
 
-void ck_layout_free(ck_layout *l);
+void ck_synth_free(ck_synth *l);
 
-uint64_t ck_layout_size(const ck_layout *l);
+uint64_t ck_synth_size(const ck_synth *l);
 
 /* Copies up to len bytes at off; returns the count (0 at the end) or -errno (-EIO when the
  * source is shorter than its index says). */
-ssize_t ck_layout_read(ck_layout *l, void *buf, size_t len, uint64_t off);
+ssize_t ck_synth_read(ck_synth *l, void *buf, size_t len, uint64_t off);
 
 /* Progress: called now and then with bytes written so far; a non-zero return stops the write
  * (it fails with -ECANCELED). */
 typedef int (*ck_progress)(void *ctx, uint64_t done, uint64_t total);
 
 /* Writes the whole file to fd from its current position. 0, or -errno. */
-int ck_layout_write(ck_layout *l, int fd, ck_progress progress, void *ctx);
+int ck_synth_write(ck_synth *l, int fd, ck_progress progress, void *ctx);
+
+/* Pack only: how many blobs it has, the entry whose bytes blob b holds, and every blob's
+ * XXH3-64 computed from the data (one pass; progress as for writing). 0, or -errno. */
+uint32_t ck_synth_nblobs(const ck_synth *l);
+const ck_entry *ck_synth_blob_entry(const ck_synth *l, uint32_t b);
+int ck_synth_checksums(ck_synth *l, uint64_t *sums, ck_progress progress, void *ctx);
 
 /* Natural order of names: digit runs compare as numbers ("layers.2" < "layers.10"). */
 int ck_natural_cmp(const char *a, size_t alen, const char *b, size_t blen);

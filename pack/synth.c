@@ -1,0 +1,711 @@
+/* synth.c — the pack and safetensors files synthesized from an index (see synth.h). */
+#include "synth.h"
+#include "packfile.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+enum seg_kind { SEG_BYTES, SEG_ZERO, SEG_ENTRY, SEG_CHECKSUMS };
+
+typedef struct seg {
+    uint64_t off, len;       /* where in the file */
+    const unsigned char *bytes; /* SEG_BYTES */
+    uint32_t entry;          /* SEG_ENTRY: index entry */
+    uint32_t blob;           /* SEG_ENTRY of a pack: its blob */
+    uint8_t kind;
+} seg;
+
+struct ck_synth {
+    const ck_index *ix;
+    seg *segs;
+    size_t nsegs, cap_segs;
+    uint64_t size;
+    unsigned char *head;     /* header and index, or the safetensors JSON */
+    /* pack only */
+    uint32_t nblobs;
+    uint32_t *blob_entry;    /* the entry that supplies each blob's bytes */
+    unsigned char *trailer;  /* 8 × nblobs + 8 bytes, once every checksum is known */
+    pthread_mutex_t lock;
+};
+
+enum { IO_CHUNK = 1 << 20 };
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static int add_seg(ck_synth *l, seg s)
+{
+    if (s.len == 0)
+        return 0;
+    if (l->nsegs == l->cap_segs) {
+        size_t cap = l->cap_segs ? 2 * l->cap_segs : 64;
+        seg *p = realloc(l->segs, cap * sizeof *p);
+        if (!p)
+            return -1;
+        l->segs = p;
+        l->cap_segs = cap;
+    }
+    s.off = l->size;
+    l->segs[l->nsegs++] = s;
+    l->size += s.len;
+    return 0;
+}
+
+static ck_synth *synth_new(const ck_index *ix)
+{
+    ck_synth *l = calloc(1, sizeof *l);
+    if (l) {
+        l->ix = ix;
+        pthread_mutex_init(&l->lock, NULL);
+    }
+    return l;
+}
+
+void ck_synth_free(ck_synth *l)
+{
+    if (!l)
+        return;
+    pthread_mutex_destroy(&l->lock);
+    free(l->segs);
+    free(l->head);
+    free(l->blob_entry);
+    free(l->trailer);
+    free(l);
+}
+
+uint64_t ck_synth_size(const ck_synth *l)
+{
+    return l->size;
+}
+
+/* --- natural order and selection -------------------------------------------------------- */
+
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+int ck_natural_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    size_t i = 0, j = 0;
+    while (i < alen && j < blen) {
+        if (is_digit(a[i]) && is_digit(b[j])) {
+            size_t i0 = i, j0 = j;
+            while (i0 < alen && a[i0] == '0')
+                i0++;
+            while (j0 < blen && b[j0] == '0')
+                j0++;
+            size_t ie = i0, je = j0;
+            while (ie < alen && is_digit(a[ie]))
+                ie++;
+            while (je < blen && is_digit(b[je]))
+                je++;
+            if (ie - i0 != je - j0) /* more significant digits: the larger number */
+                return ie - i0 < je - j0 ? -1 : 1;
+            int c = memcmp(a + i0, b + j0, ie - i0);
+            if (c)
+                return c;
+            if (ie - i != je - j) /* equal values: fewer leading zeros first */
+                return ie - i < je - j ? -1 : 1;
+            i = ie, j = je;
+            continue;
+        }
+        if (a[i] != b[j])
+            return (unsigned char)a[i] < (unsigned char)b[j] ? -1 : 1;
+        i++, j++;
+    }
+    return (alen - i > 0) - (blen - j > 0);
+}
+
+static int by_natural_name(const void *x, const void *y, void *ixp)
+{
+    const ck_index *ix = ixp;
+    const ck_entry *a = &ix->entries[*(const uint32_t *)x], *b = &ix->entries[*(const uint32_t *)y];
+    return ck_natural_cmp(a->name, a->name_len, b->name, b->name_len);
+}
+
+/* A name is selected by a glob that matches it, or by a prefix it equals or continues with '.'. */
+static int selected(const ck_entry *e, const char *only, size_t only_len)
+{
+    if (!only)
+        return 1;
+    if (e->name_len >= only_len && memcmp(e->name, only, only_len) == 0 &&
+        (e->name_len == only_len || e->name[only_len] == '.'))
+        return 1;
+    return fnmatch(only, e->name, 0) == 0;
+}
+
+/* The selected entries in natural order; NULL with err set on failure. */
+static uint32_t *ordered_entries(const ck_index *ix, const char *only, int tensors_only,
+                                 uint32_t *count, ck_error *err)
+{
+    const char *src = ix->nfiles ? ix->files[0].path : "?";
+    uint32_t *order = malloc((ix->nentries ? ix->nentries : 1) * sizeof *order), n = 0;
+    if (!order)
+        return ck_fail(err, src, "out of memory"), NULL;
+    for (size_t i = 0; i < ix->nentries; i++)
+        if (selected(&ix->entries[i], only, only ? strlen(only) : 0) &&
+            (!tensors_only || ix->entries[i].kind == CK_TENSOR))
+            order[n++] = (uint32_t)i;
+    if (n == 0 && only) {
+        free(order);
+        return ck_fail(err, src, "--only '%s' selects nothing", only), NULL;
+    }
+    qsort_r(order, n, sizeof *order, by_natural_name, (void *)ix);
+    for (uint32_t k = 1; k < n; k++) {
+        const ck_entry *a = &ix->entries[order[k - 1]], *b = &ix->entries[order[k]];
+        if (a->name_len == b->name_len && memcmp(a->name, b->name, a->name_len) == 0) {
+            free(order);
+            return ck_fail(err, src, "two entries are named '%s'", a->name), NULL;
+        }
+    }
+    *count = n;
+    return order;
+}
+
+/* --- blobs: tensors with the same source bytes share one ------------------------------------ */
+
+/* Orders tensors by where their bytes come from; equal means the same bytes: all empty
+ * tensors; contiguous ones with one source range; strided ones with one gather. */
+static int by_source(const void *x, const void *y, void *ixp)
+{
+    const ck_index *ix = ixp;
+    const ck_entry *a = &ix->entries[*(const uint32_t *)x], *b = &ix->entries[*(const uint32_t *)y];
+#define CMP(f) if (a->f != b->f) return a->f < b->f ? -1 : 1
+    CMP(nbytes);
+    if (a->nbytes == 0)
+        return 0;
+    CMP(layout);
+    CMP(ext.file);
+    CMP(ext.offset);
+    if (a->layout == CK_CONTIGUOUS)
+        return 0;
+    if (a->layout == CK_EXTENTS) /* never shared */
+        return (a > b) - (a < b);
+    CMP(rank);
+    if (ck_dtype_bits(a->dtype) != ck_dtype_bits(b->dtype))
+        return ck_dtype_bits(a->dtype) < ck_dtype_bits(b->dtype) ? -1 : 1;
+#undef CMP
+    return memcmp(a->shape, b->shape, 2 * (size_t)a->rank * sizeof *a->shape);
+}
+
+/* blob_of[k] for the k-th ordered tensor; blobs are numbered by first appearance in `order`. */
+static int assign_blobs(ck_synth *l, const uint32_t *order, uint32_t n, uint32_t *blob_of)
+{
+    const ck_index *ix = l->ix;
+    size_t m = n ? n : 1;
+    uint32_t *ents = malloc(m * sizeof *ents);  /* the tensors, sorted by source */
+    uint32_t *group = malloc((ix->nentries ? ix->nentries : 1) * sizeof *group); /* entry -> group */
+    uint32_t *blob = malloc(m * sizeof *blob);  /* group (its first place in ents) -> blob */
+    l->blob_entry = malloc(m * sizeof *l->blob_entry);
+    int rc = ents && group && blob && l->blob_entry ? 0 : -1;
+    if (rc == 0) {
+        memcpy(ents, order, n * sizeof *ents);
+        qsort_r(ents, n, sizeof *ents, by_source, (void *)ix);
+        for (uint32_t a = 0, b; a < n; a = b) {
+            for (b = a + 1; b < n && by_source(&ents[a], &ents[b], (void *)ix) == 0; b++)
+                ;
+            for (uint32_t k = a; k < b; k++)
+                group[ents[k]] = a;
+            blob[a] = UINT32_MAX;
+        }
+        for (uint32_t k = 0; k < n; k++) {
+            uint32_t g = group[order[k]];
+            if (blob[g] == UINT32_MAX) {
+                blob[g] = l->nblobs;
+                l->blob_entry[l->nblobs++] = order[k];
+            }
+            blob_of[k] = blob[g];
+        }
+    }
+    free(ents);
+    free(group);
+    free(blob);
+    return rc;
+}
+
+/* --- the pack's header and index ------------------------------------------------------------ */
+
+/* Appends to a buffer, or only counts when it has none: the index is encoded in two passes. */
+typedef struct enc {
+    unsigned char *p;
+    size_t n;
+} enc;
+
+static void enc_bytes(enc *e, const void *s, size_t n)
+{
+    if (e->p && n)
+        memcpy(e->p + e->n, s, n);
+    e->n += n;
+}
+
+static void enc_u8(enc *e, uint8_t v)
+{
+    enc_bytes(e, &v, 1);
+}
+
+static void enc_u32(enc *e, uint32_t v)
+{
+    unsigned char b[4];
+    put_u32(b, v);
+    enc_bytes(e, b, 4);
+}
+
+static void enc_u64(enc *e, uint64_t v)
+{
+    unsigned char b[8];
+    put_u64(b, v);
+    enc_bytes(e, b, 8);
+}
+
+static void enc_str(enc *e, const char *s, size_t n)
+{
+    enc_u32(e, (uint32_t)n);
+    enc_bytes(e, s, n);
+}
+
+/* The metadata a pack carries: the source format first, unless the source (a pack) already
+ * says what it came from, then the source's own. */
+static int has_source_format(const ck_index *ix)
+{
+    return ix->nmeta && strcmp(ix->meta[0].key, "ckptfs.source_format") == 0;
+}
+
+static void encode_index(enc *e, const ck_synth *l, const uint32_t *order, uint32_t n,
+                         const uint32_t *blob_of, const uint64_t *blob_off)
+{
+    const ck_index *ix = l->ix;
+    int own = !has_source_format(ix);
+    enc_u64(e, n);
+    enc_u64(e, l->nblobs);
+    enc_u32(e, (uint32_t)(ix->nmeta + (size_t)own));
+    enc_u32(e, 0);
+    if (own) {
+        enc_str(e, "ckptfs.source_format", strlen("ckptfs.source_format"));
+        enc_str(e, ix->format, strlen(ix->format));
+    }
+    for (size_t i = 0; i < ix->nmeta; i++) {
+        enc_str(e, ix->meta[i].key, strlen(ix->meta[i].key));
+        enc_str(e, ix->meta[i].value, strlen(ix->meta[i].value));
+    }
+    for (uint32_t b = 0; b < l->nblobs; b++) {
+        enc_u64(e, blob_off[b]);
+        enc_u64(e, ix->entries[l->blob_entry[b]].nbytes);
+    }
+    for (uint32_t k = 0, t = 0; k < n; k++) {
+        const ck_entry *x = &ix->entries[order[k]];
+        enc_str(e, x->name, x->name_len);
+        enc_u8(e, x->kind == CK_TENSOR ? 0 : 1);
+        enc_u8(e, x->dtype);
+        enc_u8(e, x->kind == CK_TENSOR ? x->rank : 0);
+        enc_u8(e, 0);
+        if (x->kind == CK_TENSOR) {
+            for (unsigned d = 0; d < x->rank; d++)
+                enc_u64(e, (uint64_t)x->shape[d]);
+            enc_u64(e, blob_of[t++]);
+        } else {
+            enc_str(e, x->u.text, (size_t)x->nbytes);
+        }
+    }
+}
+
+/* Header, index and every segment of the pack of the entries in `order`. */
+static int build_pack(ck_synth *l, const uint32_t *order, uint32_t n)
+{
+    const ck_index *ix = l->ix;
+    uint32_t *tensors = malloc((n ? n : 1) * sizeof *tensors), *blob_of = NULL, nt = 0;
+    uint64_t *blob_off = NULL;
+    int rc = -1;
+    if (!tensors)
+        return -1;
+    for (uint32_t k = 0; k < n; k++)
+        if (ix->entries[order[k]].kind == CK_TENSOR)
+            tensors[nt++] = order[k];
+    blob_of = malloc((nt ? nt : 1) * sizeof *blob_of);
+    if (!blob_of || assign_blobs(l, tensors, nt, blob_of) != 0)
+        goto out;
+    blob_off = malloc((l->nblobs ? l->nblobs : 1) * sizeof *blob_off);
+    if (!blob_off)
+        goto out;
+    uint64_t at = 0;
+    for (uint32_t b = 0; b < l->nblobs; b++) {
+        blob_off[b] = align_up(at, PACK_BLOB_ALIGN);
+        at = blob_off[b] + ix->entries[l->blob_entry[b]].nbytes;
+    }
+    uint64_t data_len = align_up(at, PACK_REGION_ALIGN);
+    enc e = {0};
+    encode_index(&e, l, order, n, blob_of, blob_off);
+    size_t index_len = e.n;
+    if (!(l->head = malloc(PACK_HEADER_SIZE + index_len)))
+        goto out;
+    e = (enc){.p = l->head + PACK_HEADER_SIZE};
+    encode_index(&e, l, order, n, blob_of, blob_off);
+    pack_header h = {.version = PACK_VERSION, .index_offset = PACK_HEADER_SIZE,
+                     .index_length = index_len,
+                     .data_offset = align_up(PACK_HEADER_SIZE + index_len, PACK_REGION_ALIGN),
+                     .data_length = data_len,
+                     .index_xxh3 = XXH3_64bits(l->head + PACK_HEADER_SIZE, index_len)};
+    h.checksum_offset = h.data_offset + h.data_length;
+    pack_header_encode(&h, l->head);
+    rc = add_seg(l, (seg){.kind = SEG_BYTES, .bytes = l->head, .len = PACK_HEADER_SIZE + index_len});
+    rc |= add_seg(l, (seg){.kind = SEG_ZERO, .len = h.data_offset - l->size});
+    for (uint32_t b = 0; b < l->nblobs && rc == 0; b++) {
+        rc |= add_seg(l, (seg){.kind = SEG_ZERO, .len = h.data_offset + blob_off[b] - l->size});
+        rc |= add_seg(l, (seg){.kind = SEG_ENTRY, .entry = l->blob_entry[b], .blob = b,
+                               .len = ix->entries[l->blob_entry[b]].nbytes});
+    }
+    rc |= add_seg(l, (seg){.kind = SEG_ZERO, .len = h.checksum_offset - l->size});
+    rc |= add_seg(l, (seg){.kind = SEG_CHECKSUMS, .len = 8 * (uint64_t)l->nblobs + 8});
+out:
+    free(tensors);
+    free(blob_of);
+    free(blob_off);
+    return rc;
+}
+
+int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error *err)
+{
+    const char *src = ix->nfiles ? ix->files[0].path : "?";
+    uint32_t n;
+    *out = NULL;
+    uint32_t *order = ordered_entries(ix, only, 0, &n, err);
+    if (!order)
+        return -1;
+    ck_synth *l = synth_new(ix);
+    int rc = l ? build_pack(l, order, n) : -1;
+    free(order);
+    if (rc != 0) {
+        ck_synth_free(l);
+        return ck_fail(err, src, "out of memory");
+    }
+    *out = l;
+    return 0;
+}
+
+/* --- checksums ---------------------------------------------------------------------------- */
+
+/* Hashes blob b by reading its entry in bounded chunks. */
+static int hash_blob(const ck_synth *l, uint32_t b, unsigned char *buf, uint64_t *sum)
+{
+    const ck_entry *e = &l->ix->entries[l->blob_entry[b]];
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return -ENOMEM;
+    XXH3_64bits_reset(st);
+    int rc = 0;
+    for (uint64_t off = 0; off < e->nbytes && rc == 0;) {
+        ssize_t got = ck_entry_read(l->ix, e, buf, IO_CHUNK, off);
+        if (got <= 0)
+            rc = got < 0 ? (int)got : -EIO;
+        else {
+            XXH3_64bits_update(st, buf, (size_t)got);
+            off += (uint64_t)got;
+        }
+    }
+    *sum = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return rc;
+}
+
+/* The trailer from every blob's checksum: the sums, then the sum of the sums. */
+static int set_trailer(ck_synth *l, const uint64_t *sums)
+{
+    unsigned char *t = malloc(8 * (size_t)l->nblobs + 8);
+    if (!t)
+        return -ENOMEM;
+    for (uint32_t b = 0; b < l->nblobs; b++)
+        put_u64(t + 8 * (size_t)b, sums[b]);
+    put_u64(t + 8 * (size_t)l->nblobs, XXH3_64bits(t, 8 * (size_t)l->nblobs));
+    l->trailer = t;
+    return 0;
+}
+
+uint32_t ck_synth_nblobs(const ck_synth *l)
+{
+    return l->nblobs;
+}
+
+const ck_entry *ck_synth_blob_entry(const ck_synth *l, uint32_t b)
+{
+    return &l->ix->entries[l->blob_entry[b]];
+}
+
+int ck_synth_checksums(ck_synth *l, uint64_t *sums, ck_progress progress, void *ctx)
+{
+    unsigned char *buf = malloc(IO_CHUNK);
+    int rc = buf ? 0 : -ENOMEM;
+    uint64_t done = 0, total = 0;
+    for (uint32_t b = 0; b < l->nblobs; b++)
+        total += ck_synth_blob_entry(l, b)->nbytes;
+    for (uint32_t b = 0; b < l->nblobs && rc == 0; b++) {
+        rc = hash_blob(l, b, buf, &sums[b]);
+        done += ck_synth_blob_entry(l, b)->nbytes;
+        if (rc == 0 && progress && progress(ctx, done, total))
+            rc = -ECANCELED;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Computes the trailer on first use: one pass over the data, under the lock, once. */
+static int ensure_trailer(ck_synth *l)
+{
+    pthread_mutex_lock(&l->lock);
+    int rc = 0;
+    if (!l->trailer) {
+        uint64_t *sums = malloc((l->nblobs ? l->nblobs : 1) * sizeof *sums);
+        rc = sums ? ck_synth_checksums(l, sums, NULL, NULL) : -ENOMEM;
+        if (rc == 0)
+            rc = set_trailer(l, sums);
+        free(sums);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
+
+/* --- reading and writing ------------------------------------------------------------------ */
+
+static size_t find_seg(const ck_synth *l, uint64_t off)
+{
+    size_t lo = 0, hi = l->nsegs;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (l->segs[mid].off <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Copies n bytes of segment s starting at its byte `at`; 0 or -errno. */
+static int read_seg(ck_synth *l, const seg *s, unsigned char *buf, size_t n, uint64_t at)
+{
+    switch (s->kind) {
+    case SEG_BYTES:
+        memcpy(buf, s->bytes + at, n);
+        return 0;
+    case SEG_ZERO:
+        memset(buf, 0, n);
+        return 0;
+    case SEG_CHECKSUMS: {
+        int rc = ensure_trailer(l);
+        if (rc == 0)
+            memcpy(buf, l->trailer + at, n);
+        return rc;
+    }
+    default: {
+        ssize_t got = ck_entry_read(l->ix, &l->ix->entries[s->entry], buf, n, at);
+        return got == (ssize_t)n ? 0 : got < 0 ? (int)got : -EIO;
+    }
+    }
+}
+
+ssize_t ck_synth_read(ck_synth *l, void *buf, size_t len, uint64_t off)
+{
+    if (off >= l->size)
+        return 0;
+    if (len > l->size - off)
+        len = (size_t)(l->size - off);
+    unsigned char *p = buf;
+    size_t done = 0;
+    for (size_t i = find_seg(l, off); done < len; i++) {
+        const seg *s = &l->segs[i];
+        uint64_t at = off + done - s->off;
+        size_t n = s->len - at < len - done ? (size_t)(s->len - at) : len - done;
+        int rc = read_seg(l, s, p + done, n, at);
+        if (rc)
+            return rc;
+        done += n;
+    }
+    return (ssize_t)done;
+}
+
+static int write_all(int fd, const unsigned char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int ck_synth_write(ck_synth *l, int fd, ck_progress progress, void *ctx)
+{
+    enum { CHUNK = 4 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    uint64_t *sums = calloc(l->nblobs ? l->nblobs : 1, sizeof *sums);
+    XXH3_state_t *st = XXH3_createState();
+    int rc = buf && sums && st ? 0 : -ENOMEM;
+    uint64_t done = 0;
+    for (uint32_t b = 0; sums && b < l->nblobs; b++) /* a zero-length blob has no segment */
+        sums[b] = XXH3_64bits(NULL, 0);
+    for (size_t i = 0; i < l->nsegs && rc == 0; i++) {
+        const seg *s = &l->segs[i];
+        if (s->kind == SEG_CHECKSUMS) { /* every blob has passed: the sums are complete */
+            pthread_mutex_lock(&l->lock);
+            if (!l->trailer)
+                rc = set_trailer(l, sums);
+            pthread_mutex_unlock(&l->lock);
+        }
+        int blob = s->kind == SEG_ENTRY && l->blob_entry;
+        if (blob)
+            XXH3_64bits_reset(st);
+        for (uint64_t at = 0; at < s->len && rc == 0;) {
+            size_t n = s->len - at < CHUNK ? (size_t)(s->len - at) : CHUNK;
+            rc = read_seg(l, s, buf, n, at);
+            if (rc == 0 && blob)
+                XXH3_64bits_update(st, buf, n);
+            if (rc == 0)
+                rc = write_all(fd, buf, n);
+            at += n;
+            done += n;
+            if (rc == 0 && progress && progress(ctx, done, l->size))
+                rc = -ECANCELED;
+        }
+        if (blob && rc == 0)
+            sums[s->blob] = XXH3_64bits_digest(st);
+    }
+    free(buf);
+    free(sums);
+    XXH3_freeState(st);
+    return rc;
+}
+
+/* --- the safetensors view ----------------------------------------------------------------- */
+
+/* Integers go in as raw text: cJSON keeps numbers as doubles. */
+static cJSON *json_u64(uint64_t v)
+{
+    char t[24];
+    snprintf(t, sizeof t, "%llu", (unsigned long long)v);
+    return cJSON_CreateRaw(t);
+}
+
+static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
+{
+    cJSON *o = cJSON_CreateObject(), *shape = cJSON_CreateArray(), *offs = cJSON_CreateArray();
+    if (!o || !shape || !offs) {
+        cJSON_Delete(o), cJSON_Delete(shape), cJSON_Delete(offs);
+        return NULL;
+    }
+    cJSON_AddItemToObject(o, "dtype", cJSON_CreateString(ck_dtype_name(e->dtype)));
+    for (unsigned d = 0; d < e->rank; d++)
+        cJSON_AddItemToArray(shape, json_u64((uint64_t)e->shape[d]));
+    cJSON_AddItemToObject(o, "shape", shape);
+    cJSON_AddItemToArray(offs, json_u64(begin));
+    cJSON_AddItemToArray(offs, json_u64(begin + e->nbytes));
+    cJSON_AddItemToObject(o, "data_offsets", offs);
+    return o;
+}
+
+/* The JSON header; tensors whose dtype the spec lacks are named in ckptfs.omitted instead. */
+static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep)
+{
+    cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *omitted = cJSON_CreateArray();
+    char *text = NULL;
+    if (!root || !meta || !omitted) {
+        cJSON_Delete(root), cJSON_Delete(meta), cJSON_Delete(omitted);
+        return NULL;
+    }
+    cJSON_AddItemToObject(root, "__metadata__", meta);
+    for (size_t i = 0; i < ix->nmeta; i++)
+        cJSON_AddItemToObject(meta, ix->meta[i].key, cJSON_CreateString(ix->meta[i].value));
+    uint64_t at = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const ck_entry *e = &ix->entries[order[k]];
+        keep[k] = e->dtype < CK_ST_DTYPE_COUNT;
+        if (!keep[k]) {
+            cJSON_AddItemToArray(omitted, cJSON_CreateString(e->name));
+            continue;
+        }
+        cJSON *d = tensor_desc(e, at);
+        if (!d)
+            goto out;
+        cJSON_AddItemToObject(root, e->name, d);
+        at += e->nbytes;
+    }
+    if (cJSON_GetArraySize(omitted)) {
+        char *list = cJSON_PrintUnformatted(omitted);
+        if (!list)
+            goto out;
+        cJSON_AddItemToObject(meta, "ckptfs.omitted", cJSON_CreateString(list));
+        free(list);
+    }
+    if (!meta->child)
+        cJSON_DeleteItemFromObject(root, "__metadata__");
+    text = cJSON_PrintUnformatted(root);
+out:
+    cJSON_Delete(root);
+    cJSON_Delete(omitted);
+    return text;
+}
+
+static int build_safetensors(ck_synth *l, const uint32_t *order, uint32_t n)
+{
+    uint8_t *keep = malloc(n ? n : 1);
+    char *json = keep ? st_header(l->ix, order, n, keep) : NULL;
+    int rc = -1;
+    if (!json)
+        goto out;
+    size_t len = strlen(json), padded = (size_t)align_up(len, 8);
+    if (!(l->head = malloc(8 + padded)))
+        goto out;
+    put_u64(l->head, padded);
+    memcpy(l->head + 8, json, len);
+    memset(l->head + 8 + len, ' ', padded - len); /* the spec's padding: spaces */
+    rc = add_seg(l, (seg){.kind = SEG_BYTES, .bytes = l->head, .len = 8 + padded});
+    for (uint32_t k = 0; k < n && rc == 0; k++)
+        if (keep[k])
+            rc = add_seg(l, (seg){.kind = SEG_ENTRY, .entry = order[k],
+                                  .len = l->ix->entries[order[k]].nbytes});
+out:
+    free(keep);
+    free(json);
+    return rc;
+}
+
+int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err)
+{
+    const char *src = ix->nfiles ? ix->files[0].path : "?";
+    uint32_t n;
+    *out = NULL;
+    uint32_t *order = ordered_entries(ix, NULL, 1, &n, err);
+    if (!order)
+        return -1;
+    ck_synth *l = synth_new(ix);
+    int rc = l ? build_safetensors(l, order, n) : -1;
+    free(order);
+    if (rc != 0) {
+        ck_synth_free(l);
+        return ck_fail(err, src, "out of memory");
+    }
+    *out = l;
+    return 0;
+}

@@ -1,0 +1,277 @@
+"""The pack: `ckpt pack` from every source kind, the mount's virtual checkpoint.pack (byte for
+byte what ckpt pack writes) and checkpoint.safetensors (read by the safetensors library), and
+`ckpt verify`. Expected values come from torch.load and the safetensors library."""
+import json
+import os
+import signal
+import struct
+import subprocess
+import time
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ckptfs_testlib import (DTYPE_NAMES, check_torch_mount, ckpt_bin, library_view, read_index,
+                            run, torch_bytes)
+from test_torch import training_checkpoint, views
+
+
+def ckpt(*args, timeout=120):
+    return run([ckpt_bin(), *args], timeout=timeout)
+
+
+def pack(src, out, *extra):
+    p = ckpt("pack", src, out, *extra)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stderr == b"", p.stderr  # not a terminal: no progress bar
+    return out
+
+
+def torch_source(tmp_path, **kw):
+    obj = dict(training_checkpoint(), views=views())
+    obj["tied"] = {"a": obj["views"]["base"], "b": obj["views"]["base"]}
+    path = tmp_path / "src.pt"
+    torch.save(obj, path, **kw)
+    return path
+
+
+def safetensors_source(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    t = {f"layers.{i}.w": torch.randn(4, i + 1, generator=g) for i in range(12)}
+    t["embed"] = torch.randn(10, 3, generator=g).to(torch.bfloat16)
+    t["scalar"] = torch.tensor(5, dtype=torch.int64)
+    t["empty"] = torch.zeros(0, 2)
+    path = tmp_path / "src.safetensors"
+    save_file(t, str(path), metadata={"format": "pt", "note": "x"})
+    return path
+
+
+def sharded_source(tmp_path):
+    d = tmp_path / "shards"
+    d.mkdir()
+    save_file({"a.w": torch.ones(3), "a.b": torch.zeros(2, 2)}, str(d / "m-1.safetensors"))
+    save_file({"c": torch.arange(5)}, str(d / "m-2.safetensors"))
+    return d
+
+
+def pack_header(path):
+    with open(path, "rb") as f:
+        h = f.read(64)
+    magic, version, flags, io_, il, do, dl, co, ix = struct.unpack("<8sIIQQQQQQ", h)
+    return dict(magic=magic, version=version, flags=flags, index_offset=io_, index_length=il,
+                data_offset=do, data_length=dl, checksum_offset=co)
+
+
+# --- round trips -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["zip", "legacy", "protocol4"])
+def test_torch_round_trip(tmp_path, mount, kind):
+    kw = {"legacy": {"_use_new_zipfile_serialization": False},
+          "protocol4": {"pickle_protocol": 4}}.get(kind, {})
+    src = torch_source(tmp_path, **kw)
+    out = pack(src, tmp_path / "out.pack")
+    with mount(out) as mnt:
+        index = check_torch_mount(mnt, src, "pack")
+        assert index["metadata"]["ckptfs.source_format"].startswith("pytorch-")
+
+
+def test_safetensors_round_trip(tmp_path, mount):
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    tensors, meta = library_view(src)
+    with mount(out) as mnt:
+        index = read_index(mnt)
+        assert index["metadata"] == dict(meta, **{"ckptfs.source_format": "safetensors"})
+        assert {t["name"] for t in index["tensors"]} == set(tensors)
+        for t in index["tensors"]:
+            dtype, shape, data = tensors[t["name"]]
+            assert (t["dtype"], t["shape"]) == (dtype, shape)
+            assert (mnt / t["path"]).read_bytes() == data
+
+
+def test_sharded_round_trip(tmp_path, mount):
+    src = sharded_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    tensors, _ = library_view(src)
+    with mount(out) as mnt:
+        for t in read_index(mnt)["tensors"]:
+            assert (mnt / t["path"]).read_bytes() == tensors[t["name"]][2]
+
+
+@pytest.mark.parametrize("name", ["candle_fortran_tensor_3d.pth", "tinypellm_pytorch_model.bin",
+                                  "graykode_mnist_cnn_legacy.pt", "candle_test_with_key.pt"])
+def test_corpus_round_trip(tmp_path, corpus, mount, name):
+    out = pack(corpus / name, tmp_path / "out.pack")
+    assert run([ckpt_bin(), "verify", out]).returncode == 0
+    with mount(out) as mnt:
+        check_torch_mount(mnt, corpus / name, "pack")
+
+
+def test_pack_layout_follows_the_spec(tmp_path):
+    out = pack(torch_source(tmp_path), tmp_path / "out.pack")
+    h = pack_header(out)
+    assert h["magic"] == b"CKPTPACK" and h["version"] == 1 and h["flags"] == 0
+    assert h["index_offset"] == 64 and h["data_offset"] % 4096 == 0
+    assert h["data_length"] % 4096 == 0
+    assert h["checksum_offset"] == h["data_offset"] + h["data_length"]
+    listed = ckpt("ls", "--json", out)
+    offsets = [t["offset"] for t in json.loads(listed.stdout)["tensors"]]
+    assert all((o - h["data_offset"]) % 256 == 0 for o in offsets)
+
+
+def test_natural_order_and_tied_weights_stored_once(tmp_path, mount):
+    w = torch.randn(256, 256)
+    obj = {f"layers.{i}.w": torch.full((4,), float(i)) for i in (10, 2, 1, 0)}
+    obj.update(embed=w, head=w)
+    src = tmp_path / "t.pt"
+    torch.save(obj, src)
+    out = pack(src, tmp_path / "out.pack")
+    h = pack_header(out)
+    assert h["data_length"] < 2 * w.numel() * 4, "the tied tensor was stored twice"
+    with mount(out) as mnt:
+        names = [t["name"] for t in read_index(mnt)["tensors"]]
+        assert names == ["embed", "head", "layers.0.w", "layers.1.w", "layers.2.w", "layers.10.w"]
+        assert (mnt / "embed").read_bytes() == (mnt / "head").read_bytes() == torch_bytes(w)
+
+
+@pytest.mark.parametrize("only,expect", [("layers.1", {"layers.1.w"}),
+                                         ("layers.*", {"layers.0.w", "layers.1.w", "layers.10.w"}),
+                                         ("embed", {"embed"})])
+def test_only(tmp_path, mount, only, expect):
+    obj = {"layers.0.w": torch.ones(2), "layers.1.w": torch.ones(3), "layers.10.w": torch.ones(4),
+           "embed": torch.zeros(5)}
+    src = tmp_path / "s.pt"
+    torch.save(obj, src)
+    out = pack(src, tmp_path / "out.pack", "--only", only)
+    with mount(out) as mnt:
+        assert {t["name"] for t in read_index(mnt)["tensors"]} == expect
+
+
+def test_only_that_selects_nothing_fails(tmp_path):
+    src = safetensors_source(tmp_path)
+    p = ckpt("pack", src, tmp_path / "out.pack", "--only", "nothing.here")
+    assert p.returncode == 1 and b"selects nothing" in p.stderr
+    assert os.listdir(tmp_path) == ["src.safetensors"]
+
+
+# --- the virtual files ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", ["torch", "legacy", "safetensors", "sharded"])
+def test_virtual_pack_is_the_written_pack(tmp_path, mount, make):
+    src = {"torch": lambda: torch_source(tmp_path),
+           "legacy": lambda: torch_source(tmp_path, _use_new_zipfile_serialization=False),
+           "safetensors": lambda: safetensors_source(tmp_path),
+           "sharded": lambda: sharded_source(tmp_path)}[make]()
+    written = pack(src, tmp_path / "out.pack").read_bytes()
+    with mount(src) as mnt:
+        virtual = mnt / ".ckptfs" / "checkpoint.pack"
+        assert os.stat(virtual).st_size == len(written)
+        assert virtual.read_bytes() == written
+        # read backwards in odd chunks: the trailer first, then the rest
+        with open(virtual, "rb") as f:
+            for off in range(len(written), 0, -99991):
+                f.seek(max(0, off - 7777))
+                assert f.read(7777) == written[max(0, off - 7777):off]
+
+
+def test_pack_of_a_pack_is_identical(tmp_path, mount):
+    first = pack(torch_source(tmp_path), tmp_path / "a.pack")
+    second = pack(first, tmp_path / "b.pack")
+    assert first.read_bytes() == second.read_bytes()
+    with mount(first) as mnt:
+        assert (mnt / ".ckptfs" / "checkpoint.pack").read_bytes() == first.read_bytes()
+
+
+def test_virtual_safetensors_opens_with_the_library(tmp_path, mount):
+    src = torch_source(tmp_path)
+    expected = {}
+    for name, v in flatten_tensors(torch.load(src, map_location="cpu")).items():
+        expected[name] = v
+    with mount(src) as mnt:
+        path = mnt / ".ckptfs" / "checkpoint.safetensors"
+        with safe_open(str(path), framework="pt") as f:  # the library mmaps the file
+            keys = set(f.keys())
+            omitted = set(json.loads(
+                (f.metadata() or {}).get("ckptfs.omitted", "[]")))
+            for k in keys:
+                assert torch.equal(f.get_tensor(k), expected[k].contiguous()), k
+        assert keys | omitted == set(expected)
+        assert all(expected[k].dtype not in DTYPE_NAMES or DTYPE_NAMES[expected[k].dtype] == "C128"
+                   for k in omitted)
+
+
+def flatten_tensors(obj, prefix=None, out=None):
+    out = {} if out is None else out
+    items = (obj.items() if isinstance(obj, dict) else
+             enumerate(obj) if isinstance(obj, (list, tuple)) else None)
+    if items is None:
+        if isinstance(obj, torch.Tensor):
+            out["" if prefix is None else prefix] = obj
+        return out
+    for k, v in items:
+        flatten_tensors(v, str(k) if prefix is None else f"{prefix}.{k}", out)
+    return out
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+def test_verify_catches_one_flipped_byte(tmp_path):
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    ok = ckpt("verify", out)
+    assert ok.returncode == 0, ok.stderr
+    listed = json.loads(ckpt("ls", "--json", out).stdout)
+    victim = next(t for t in listed["tensors"] if t["name"] == "layers.7.w")
+    data = bytearray(out.read_bytes())
+    data[victim["offset"] + 5] ^= 0x10
+    out.write_bytes(bytes(data))
+    bad = ckpt("verify", out)
+    assert bad.returncode == 1
+    assert bad.stderr.decode().count("\n") == 1
+    assert "'layers.7.w'" in bad.stderr.decode()
+
+
+def test_verify_catches_a_corrupt_checksum_table(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    data = bytearray(out.read_bytes())
+    data[-3] ^= 1
+    out.write_bytes(bytes(data))
+    bad = ckpt("verify", out)
+    assert bad.returncode == 1 and b"checksum table" in bad.stderr
+
+
+def test_a_corrupt_index_is_refused_at_open(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    data = bytearray(out.read_bytes())
+    data[100] ^= 1
+    out.write_bytes(bytes(data))
+    p = ckpt("ls", out)
+    assert p.returncode == 1 and p.stderr.startswith(b"ckpt: ")
+
+
+# --- failures leave nothing ------------------------------------------------------------------
+
+def test_a_bad_source_leaves_nothing(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
+    p = ckpt("pack", bad, tmp_path / "out.pack")
+    assert p.returncode == 1
+    assert sorted(os.listdir(tmp_path)) == ["bad.pt"]
+
+
+def test_an_interrupted_pack_leaves_nothing(tmp_path):
+    big = tmp_path / "big.safetensors"
+    save_file({f"t{i}": torch.ones((64 << 20) // 4) for i in range(24)}, str(big))  # 1.5 GiB
+    out = tmp_path / "out.pack"
+    p = subprocess.Popen([str(ckpt_bin()), "pack", str(big), str(out)], stderr=subprocess.PIPE)
+    deadline = time.time() + 20
+    while not any(n.startswith("out.pack.tmp-") for n in os.listdir(tmp_path)):
+        assert time.time() < deadline and p.poll() is None, "ckpt pack never started writing"
+        time.sleep(0.005)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert b"interrupted" in err
+    assert sorted(os.listdir(tmp_path)) == ["big.safetensors"]
