@@ -1,0 +1,78 @@
+"""Shared by the benchmark scripts: sample checkpoints, mounting, the machine's description."""
+import json, os, platform, struct, subprocess, tempfile
+
+BUILD = os.environ.get("CKPTFS_BUILD", "build")
+
+
+def write_safetensors(path, tensors):
+    """tensors: list of (name, dtype, shape, nbytes). Data is a repeating byte pattern written
+    in 64 MiB blocks, so a multi-GiB file costs no RAM."""
+    header, off = {}, 0
+    for name, dt, shape, n in tensors:
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    block = bytes(range(251)) * (64 * 1024 * 1024 // 251 + 1)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        left = off
+        while left:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+    return len(h) + 8
+
+
+class Mount:
+    def __init__(self, work, source, *opts):
+        self.mnt = tempfile.mkdtemp(dir=work, prefix="mnt.")
+        args = [os.path.join(BUILD, "ckptfs")]
+        for o in opts:
+            args += ["-o", o]
+        subprocess.run(args + [source, self.mnt], check=True)
+
+    def daemon_pid(self):
+        out = subprocess.run(["pgrep", "-f", "ckptfs .*" + self.mnt], capture_output=True, text=True)
+        return int(out.stdout.split()[0])
+
+    def close(self):
+        subprocess.run(["fusermount3", "-u", self.mnt], check=True)
+        os.rmdir(self.mnt)
+
+
+def transformer_layout(total_bytes):
+    """A realistic mix: embeddings, then layers of attention / MLP matrices and small norms."""
+    hidden, vocab = 2048, 32000
+    out = [("model.embed_tokens.weight", "BF16", [vocab, hidden], vocab * hidden * 2)]
+    layer = 0
+    while sum(t[3] for t in out) < total_bytes:
+        p = f"model.layers.{layer}."
+        for name, shape in [("self_attn.q_proj.weight", [hidden, hidden]),
+                            ("self_attn.k_proj.weight", [hidden // 4, hidden]),
+                            ("self_attn.v_proj.weight", [hidden // 4, hidden]),
+                            ("self_attn.o_proj.weight", [hidden, hidden]),
+                            ("mlp.gate_proj.weight", [5632, hidden]),
+                            ("mlp.up_proj.weight", [5632, hidden]),
+                            ("mlp.down_proj.weight", [hidden, 5632]),
+                            ("input_layernorm.weight", [hidden]),
+                            ("post_attention_layernorm.weight", [hidden])]:
+            n = 2
+            for d in shape:
+                n *= d
+            out.append((p + name, "BF16", shape, n))
+        layer += 1
+    return out
+
+
+def machine():
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    fuse = subprocess.run(["fusermount3", "-V"], capture_output=True, text=True).stdout.strip()
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}, "
+            f"{fuse}")
