@@ -558,7 +558,7 @@ static int write_all(int fd, const unsigned char *p, size_t n)
 
 int ck_synth_write(ck_synth *l, int fd, ck_progress progress, void *ctx)
 {
-    enum { CHUNK = 4 << 20 };
+    enum { CHUNK = 256 << 10 }; /* stays in L2 between the read and the write */
     unsigned char *buf = malloc(CHUNK);
     uint64_t *sums = calloc(l->nblobs ? l->nblobs : 1, sizeof *sums);
     XXH3_state_t *st = XXH3_createState();
