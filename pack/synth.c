@@ -145,15 +145,14 @@ static int by_natural_name(const void *x, const void *y, void *ixp)
     return ck_natural_cmp(a->name, a->name_len, b->name, b->name_len);
 }
 
-/* A name is selected by a glob that matches it, or by a prefix it equals or continues with '.'. */
-static int selected(const ck_entry *e, const char *only, size_t only_len)
+int ck_name_selected(const char *name, size_t len, const char *only)
 {
     if (!only)
         return 1;
-    if (e->name_len >= only_len && memcmp(e->name, only, only_len) == 0 &&
-        (e->name_len == only_len || e->name[only_len] == '.'))
+    size_t n = strlen(only);
+    if (len >= n && memcmp(name, only, n) == 0 && (len == n || name[n] == '.'))
         return 1;
-    return fnmatch(only, e->name, 0) == 0;
+    return fnmatch(only, name, 0) == 0;
 }
 
 /* The selected entries in natural order; NULL with err set on failure. */
@@ -165,7 +164,7 @@ static uint32_t *ordered_entries(const ck_index *ix, const char *only, int tenso
     if (!order)
         return ck_fail(err, src, "out of memory"), NULL;
     for (size_t i = 0; i < ix->nentries; i++)
-        if (selected(&ix->entries[i], only, only ? strlen(only) : 0) &&
+        if (ck_name_selected(ix->entries[i].name, ix->entries[i].name_len, only) &&
             (!tensors_only || ix->entries[i].kind == CK_TENSOR))
             order[n++] = (uint32_t)i;
     if (n == 0 && only) {

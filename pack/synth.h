@@ -50,6 +50,10 @@ uint32_t ck_synth_nblobs(const ck_synth *l);
 const ck_entry *ck_synth_blob_entry(const ck_synth *l, uint32_t b);
 int ck_synth_checksums(ck_synth *l, uint64_t *sums, ck_progress progress, void *ctx);
 
+/* Whether name (len bytes) is selected by only: NULL selects all; else a name that equals only
+ * or continues it with '.', or that matches it as a glob (fnmatch). */
+int ck_name_selected(const char *name, size_t len, const char *only);
+
 /* Natural order of names: digit runs compare as numbers ("layers.2" < "layers.10"). */
 int ck_natural_cmp(const char *a, size_t alen, const char *b, size_t blen);
 

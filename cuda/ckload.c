@@ -1,0 +1,705 @@
+/* ckload.c — the loader: a pack's blobs, read by a few threads, into one destination block. */
+#include "ckload.h"
+
+#include "../pack/index.h"
+#include "../pack/synth.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <xxhash.h>
+
+#ifdef CKL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+enum { DEFAULT_THREADS = 4, STAGES = 2, BLOCK_ALIGN = 256 };
+#define DEFAULT_BUFFER ((size_t)16 << 20)
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* --- pinned buffer pool ------------------------------------------------------------------ */
+
+struct ckl_pool {
+    pthread_mutex_t lock;
+    void **free_bufs;
+    size_t *sizes;
+    size_t n, cap;
+};
+
+ckl_pool *ckl_pool_new(void)
+{
+    ckl_pool *p = calloc(1, sizeof *p);
+    if (p)
+        pthread_mutex_init(&p->lock, NULL);
+    return p;
+}
+
+static void pinned_free(void *b)
+{
+#ifdef CKL_HAVE_CUDA
+    cudaFreeHost(b);
+#else
+    free(b);
+#endif
+}
+
+void ckl_pool_free(ckl_pool *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n; i++)
+        pinned_free(p->free_bufs[i]);
+    free(p->free_bufs);
+    free(p->sizes);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+#ifdef CKL_HAVE_CUDA
+/* A pinned buffer of at least size bytes: a kept one if any fits, else a new one (pinning
+ * costs about 0.5 s per GB, which is why buffers are kept). */
+static void *pool_get(ckl_pool *p, size_t size)
+{
+    pthread_mutex_lock(&p->lock);
+    for (size_t i = 0; i < p->n; i++)
+        if (p->sizes[i] >= size) {
+            void *b = p->free_bufs[i];
+            p->free_bufs[i] = p->free_bufs[--p->n];
+            p->sizes[i] = p->sizes[p->n];
+            pthread_mutex_unlock(&p->lock);
+            return b;
+        }
+    pthread_mutex_unlock(&p->lock);
+    void *b = NULL;
+    if (cudaHostAlloc(&b, size, cudaHostAllocDefault) != cudaSuccess)
+        b = NULL;
+    return b;
+}
+
+static void pool_put(ckl_pool *p, void *b, size_t size)
+{
+    pthread_mutex_lock(&p->lock);
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 16;
+        void **fb = realloc(p->free_bufs, cap * sizeof *fb);
+        size_t *sz = fb ? realloc(p->sizes, cap * sizeof *sz) : NULL;
+        if (fb)
+            p->free_bufs = fb;
+        if (!sz) {
+            pthread_mutex_unlock(&p->lock);
+            pinned_free(b);
+            return;
+        }
+        p->sizes = sz;
+        p->cap = cap;
+    }
+    p->free_bufs[p->n] = b;
+    p->sizes[p->n++] = size;
+    pthread_mutex_unlock(&p->lock);
+}
+#endif
+
+/* --- the load ---------------------------------------------------------------------------- */
+
+typedef struct blob {
+    uint64_t file_off, len, dest_off;
+    uint32_t full_index;     /* its place among all the pack's blobs (the trailer's order) */
+    uint64_t stored_sum;     /* from the trailer, for verify */
+    const char *name;        /* its first tensor, for messages */
+    atomic_int done;
+} blob;
+
+struct ckl_load {
+    atomic_int refs;
+    char path[256];
+    ck_index *ix;
+    ckl_options opt;
+    int device, ordinal;
+    ckl_pool *pool;
+    int own_pool;
+    unsigned char *block;    /* host or device */
+    uint64_t total;
+    blob *blobs;
+    size_t nblobs;
+    ckl_tensor *tensors;
+    uint32_t *tensor_blob;   /* UINT32_MAX for an empty tensor */
+    size_t ntensors;
+    pthread_t *threads;
+    unsigned nthreads;
+    atomic_size_t next_blob;
+    atomic_uint_least64_t done_bytes;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    unsigned running;
+    int joined;
+    char err[512];           /* the first error; empty while all is well */
+};
+
+static void set_error(ckl_load *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_error(ckl_load *l, const char *fmt, ...)
+{
+    pthread_mutex_lock(&l->lock);
+    if (!l->err[0]) {
+        int n = snprintf(l->err, sizeof l->err, "ckload: %s: ", l->path);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(l->err + n, sizeof l->err - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+static int failed(ckl_load *l)
+{
+    pthread_mutex_lock(&l->lock);
+    int f = l->err[0] != 0;
+    pthread_mutex_unlock(&l->lock);
+    return f;
+}
+
+static void blob_landed(ckl_load *l, size_t b)
+{
+    pthread_mutex_lock(&l->lock);
+    atomic_store(&l->blobs[b].done, 1);
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    if (l->opt.on_ready)
+        for (size_t i = 0; i < l->ntensors; i++)
+            if (l->tensor_blob[i] == b)
+                l->opt.on_ready(l->opt.ctx, i);
+}
+
+/* Reads blob b's bytes [at, at+n) into buf; verify hashes them in order. */
+static int read_chunk(ckl_load *l, const blob *bl, uint64_t at, size_t n, unsigned char *buf,
+                      XXH3_state_t *st)
+{
+    int rc = ck_pread(l->ix->files[0].fd, buf, n, bl->file_off + at);
+    if (rc) {
+        set_error(l, "cannot read tensor '%s' (byte %llu): %s", bl->name,
+                  (unsigned long long)(bl->file_off + at), strerror(-rc));
+        return -1;
+    }
+    if (st)
+        XXH3_64bits_update(st, buf, n);
+    atomic_fetch_add(&l->done_bytes, n);
+    return 0;
+}
+
+static int check_sum(ckl_load *l, const blob *bl, XXH3_state_t *st)
+{
+    if (st && XXH3_64bits_digest(st) != bl->stored_sum) {
+        set_error(l, "tensor '%s': checksum mismatch (data at byte %llu)", bl->name,
+                  (unsigned long long)bl->file_off);
+        return -1;
+    }
+    return 0;
+}
+
+/* CPU: each blob is read straight into its place. */
+static void load_blob_host(ckl_load *l, size_t b, XXH3_state_t *st)
+{
+    blob *bl = &l->blobs[b];
+    size_t step = l->opt.buffer_size;
+    for (uint64_t at = 0; at < bl->len; at += step) {
+        size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
+        if (failed(l) || read_chunk(l, bl, at, n, l->block + bl->dest_off + at, st) != 0)
+            return;
+    }
+    if (check_sum(l, bl, st) == 0)
+        blob_landed(l, b);
+}
+
+#ifdef CKL_HAVE_CUDA
+typedef struct stage {
+    unsigned char *buf;
+    cudaEvent_t event;
+    int used;
+} stage;
+
+typedef struct landed_ctx {
+    ckl_load *l;
+    size_t blob;
+} landed_ctx;
+
+static void CUDART_CB on_copied(void *p)
+{
+    landed_ctx *c = p;
+    blob_landed(c->l, c->blob);
+    free(c);
+}
+
+/* CUDA: chunks go through this thread's two pinned buffers in turn; a buffer is refilled only
+ * after the copy out of it has finished, so reading the next chunk overlaps the copy. */
+static void load_blob_cuda(ckl_load *l, size_t b, XXH3_state_t *st, stage *stg, unsigned *turn,
+                           cudaStream_t stream)
+{
+    blob *bl = &l->blobs[b];
+    size_t step = l->opt.buffer_size;
+    for (uint64_t at = 0; at < bl->len; at += step) {
+        size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
+        stage *s = &stg[(*turn)++ % STAGES];
+        cudaError_t e = s->used ? cudaEventSynchronize(s->event) : cudaSuccess;
+        if (e == cudaSuccess && (failed(l) || read_chunk(l, bl, at, n, s->buf, st) != 0))
+            return;
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(l->block + bl->dest_off + at, s->buf, n, cudaMemcpyHostToDevice,
+                                stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(s->event, stream);
+        if (e != cudaSuccess) {
+            set_error(l, "copying tensor '%s' to the device: %s", bl->name, cudaGetErrorString(e));
+            return;
+        }
+        s->used = 1;
+    }
+    if (check_sum(l, bl, st) != 0)
+        return;
+    landed_ctx *c = malloc(sizeof *c);
+    if (c)
+        *c = (landed_ctx){.l = l, .blob = b};
+    if (!c || cudaLaunchHostFunc(stream, on_copied, c) != cudaSuccess) {
+        free(c);
+        set_error(l, "cannot track tensor '%s' on its stream", bl->name);
+    }
+}
+
+static void cuda_worker(ckl_load *l, XXH3_state_t *st)
+{
+    stage stg[STAGES] = {{0}};
+    cudaStream_t stream = NULL;
+    unsigned turn = 0, ok = cudaSetDevice(l->ordinal) == cudaSuccess &&
+                            cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
+    for (int k = 0; ok && k < STAGES; k++) {
+        stg[k].buf = pool_get(l->pool, l->opt.buffer_size);
+        ok = stg[k].buf && cudaEventCreateWithFlags(&stg[k].event, cudaEventDisableTiming) ==
+                               cudaSuccess;
+    }
+    if (!ok)
+        set_error(l, "cannot set up pinned buffers and a stream on cuda:%d", l->ordinal);
+    for (size_t b; ok && (b = atomic_fetch_add(&l->next_blob, 1)) < l->nblobs && !failed(l);) {
+        if (st)
+            XXH3_64bits_reset(st);
+        load_blob_cuda(l, b, st, stg, &turn, stream);
+    }
+    if (stream)
+        cudaStreamSynchronize(stream);
+    for (int k = 0; k < STAGES; k++) {
+        if (stg[k].event)
+            cudaEventDestroy(stg[k].event);
+        if (stg[k].buf)
+            pool_put(l->pool, stg[k].buf, l->opt.buffer_size);
+    }
+    if (stream)
+        cudaStreamDestroy(stream);
+}
+#endif
+
+static void *worker(void *arg)
+{
+    ckl_load *l = arg;
+    XXH3_state_t *st = l->opt.verify ? XXH3_createState() : NULL;
+    if (l->opt.verify && !st)
+        set_error(l, "out of memory");
+#ifdef CKL_HAVE_CUDA
+    if (l->device == CKL_CUDA)
+        cuda_worker(l, st);
+    else
+#endif
+        for (size_t b; (b = atomic_fetch_add(&l->next_blob, 1)) < l->nblobs && !failed(l);) {
+            if (st)
+                XXH3_64bits_reset(st);
+            load_blob_host(l, b, st);
+        }
+    XXH3_freeState(st);
+    pthread_mutex_lock(&l->lock);
+    l->running--;
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+/* --- setting a load up --------------------------------------------------------------------- */
+
+int ckl_cuda_built(void)
+{
+#ifdef CKL_HAVE_CUDA
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int ckl_cuda_available(void)
+{
+#ifdef CKL_HAVE_CUDA
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+    return 0;
+#endif
+}
+
+void ckl_default_options(ckl_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->device = CKL_AUTO;
+    o->threads = DEFAULT_THREADS;
+    o->buffer_size = DEFAULT_BUFFER;
+}
+
+/* The blob of the full pack that starts at file offset off (blobs are in offset order). */
+static uint32_t blob_at(const ck_synth *full, uint32_t nb, uint64_t off)
+{
+    uint32_t lo = 0, hi = nb;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        const ck_entry *e = ck_synth_blob_entry(full, mid);
+        if (e->ext.offset < off || (e->ext.offset == off && e->nbytes == 0))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < nb && ck_synth_blob_entry(full, lo)->ext.offset == off ? lo : UINT32_MAX;
+}
+
+/* The stored checksums of the loaded blobs, from the trailer (its own checksum checked). */
+static int read_sums(ckl_load *l, uint32_t nb, char *err, size_t errlen)
+{
+    const ck_file *f = &l->ix->files[0];
+    size_t n = 8 * (size_t)nb + 8;
+    unsigned char *t = malloc(n);
+    int rc = t ? ck_pread(f->fd, t, n, f->size - n) : -ENOMEM;
+    if (rc == 0 && XXH3_64bits(t, n - 8) != le64(t + n - 8))
+        rc = -EBADMSG;
+    for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
+        l->blobs[b].stored_sum = le64(t + 8 * (size_t)l->blobs[b].full_index);
+    free(t);
+    if (rc)
+        snprintf(err, errlen, "ckload: %s: %s", l->path, rc == -EBADMSG
+                 ? "the checksum table is corrupt" : strerror(-rc));
+    return rc ? -1 : 0;
+}
+
+/* Where each selected tensor's bytes are: the pack's blobs in file order (the full pack's
+ * synthesis reproduces them exactly), the selected ones packed into the block at 256-byte
+ * alignment. */
+static int plan(ckl_load *l, char *err, size_t errlen)
+{
+    ck_error e;
+    ck_synth *full = NULL;
+    const ck_index *ix = l->ix;
+    int rc = -1;
+    if (strcmp(ix->format, "pack") != 0) {
+        snprintf(err, errlen, "ckload: %s: not a pack (it is %s)", l->path, ix->format);
+        return -1;
+    }
+    if (ck_synth_pack(ix, NULL, &full, &e) != 0 || ck_synth_size(full) != ix->files[0].size) {
+        snprintf(err, errlen, "ckload: %s: %s", l->path,
+                 full ? "not laid out as pack/FORMAT.md says" : e.msg);
+        goto out;
+    }
+    uint32_t nb = ck_synth_nblobs(full);
+    size_t nt = 0;
+    for (size_t i = 0; i < ix->nentries; i++)
+        nt += ix->entries[i].kind == CK_TENSOR &&
+              ck_name_selected(ix->entries[i].name, ix->entries[i].name_len, l->opt.only);
+    if (nt == 0 && l->opt.only) {
+        snprintf(err, errlen, "ckload: %s: --only '%s' selects nothing", l->path, l->opt.only);
+        goto out;
+    }
+    l->blobs = calloc(nb ? nb : 1, sizeof *l->blobs);
+    l->tensors = calloc(nt ? nt : 1, sizeof *l->tensors);
+    l->tensor_blob = calloc(nt ? nt : 1, sizeof *l->tensor_blob);
+    uint32_t *picked = calloc(nb ? nb : 1, sizeof *picked); /* full blob -> load blob + 1 */
+    if (!l->blobs || !l->tensors || !l->tensor_blob || !picked) {
+        free(picked);
+        snprintf(err, errlen, "ckload: %s: out of memory", l->path);
+        goto out;
+    }
+    /* Tensors in pack order; a tensor's blob is the one that starts where its bytes do. */
+    for (size_t i = 0; i < ix->nentries; i++) {
+        const ck_entry *x = &ix->entries[i];
+        if (x->kind != CK_TENSOR || !ck_name_selected(x->name, x->name_len, l->opt.only))
+            continue;
+        ckl_tensor *t = &l->tensors[l->ntensors];
+        *t = (ckl_tensor){.name = x->name, .dtype = ck_dtype_name(x->dtype), .shape = x->shape,
+                          .nbytes = x->nbytes, .rank = x->rank, .dtype_code = x->dtype};
+        uint32_t b = x->nbytes ? blob_at(full, nb, x->ext.offset) : UINT32_MAX;
+        l->tensor_blob[l->ntensors] = UINT32_MAX;
+        if (b != UINT32_MAX) {
+            if (!picked[b]) {
+                picked[b] = (uint32_t)l->nblobs + 1;
+                l->blobs[l->nblobs++] = (blob){.file_off = x->ext.offset, .len = x->nbytes,
+                                               .name = x->name, .full_index = b};
+            }
+            l->tensor_blob[l->ntensors] = picked[b] - 1;
+        }
+        l->ntensors++;
+    }
+    free(picked);
+    /* Loaded in file order, each at the next 256-byte boundary of the block. */
+    for (size_t b = 0; b < l->nblobs; b++) {
+        l->blobs[b].dest_off = (l->total + BLOCK_ALIGN - 1) / BLOCK_ALIGN * BLOCK_ALIGN;
+        l->total = l->blobs[b].dest_off + l->blobs[b].len;
+    }
+    rc = l->opt.verify ? read_sums(l, nb, err, errlen) : 0;
+out:
+    ck_synth_free(full);
+    return rc;
+}
+
+static int alloc_block(ckl_load *l, char *err, size_t errlen)
+{
+    size_t n = l->total ? (size_t)l->total : 1;
+#ifdef CKL_HAVE_CUDA
+    if (l->device == CKL_CUDA) {
+        cudaError_t e = cudaSetDevice(l->ordinal);
+        if (e == cudaSuccess)
+            e = cudaMalloc((void **)&l->block, n);
+        if (e != cudaSuccess) {
+            l->block = NULL;
+            snprintf(err, errlen, "ckload: %s: %s (%llu bytes on cuda:%d)", l->path,
+                     e == cudaErrorMemoryAllocation ? "out of device memory"
+                                                    : cudaGetErrorString(e),
+                     (unsigned long long)n, l->ordinal);
+            return -1;
+        }
+        return 0;
+    }
+#endif
+    /* Anonymous memory with huge pages where the kernel has them: filling a fresh block costs
+     * a page fault per page, and 2 MiB pages make those 512 times fewer. */
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        l->block = NULL;
+        snprintf(err, errlen, "ckload: %s: out of memory (%llu bytes)", l->path,
+                 (unsigned long long)n);
+        return -1;
+    }
+    madvise(p, n, MADV_HUGEPAGE);
+    l->block = p;
+    return 0;
+}
+
+static void free_load(ckl_load *l)
+{
+    if (l->block) {
+#ifdef CKL_HAVE_CUDA
+        if (l->device == CKL_CUDA)
+            cudaFree(l->block);
+        else
+#endif
+            munmap(l->block, l->total ? (size_t)l->total : 1);
+    }
+    if (l->own_pool)
+        ckl_pool_free(l->pool);
+    ck_index_free(l->ix);
+    free(l->blobs);
+    free(l->tensors);
+    free(l->tensor_blob);
+    free(l->threads);
+    pthread_mutex_destroy(&l->lock);
+    pthread_cond_destroy(&l->cond);
+    free(l);
+}
+
+/* Which device: CUDA when asked for (and there), or when auto finds one. */
+static int pick_device(ckl_load *l, char *err, size_t errlen)
+{
+    l->ordinal = l->opt.cuda_device;
+    l->device = l->opt.device == CKL_AUTO ? (ckl_cuda_available() ? CKL_CUDA : CKL_CPU)
+                                          : l->opt.device;
+    if (l->device != CKL_CUDA)
+        return 0;
+#ifdef CKL_HAVE_CUDA
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || l->ordinal < 0 || l->ordinal >= count) {
+        snprintf(err, errlen, "ckload: %s: no CUDA device %d (%s)", l->path, l->ordinal,
+                 e != cudaSuccess ? cudaGetErrorString(e) : "not that many devices");
+        return -1;
+    }
+    return 0;
+#else
+    snprintf(err, errlen, "ckload: %s: this libckload was built without CUDA", l->path);
+    return -1;
+#endif
+}
+
+int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
+                   size_t errlen)
+{
+    *out = NULL;
+    ckl_load *l = calloc(1, sizeof *l);
+    if (!l) {
+        snprintf(err, errlen, "ckload: %s: out of memory", path);
+        return -1;
+    }
+    atomic_init(&l->refs, 1);
+    snprintf(l->path, sizeof l->path, "%s", path);
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->cond, NULL);
+    l->opt = *o;
+    if (!l->opt.threads)
+        l->opt.threads = DEFAULT_THREADS;
+    if (!l->opt.buffer_size)
+        l->opt.buffer_size = DEFAULT_BUFFER;
+    ck_error e;
+    if (ck_open(path, &l->ix, &e) != 0) {
+        snprintf(err, errlen, "ckload: %s", e.msg);
+        free_load(l);
+        return -1;
+    }
+    l->pool = o->pool ? o->pool : ckl_pool_new();
+    l->own_pool = !o->pool;
+    if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0 ||
+        alloc_block(l, err, errlen) != 0) {
+        if (!l->pool)
+            snprintf(err, errlen, "ckload: %s: out of memory", path);
+        free_load(l);
+        return -1;
+    }
+    for (size_t i = 0; i < l->ntensors; i++)
+        l->tensors[i].data = l->block + (l->tensor_blob[i] == UINT32_MAX
+                                             ? 0 : l->blobs[l->tensor_blob[i]].dest_off);
+    unsigned nt = l->opt.threads < l->nblobs ? l->opt.threads : (unsigned)l->nblobs;
+    l->threads = calloc(nt ? nt : 1, sizeof *l->threads);
+    if (!l->threads) {
+        snprintf(err, errlen, "ckload: %s: out of memory", path);
+        free_load(l);
+        return -1;
+    }
+    l->running = nt;
+    for (unsigned i = 0; i < nt; i++) {
+        if (pthread_create(&l->threads[i], NULL, worker, l) != 0) {
+            set_error(l, "cannot start reader thread %u", i);
+            pthread_mutex_lock(&l->lock);
+            l->running -= nt - i;
+            pthread_mutex_unlock(&l->lock);
+            break;
+        }
+        l->nthreads++;
+    }
+    *out = l;
+    return 0;
+}
+
+/* --- using a load ---------------------------------------------------------------------------- */
+
+size_t ckl_count(const ckl_load *l)
+{
+    return l->ntensors;
+}
+
+const ckl_tensor *ckl_get(const ckl_load *l, size_t i)
+{
+    return i < l->ntensors ? &l->tensors[i] : NULL;
+}
+
+long ckl_find(const ckl_load *l, const char *name)
+{
+    for (size_t i = 0; i < l->ntensors; i++)
+        if (strcmp(l->tensors[i].name, name) == 0)
+            return (long)i;
+    return -1;
+}
+
+int ckl_device_of(const ckl_load *l)
+{
+    return l->device;
+}
+
+int ckl_cuda_ordinal(const ckl_load *l)
+{
+    return l->ordinal;
+}
+
+uint64_t ckl_total_bytes(const ckl_load *l)
+{
+    uint64_t n = 0;
+    for (size_t b = 0; b < l->nblobs; b++)
+        n += l->blobs[b].len;
+    return n;
+}
+
+uint64_t ckl_done_bytes(const ckl_load *l)
+{
+    return atomic_load(&((ckl_load *)l)->done_bytes);
+}
+
+/* Waits until pred holds or the load fails; after a failure nothing counts as ready. */
+static int wait_until(ckl_load *l, size_t blob_or_all, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        if (l->err[0])
+            break;
+        if (blob_or_all == SIZE_MAX ? l->running == 0
+                                    : atomic_load(&l->blobs[blob_or_all].done) != 0)
+            break;
+        if (l->running == 0 && blob_or_all != SIZE_MAX) { /* readers gone, blob never came */
+            snprintf(l->err, sizeof l->err, "ckload: %s: the load stopped early", l->path);
+            break;
+        }
+        pthread_cond_wait(&l->cond, &l->lock);
+    }
+    int rc = l->err[0] ? -1 : 0;
+    if (rc && err)
+        snprintf(err, errlen, "%s", l->err);
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
+
+int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen)
+{
+    if (i >= l->ntensors) {
+        snprintf(err, errlen, "ckload: %s: no tensor %zu", l->path, i);
+        return -1;
+    }
+    if (l->tensor_blob[i] == UINT32_MAX) /* empty: nothing to wait for, unless all failed */
+        return failed(l) ? wait_until(l, SIZE_MAX, err, errlen) : 0;
+    return wait_until(l, l->tensor_blob[i], err, errlen);
+}
+
+int ckl_wait_all(ckl_load *l, char *err, size_t errlen)
+{
+    int rc = wait_until(l, SIZE_MAX, err, errlen);
+#ifdef CKL_HAVE_CUDA
+    /* Readers have returned, but the last host callbacks may still be queued. */
+    for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
+        rc = wait_until(l, b, err, errlen);
+#endif
+    return rc;
+}
+
+void ckl_retain(ckl_load *l)
+{
+    atomic_fetch_add(&l->refs, 1);
+}
+
+void ckl_release(ckl_load *l)
+{
+    if (!l || atomic_fetch_sub(&l->refs, 1) != 1)
+        return;
+    set_error(l, "released"); /* stops readers that are still going */
+    for (unsigned i = 0; i < l->nthreads; i++)
+        pthread_join(l->threads[i], NULL);
+#ifdef CKL_HAVE_CUDA
+    if (l->device == CKL_CUDA)
+        cudaDeviceSynchronize(); /* no copy or callback may outlive the block */
+#endif
+    free_load(l);
+}

@@ -1,0 +1,94 @@
+/* ckload.h — libckload: stream a pack (pack/FORMAT.md) into device or host memory.
+ *
+ * Contract:
+ *  - ckl_load opens a pack (a file, or a mount's .ckptfs/checkpoint.pack), allocates one
+ *    destination block for the selected tensors (device memory for CUDA, page-aligned host
+ *    memory for the CPU) and starts reader threads at once; it returns before the data is in.
+ *    Tensors are views into the block: name, dtype, shape, pointer.
+ *  - CUDA pipeline: each reader thread owns a CUDA stream and two pinned staging buffers from
+ *    the pool (cudaHostAlloc), used round-robin: pread into one while the other's
+ *    cudaMemcpyAsync runs; a buffer is refilled only after its event completes. Threads take
+ *    tensors in pack order (natural name order), so early layers arrive first.
+ *    CPU pipeline: reader threads pread straight into the destination (no staging needed).
+ *  - Readiness: ckl_wait(l, i) blocks until tensor i is in place; the on_ready callback runs
+ *    (on a loader thread) as each tensor lands. ckl_wait_all waits for everything.
+ *  - Errors (no driver or device, out of memory, truncated or corrupt pack, checksum mismatch
+ *    with verify) are reported as one line "ckload: FILE: what is wrong"; after any error no
+ *    tensor is handed out (ckl_wait fails) and ckl_release frees everything.
+ *  - A load is reference counted: ckl_release drops the caller's reference; each DLPack export
+ *    holds one more, so device memory is freed when the last exported tensor is deleted.
+ *  - Pools of pinned buffers outlive loads: pass the same ckl_pool to many loads.
+ */
+#ifndef CKLOAD_H
+#define CKLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
+
+typedef struct ckl_pool ckl_pool;
+typedef struct ckl_load ckl_load;
+
+typedef struct ckl_options {
+    int device;              /* enum ckl_device */
+    int cuda_device;         /* ordinal, for CKL_CUDA / CKL_AUTO */
+    unsigned threads;        /* reader threads; 0: default (4) */
+    size_t buffer_size;      /* bytes per staging buffer; 0: default (16 MiB) */
+    const char *only;        /* NULL, or a prefix / glob over names (as ckpt pack --only) */
+    int verify;              /* check every blob's XXH3 as its bytes stream */
+    void (*on_ready)(void *ctx, size_t tensor); /* may be NULL */
+    void *ctx;
+    ckl_pool *pool;          /* NULL: a pool private to this load */
+} ckl_options;
+
+typedef struct ckl_tensor {
+    const char *name;
+    const char *dtype;       /* safetensors spelling: "F32", "BF16", ... */
+    const int64_t *shape;
+    void *data;              /* device or host pointer into the load's block */
+    uint64_t nbytes;
+    uint8_t rank;
+    uint8_t dtype_code;      /* enum ck_dtype */
+} ckl_tensor;
+
+/* Fills *o with the defaults. */
+void ckl_default_options(ckl_options *o);
+
+/* Starts loading path. 0 on success; -1 with err (errlen bytes) set, nothing allocated. */
+int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
+                   size_t errlen);
+
+size_t ckl_count(const ckl_load *l);
+const ckl_tensor *ckl_get(const ckl_load *l, size_t i);
+/* The index of tensor name, or -1. */
+long ckl_find(const ckl_load *l, const char *name);
+/* CKL_CPU or CKL_CUDA: where the block is. */
+int ckl_device_of(const ckl_load *l);
+int ckl_cuda_ordinal(const ckl_load *l);
+uint64_t ckl_total_bytes(const ckl_load *l);
+/* Bytes landed so far (for progress). */
+uint64_t ckl_done_bytes(const ckl_load *l);
+
+/* Waits for tensor i / for everything. 0, or -1 with the load's error in err. */
+int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen);
+int ckl_wait_all(ckl_load *l, char *err, size_t errlen);
+
+/* Drops a reference; the last one waits for the readers and frees everything. */
+void ckl_release(ckl_load *l);
+void ckl_retain(ckl_load *l);
+
+/* Pinned staging buffers kept across loads (CUDA only; harmless for the CPU). */
+ckl_pool *ckl_pool_new(void);
+void ckl_pool_free(ckl_pool *p);
+
+/* Whether this build has CUDA, and whether a device is usable now. */
+int ckl_cuda_built(void);
+int ckl_cuda_available(void);
+
+/* Tensor i as a DLPack DLManagedTensor (dlpack.h), holding a reference on the load; returns
+ * NULL if the load failed or is not complete for that tensor. */
+struct DLManagedTensor;
+struct DLManagedTensor *ckl_to_dlpack(ckl_load *l, size_t i);
+
+#endif
