@@ -5,6 +5,7 @@
 #include "../pack/synth.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -12,13 +13,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #ifdef CKL_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
-enum { DEFAULT_THREADS = 4, STAGES = 2, BLOCK_ALIGN = 256 };
+enum { DEFAULT_THREADS = 4, STAGES = 2, BLOCK_ALIGN = 256, DIRECT_ALIGN = 4096,
+       DIRECT_SLACK = 2 * DIRECT_ALIGN };
 #define DEFAULT_BUFFER ((size_t)16 << 20)
 
 static uint64_t le64(const unsigned char *p)
@@ -136,6 +139,7 @@ struct ckl_load {
     ckl_tensor *tensors;
     uint32_t *tensor_blob;   /* UINT32_MAX for an empty tensor */
     size_t ntensors;
+    int direct_fd;           /* O_DIRECT descriptor when the data is cold, else -1 */
     pthread_t *threads;
     unsigned nthreads;
     atomic_size_t next_blob;
@@ -182,20 +186,31 @@ static void blob_landed(ckl_load *l, size_t b)
                 l->opt.on_ready(l->opt.ctx, i);
 }
 
-/* Reads blob b's bytes [at, at+n) into buf; verify hashes them in order. */
-static int read_chunk(ckl_load *l, const blob *bl, uint64_t at, size_t n, unsigned char *buf,
-                      XXH3_state_t *st)
+/* Reads blob bytes [at, at+n) into buf and returns where they are, or NULL (error set). With
+ * O_DIRECT the read covers the enclosing 4096-byte-aligned range (buf has DIRECT_SLACK bytes
+ * to spare), and the bytes start inside buf. Verify hashes them in order. */
+static const unsigned char *read_chunk(ckl_load *l, const blob *bl, uint64_t at, size_t n,
+                                       unsigned char *buf, XXH3_state_t *st)
 {
-    int rc = ck_pread(l->ix->files[0].fd, buf, n, bl->file_off + at);
+    uint64_t off = bl->file_off + at, start = off;
+    size_t len = n;
+    int fd = l->ix->files[0].fd;
+    if (l->direct_fd >= 0) {
+        start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
+        len = (size_t)((off + n - start + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1));
+        fd = l->direct_fd;
+    }
+    int rc = ck_pread(fd, buf, len, start);
     if (rc) {
         set_error(l, "cannot read tensor '%s' (byte %llu): %s", bl->name,
-                  (unsigned long long)(bl->file_off + at), strerror(-rc));
-        return -1;
+                  (unsigned long long)off, strerror(-rc));
+        return NULL;
     }
+    const unsigned char *p = buf + (off - start);
     if (st)
-        XXH3_64bits_update(st, buf, n);
+        XXH3_64bits_update(st, p, n);
     atomic_fetch_add(&l->done_bytes, n);
-    return 0;
+    return p;
 }
 
 static int check_sum(ckl_load *l, const blob *bl, XXH3_state_t *st)
@@ -208,15 +223,20 @@ static int check_sum(ckl_load *l, const blob *bl, XXH3_state_t *st)
     return 0;
 }
 
-/* CPU: each blob is read straight into its place. */
-static void load_blob_host(ckl_load *l, size_t b, XXH3_state_t *st)
+/* CPU: each blob is read straight into its place (through a bounce buffer with O_DIRECT,
+ * whose alignment the destination does not have). */
+static void load_blob_host(ckl_load *l, size_t b, XXH3_state_t *st, unsigned char *bounce)
 {
     blob *bl = &l->blobs[b];
     size_t step = l->opt.buffer_size;
     for (uint64_t at = 0; at < bl->len; at += step) {
         size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
-        if (failed(l) || read_chunk(l, bl, at, n, l->block + bl->dest_off + at, st) != 0)
+        unsigned char *dst = l->block + bl->dest_off + at;
+        const unsigned char *p = failed(l) ? NULL : read_chunk(l, bl, at, n, bounce ? bounce : dst, st);
+        if (!p)
             return;
+        if (bounce)
+            memcpy(dst, p, n);
     }
     if (check_sum(l, bl, st) == 0)
         blob_landed(l, b);
@@ -252,10 +272,11 @@ static void load_blob_cuda(ckl_load *l, size_t b, XXH3_state_t *st, stage *stg, 
         size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
         stage *s = &stg[(*turn)++ % STAGES];
         cudaError_t e = s->used ? cudaEventSynchronize(s->event) : cudaSuccess;
-        if (e == cudaSuccess && (failed(l) || read_chunk(l, bl, at, n, s->buf, st) != 0))
+        const unsigned char *p = NULL;
+        if (e == cudaSuccess && (failed(l) || !(p = read_chunk(l, bl, at, n, s->buf, st))))
             return;
         if (e == cudaSuccess)
-            e = cudaMemcpyAsync(l->block + bl->dest_off + at, s->buf, n, cudaMemcpyHostToDevice,
+            e = cudaMemcpyAsync(l->block + bl->dest_off + at, p, n, cudaMemcpyHostToDevice,
                                 stream);
         if (e == cudaSuccess)
             e = cudaEventRecord(s->event, stream);
@@ -283,7 +304,7 @@ static void cuda_worker(ckl_load *l, XXH3_state_t *st)
     unsigned turn = 0, ok = cudaSetDevice(l->ordinal) == cudaSuccess &&
                             cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
     for (int k = 0; ok && k < STAGES; k++) {
-        stg[k].buf = pool_get(l->pool, l->opt.buffer_size);
+        stg[k].buf = pool_get(l->pool, l->opt.buffer_size + DIRECT_SLACK);
         ok = stg[k].buf && cudaEventCreateWithFlags(&stg[k].event, cudaEventDisableTiming) ==
                                cudaSuccess;
     }
@@ -300,7 +321,7 @@ static void cuda_worker(ckl_load *l, XXH3_state_t *st)
         if (stg[k].event)
             cudaEventDestroy(stg[k].event);
         if (stg[k].buf)
-            pool_put(l->pool, stg[k].buf, l->opt.buffer_size);
+            pool_put(l->pool, stg[k].buf, l->opt.buffer_size + DIRECT_SLACK);
     }
     if (stream)
         cudaStreamDestroy(stream);
@@ -318,11 +339,18 @@ static void *worker(void *arg)
         cuda_worker(l, st);
     else
 #endif
+    {
+        unsigned char *bounce = NULL;
+        if (l->direct_fd >= 0 &&
+            posix_memalign((void **)&bounce, DIRECT_ALIGN, l->opt.buffer_size + DIRECT_SLACK))
+            set_error(l, "out of memory");
         for (size_t b; (b = atomic_fetch_add(&l->next_blob, 1)) < l->nblobs && !failed(l);) {
             if (st)
                 XXH3_64bits_reset(st);
-            load_blob_host(l, b, st);
+            load_blob_host(l, b, st, bounce);
         }
+        free(bounce);
+    }
     XXH3_freeState(st);
     pthread_mutex_lock(&l->lock);
     l->running--;
@@ -506,6 +534,8 @@ static void free_load(ckl_load *l)
     }
     if (l->own_pool)
         ckl_pool_free(l->pool);
+    if (l->direct_fd >= 0)
+        close(l->direct_fd);
     ck_index_free(l->ix);
     free(l->blobs);
     free(l->tensors);
@@ -514,6 +544,44 @@ static void free_load(ckl_load *l)
     pthread_mutex_destroy(&l->lock);
     pthread_cond_destroy(&l->cond);
     free(l);
+}
+
+/* Fraction of the data region's pages in the page cache, from a sample of up to 64 windows of
+ * 4 MiB (mincore on a throwaway mapping); 1 when it cannot tell, e.g. where mmap is refused. */
+static double cached_fraction(int fd, uint64_t off, uint64_t len)
+{
+    enum { WINDOW = 4 << 20, SAMPLES = 64 };
+    unsigned char *vec = malloc(WINDOW / 4096);
+    uint64_t resident = 0, pages = 0, step = len / SAMPLES > WINDOW ? len / SAMPLES : WINDOW;
+    int ok = vec != NULL;
+    for (uint64_t at = off & ~(uint64_t)(DIRECT_ALIGN - 1); ok && at < off + len; at += step) {
+        size_t n = off + len - at < WINDOW ? (size_t)(off + len - at) : WINDOW;
+        void *m = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, (off_t)at);
+        ok = m != MAP_FAILED && mincore(m, n, vec) == 0;
+        if (m != MAP_FAILED)
+            munmap(m, n);
+        for (size_t i = 0; ok && i < (n + 4095) / 4096; i++)
+            resident += vec[i] & 1, pages++;
+    }
+    free(vec);
+    return ok && pages ? (double)resident / (double)pages : 1;
+}
+
+/* An O_DIRECT descriptor when most of the data is not in the page cache (reading it through the
+ * cache would only copy it twice), else -1; also -1 where O_DIRECT is refused (FUSE, tmpfs).
+ * CKLOAD_DIRECT=0 or 1 overrides the choice. */
+static int open_direct(ckl_load *l, const char *path)
+{
+    const char *force = getenv("CKLOAD_DIRECT");
+    if (force ? strcmp(force, "1") != 0 : l->nblobs == 0)
+        return -1;
+    if (!force) {
+        uint64_t lo = l->blobs[0].file_off, hi = l->blobs[l->nblobs - 1].file_off +
+                                                 l->blobs[l->nblobs - 1].len;
+        if (cached_fraction(l->ix->files[0].fd, lo, hi - lo) >= 0.5)
+            return -1;
+    }
+    return open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
 }
 
 /* Which device: CUDA when asked for (and there), or when auto finds one. */
@@ -549,6 +617,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         return -1;
     }
     atomic_init(&l->refs, 1);
+    l->direct_fd = -1;
     snprintf(l->path, sizeof l->path, "%s", path);
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->cond, NULL);
@@ -572,6 +641,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         free_load(l);
         return -1;
     }
+    l->direct_fd = open_direct(l, path);
     for (size_t i = 0; i < l->ntensors; i++)
         l->tensors[i].data = l->block + (l->tensor_blob[i] == UINT32_MAX
                                              ? 0 : l->blobs[l->tensor_blob[i]].dest_off);
