@@ -14,6 +14,7 @@
 
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <xxhash.h>
 
@@ -213,7 +214,7 @@ static int write_pack(ck_synth *sy, const char *out)
     }
     int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) {
-        fprintf(stderr, "ckpt: %s: cannot create: %s\n", tmp, strerror(errno));
+        fprintf(stderr, "ckpt: %s: cannot create: %s\n", out, strerror(errno));
         free(tmp);
         return -1;
     }
@@ -265,6 +266,7 @@ static int cmd_pack(int argc, char **argv)
         fprintf(stderr, "ckpt: %s\n", err.msg);
     } else {
         ck_progress_catch_signals();
+        signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp file goes */
         rc = write_pack(sy, args[1]) != 0;
         ck_synth_free(sy);
     }

@@ -1,8 +1,10 @@
 """The pack: `ckpt pack` from every source kind, the mount's virtual checkpoint.pack (byte for
 byte what ckpt pack writes) and checkpoint.safetensors (read by the safetensors library), and
 `ckpt verify`. Expected values come from torch.load and the safetensors library."""
+import errno
 import json
 import os
+import resource
 import signal
 import struct
 import subprocess
@@ -275,3 +277,61 @@ def test_an_interrupted_pack_leaves_nothing(tmp_path):
     assert p.returncode == 1, err
     assert b"interrupted" in err
     assert sorted(os.listdir(tmp_path)) == ["big.safetensors"]
+
+
+def one_line(stderr):
+    """The failure contract's stderr: exactly one line, starting "ckpt: "."""
+    text = stderr.decode()
+    assert text.startswith("ckpt: ") and text.endswith("\n") and text.count("\n") == 1, text
+    return text
+
+
+def limited_to_1mib(sigxfsz):
+    """preexec_fn: a 1 MiB file size limit, SIGXFSZ ignored (writes past it fail with EFBIG) or
+    left to its default action (it kills the writer, unless the writer ignores it itself)."""
+    def preexec():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        signal.signal(signal.SIGXFSZ, sigxfsz)
+    return preexec
+
+
+@pytest.mark.parametrize("sigxfsz", [signal.SIG_IGN, signal.SIG_DFL], ids=["ignored", "default"])
+def test_a_write_error_leaves_nothing(tmp_path, sigxfsz):
+    src = tmp_path / "src.safetensors"
+    save_file({f"t{i}": torch.full(((1 << 20) // 4,), float(i)) for i in range(4)}, str(src))
+    out = tmp_path / "out.pack"
+    p = run([ckpt_bin(), "pack", src, out], timeout=60, preexec_fn=limited_to_1mib(sigxfsz))
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    line = one_line(p.stderr)
+    assert str(out) in line and os.strerror(errno.EFBIG) in line, line
+    assert p.stdout == b""
+    assert os.listdir(tmp_path) == ["src.safetensors"]
+
+
+def test_pack_into_a_missing_directory_creates_nothing(tmp_path):
+    src = safetensors_source(tmp_path)
+    out = tmp_path / "missing" / "out.pack"
+    p = ckpt("pack", src, out)
+    assert p.returncode == 1
+    line = one_line(p.stderr)
+    assert line == f"ckpt: {out}: cannot create: {os.strerror(errno.ENOENT)}\n", line
+    assert p.stdout == b""
+    assert os.listdir(tmp_path) == ["src.safetensors"]
+
+
+@pytest.mark.parametrize("make", ["safetensors", "sharded", "garbage"])
+def test_verify_of_something_that_is_not_a_pack(tmp_path, make):
+    if make == "garbage":
+        src = tmp_path / "x.bin"
+        src.write_bytes(b"\x00" * 100)
+    else:
+        src = {"safetensors": safetensors_source, "sharded": sharded_source}[make](tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    p = ckpt("verify", src)
+    assert p.returncode == 1
+    line = one_line(p.stderr)
+    assert line.startswith(f"ckpt: {src}"), line
+    if make != "garbage":
+        assert "not a pack" in line, line
+    assert p.stdout == b""
+    assert sorted(os.listdir(tmp_path)) == before
