@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -20,8 +21,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
-enum { DEFAULT_THREADS = 4, STAGES = 2, BLOCK_ALIGN = 256, DIRECT_ALIGN = 4096,
-       DIRECT_SLACK = 2 * DIRECT_ALIGN };
+enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BLOCK_ALIGN = 256,
+       DIRECT_ALIGN = 4096, DIRECT_SLACK = 2 * DIRECT_ALIGN };
 #define DEFAULT_BUFFER ((size_t)16 << 20)
 
 static uint64_t le64(const unsigned char *p)
@@ -261,8 +262,8 @@ static void CUDART_CB on_copied(void *p)
     free(c);
 }
 
-/* CUDA: chunks go through this thread's two pinned buffers in turn; a buffer is refilled only
- * after the copy out of it has finished, so reading the next chunk overlaps the copy. */
+/* CUDA: chunks go through this thread's pinned buffers in turn; a buffer is refilled only
+ * after the copy out of it has finished, so reading the next chunks overlaps the copies. */
 static void load_blob_cuda(ckl_load *l, size_t b, XXH3_state_t *st, stage *stg, unsigned *turn,
                            cudaStream_t stream)
 {
@@ -270,7 +271,7 @@ static void load_blob_cuda(ckl_load *l, size_t b, XXH3_state_t *st, stage *stg, 
     size_t step = l->opt.buffer_size;
     for (uint64_t at = 0; at < bl->len; at += step) {
         size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
-        stage *s = &stg[(*turn)++ % STAGES];
+        stage *s = &stg[(*turn)++ % l->opt.buffers];
         cudaError_t e = s->used ? cudaEventSynchronize(s->event) : cudaSuccess;
         const unsigned char *p = NULL;
         if (e == cudaSuccess && (failed(l) || !(p = read_chunk(l, bl, at, n, s->buf, st))))
@@ -299,11 +300,11 @@ static void load_blob_cuda(ckl_load *l, size_t b, XXH3_state_t *st, stage *stg, 
 
 static void cuda_worker(ckl_load *l, XXH3_state_t *st)
 {
-    stage stg[STAGES] = {{0}};
+    stage *stg = calloc(l->opt.buffers, sizeof *stg);
     cudaStream_t stream = NULL;
-    unsigned turn = 0, ok = cudaSetDevice(l->ordinal) == cudaSuccess &&
+    unsigned turn = 0, ok = stg && cudaSetDevice(l->ordinal) == cudaSuccess &&
                             cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
-    for (int k = 0; ok && k < STAGES; k++) {
+    for (unsigned k = 0; ok && k < l->opt.buffers; k++) {
         stg[k].buf = pool_get(l->pool, l->opt.buffer_size + DIRECT_SLACK);
         ok = stg[k].buf && cudaEventCreateWithFlags(&stg[k].event, cudaEventDisableTiming) ==
                                cudaSuccess;
@@ -317,7 +318,7 @@ static void cuda_worker(ckl_load *l, XXH3_state_t *st)
     }
     if (stream)
         cudaStreamSynchronize(stream);
-    for (int k = 0; k < STAGES; k++) {
+    for (unsigned k = 0; stg && k < l->opt.buffers; k++) {
         if (stg[k].event)
             cudaEventDestroy(stg[k].event);
         if (stg[k].buf)
@@ -325,6 +326,7 @@ static void cuda_worker(ckl_load *l, XXH3_state_t *st)
     }
     if (stream)
         cudaStreamDestroy(stream);
+    free(stg);
 }
 #endif
 
@@ -386,6 +388,7 @@ void ckl_default_options(ckl_options *o)
     o->device = CKL_AUTO;
     o->threads = DEFAULT_THREADS;
     o->buffer_size = DEFAULT_BUFFER;
+    o->buffers = DEFAULT_STAGES;
 }
 
 /* The blob of the full pack that starts at file offset off (blobs are in offset order). */
@@ -498,6 +501,7 @@ static int alloc_block(ckl_load *l, char *err, size_t errlen)
         if (e == cudaSuccess)
             e = cudaMalloc((void **)&l->block, n);
         if (e != cudaSuccess) {
+            cudaGetLastError(); /* so that the caller's next CUDA check does not see it */
             l->block = NULL;
             snprintf(err, errlen, "ckload: %s: %s (%llu bytes on cuda:%d)", l->path,
                      e == cudaErrorMemoryAllocation ? "out of device memory"
@@ -626,6 +630,14 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         l->opt.threads = DEFAULT_THREADS;
     if (!l->opt.buffer_size)
         l->opt.buffer_size = DEFAULT_BUFFER;
+    if (!l->opt.buffers)
+        l->opt.buffers = DEFAULT_STAGES;
+    if (l->opt.buffers > MAX_STAGES) {
+        snprintf(err, errlen, "ckload: %s: %u staging buffers per thread (at most %d)", path,
+                 l->opt.buffers, MAX_STAGES);
+        free_load(l);
+        return -1;
+    }
     ck_error e;
     if (ck_open(path, &l->ix, &e) != 0) {
         snprintf(err, errlen, "ckload: %s", e.msg);
@@ -710,9 +722,13 @@ uint64_t ckl_done_bytes(const ckl_load *l)
     return atomic_load(&((ckl_load *)l)->done_bytes);
 }
 
-/* Waits until pred holds or the load fails; after a failure nothing counts as ready. */
-static int wait_until(ckl_load *l, size_t blob_or_all, char *err, size_t errlen)
+/* Waits until blob_or_all has landed (SIZE_MAX: until the readers are done) or the load fails;
+ * after a failure nothing counts as ready. 0, -1 (the error in err), or 1 once deadline (if not
+ * NULL, CLOCK_REALTIME) has passed. */
+static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *deadline,
+                      char *err, size_t errlen)
 {
+    int timed_out = 0;
     pthread_mutex_lock(&l->lock);
     for (;;) {
         if (l->err[0])
@@ -724,10 +740,15 @@ static int wait_until(ckl_load *l, size_t blob_or_all, char *err, size_t errlen)
             snprintf(l->err, sizeof l->err, "ckload: %s: the load stopped early", l->path);
             break;
         }
-        pthread_cond_wait(&l->cond, &l->lock);
+        if (!deadline)
+            pthread_cond_wait(&l->cond, &l->lock);
+        else if (pthread_cond_timedwait(&l->cond, &l->lock, deadline) == ETIMEDOUT) {
+            timed_out = 1;
+            break;
+        }
     }
-    int rc = l->err[0] ? -1 : 0;
-    if (rc && err)
+    int rc = l->err[0] ? -1 : timed_out;
+    if (rc < 0 && err)
         snprintf(err, errlen, "%s", l->err);
     pthread_mutex_unlock(&l->lock);
     return rc;
@@ -740,19 +761,33 @@ int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen)
         return -1;
     }
     if (l->tensor_blob[i] == UINT32_MAX) /* empty: nothing to wait for, unless all failed */
-        return failed(l) ? wait_until(l, SIZE_MAX, err, errlen) : 0;
-    return wait_until(l, l->tensor_blob[i], err, errlen);
+        return failed(l) ? wait_until(l, SIZE_MAX, NULL, err, errlen) : 0;
+    return wait_until(l, l->tensor_blob[i], NULL, err, errlen);
+}
+
+int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    const struct timespec *d = ms ? &deadline : NULL;
+    int rc = wait_until(l, SIZE_MAX, d, err, errlen);
+#ifdef CKL_HAVE_CUDA
+    /* Readers have returned, but the last host callbacks may still be queued. */
+    for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
+        rc = wait_until(l, b, d, err, errlen);
+#endif
+    return rc;
 }
 
 int ckl_wait_all(ckl_load *l, char *err, size_t errlen)
 {
-    int rc = wait_until(l, SIZE_MAX, err, errlen);
-#ifdef CKL_HAVE_CUDA
-    /* Readers have returned, but the last host callbacks may still be queued. */
-    for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
-        rc = wait_until(l, b, err, errlen);
-#endif
-    return rc;
+    return ckl_wait_all_for(l, 0, err, errlen);
 }
 
 void ckl_retain(ckl_load *l)

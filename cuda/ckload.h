@@ -5,9 +5,9 @@
  *    destination block for the selected tensors (device memory for CUDA, page-aligned host
  *    memory for the CPU) and starts reader threads at once; it returns before the data is in.
  *    Tensors are views into the block: name, dtype, shape, pointer.
- *  - CUDA pipeline: each reader thread owns a CUDA stream and two pinned staging buffers from
- *    the pool (cudaHostAlloc), used round-robin: pread into one while the other's
- *    cudaMemcpyAsync runs; a buffer is refilled only after its event completes. Threads take
+ *  - CUDA pipeline: each reader thread owns a CUDA stream and `buffers` pinned staging buffers
+ *    from the pool (cudaHostAlloc), used round-robin: pread into one while the others'
+ *    cudaMemcpyAsync run; a buffer is refilled only after its event completes. Threads take
  *    tensors in pack order (natural name order), so early layers arrive first.
  *    CPU pipeline: reader threads pread straight into the destination (no staging needed).
  *  - Readiness: ckl_wait(l, i) blocks until tensor i is in place; the on_ready callback runs
@@ -35,6 +35,7 @@ typedef struct ckl_options {
     int cuda_device;         /* ordinal, for CKL_CUDA / CKL_AUTO */
     unsigned threads;        /* reader threads; 0: default (4) */
     size_t buffer_size;      /* bytes per staging buffer; 0: default (16 MiB) */
+    unsigned buffers;        /* pinned staging buffers per reader thread (CUDA); 0: default (2) */
     const char *only;        /* NULL, or a prefix / glob over names (as ckpt pack --only) */
     int verify;              /* check every blob's XXH3 as its bytes stream */
     void (*on_ready)(void *ctx, size_t tensor); /* may be NULL */
@@ -73,6 +74,8 @@ uint64_t ckl_done_bytes(const ckl_load *l);
 /* Waits for tensor i / for everything. 0, or -1 with the load's error in err. */
 int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen);
 int ckl_wait_all(ckl_load *l, char *err, size_t errlen);
+/* As ckl_wait_all, but returns 1 if the load is still going after ms milliseconds (0: forever). */
+int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen);
 
 /* Drops a reference; the last one waits for the readers and frees everything. */
 void ckl_release(ckl_load *l);

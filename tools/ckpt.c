@@ -9,6 +9,7 @@
 
 #include "../fs/view.h"
 #include "../pack/packfile.h"
+#include "../cuda/ckload.h"
 #include "../pack/synth.h"
 #include "progress.h"
 
@@ -16,6 +17,7 @@
 #include <libgen.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <xxhash.h>
 
 typedef struct ck_command {
@@ -354,6 +356,136 @@ static int cmd_verify(int argc, char **argv)
     return rc;
 }
 
+/* A count or a size: digits, then optionally K, M or G (binary; "KiB", "MB" and so on are read
+ * the same). 0 when it is not one, or is 0, or overflows. */
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return 0;
+    const char *units = "KMG";
+    const char *u = *end ? strchr(units, *end & ~0x20) : NULL;
+    if (u) {
+        unsigned shift = 10 * (unsigned)(u - units + 1);
+        if (v > UINT64_MAX >> shift)
+            return 0;
+        v <<= shift;
+        end++;
+        if ((*end & ~0x20) == 'I')
+            end++;
+        if ((*end & ~0x20) == 'B')
+            end++;
+    }
+    return *end ? 0 : v;
+}
+
+static int parse_device(const char *s, ckl_options *o)
+{
+    char *end;
+    if (strcmp(s, "cpu") == 0)
+        o->device = CKL_CPU;
+    else if (strcmp(s, "auto") == 0)
+        o->device = CKL_AUTO;
+    else if (strcmp(s, "cuda") == 0)
+        o->device = CKL_CUDA;
+    else if (strncmp(s, "cuda:", 5) == 0 && s[5] >= '0' && s[5] <= '9' &&
+             (o->cuda_device = (int)strtol(s + 5, &end, 10), !*end))
+        o->device = CKL_CUDA;
+    else
+        return -1;
+    return 0;
+}
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Waits for the load, drawing the bar; 0, or -1 after printing why it failed. */
+static int finish_load(ckl_load *l)
+{
+    char err[600];
+    ck_bar bar;
+    ck_bar_start(&bar, "load");
+    uint64_t total = ckl_total_bytes(l);
+    int rc;
+    while ((rc = ckl_wait_all_for(l, 100, err, sizeof err)) == 1 &&
+           !ck_progress_tick(&bar, ckl_done_bytes(l), total))
+        ;
+    if (rc == 0)
+        ck_progress_tick(&bar, total, total);
+    ck_bar_end(&bar);
+    if (rc < 0)
+        fprintf(stderr, "ckpt: %s\n", err + (strncmp(err, "ckload: ", 8) ? 0 : 8));
+    else if (rc == 1)
+        fprintf(stderr, "ckpt: load: interrupted\n");
+    return rc ? -1 : 0;
+}
+
+static int cmd_load(int argc, char **argv)
+{
+    ckl_options o;
+    ckl_default_options(&o);
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n = val ? parse_size(val) : 0;
+        if (strcmp(opt, "--verify") == 0) {
+            o.verify = 1;
+            continue;
+        }
+        if (opt[0] == '-' && opt[1] && !val)
+            return usage_error("load", "an option without its value");
+        else if (strcmp(opt, "--device") == 0) {
+            if (parse_device(val, &o) != 0)
+                return usage_error("load", "--device: cpu, cuda, cuda:N or auto");
+        } else if (strcmp(opt, "--only") == 0)
+            o.only = val;
+        else if (strcmp(opt, "--threads") == 0 && n && n <= 256)
+            o.threads = (unsigned)n;
+        else if (strcmp(opt, "--buffers") == 0 && n && n <= 64)
+            o.buffers = (unsigned)n;
+        else if (strcmp(opt, "--buffer-size") == 0 && n >= 4096 && n <= (1ull << 32))
+            o.buffer_size = (size_t)n;
+        else if (opt[0] == '-' && opt[1])
+            return usage_error("load", "unknown option or value out of range");
+        else if (path)
+            return usage_error("load", "one PACK only");
+        else {
+            path = opt;
+            continue;
+        }
+        i++;
+    }
+    if (!path)
+        return usage_error("load", "missing PACK");
+    char err[600];
+    ckl_load *l;
+    double t0 = seconds_now();
+    if (ckl_load_start(path, &o, &l, err, sizeof err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err + (strncmp(err, "ckload: ", 8) ? 0 : 8));
+        return 1;
+    }
+    ck_progress_catch_signals();
+    int rc = finish_load(l);
+    double dt = seconds_now() - t0;
+    if (rc == 0) {
+        uint64_t bytes = ckl_total_bytes(l);
+        char dev[32] = "cpu";
+        if (ckl_device_of(l) == CKL_CUDA)
+            snprintf(dev, sizeof dev, "cuda:%d", ckl_cuda_ordinal(l));
+        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s)%s\n", path,
+               ckl_count(l), (unsigned long long)bytes, dev, dt,
+               dt > 0 ? (double)bytes / dt / 1e9 : 0.0, o.verify ? ", checksums match" : "");
+    }
+    ckl_release(l);
+    return rc != 0;
+}
+
 static int cmd_help(int argc, char **argv);
 
 static const ck_command commands[] = {
@@ -378,6 +510,16 @@ static const ck_command commands[] = {
      "Recomputes every tensor's checksum. Names the first tensor that does not match and exits\n"
      "1; prints a summary and exits 0 when all match.",
      cmd_verify},
+    {"load", "ckpt load PACK [--device D] [--threads T] [--buffers N] [--buffer-size S] "
+             "[--only P] [--verify]",
+     "Loads PACK (a pack file or a mount's .ckptfs/checkpoint.pack) with libckload into memory\n"
+     "on D (cpu, cuda, cuda:N or auto: CUDA when a device is usable; default auto), then prints\n"
+     "bytes, time and GB/s and frees it. T reader threads (default 4), each with N pinned\n"
+     "staging buffers (default 2) of S bytes (default 16M; K, M, G suffixes) for CUDA. --only\n"
+     "loads the entries whose name is P or starts with P., or matches the glob. --verify\n"
+     "checks every checksum as the bytes stream. A progress bar is drawn when stderr is a\n"
+     "terminal.",
+     cmd_load},
     {"help", "ckpt help [COMMAND]", "Shows what a command does.", cmd_help},
 };
 enum { NCOMMANDS = sizeof commands / sizeof *commands };

@@ -1,0 +1,402 @@
+"""ckload — a pack (pack/FORMAT.md) straight into torch tensors, through libckload.
+
+Pure ctypes, no compile step. The library is found through the environment variable
+CKLOAD_LIB, else next to this package as built: build/python/ckload.py uses build/libckload.so.
+
+    import ckload
+    sd = ckload.load("model.pack", device="cuda:0")     # {name: torch.Tensor}, in pack order
+
+Every tensor is a view into the one block libckload allocated (device memory for CUDA,
+page-aligned host memory for the CPU), handed to torch through DLPack: nothing is copied, and
+the block is freed when the last tensor that uses it is deleted. Tied tensors (stored once in
+the pack) share memory.
+
+Element types: torch gets the pack's dtype whenever this torch has it, BOOL, BF16, the F8 types
+and C32 (complex32) included. Types this torch lacks come back as torch.uint8 holding the raw
+little-endian bytes:
+  - one-byte types (F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ on a torch without
+    float8): the tensor's shape;
+  - U16, U32, U64 (torch < 2.3) and C32: the tensor's shape plus a last dimension of the
+    element's size in bytes;
+  - F4, F6_E2M3, F6_E3M2 (sub-byte, always): one dimension, the byte count.
+`Load.info(i)` tells the pack's dtype and shape in every case.
+"""
+import ctypes
+import os
+import threading
+
+import torch
+import torch.utils.dlpack
+
+__all__ = ["load", "Load", "cuda_available", "cuda_built", "library"]
+
+CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
+kDLCPU, kDLCUDA = 1, 2
+kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex = 0, 1, 2, 4, 5
+
+_c = ctypes
+ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
+
+
+class Options(_c.Structure):
+    """struct ckl_options (cuda/ckload.h)."""
+    _fields_ = [("device", _c.c_int),
+                ("cuda_device", _c.c_int),
+                ("threads", _c.c_uint),
+                ("buffer_size", _c.c_size_t),
+                ("buffers", _c.c_uint),
+                ("only", _c.c_char_p),
+                ("verify", _c.c_int),
+                ("on_ready", ON_READY),
+                ("ctx", _c.c_void_p),
+                ("pool", _c.c_void_p)]
+
+
+class Tensor(_c.Structure):
+    """struct ckl_tensor (cuda/ckload.h)."""
+    _fields_ = [("name", _c.c_char_p),
+                ("dtype", _c.c_char_p),
+                ("shape", _c.POINTER(_c.c_int64)),
+                ("data", _c.c_void_p),
+                ("nbytes", _c.c_uint64),
+                ("rank", _c.c_uint8),
+                ("dtype_code", _c.c_uint8)]
+
+
+class DLDevice(_c.Structure):
+    _fields_ = [("device_type", _c.c_int), ("device_id", _c.c_int)]
+
+
+class DLDataType(_c.Structure):
+    _fields_ = [("code", _c.c_uint8), ("bits", _c.c_uint8), ("lanes", _c.c_uint16)]
+
+
+class DLTensor(_c.Structure):
+    _fields_ = [("data", _c.c_void_p),
+                ("device", DLDevice),
+                ("ndim", _c.c_int),
+                ("dtype", DLDataType),
+                ("shape", _c.POINTER(_c.c_int64)),
+                ("strides", _c.POINTER(_c.c_int64)),
+                ("byte_offset", _c.c_uint64)]
+
+
+class DLManagedTensor(_c.Structure):
+    pass
+
+
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor),
+                            ("manager_ctx", _c.c_void_p),
+                            ("deleter", _c.CFUNCTYPE(None, _c.POINTER(DLManagedTensor)))]
+
+# --- the library -------------------------------------------------------------------------------
+
+_lib = None
+_lib_lock = threading.RLock()
+
+
+def _lib_path():
+    return os.environ.get("CKLOAD_LIB") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "libckload.so")
+
+
+def library():
+    """The ctypes handle on libckload, with every function's signature set."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            path = _lib_path()
+            try:
+                lib = _c.CDLL(path)
+            except OSError as e:
+                raise RuntimeError(f"ckload: cannot load {path}: {e} (set CKLOAD_LIB, or run "
+                                   f"make)") from None
+            load_p = _c.c_void_p
+            sigs = {
+                "ckl_default_options": (None, [_c.POINTER(Options)]),
+                "ckl_load_start": (_c.c_int, [_c.c_char_p, _c.POINTER(Options),
+                                              _c.POINTER(_c.c_void_p), _c.c_char_p,
+                                              _c.c_size_t]),
+                "ckl_count": (_c.c_size_t, [load_p]),
+                "ckl_get": (_c.POINTER(Tensor), [load_p, _c.c_size_t]),
+                "ckl_find": (_c.c_long, [load_p, _c.c_char_p]),
+                "ckl_device_of": (_c.c_int, [load_p]),
+                "ckl_cuda_ordinal": (_c.c_int, [load_p]),
+                "ckl_total_bytes": (_c.c_uint64, [load_p]),
+                "ckl_done_bytes": (_c.c_uint64, [load_p]),
+                "ckl_wait": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
+                "ckl_wait_all": (_c.c_int, [load_p, _c.c_char_p, _c.c_size_t]),
+                "ckl_release": (None, [load_p]),
+                "ckl_retain": (None, [load_p]),
+                "ckl_pool_new": (_c.c_void_p, []),
+                "ckl_pool_free": (None, [_c.c_void_p]),
+                "ckl_cuda_built": (_c.c_int, []),
+                "ckl_cuda_available": (_c.c_int, []),
+                "ckl_to_dlpack": (_c.POINTER(DLManagedTensor), [load_p, _c.c_size_t]),
+            }
+            for name, (res, args) in sigs.items():
+                f = getattr(lib, name)
+                f.restype, f.argtypes = res, args
+            _lib = lib
+        return _lib
+
+
+def cuda_built():
+    """Whether libckload was built with the CUDA runtime."""
+    return library().ckl_cuda_built() != 0
+
+
+def cuda_available():
+    """Whether libckload can use a CUDA device now."""
+    return library().ckl_cuda_available() != 0
+
+
+# --- DLPack capsules ---------------------------------------------------------------------------
+
+_api = _c.pythonapi
+_api.PyCapsule_New.restype = _c.py_object
+_api.PyCapsule_New.argtypes = [_c.c_void_p, _c.c_char_p, _c.c_void_p]
+_api.PyCapsule_IsValid.restype = _c.c_int
+_api.PyCapsule_IsValid.argtypes = [_c.py_object, _c.c_char_p]
+# The capsule keeps a pointer to its name, not a copy: this buffer lives as long as the module.
+_DLTENSOR = _c.create_string_buffer(b"dltensor")
+
+
+def _to_torch(m):
+    """A torch tensor over DLManagedTensor *m, which it then owns (torch calls the deleter when
+    the tensor's storage goes). If torch refuses it, the export is given back here."""
+    capsule = _api.PyCapsule_New(_c.cast(m, _c.c_void_p), _c.cast(_DLTENSOR, _c.c_char_p), None)
+    try:
+        return torch.utils.dlpack.from_dlpack(capsule)
+    except BaseException:
+        if _api.PyCapsule_IsValid(capsule, _c.cast(_DLTENSOR, _c.c_char_p)):
+            m.contents.deleter(m)  # not consumed: drop the reference it holds on the load
+        raise
+
+
+# --- element types -----------------------------------------------------------------------------
+
+# The dtypes libckload exports as bytes (kDLUInt 8, shape [nbytes]), and what torch calls them.
+_RAW = {
+    "BOOL": "bool", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
+    "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "C32": "complex32", "F4": None, "F6_E2M3": None,
+    "F6_E3M2": None,
+}
+_UNSIGNED = {"U16": ("uint16", 16), "U32": ("uint32", 32), "U64": ("uint64", 64)}
+_ITEMSIZE = {"C32": 4}
+
+
+def _torch_dtype(name):
+    return getattr(torch, name, None) if name else None
+
+
+def _retype(x, dtype, shape):
+    """x as the pack's dtype and shape where torch can say it; else as documented above."""
+    if dtype in _RAW:
+        want = _torch_dtype(_RAW[dtype])
+        if want is not None:
+            return x.view(want).reshape(shape)
+        if _RAW[dtype] is None:
+            return x  # sub-byte: the bytes
+        size = _ITEMSIZE.get(dtype, 1)
+        return x.reshape(shape if size == 1 else shape + (size,))
+    if dtype in _UNSIGNED and _torch_dtype(_UNSIGNED[dtype][0]) is None:
+        return x.unsqueeze(-1).view(torch.uint8)  # exported as signed: the same bytes
+    return x
+
+
+# --- loads -------------------------------------------------------------------------------------
+
+# on_ready callbacks by load, called through one trampoline that lives as long as the module:
+# loader threads may still call it after a load was released.
+_callbacks = {}
+_callbacks_lock = threading.Lock()
+
+
+@ON_READY
+def _trampoline(ctx, i):
+    with _callbacks_lock:
+        fn = _callbacks.get(ctx)
+    if fn is not None:
+        try:
+            fn(i)
+        except Exception:  # an exception cannot cross into the loader thread
+            import traceback
+            traceback.print_exc()
+
+
+_next_ctx = [1]
+
+# One pool of pinned staging buffers for every load of this process: pinning costs about 0.5 s
+# per GB, so buffers are pinned once and reused (libckload's pool is thread-safe).
+_pool = None
+
+
+def _shared_pool():
+    global _pool
+    with _lib_lock:
+        if _pool is None:
+            _pool = library().ckl_pool_new()
+        return _pool
+
+
+def _parse_device(device):
+    """(enum ckl_device, ordinal) from "cpu", "cuda", "cuda:N", "auto" or a torch.device."""
+    s = str(device).strip().lower()
+    if s == "cpu":
+        return CKL_CPU, 0
+    if s == "auto":
+        return CKL_AUTO, 0
+    if s == "cuda":
+        return CKL_CUDA, 0
+    if s.startswith("cuda:") and s[5:].isdigit():
+        return CKL_CUDA, int(s[5:])
+    raise ValueError(f"ckload: device {device!r}: expected cpu, cuda, cuda:N or auto")
+
+
+class Load:
+    """One load (ckl_load): started at once, tensors handed out as they land.
+
+    Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None)
+    raises RuntimeError (libckload's one-line message) when the load cannot start. on_ready(i)
+    runs on a loader thread as tensor i lands. release() (or leaving a `with` block) drops
+    this object's reference; tensors already handed out keep the memory alive.
+    """
+
+    def __init__(self, path, device="auto", only=None, verify=False, threads=0, buffer_size=0,
+                 on_ready=None):
+        lib = library()
+        dev, ordinal = _parse_device(device)
+        if int(threads) < 0 or int(buffer_size) < 0:
+            raise ValueError("ckload: threads and buffer_size must be >= 0")
+        o = Options()
+        lib.ckl_default_options(_c.byref(o))
+        o.device, o.cuda_device = dev, ordinal
+        if threads:
+            o.threads = int(threads)
+        if buffer_size:
+            o.buffer_size = int(buffer_size)
+        self._only = None if only is None else os.fsencode(only)
+        o.only = self._only
+        o.verify = 1 if verify else 0
+        o.pool = _shared_pool()
+        self._ctx = None
+        if on_ready is not None:
+            with _callbacks_lock:
+                self._ctx = _next_ctx[0]
+                _next_ctx[0] += 1
+                _callbacks[self._ctx] = on_ready
+            o.on_ready, o.ctx = _trampoline, self._ctx
+        err = _c.create_string_buffer(1024)
+        handle = _c.c_void_p()
+        self._h = None
+        if lib.ckl_load_start(os.fsencode(path), _c.byref(o), _c.byref(handle), err,
+                              len(err)) != 0:
+            self._forget_callback()
+            raise RuntimeError(err.value.decode("utf-8", "replace"))
+        self._h = handle
+        self._lib = lib
+
+    def _forget_callback(self):
+        if self._ctx is not None:
+            with _callbacks_lock:
+                _callbacks.pop(self._ctx, None)
+            self._ctx = None
+
+    def _handle(self):
+        if self._h is None:
+            raise ValueError("ckload: this load was released")
+        return self._h
+
+    def __len__(self):
+        return self._lib.ckl_count(self._handle())
+
+    def _get(self, i):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._lib.ckl_get(self._handle(), i).contents
+
+    def name(self, i):
+        return self._get(i).name.decode("utf-8", "surrogateescape")
+
+    def info(self, i):
+        """(name, dtype, shape, nbytes) of tensor i as the pack has it."""
+        t = self._get(i)
+        return (t.name.decode("utf-8", "surrogateescape"), t.dtype.decode(),
+                tuple(t.shape[k] for k in range(t.rank)), t.nbytes)
+
+    def pointer(self, i):
+        """Tensor i's address in the load's block (a host or device pointer)."""
+        return self._get(i).data or 0
+
+    def find(self, name):
+        """The index of tensor name, or -1."""
+        return self._lib.ckl_find(self._handle(), os.fsencode(name))
+
+    @property
+    def device(self):
+        """"cpu" or "cuda:N": where the block is."""
+        h = self._handle()
+        if self._lib.ckl_device_of(h) == CKL_CUDA:
+            return f"cuda:{self._lib.ckl_cuda_ordinal(h)}"
+        return "cpu"
+
+    def total_bytes(self):
+        return self._lib.ckl_total_bytes(self._handle())
+
+    def done_bytes(self):
+        return self._lib.ckl_done_bytes(self._handle())
+
+    def wait(self, i):
+        """Blocks until tensor i is in place; RuntimeError if the load failed."""
+        err = _c.create_string_buffer(1024)
+        if self._lib.ckl_wait(self._handle(), i, err, len(err)) != 0:
+            raise RuntimeError(err.value.decode("utf-8", "replace"))
+
+    def wait_all(self):
+        err = _c.create_string_buffer(1024)
+        if self._lib.ckl_wait_all(self._handle(), err, len(err)) != 0:
+            raise RuntimeError(err.value.decode("utf-8", "replace"))
+
+    def tensor(self, i):
+        """Tensor i as a torch tensor over the load's memory (waits for it to land)."""
+        name, dtype, shape, _ = self.info(i)
+        m = self._lib.ckl_to_dlpack(self._handle(), i)
+        if not m:
+            self.wait(i)  # raises the load's error
+            raise RuntimeError(f"ckload: tensor '{name}': cannot export it (out of memory)")
+        if dtype in _UNSIGNED and _torch_dtype(_UNSIGNED[dtype][0]) is None:
+            m.contents.dl_tensor.dtype.code = kDLInt  # this torch has no unsigned type this wide
+        return _retype(_to_torch(m), dtype, shape)
+
+    def release(self):
+        if self._h is not None:
+            h, self._h = self._h, None
+            self._forget_callback()
+            self._lib.ckl_release(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0):
+    """Loads the pack at path (a file, or a mount's .ckptfs/checkpoint.pack) and returns
+    {name: torch.Tensor} in pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA
+    when libckload can use a device). only: a prefix or glob over names (as ckpt pack --only);
+    verify: check every tensor's checksum as it streams. threads, buffer_size: 0 for the
+    defaults. Raises RuntimeError with libckload's one-line message on any failure; then no
+    tensor is returned and all memory is freed."""
+    with Load(path, device=device, only=only, verify=verify, threads=threads,
+              buffer_size=buffer_size) as ld:
+        ld.wait_all()
+        return {ld.name(i): ld.tensor(i) for i in range(len(ld))}

@@ -1,0 +1,438 @@
+"""libckload on the host target, through the Python module `ckload` and `ckpt load`: packs made
+from every source kind, read from a pack file and from a mount's virtual checkpoint.pack, are
+byte-exact against torch.load and the safetensors library; tensors are handed to torch through
+DLPack without copies and live as long as the last of them; every error path refuses cleanly."""
+import gc
+import os
+import resource
+import struct
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import ckload
+from ckptfs_testlib import (DTYPE_NAMES, ckpt_bin, flatten, library_view, run, torch_bytes,
+                            write_safetensors)
+from test_pack import (pack, pack_header, safetensors_source, sharded_source, torch_source)
+from test_torch import every_dtype
+
+TORCH_DTYPE = {name: dt for dt, name in DTYPE_NAMES.items()}
+
+
+def loaded_bytes(t):
+    """The bytes of a loaded tensor, row-major (torch_bytes, with the byte views ckload gives
+    for types this torch lacks already being bytes)."""
+    return torch_bytes(t)
+
+
+def expected_tensors(src):
+    """{name: (dtype, shape, bytes)} of the tensors in src, read by torch (a .pt) or by the
+    safetensors library (a .safetensors file or a shard directory)."""
+    if src.is_dir() or src.suffix == ".safetensors":
+        return library_view(src)[0]
+    out = {}
+    for name, ent in flatten(torch.load(src, map_location="cpu")).items():
+        if ent[0] == "tensor":
+            out[name] = ent[1:]
+    return out
+
+
+def check_load(sd, expected):
+    assert list(sd) == sorted(sd, key=natural_key), "not in natural name order"
+    assert set(sd) == set(expected)
+    for name, (dtype, shape, data) in expected.items():
+        t = sd[name]
+        assert t.device.type == "cpu"
+        assert t.dtype == TORCH_DTYPE[dtype], (name, t.dtype, dtype)
+        assert list(t.shape) == list(shape), (name, t.shape, shape)
+        assert loaded_bytes(t) == data, f"bytes of {name!r} differ"
+
+
+def natural_key(name):
+    import re
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name)]
+
+
+SOURCES = {
+    "zip": lambda d: torch_source(d),
+    "legacy": lambda d: torch_source(d, _use_new_zipfile_serialization=False),
+    "protocol4": lambda d: torch_source(d, pickle_protocol=4),
+    "every-dtype": lambda d: every_dtype_source(d),
+    "safetensors": safetensors_source,
+    "sharded": sharded_source,
+}
+
+
+def every_dtype_source(d):
+    path = d / "dtypes.pt"
+    torch.save(every_dtype(), path)
+    return path
+
+
+# --- byte-exact loads ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_pack_file_loads_byte_exact(tmp_path, kind):
+    src = SOURCES[kind](tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    check_load(ckload.load(out, device="cpu"), expected_tensors(src))
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+def test_virtual_pack_loads_byte_exact(tmp_path, mount, kind):
+    src = SOURCES[kind](tmp_path)
+    with mount(src) as mnt:
+        sd = ckload.load(mnt / ".ckptfs/checkpoint.pack", device="cpu", verify=True)
+    check_load(sd, expected_tensors(src))  # the tensors outlive the mount: they were copied in
+
+
+@pytest.mark.parametrize("name", ["candle_fortran_tensor_3d.pth", "tinypellm_pytorch_model.bin",
+                                  "graykode_mnist_cnn_legacy.pt", "candle_test_with_key.pt",
+                                  "peft_gpt2_adapter_model.safetensors",
+                                  "safetensors_cpp_model.safetensors"])
+def test_corpus_loads_byte_exact(tmp_path, corpus, mount, name):
+    out = pack(corpus / name, tmp_path / "out.pack")
+    expected = expected_tensors(corpus / name)
+    check_load(ckload.load(out, device="cpu", verify=True), expected)
+    with mount(corpus / name) as mnt:
+        check_load(ckload.load(mnt / ".ckptfs/checkpoint.pack", device="cpu"), expected)
+
+
+@pytest.mark.parametrize("threads,buffer_size", [(1, 4096), (3, 5000), (16, 1 << 20)])
+def test_threads_and_buffer_sizes(tmp_path, threads, buffer_size):
+    g = torch.Generator().manual_seed(5)
+    src = tmp_path / "s.safetensors"
+    save_file({f"t.{i}": torch.randn(1000 + 777 * i, generator=g) for i in range(20)}, str(src))
+    out = pack(src, tmp_path / "out.pack")
+    sd = ckload.load(out, device="cpu", threads=threads, buffer_size=buffer_size, verify=True)
+    check_load(sd, expected_tensors(src))
+
+
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_direct_io_and_page_cache_paths_agree(tmp_path, monkeypatch, direct):
+    """CKLOAD_DIRECT forces O_DIRECT (aligned reads through a bounce buffer) or the page cache;
+    both give the same bytes, also for tensors that do not start or end on a 4096 boundary."""
+    g = torch.Generator().manual_seed(9)
+    src = tmp_path / "s.safetensors"
+    save_file({f"t.{i}": torch.randn(3 + 1531 * i, generator=g) for i in range(12)}, str(src))
+    out = pack(src, tmp_path / "out.pack")
+    monkeypatch.setenv("CKLOAD_DIRECT", direct)
+    check_load(ckload.load(out, device="cpu", buffer_size=8192, verify=True),
+               expected_tensors(src))
+
+
+def test_types_this_torch_lacks_come_as_bytes(tmp_path):
+    """Every safetensors dtype: the ones torch has come typed, the others as uint8 bytes laid
+    out as the module's docstring says; Load.info always tells the pack's dtype and shape."""
+    from ckptfs_testlib import DTYPE_BITS, numel
+    g = torch.Generator().manual_seed(2)
+    tensors = []
+    for i, (dtype, bits) in enumerate(sorted(DTYPE_BITS.items())):
+        shape = [2, 4] if bits % 8 == 0 else [4, 4]  # sub-byte: a whole number of bytes
+        n = numel(shape) * bits // 8
+        data = torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8).numpy().tobytes()
+        if dtype == "BOOL":
+            data = bytes(b & 1 for b in data)
+        tensors.append((f"x.{i}.{dtype}", dtype, shape, data))
+    src = write_safetensors(tmp_path / "all.safetensors", tensors)
+    out = pack(src, tmp_path / "out.pack")
+    expected = library_view(src)[0]
+    with ckload.Load(out, device="cpu") as ld:
+        ld.wait_all()
+        for i in range(len(ld)):
+            name, dtype, shape, nbytes = ld.info(i)
+            want_dtype, want_shape, data = expected[name]
+            assert (dtype, list(shape), nbytes) == (want_dtype, want_shape, len(data))
+            t = ld.tensor(i)
+            assert loaded_bytes(t) == data, name
+            if dtype in TORCH_DTYPE:
+                assert (t.dtype, list(t.shape)) == (TORCH_DTYPE[dtype], want_shape)
+            elif getattr(torch, {"U16": "uint16", "U32": "uint32", "U64": "uint64"}
+                         .get(dtype, "-"), None) is None and dtype[0] == "U":
+                assert t.dtype == torch.uint8
+                assert list(t.shape) == want_shape + [DTYPE_BITS[dtype] // 8]
+            elif DTYPE_BITS[dtype] < 8:
+                assert (t.dtype, list(t.shape)) == (torch.uint8, [len(data)])
+
+
+def test_only_loads_a_subset(tmp_path):
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    expected = expected_tensors(src)
+    for only, names in [("layers.1", {"layers.1.w"}),
+                        ("layers.1*", {n for n in expected if n.startswith("layers.1")}),
+                        ("embed", {"embed"})]:
+        sd = ckload.load(out, device="cpu", only=only)
+        check_load(sd, {n: expected[n] for n in names})
+
+
+# --- zero copy, lifetime, readiness ---------------------------------------------------------------
+
+def mapped(addr):
+    """Whether addr is inside a mapping of this process."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return True
+    return False
+
+
+def test_tensors_are_views_into_one_block(tmp_path):
+    src = torch_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    with ckload.Load(out, device="cpu") as ld:
+        ld.wait_all()
+        tensors = [ld.tensor(i) for i in range(len(ld))]
+        for i, t in enumerate(tensors):
+            if t.numel():  # torch says 0 for the address of an empty tensor
+                assert t.data_ptr() == ld.pointer(i), "a copy was made"
+                assert t.data_ptr() % 256 == 0
+        a, b = tensors[ld.find("tied.a")], tensors[ld.find("tied.b")]
+        assert a.data_ptr() == b.data_ptr()  # stored once in the pack, loaded once
+        assert ld.find("no.such.tensor") == -1
+
+
+def test_memory_lives_as_long_as_the_last_tensor(tmp_path):
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    expected = expected_tensors(src)
+    sd = ckload.load(out, device="cpu")
+    keep = sd["layers.11.w"]
+    addr = keep.data_ptr()
+    del sd
+    gc.collect()
+    assert mapped(addr)
+    assert loaded_bytes(keep) == expected["layers.11.w"][2]
+    del keep
+    gc.collect()
+    assert not mapped(addr), "the block outlived every tensor"
+
+
+def test_released_load_keeps_exported_tensors(tmp_path):
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    ld = ckload.Load(out, device="cpu")
+    t = ld.tensor(ld.find("embed"))
+    ld.release()
+    with pytest.raises(ValueError):
+        len(ld)
+    assert loaded_bytes(t) == expected_tensors(src)["embed"][2]
+
+
+def test_on_ready_and_wait(tmp_path):
+    g = torch.Generator().manual_seed(4)
+    src = tmp_path / "s.safetensors"
+    save_file({f"layers.{i}.w": torch.randn(5000, generator=g) for i in range(30)}, str(src))
+    out = pack(src, tmp_path / "out.pack")
+    seen, lock = [], threading.Lock()
+
+    def ready(i):
+        with lock:
+            seen.append(i)
+
+    ld = ckload.Load(out, device="cpu", threads=3, buffer_size=4096, on_ready=ready)
+    ld.wait(0)
+    first = ld.tensor(0)  # usable before the rest is in
+    ld.wait_all()
+    assert sorted(seen) == list(range(len(ld)))
+    total = sum(len(t[2]) for t in expected_tensors(src).values())
+    assert ld.done_bytes() == ld.total_bytes() == total
+    assert loaded_bytes(first) == expected_tensors(src)["layers.0.w"][2]
+    ld.release()
+
+
+def test_auto_picks_what_is_there(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    sd = ckload.load(out)  # device="auto"
+    want = "cuda" if ckload.cuda_available() else "cpu"
+    assert {t.device.type for t in sd.values()} == {want}
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+def load_error(path, **kw):
+    with pytest.raises(RuntimeError) as e:
+        ckload.load(path, **kw)
+    msg = str(e.value)
+    assert msg.startswith(f"ckload: {path}"), msg
+    assert "\n" not in msg
+    return msg
+
+
+def ckpt_load(*args, timeout=120, **kw):
+    return run([ckpt_bin(), "load", *args], timeout=timeout, **kw)
+
+
+def one_line(p, code=1):
+    err = p.stderr.decode()
+    assert p.returncode == code, (p.returncode, err)
+    assert err.startswith("ckpt: ") and err.count("\n") == 1, err
+    assert p.stdout == b""
+    return err
+
+
+def flip_byte(path, at):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_missing_file(tmp_path):
+    msg = load_error(tmp_path / "none.pack", device="cpu")
+    assert os.strerror(2) in msg
+    one_line(ckpt_load(tmp_path / "none.pack"))
+
+
+@pytest.mark.parametrize("make", [safetensors_source, torch_source, sharded_source])
+def test_not_a_pack(tmp_path, make):
+    src = make(tmp_path)
+    assert "not a pack" in load_error(src, device="cpu")
+    assert "not a pack" in one_line(ckpt_load(src, "--device", "cpu"))
+
+
+@pytest.mark.parametrize("cut", ["data", "trailer", "index"])
+def test_truncated_pack(tmp_path, cut):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    h = pack_header(out)
+    keep = {"data": h["data_offset"] + 100, "trailer": h["checksum_offset"] + 4,
+            "index": h["index_offset"] + 10}[cut]
+    os.truncate(out, keep)
+    load_error(out, device="cpu")
+    one_line(ckpt_load(out, "--device", "cpu"))
+
+
+def test_flipped_data_byte_is_caught_by_verify(tmp_path):
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    listed = run([ckpt_bin(), "ls", "--json", out])
+    import json
+    victim = next(t for t in json.loads(listed.stdout)["tensors"] if t["name"] == "layers.7.w")
+    flip_byte(out, victim["offset"] + 5)
+    msg = load_error(out, device="cpu", verify=True)
+    assert "layers.7.w" in msg and "checksum" in msg, msg
+    assert "layers.7.w" in one_line(ckpt_load(out, "--device", "cpu", "--verify"))
+    # Without verify the bytes come as stored: exactly that byte differs.
+    got = loaded_bytes(ckload.load(out, device="cpu")["layers.7.w"])
+    want = expected_tensors(src)["layers.7.w"][2]
+    assert [i for i in range(len(want)) if got[i] != want[i]] == [5]
+
+
+def test_after_a_failure_nothing_is_handed_out(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    h = pack_header(out)
+    flip_byte(out, h["data_offset"])  # the first blob
+    ld = ckload.Load(out, device="cpu", verify=True, threads=1)
+    with pytest.raises(RuntimeError):
+        ld.wait_all()
+    for i in range(len(ld)):
+        with pytest.raises(RuntimeError):
+            ld.tensor(i)
+    ld.release()
+
+
+def test_corrupt_checksum_table(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    flip_byte(out, pack_header(out)["checksum_offset"] + 3)
+    assert "checksum table is corrupt" in load_error(out, device="cpu", verify=True)
+    ckload.load(out, device="cpu")  # the table is read only to verify
+
+
+def test_corrupt_header(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    flip_byte(out, 0)
+    load_error(out, device="cpu")
+    one_line(ckpt_load(out))
+
+
+def test_only_that_selects_nothing(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    assert "selects nothing" in load_error(out, device="cpu", only="nothing.*")
+    assert "selects nothing" in one_line(ckpt_load(out, "--only", "zzz"))
+
+
+def test_cuda_without_a_device(tmp_path):
+    """On a machine without a usable GPU (CI), asking for CUDA is one clear error; where there is
+    one, the same call loads there (tests/gpu checks those bytes)."""
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    if ckload.cuda_available():
+        assert all(t.is_cuda for t in ckload.load(out, device="cuda:0").values())
+    else:
+        msg = load_error(out, device="cuda:0")
+        assert "CUDA" in msg, msg
+        assert "CUDA" in one_line(ckpt_load(out, "--device", "cuda"))
+    msg = load_error(out, device="cuda:99") if ckload.cuda_built() else None
+    assert msg is None or "cuda" in msg.lower()
+
+
+def test_bad_arguments(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    for device in ["tpu", "cuda:x", "cuda:-1", ""]:
+        with pytest.raises(ValueError):
+            ckload.load(out, device=device)
+    with pytest.raises(ValueError):
+        ckload.load(out, threads=-1)
+    for args in [[out, "--device", "tpu"], [out, "--threads", "0"], [out, "--threads", "x"],
+                 [out, "--buffers", "65"], [out, "--buffer-size", "12"],
+                 [out, "--buffer-size", "1Q"], [out, "--bogus"], [out, "--threads"], [],
+                 [out, out, "--device", "cpu"], ["--verify"]]:
+        p = ckpt_load(*args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert p.stderr.decode().count("\n") == 1 and p.stdout == b""
+
+
+def sparse_safetensors(path, nbytes):
+    """A safetensors file with one U8 tensor of nbytes, holes instead of data (nothing written)."""
+    header = f'{{"big":{{"dtype":"U8","shape":[{nbytes}],"data_offsets":[0,{nbytes}]}}}}'
+    header += " " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header.encode())
+        f.truncate(8 + len(header) + nbytes)
+    return path
+
+
+def test_out_of_memory_is_refused_cleanly(tmp_path, mount):
+    """A 4 GiB virtual pack (over a sparse source) loaded under a 1 GiB address-space limit: one
+    line, exit 1, for the tool; RuntimeError and nothing leaked for the module."""
+    src = sparse_safetensors(tmp_path / "big.safetensors", 4 << 30)
+    with mount(src) as mnt:
+        vpack = mnt / ".ckptfs/checkpoint.pack"
+        limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # noqa: E731
+        err = one_line(ckpt_load(vpack, "--device", "cpu", preexec_fn=limit))
+        assert "out of memory" in err, err
+        code = ("import ckload, resource, sys\n"
+                "vm = next(int(l.split()[1]) for l in open('/proc/self/status') "
+                "if l.startswith('VmSize'))\n"
+                "lim = vm * 1024 + (512 << 20)\n"
+                "resource.setrlimit(resource.RLIMIT_AS, (lim, lim))\n"
+                "try:\n"
+                "    ckload.load(sys.argv[1], device='cpu')\n"
+                "except RuntimeError as e:\n"
+                "    print(e)\n")
+        p = subprocess.run([sys.executable, "-c", code, str(vpack)], capture_output=True,
+                           timeout=120, env=os.environ)
+        assert p.returncode == 0, p.stderr.decode()
+        assert "out of memory" in p.stdout.decode(), p.stdout
+
+
+# --- ckpt load ------------------------------------------------------------------------------------
+
+def test_ckpt_load_reports_bytes_and_rate(tmp_path):
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    total = sum(len(t[2]) for t in expected_tensors(src).values())
+    for extra in [[], ["--verify", "--threads", "2", "--buffers", "3", "--buffer-size", "64K"]]:
+        p = ckpt_load(out, "--device", "cpu", *extra)
+        assert p.returncode == 0 and p.stderr == b"", p.stderr  # no terminal, no bar
+        line = p.stdout.decode()
+        assert line.startswith(f"{out}: {len(expected_tensors(src))} tensors, {total} bytes "
+                               f"into cpu in "), line
+        assert line.rstrip().endswith("GB/s)" if not extra else "checksums match"), line
+    p = ckpt_load(out, "--device", "cpu", "--only", "layers.1")
+    assert p.returncode == 0 and " 1 tensors, " in p.stdout.decode()
