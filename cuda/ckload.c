@@ -144,6 +144,7 @@ struct ckl_load {
     pthread_t *threads;
     unsigned nthreads;
     atomic_size_t next_blob;
+    atomic_int empties_announced; /* empty tensors are ready at once: the first reader says so */
     atomic_uint_least64_t done_bytes;
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -330,9 +331,20 @@ static void cuda_worker(ckl_load *l, XXH3_state_t *st)
 }
 #endif
 
+/* on_ready for the tensors with no bytes, once per load, from whichever reader starts first. */
+static void announce_empty_tensors(ckl_load *l)
+{
+    if (!l->opt.on_ready || atomic_exchange(&l->empties_announced, 1))
+        return;
+    for (size_t i = 0; i < l->ntensors; i++)
+        if (l->tensor_blob[i] == UINT32_MAX)
+            l->opt.on_ready(l->opt.ctx, i);
+}
+
 static void *worker(void *arg)
 {
     ckl_load *l = arg;
+    announce_empty_tensors(l);
     XXH3_state_t *st = l->opt.verify ? XXH3_createState() : NULL;
     if (l->opt.verify && !st)
         set_error(l, "out of memory");
@@ -657,8 +669,10 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     for (size_t i = 0; i < l->ntensors; i++)
         l->tensors[i].data = l->block + (l->tensor_blob[i] == UINT32_MAX
                                              ? 0 : l->blobs[l->tensor_blob[i]].dest_off);
+    /* At least one reader, even with no bytes to read: it announces the empty tensors. */
     unsigned nt = l->opt.threads < l->nblobs ? l->opt.threads : (unsigned)l->nblobs;
-    l->threads = calloc(nt ? nt : 1, sizeof *l->threads);
+    nt = nt ? nt : 1;
+    l->threads = calloc(nt, sizeof *l->threads);
     if (!l->threads) {
         snprintf(err, errlen, "ckload: %s: out of memory", path);
         free_load(l);

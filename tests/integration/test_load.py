@@ -227,7 +227,9 @@ def test_released_load_keeps_exported_tensors(tmp_path):
 def test_on_ready_and_wait(tmp_path):
     g = torch.Generator().manual_seed(4)
     src = tmp_path / "s.safetensors"
-    save_file({f"layers.{i}.w": torch.randn(5000, generator=g) for i in range(30)}, str(src))
+    t = {f"layers.{i}.w": torch.randn(5000, generator=g) for i in range(30)}
+    t["layers.3.empty"] = torch.zeros(0, 5)  # no bytes: ready at once, still announced
+    save_file(t, str(src))
     out = pack(src, tmp_path / "out.pack")
     seen, lock = [], threading.Lock()
 
