@@ -1586,7 +1586,15 @@ static int step(vm *v)
     case 0x80: return op_proto(v);
     case 0x95: { /* FRAME: a buffering hint; opcodes are read the same across frames */
         uint64_t n;
-        return take_uint(v, 8, "length", &n);
+        if (take_uint(v, 8, "length", &n))
+            return -1;
+        /* Python refuses a frame that runs past the input, so it cannot be a real pickle. */
+        if (n > v->len - v->pos) {
+            v->truncated = 1;
+            return fail(v, "truncated pickle: FRAME of %llu bytes, %zu remain",
+                        (unsigned long long)n, v->len - v->pos);
+        }
+        return 0;
     }
     case '(': return op_mark(v);
     case '0': return op_pop(v);

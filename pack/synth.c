@@ -391,6 +391,14 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
     uint32_t *order = ordered_entries(ix, only, 0, &n, err);
     if (!order)
         return -1;
+    /* FORMAT.md allows the empty name only for a pack's one entry, and the reader enforces it:
+     * refusing here keeps us from writing a pack that we would then refuse to open. The empty
+     * name sorts first. */
+    if (n > 1 && ix->entries[order[0]].name_len == 0) {
+        free(order);
+        return ck_fail(err, src, "an entry has the empty name beside %u others; a pack allows "
+                       "the empty name only for its one entry", n - 1);
+    }
     ck_synth *l = synth_new(ix);
     int rc = l ? build_pack(l, order, n) : -1;
     free(order);
