@@ -49,6 +49,41 @@ static ck_synth *synth_of(ck_fs *fs, uint32_t k)
     return fs->synth[k];
 }
 
+int ck_fs_source_check(const ck_fs *fs, uint32_t file)
+{
+    const ck_file *f = &fs->ix->files[file];
+    struct stat st;
+    /* The open descriptor first: a write or truncate changes its size or mtime. */
+    if (fstat(f->fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
+        st.st_mtim.tv_sec != f->mtime.tv_sec || st.st_mtim.tv_nsec != f->mtime.tv_nsec)
+        return -EIO;
+    /* Then the path: a file renamed over it leaves our descriptor on the old, intact inode,
+     * whose bytes are no longer what SOURCE holds. */
+    if (stat(fs->src_path[file], &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)
+        return -ESTALE;
+    return 0;
+}
+
+/* Checks every source file an entry's bytes come from. Values and index.json live in memory
+ * and have none; a synthesized file reads from all of them. */
+static int entry_check(const ck_fs *fs, int32_t entry)
+{
+    int rc = 0;
+    if (entry < 0) {
+        for (uint32_t i = 0; i < fs->ix->nfiles && !rc; i++)
+            rc = ck_fs_source_check(fs, i);
+        return rc;
+    }
+    const ck_entry *e = &fs->ix->entries[entry];
+    if (e->kind != CK_TENSOR)
+        return 0;
+    if (e->layout != CK_EXTENTS)
+        return ck_fs_source_check(fs, e->ext.file);
+    for (uint32_t i = 0; i < e->nextents && !rc; i++)
+        rc = ck_fs_source_check(fs, e->u.extents[i].file);
+    return rc;
+}
+
 static uint64_t node_size(ck_fs *fs, const ck_node *nd)
 {
     if (nd->entry >= 0)
@@ -166,6 +201,12 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         return (void)fuse_reply_err(req, EISDIR);
     if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
         return (void)fuse_reply_err(req, EROFS);
+    /* Every source, not just this entry's: an open is rare next to reads, and a changed source
+     * makes the whole view suspect. Refusing here also keeps new opens away from pages the
+     * kernel cached before the change (keep_cache). */
+    for (uint32_t i = 0; i < fs->ix->nfiles; i++)
+        if (ck_fs_source_check(fs, i) != 0)
+            return (void)fuse_reply_err(req, ESTALE);
     fi->keep_cache = 1; /* the bytes never change while mounted */
     fi->direct_io = fs->direct_io;
     fuse_reply_open(req, fi);
@@ -210,8 +251,11 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         return (void)fuse_reply_err(req, ENOMEM);
     ssize_t n = sy ? ck_synth_read(sy, buf, size, (uint64_t)off)
                    : ck_entry_read(fs->ix, &fs->ix->entries[entry], buf, size, (uint64_t)off);
-    if (n < 0)
-        return (void)fuse_reply_err(req, (int)-n);
+    /* Checked after the pread: a write that could have put new bytes into buf has already
+     * moved the mtime (or the size) by the time the pread returns, so this sees it. */
+    int changed = entry_check(fs, entry);
+    if (n < 0 || changed)
+        return (void)fuse_reply_err(req, changed ? -changed : (int)-n);
     fuse_reply_buf(req, buf, (size_t)n);
 }
 

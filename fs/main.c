@@ -57,6 +57,26 @@ static void usage(const char *prog)
            prog);
 }
 
+/* Options that mount(8) and fstab pass along but that mean nothing to a FUSE mount: `defaults`
+ * and the automount and ownership flags are mount(8)'s own, `_netdev`, `nofail` and `x-*` are
+ * for systemd. Dropped, so that an fstab line cannot fail on them. `rw` and `ro` reach libfuse,
+ * and every mount is made `ro` after them (add_mount_opts). */
+static const char *const fstab_only[] = {
+    "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev",
+    "nofail", "comment=", "x-",
+};
+
+static int is_fstab_only(const char *arg)
+{
+    for (size_t k = 0; k < sizeof fstab_only / sizeof *fstab_only; k++) {
+        size_t n = strlen(fstab_only[k]);
+        int prefix = fstab_only[k][n - 1] == '=' || fstab_only[k][n - 1] == '-';
+        if (prefix ? strncmp(arg, fstab_only[k], n) == 0 : strcmp(arg, fstab_only[k]) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* The first non-option argument is SOURCE, the second MOUNTPOINT: both stay ours, so that a bad
  * mountpoint is reported in our one-line form rather than by libfuse's parser. */
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
@@ -67,7 +87,20 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
         *(o->source ? &o->mountpoint : &o->source) = strdup(arg);
         return 0;
     }
+    if (key == FUSE_OPT_KEY_OPT && is_fstab_only(arg))
+        return 0;
     return 1;
+}
+
+/* The fd N of a mountpoint "/dev/fd/N" (libfuse >= 3.3: a /dev/fuse descriptor that a
+ * privileged helper has already mounted and passed down), or -1 for an ordinary path. */
+static int mountpoint_fd(const char *mnt)
+{
+    unsigned fd;
+    int end = 0;
+    if (sscanf(mnt, "/dev/fd/%u%n", &fd, &end) != 1 || mnt[end] || fd > INT_MAX)
+        return -1;
+    return (int)fd;
 }
 
 /* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df`. */
@@ -140,6 +173,15 @@ static void set_readahead(const char *mnt, unsigned kb, int explicit)
 static int check_mountpoint(const char *mnt)
 {
     struct stat st;
+    int fd = mountpoint_fd(mnt);
+    if (fd >= 0) { /* must be an open /dev/fuse; libfuse takes it over */
+        if (fstat(fd, &st) != 0 || !S_ISCHR(st.st_mode)) {
+            fprintf(stderr, "ckptfs: %s: %s\n", mnt,
+                    errno == EBADF ? "no such open descriptor" : "not a /dev/fuse descriptor");
+            return -1;
+        }
+        return 0;
+    }
     if (stat(mnt, &st) != 0) {
         fprintf(stderr, "ckptfs: %s: %s\n", mnt, strerror(errno));
         return -1;
@@ -149,6 +191,29 @@ static int check_mountpoint(const char *mnt)
         return -1;
     }
     return 0;
+}
+
+/* Each source file's path made absolute, for the checks in ll.c: the daemon changes to "/".
+ * Symlinks stay unresolved, so a link repointed at another file counts as a replacement. */
+static char **absolute_paths(const ck_index *ix)
+{
+    char cwd[PATH_MAX], **paths = calloc(ix->nfiles, sizeof *paths);
+    if (!paths || !getcwd(cwd, sizeof cwd)) {
+        free(paths);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < ix->nfiles; i++) {
+        const char *p = ix->files[i].path;
+        if ((p[0] == '/' ? (paths[i] = strdup(p)) == NULL
+                         : asprintf(&paths[i], "%s/%s", cwd, p) < 0)) {
+            paths[i] = NULL;
+            while (i > 0)
+                free(paths[--i]);
+            free(paths);
+            return NULL;
+        }
+    }
+    return paths;
 }
 
 /* Builds the immutable view: index, tree and the .ckptfs files. */
@@ -175,11 +240,18 @@ static int build_view(ck_fs *fs, const char *source, const struct ck_opts *o)
     fs->timeout = o->timeout;
     fs->mtime = ix->files[0].mtime;
     pthread_mutex_init(&fs->synth_lock, NULL);
+    if (!(fs->src_path = absolute_paths(ix))) {
+        fprintf(stderr, "ckptfs: %s: out of memory\n", source);
+        return -1;
+    }
     return 0;
 }
 
 static void free_view(ck_fs *fs)
 {
+    for (uint32_t i = 0; fs->src_path && i < fs->ix->nfiles; i++)
+        free(fs->src_path[i]);
+    free(fs->src_path);
     for (int k = 0; k < CK_VFILE_COUNT; k++) {
         free(fs->vdata[k]);
         ck_synth_free(fs->synth[k]);
@@ -252,7 +324,8 @@ int main(int argc, char **argv)
     }
     if (check_mountpoint(o.mountpoint) != 0)
         goto out;
-    if (!(co.mountpoint = realpath(o.mountpoint, NULL))) {
+    int by_fd = mountpoint_fd(o.mountpoint) >= 0; /* the path stays as libfuse parses it */
+    if (!(co.mountpoint = by_fd ? strdup(o.mountpoint) : realpath(o.mountpoint, NULL))) {
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
@@ -272,8 +345,9 @@ int main(int argc, char **argv)
     mounted = 1;
     if (serve_init(se) != 0)
         goto out;
-    set_readahead(co.mountpoint, o.readahead_kb == ~0u ? 4096 : o.readahead_kb,
-                  o.readahead_kb != ~0u);
+    if (!by_fd) /* a mount made by someone else: its path is not ours to know */
+        set_readahead(co.mountpoint, o.readahead_kb == ~0u ? 4096 : o.readahead_kb,
+                      o.readahead_kb != ~0u);
     if (fuse_daemonize(co.foreground) != 0)
         goto out;
     status = serve(se, &co) < 0;
