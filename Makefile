@@ -24,6 +24,13 @@ ifneq ($(SANITIZE),)
 CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
+# The tests load build/san/libckload.so into an uninstrumented python: the ASan runtime must be
+# loaded first, so it is preloaded. Python itself leaks by design at exit, hence no leak check
+# there (children inherit both; the unit tests and fuzz-replay keep leak checking).
+comma := ,
+ifneq ($(filter address,$(subst $(comma), ,$(SANITIZE))),)
+SAN_PYTHON_ENV := LD_PRELOAD=$(shell $(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0
+endif
 
 CORE_SRC := $(wildcard pack/*.c)
 VIEW_SRC := fs/tree.c fs/view.c
@@ -71,12 +78,28 @@ $(BUILD)/test_unit: $(call obj,$(UNIT_SRC)) $(BUILD)/libckpt.a
 setup:
 	@scripts/setup
 
-# Unit tests (criterion), then integration tests (pytest: real mounts, checked against torch,
-# numpy and the safetensors library).
+# Unit tests (criterion), the inputs that once crashed a parser (tests/regress, fuzz/fuzz.mk),
+# then integration tests (pytest: real mounts, checked against torch, numpy and the safetensors
+# library).
 test: setup
-	$(MAKE) all $(BUILD)/test_unit
+	$(MAKE) all $(BUILD)/test_unit $(FUZZ_REPLAY)
 	$(BUILD)/test_unit --jobs 2
-	CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	$(MAKE) fuzz-replay
+	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+# The unit tests under valgrind (memcheck, full leak check). Criterion re-executes the binary
+# for each test, so children are traced (not python, which the pickle tests run) and each
+# process writes its own log; any error or leak in any of them fails the target.
+valgrind: setup $(BUILD)/test_unit
+	rm -rf $(BUILD)/valgrind && mkdir -p $(BUILD)/valgrind
+	cp $(BUILD)/test_unit $(BUILD)/valgrind/ # a rebuild must not swap the binary mid-run
+	valgrind -q --leak-check=full --errors-for-leak-kinds=definite,possible \
+	    --suppressions=tests/unit/valgrind.supp --trace-children=yes \
+	    --trace-children-skip='*python*' --log-file=$(BUILD)/valgrind/%p.log \
+	    $(BUILD)/valgrind/test_unit --jobs 1
+	@if grep -l . $(BUILD)/valgrind/*.log >/dev/null; then cat $(BUILD)/valgrind/*.log; \
+	    echo "valgrind: errors above"; exit 1; fi
+	@echo "valgrind: no errors, no leaks"
 
 bench: setup all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-fs
@@ -99,5 +122,7 @@ install: all
 clean:
 	rm -rf build
 
-.PHONY: all setup test gpu-test bench demo install clean
+include fuzz/fuzz.mk
+
+.PHONY: all setup test valgrind gpu-test bench demo install clean
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -138,6 +138,10 @@ static int child_name(pt_reader *r, const pt_frame *f, size_t k, size_t *len)
             return ck_fail(r->err, r->path, "a dict key of type %s under '%.*s' (only str, int, "
                            "float, bool and None keys name files)", pk_type_name(key->type),
                            (int)f->name_len, r->name);
+        /* Entry names are C strings (index.h): a NUL would cut the name short. */
+        if (memchr(piece, 0, plen))
+            return ck_fail(r->err, r->path, "a dict key holding a NUL byte under '%.*s'",
+                           (int)f->name_len, r->name);
     } else {
         plen = (size_t)snprintf(buf, sizeof buf, "%zu", k);
     }
@@ -219,6 +223,8 @@ static int place_by_key(const void *a, const void *b)
 static const pt_place *legacy_place(const pt_reader *r, const char *key)
 {
     pt_place probe = {.key = key};
+    if (r->nplaces == 0) /* places is NULL then, which bsearch may not be given */
+        return NULL;
     return bsearch(&probe, r->places, r->nplaces, sizeof probe, place_by_key);
 }
 

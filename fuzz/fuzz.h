@@ -1,0 +1,38 @@
+/* fuzz.h — what every libFuzzer harness in fuzz/ shares.
+ *
+ * Each harness (one per parser) defines LLVMFuzzerTestOneInput. It is linked either with
+ * libFuzzer (clang -fsanitize=fuzzer, `make fuzz`) or with replay.c, a plain main that feeds it
+ * files, so `make test` can replay every input that once crashed (tests/regress/TARGET/) with
+ * gcc and no fuzzer runtime.
+ *
+ * The parsers read from file descriptors, so the input is served from a memfd: a regular file
+ * with no disk behind it. A broken invariant (a failure with no message, a message with a
+ * newline, an index that points outside its file) aborts, so the fuzzer reports it as a crash.
+ */
+#ifndef CK_FUZZ_H
+#define CK_FUZZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../pack/index.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* A memfd holding the input, positioned at 0. Aborts if the kernel refuses one: that is the
+ * harness's problem, not the parser's. */
+int fuzz_memfd(const uint8_t *data, size_t size);
+
+/* A fresh index whose file 0 is a memfd holding the input. */
+ck_index *fuzz_index(const uint8_t *data, size_t size);
+
+/* Checks a parser's result: rc 0 leaves a sane error-free index; rc != 0 leaves a one-line
+ * message in err. ix may be NULL for parsers that build none. Reads the start and the end of every entry: a validated index over an
+ * unchanged file never fails a read. Frees nothing. */
+void fuzz_check(int rc, const ck_index *ix, const ck_error *err);
+
+/* Aborts with a message when cond is false (assert() would vanish under -DNDEBUG). */
+#define FUZZ_REQUIRE(cond) ((cond) ? (void)0 : fuzz_fail(#cond, __FILE__, __LINE__))
+void fuzz_fail(const char *what, const char *file, int line) __attribute__((noreturn));
+
+#endif

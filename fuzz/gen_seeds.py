@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Writes the fuzzers' seed inputs: tiny checkpoints of every format, one directory per target.
+
+Seeds are generated at `make fuzz` time rather than stored: torch.save (zip and legacy),
+pickle.dumps of every protocol, the safetensors library, and `ckpt pack` over those. The files
+of --corpus (../shared/corpus, real checkpoints from public repositories) are added when that
+directory exists; it is only read. Files bigger than --max-len are left out: libFuzzer would cut
+them short, which drops a zip's central directory.
+"""
+import argparse
+import collections
+import io
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import torch
+from safetensors.torch import save as st_save
+
+SEP = b"\0FZ\0"  # fuzz_sharded.c splits its input into files here
+TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
+           "source"]
+
+
+def tensors():
+    """Small tensors of many dtypes and layouts."""
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 4, generator=g)
+    return {
+        "f32": base,
+        "f16": base.half(),
+        "bf16": base.bfloat16(),
+        "f64": torch.arange(5, dtype=torch.float64),
+        "i8": torch.tensor([-1, 2, 3], dtype=torch.int8),
+        "u8": torch.tensor([1, 2, 250], dtype=torch.uint8),
+        "i64": torch.arange(6).reshape(2, 3),
+        "bool": torch.tensor([True, False]),
+        "c64": torch.tensor([1 + 2j], dtype=torch.complex64),
+        "scalar": torch.tensor(7.5),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+def torch_objects():
+    """Objects for torch.save: state dicts, nested containers, views, shared storages."""
+    t = tensors()
+    lin = torch.nn.Linear(3, 2)
+    big = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    shared = torch.arange(8, dtype=torch.float32)
+    objs = {
+        "state_dict": lin.state_dict(),
+        "dtypes": t,
+        "views": {"t": big.transpose(0, 2), "step": big[:, ::2], "expand": shared[:1].expand(4, 3),
+                  "narrow": shared[2:5], "cl": torch.zeros(1, 2, 2, 2).to(
+                      memory_format=torch.channels_last)},
+        "tied": {"a": shared, "b": shared, "c": shared.view(2, 4)},
+        "single": big,
+        "nested": {"model": lin.state_dict(), "epoch": 7, "lr": 0.001, "name": "run-1",
+                   "flag": True, "none": None, "raw": b"\x00\x01", "steps": [1, 2, (3, "x")],
+                   3: "int key", 1.5: "float key", None: "none key", "dtype": torch.float16,
+                   "od": collections.OrderedDict(a=torch.ones(2))},
+        "param": {"p": torch.nn.Parameter(torch.ones(2, 2))},
+        "optim": torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9).state_dict(),
+    }
+    return objs
+
+
+def save_torch(obj, legacy, protocol=2):
+    buf = io.BytesIO()
+    torch.save(obj, buf, _use_new_zipfile_serialization=not legacy, pickle_protocol=protocol)
+    return buf.getvalue()
+
+
+def plain_pickles():
+    """pickle.dumps of plain values under every protocol: the VM's own opcodes."""
+    vals = [None, True, 12, -3, 2**40, 2**70 - 1, 1.25, "text", "ünï", b"bytes", bytearray(b"ba"),
+            [1, [2, [3]]], (1,), (1, 2), (1, 2, 3), (), {"a": 1, "b": [1.0]}, {1, 2},
+            collections.OrderedDict(x=1)]
+    out = []
+    for proto in range(0, pickle.HIGHEST_PROTOCOL + 1):
+        for v in vals:
+            try:
+                out.append(pickle.dumps(v, protocol=proto))
+            except Exception:
+                pass
+        shared = [1, 2]
+        out.append(pickle.dumps({"x": shared, "y": shared}, protocol=proto))
+    return out
+
+
+def write(dirpath, name, data):
+    os.makedirs(dirpath, exist_ok=True)
+    with open(os.path.join(dirpath, name), "wb") as f:
+        f.write(data)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--corpus", default="")
+    ap.add_argument("--max-len", type=int, default=262144)
+    a = ap.parse_args()
+    seeds = {t: {} for t in TARGETS}
+
+    def add(targets, name, data):
+        if len(data) <= a.max_len:
+            for t in targets:
+                seeds[t][name] = data
+
+    # safetensors, alone and as shard directories
+    t = tensors()
+    st_files = {
+        "all": st_save({k: v.contiguous() for k, v in t.items() if k != "c64"},
+                       metadata={"format": "pt", "k": "v"}),
+        "one": st_save({"w": torch.ones(2, 2)}),
+        "nometa": st_save({"a.b": torch.zeros(3, dtype=torch.int32), "a.c": torch.zeros(1)}),
+    }
+    for k, v in st_files.items():
+        add(["safetensors", "source"], f"gen_{k}.safetensors", v)
+    s1 = st_save({"layer.0.w": torch.ones(2), "layer.0.b": torch.zeros(1)})
+    s2 = st_save({"layer.1.w": torch.ones(3, dtype=torch.float16)}, metadata={"format": "pt"})
+    idx = (b'{"metadata": {"total_size": 14, "n": 1}, "weight_map": {'
+           b'"layer.0.w": "model-00001-of-00002.safetensors", '
+           b'"layer.0.b": "model-00001-of-00002.safetensors", '
+           b'"layer.1.w": "model-00002-of-00002.safetensors"}}')
+    add(["sharded"], "indexed", SEP.join([
+        b"model.safetensors.index.json\n" + idx,
+        b"model-00001-of-00002.safetensors\n" + s1,
+        b"model-00002-of-00002.safetensors\n" + s2]))
+    add(["sharded"], "listed", SEP.join([b"a.safetensors\n" + s1, b"b.safetensors\n" + s2]))
+    add(["sharded"], "single", b"x.safetensors\n" + st_files["one"])
+
+    # torch: zip and legacy, several pickle protocols
+    for name, obj in torch_objects().items():
+        for proto in (2, 4):
+            z = save_torch(obj, legacy=False, protocol=proto)
+            add(["torch_zip", "zip", "source"], f"gen_{name}_p{proto}.pt", z)
+            with zipfile.ZipFile(io.BytesIO(z)) as zf:
+                pkl = [n for n in zf.namelist() if n.endswith("data.pkl")][0]
+                add(["pickle"], f"gen_{name}_p{proto}.pkl", zf.read(pkl))
+        leg = save_torch(obj, legacy=True)
+        add(["torch_legacy", "pickle", "source"], f"gen_{name}_legacy.pt", leg)
+    for i, p in enumerate(plain_pickles()):
+        add(["pickle"], f"plain_{i:03d}.pkl", p)
+
+    # the real files
+    if a.corpus and os.path.isdir(a.corpus):
+        for name in sorted(os.listdir(a.corpus)):
+            path = os.path.join(a.corpus, name)
+            if not os.path.isfile(path) or name.endswith(".md"):
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            targets = ["source"]
+            if data[:4] == b"PK\3\4":
+                targets += ["zip", "torch_zip"]
+                try:
+                    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                        for n in zf.namelist():
+                            if n.endswith("data.pkl"):
+                                add(["pickle"], f"corpus_{name}.pkl", zf.read(n))
+                except zipfile.BadZipFile:
+                    pass
+            elif name.endswith(".safetensors"):
+                targets += ["safetensors"]
+                add(["sharded"], f"corpus_{name}", name.encode() + b"\n" + data)
+            elif data[:1] == b"\x80":
+                targets += ["torch_legacy", "pickle"]
+            add(targets, f"corpus_{name}", data)
+
+    # packs of some of the above, written by our own tool
+    with tempfile.TemporaryDirectory() as tmp:
+        srcs = {k: v for k, v in seeds["source"].items() if k.startswith("gen_")}
+        for name, data in sorted(srcs.items()):
+            src = os.path.join(tmp, name)
+            with open(src, "wb") as f:
+                f.write(data)
+            out = os.path.join(tmp, name + ".pack")
+            p = subprocess.run([a.ckpt, "pack", src, out], capture_output=True)
+            if p.returncode == 0:
+                with open(out, "rb") as f:
+                    add(["packfile", "source"], name + ".pack", f.read())
+            else:
+                print(f"gen_seeds: ckpt pack {name}: {p.stderr.decode().strip()}", file=sys.stderr)
+
+    if os.path.isdir(a.out):
+        shutil.rmtree(a.out)
+    for target, files in seeds.items():
+        for name, data in files.items():
+            write(os.path.join(a.out, target), name, data)
+        print(f"gen_seeds: {target}: {len(files)} seeds")
+
+
+if __name__ == "__main__":
+    main()
