@@ -105,12 +105,14 @@ bench: setup all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-fs
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-torch
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-pack
+	PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
 
 demo: setup all
 	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo
 
-# On a machine with a GPU: byte-exact loads to cuda:0 and the GPU error paths.
-gpu-test: setup all
+# On a machine with a GPU: byte-exact loads to cuda:0 and the GPU error paths. No `setup`:
+# GPU machines often have their own Python stack and no package mirror (PYTHON=... picks it).
+gpu-test: all
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/gpu
 
 install: all
