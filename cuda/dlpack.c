@@ -61,7 +61,7 @@ DLManagedTensor *ckl_to_dlpack(ckl_load *l, size_t i)
     if (!m)
         return NULL;
     int64_t *shape = (int64_t *)(m + 1);
-    if (typed)
+    if (typed && ndim) /* a rank-0 tensor has no shape array at all */
         memcpy(shape, t->shape, (size_t)ndim * sizeof *shape);
     else
         shape[0] = (int64_t)t->nbytes;
