@@ -151,6 +151,33 @@ class Mounter:
                 pytest.fail(f"could not unmount {mnt}")
 
 
+def ckptfs_pids(arg):
+    """Live processes running ckptfs with arg (a mountpoint or a source) in their command line;
+    a daemon is not our child, so /proc is the only way to find it."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if argv[0].endswith(b"ckptfs") and str(arg).encode() in argv and state != "Z":
+            pids.append(int(d.name))
+    return pids
+
+
+def wait_until(cond, timeout=20):
+    """Polls cond until it holds (True) or timeout seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def run(cmd, timeout=30, **kw):
     try:
         return subprocess.run([str(c) for c in cmd], capture_output=True, timeout=timeout, **kw)

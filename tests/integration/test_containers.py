@@ -5,17 +5,15 @@ installed mount.fuse.ckptfs helper, and mount(8)'s options."""
 import ctypes
 import os
 import shutil
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import safetensors.torch
 
-from ckptfs_testlib import (REPO, build_dir, ckptfs_bin, is_mounted, library_view, mount_entry,
-                            read_index, run, unmount)
+from ckptfs_testlib import (REPO, build_dir, ckptfs_bin, ckptfs_pids, is_mounted, library_view,
+                            mount_entry, read_index, run, unmount, wait_until)
 
 NOBODY = 65534
 
@@ -151,30 +149,11 @@ def test_mountpoint_dev_fd(source, tmp_path, fuse):
         if fd >= 0:
             os.close(fd)
     assert not is_mounted(mnt)
-    assert wait_until(lambda: not daemons_of(source)), "ckptfs outlived its mount"
+    assert wait_until(lambda: not ckptfs_pids(source)), "ckptfs outlived its mount"
 
 
-def daemons_of(source):
-    """Live ckptfs processes whose command line names source."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if argv[0].endswith(b"ckptfs") and str(source).encode() in argv and state != "Z":
-            pids.append(int(d.name))
-    return pids
 
 
-def wait_until(cond, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.parametrize("which", ["closed", "not_fuse"])

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,8 +18,8 @@ import torch
 import safetensors.torch
 from safetensors import deserialize
 
-from ckptfs_testlib import (check_torch_mount, ckpt_bin, ckptfs_bin, flatten, is_mounted,
-                            library_view, read_index, run, unmount)
+from ckptfs_testlib import (check_torch_mount, ckpt_bin, ckptfs_bin, ckptfs_pids, flatten,
+                            is_mounted, library_view, read_index, run, unmount, wait_until)
 
 FAILED_READ = (errno.EIO, errno.ESTALE)
 
@@ -280,28 +279,8 @@ def test_signal_under_read_load(tmp_path, mountpoint, sig):
         unmount(mountpoint)
 
 
-def ckptfs_pids(mnt):
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"ckptfs") and str(mnt).encode() in argv and state != "Z":
-            pids.append(int(d.name))
-    return pids
 
 
-def wait_until(cond, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_fusermount_while_files_are_open(tmp_path, mountpoint):

@@ -4,13 +4,13 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import safetensors.torch
 
-from ckptfs_testlib import (ckptfs_bin, is_mounted, library_view, read_index, run, unmount)
+from ckptfs_testlib import (ckptfs_bin, ckptfs_pids, is_mounted, library_view, read_index, run,
+                            unmount)
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 
@@ -105,20 +105,6 @@ def test_signal_with_open_files(source, mountpoint, sig):
         stop(p, mountpoint)
 
 
-def ckptfs_pids(mnt):
-    """Processes whose command line is a ckptfs serving mnt (the daemon is not our child)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"ckptfs") and str(mnt).encode() in argv and state != "Z":
-            pids.append(int(d.name))
-    return pids
 
 
 def wait_gone(mnt, timeout=15):
