@@ -2,6 +2,7 @@
 #include "ckload.h"
 
 #include "../pack/index.h"
+#include "../pack/packfile.h"
 #include "../pack/synth.h"
 
 #include <errno.h>
@@ -24,14 +25,6 @@
 enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BLOCK_ALIGN = 256,
        DIRECT_ALIGN = 4096, DIRECT_SLACK = 2 * DIRECT_ALIGN };
 #define DEFAULT_BUFFER ((size_t)16 << 20)
-
-static uint64_t le64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* --- pinned buffer pool ------------------------------------------------------------------ */
 
@@ -421,15 +414,11 @@ static uint32_t blob_at(const ck_synth *full, uint32_t nb, uint64_t off)
 /* The stored checksums of the loaded blobs, from the trailer (its own checksum checked). */
 static int read_sums(ckl_load *l, uint32_t nb, char *err, size_t errlen)
 {
-    const ck_file *f = &l->ix->files[0];
-    size_t n = 8 * (size_t)nb + 8;
-    unsigned char *t = malloc(n);
-    int rc = t ? ck_pread(f->fd, t, n, f->size - n) : -ENOMEM;
-    if (rc == 0 && XXH3_64bits(t, n - 8) != le64(t + n - 8))
-        rc = -EBADMSG;
+    uint64_t *all = malloc(((size_t)nb + 1) * sizeof *all);
+    int rc = all ? pack_read_trailer(l->ix, 0, nb, all) : -ENOMEM;
     for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
-        l->blobs[b].stored_sum = le64(t + 8 * (size_t)l->blobs[b].full_index);
-    free(t);
+        l->blobs[b].stored_sum = all[l->blobs[b].full_index];
+    free(all);
     if (rc)
         snprintf(err, errlen, "ckload: %s: %s", l->path, rc == -EBADMSG
                  ? "the checksum table is corrupt" : strerror(-rc));

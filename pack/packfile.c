@@ -1,6 +1,7 @@
 /* packfile.c — the pack reader: header and index only, every rule of FORMAT.md checked. */
 #include "packfile.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,22 @@ static void put_le32(unsigned char *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
         p[i] = (unsigned char)(v >> (8 * i));
+}
+
+int pack_read_trailer(const ck_index *ix, uint32_t file, uint32_t nblobs, uint64_t *stored)
+{
+    const ck_file *f = &ix->files[file];
+    size_t n = 8 * (size_t)nblobs + 8;
+    if (f->size < n)
+        return -EIO;
+    unsigned char *t = malloc(n);
+    int rc = t ? ck_pread(f->fd, t, n, f->size - n) : -ENOMEM;
+    if (rc == 0 && XXH3_64bits(t, n - 8) != get_le64(t + n - 8))
+        rc = -EBADMSG;
+    for (uint32_t b = 0; rc == 0 && b < nblobs; b++)
+        stored[b] = get_le64(t + 8 * (size_t)b);
+    free(t);
+    return rc;
 }
 
 static void put_le64(unsigned char *p, uint64_t v)

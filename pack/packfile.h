@@ -29,6 +29,11 @@ int pack_probe(const unsigned char *head, size_t n);
 /* Parses file `file` of ix (already added) and appends its entries and metadata. */
 int pack_read_file(ck_index *ix, uint32_t file, ck_error *err);
 
+/* The checksum trailer of pack file `file` of ix, as stored: its nblobs blob sums into stored
+ * (nblobs entries), after checking the trailer's own sum. 0, -EBADMSG when that sum does not
+ * match, or another -errno. ix's file size was validated at open, so the trailer is in it. */
+int pack_read_trailer(const ck_index *ix, uint32_t file, uint32_t nblobs, uint64_t *stored);
+
 /* Encodes / decodes the 64-byte header (no validation in decode). */
 void pack_header_encode(const pack_header *h, unsigned char out[PACK_HEADER_SIZE]);
 void pack_header_decode(const unsigned char in[PACK_HEADER_SIZE], pack_header *h);

@@ -18,7 +18,6 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <xxhash.h>
 
 typedef struct ck_command {
     const char *name;
@@ -276,35 +275,12 @@ static int cmd_pack(int argc, char **argv)
     return rc;
 }
 
-static uint64_t le64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-/* The pack's checksum trailer as stored: nblobs sums, then the sum of those. */
-static int read_trailer(const ck_index *ix, uint32_t nblobs, uint64_t *stored)
-{
-    const ck_file *f = &ix->files[0];
-    size_t n = 8 * (size_t)nblobs + 8;
-    unsigned char *t = malloc(n);
-    int rc = t && f->size >= n ? ck_pread(f->fd, t, n, f->size - n) : -EIO;
-    if (rc == 0 && XXH3_64bits(t, n - 8) != le64(t + n - 8))
-        rc = -EBADMSG;
-    for (uint32_t b = 0; rc == 0 && b < nblobs; b++)
-        stored[b] = le64(t + 8 * (size_t)b);
-    free(t);
-    return rc;
-}
-
 /* Recomputes every blob checksum and names the first tensor whose bytes do not match. */
 static int verify_pack(const ck_index *ix, ck_synth *sy, const char *path)
 {
     uint32_t nb = ck_synth_nblobs(sy);
     uint64_t *stored = malloc((nb + 1) * sizeof *stored), *got = malloc((nb + 1) * sizeof *got);
-    int rc = stored && got ? read_trailer(ix, nb, stored) : -ENOMEM;
+    int rc = stored && got ? pack_read_trailer(ix, 0, nb, stored) : -ENOMEM;
     if (rc == -EBADMSG)
         fprintf(stderr, "ckpt: %s: the checksum table is corrupt\n", path);
     else if (rc != 0)

@@ -22,12 +22,6 @@ from test_torch import every_dtype
 TORCH_DTYPE = {name: dt for dt, name in DTYPE_NAMES.items()}
 
 
-def loaded_bytes(t):
-    """The bytes of a loaded tensor, row-major (torch_bytes, with the byte views ckload gives
-    for types this torch lacks already being bytes)."""
-    return torch_bytes(t)
-
-
 def expected_tensors(src):
     """{name: (dtype, shape, bytes)} of the tensors in src, read by torch (a .pt) or by the
     safetensors library (a .safetensors file or a shard directory)."""
@@ -48,7 +42,7 @@ def check_load(sd, expected):
         assert t.device.type == "cpu"
         assert t.dtype == TORCH_DTYPE[dtype], (name, t.dtype, dtype)
         assert list(t.shape) == list(shape), (name, t.shape, shape)
-        assert loaded_bytes(t) == data, f"bytes of {name!r} differ"
+        assert torch_bytes(t) == data, f"bytes of {name!r} differ"
 
 
 def natural_key(name):
@@ -147,7 +141,7 @@ def test_types_this_torch_lacks_come_as_bytes(tmp_path):
             want_dtype, want_shape, data = expected[name]
             assert (dtype, list(shape), nbytes) == (want_dtype, want_shape, len(data))
             t = ld.tensor(i)
-            assert loaded_bytes(t) == data, name
+            assert torch_bytes(t) == data, name
             if dtype in TORCH_DTYPE:
                 assert (t.dtype, list(t.shape)) == (TORCH_DTYPE[dtype], want_shape)
             elif getattr(torch, {"U16": "uint16", "U32": "uint32", "U64": "uint64"}
@@ -206,7 +200,7 @@ def test_memory_lives_as_long_as_the_last_tensor(tmp_path):
     del sd
     gc.collect()
     assert mapped(addr)
-    assert loaded_bytes(keep) == expected["layers.11.w"][2]
+    assert torch_bytes(keep) == expected["layers.11.w"][2]
     del keep
     gc.collect()
     assert not mapped(addr), "the block outlived every tensor"
@@ -220,7 +214,7 @@ def test_released_load_keeps_exported_tensors(tmp_path):
     ld.release()
     with pytest.raises(ValueError):
         len(ld)
-    assert loaded_bytes(t) == expected_tensors(src)["embed"][2]
+    assert torch_bytes(t) == expected_tensors(src)["embed"][2]
 
 
 def test_on_ready_and_wait(tmp_path):
@@ -243,7 +237,7 @@ def test_on_ready_and_wait(tmp_path):
     assert sorted(seen) == list(range(len(ld)))
     total = sum(len(t[2]) for t in expected_tensors(src).values())
     assert ld.done_bytes() == ld.total_bytes() == total
-    assert loaded_bytes(first) == expected_tensors(src)["layers.0.w"][2]
+    assert torch_bytes(first) == expected_tensors(src)["layers.0.w"][2]
     ld.release()
 
 
@@ -320,7 +314,7 @@ def test_flipped_data_byte_is_caught_by_verify(tmp_path):
     assert "layers.7.w" in msg and "checksum" in msg, msg
     assert "layers.7.w" in one_line(ckpt_load(out, "--device", "cpu", "--verify"))
     # Without verify the bytes come as stored: exactly that byte differs.
-    got = loaded_bytes(ckload.load(out, device="cpu")["layers.7.w"])
+    got = torch_bytes(ckload.load(out, device="cpu")["layers.7.w"])
     want = expected_tensors(src)["layers.7.w"][2]
     assert [i for i in range(len(want)) if got[i] != want[i]] == [5]
 
