@@ -1,5 +1,6 @@
 /* packfile.c — the pack reader: header and index only, every rule of FORMAT.md checked. */
 #include "packfile.h"
+#include "bytes.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -19,24 +20,6 @@
 
 typedef unsigned long long ull; /* what %llu prints */
 
-/* --- little-endian fields --------------------------------------------------------------- */
-
-static uint32_t get_le32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_le64(const unsigned char *p)
-{
-    return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
-}
-
-static void put_le32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
 int pack_read_trailer(const ck_index *ix, uint32_t file, uint32_t nblobs, uint64_t *stored)
 {
     const ck_file *f = &ix->files[file];
@@ -51,17 +34,6 @@ int pack_read_trailer(const ck_index *ix, uint32_t file, uint32_t nblobs, uint64
         stored[b] = get_le64(t + 8 * (size_t)b);
     free(t);
     return rc;
-}
-
-static void put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t align_up(uint64_t x, uint64_t a)
-{
-    return (x + a - 1) / a * a;
 }
 
 int pack_probe(const unsigned char *head, size_t n)
@@ -122,7 +94,7 @@ static int check_header(const unsigned char *raw, const pack_header *h, const ch
                        "(bytes 24-31)", (ull)h->index_length, PACK_MAX_INDEX);
     /* Both are bounded now: no overflow below. */
     uint64_t index_end = h->index_offset + h->index_length;
-    uint64_t data_start = align_up(index_end, PACK_REGION_ALIGN);
+    uint64_t data_start = ck_align_up(index_end, PACK_REGION_ALIGN);
     if (index_end > h->data_offset)
         return ck_fail(err, path, "pack header: the index [%llu, %llu) runs past data_offset "
                        "%llu (bytes 24-31)", (ull)h->index_offset, (ull)index_end,
