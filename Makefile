@@ -13,13 +13,16 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wvla -fno-stri
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
 
-# libckload uses the CUDA runtime where the toolkit is; elsewhere it is built for the CPU only.
+# libckload uses the CUDA runtime where the toolkit is (its CUDA backend, cuda/backend_cuda.c);
+# elsewhere it is built for the CPU only (cuda/backend_nocuda.c says so).
 CUDA_HOME ?= /usr/local/cuda
 HAVE_CUDA := $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h)
 ifneq ($(HAVE_CUDA),)
-CUDA_CFLAGS := -DCKL_HAVE_CUDA -I$(CUDA_HOME)/include
+CUDA_CFLAGS := -I$(CUDA_HOME)/include
 CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
+# The soname's number is the ABI version, which ckload.h owns.
+CKL_ABI := $(shell sed -n 's/^\#define CKL_ABI_VERSION //p' cuda/ckload.h)
 ifneq ($(SANITIZE),)
 CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
@@ -36,7 +39,8 @@ CORE_SRC := $(wildcard pack/*.c)
 VIEW_SRC := fs/tree.c fs/view.c
 FS_SRC   := fs/ll.c fs/main.c
 TOOL_SRC := $(wildcard tools/*.c)
-LOAD_SRC := $(wildcard cuda/*.c)
+LOAD_SRC := cuda/ckload.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
+            cuda/backend_$(if $(HAVE_CUDA),cuda,nocuda).c
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -58,15 +62,15 @@ $(BUILD)/libckpt.a: $(call obj,$(CORE_SRC) $(VIEW_SRC))
 $(BUILD)/ckptfs: $(call obj,$(FS_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/obj/cuda/%.o: cuda/%.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
 
 $(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/libckload.so: $(call obj,$(LOAD_SRC)) $(BUILD)/libckpt.a
-	$(CC) $(LDFLAGS) -shared $^ $(LDLIBS) $(CUDA_LIBS) -o $@
+# Exports only the ckl_ API (cuda/ckload.map); -z defs: every symbol it needs is resolved now.
+$(BUILD)/libckload.so: $(call obj,$(LOAD_SRC)) $(BUILD)/libckpt.a cuda/ckload.map
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libckload.so.$(CKL_ABI) -Wl,--version-script=cuda/ckload.map \
+	    -Wl,-z,defs $(filter-out %.map,$^) $(LDLIBS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/python/%.py: cuda/python/%.py
 	@mkdir -p $(dir $@)
@@ -115,11 +119,18 @@ demo: setup all
 gpu-test: all
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/gpu
 
+# libckload as libckload.so.N (its soname) with the libckload.so link to build against, its
+# header, and a pkg-config file for PREFIX.
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/sbin
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 0755 $(BUILD)/ckptfs $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 tools/mount.fuse.ckptfs $(DESTDIR)$(PREFIX)/sbin/
-	install -m 0755 $(BUILD)/libckload.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 0755 $(BUILD)/libckload.so $(DESTDIR)$(PREFIX)/lib/libckload.so.$(CKL_ABI)
+	ln -sf libckload.so.$(CKL_ABI) $(DESTDIR)$(PREFIX)/lib/libckload.so
+	install -m 0644 cuda/ckload.h $(DESTDIR)$(PREFIX)/include/
+	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(CKL_ABI)|' cuda/ckload.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ckload.pc
 
 clean:
 	rm -rf build

@@ -1,5 +1,7 @@
-/* ckload.c — the loader: a pack's blobs, read by a few threads, into one destination block. */
+/* ckload.c — the loader's core: a pack's blobs, read by a few threads, into one destination block
+ * that a backend (backend.h: CPU or CUDA) owns and fills. */
 #include "ckload.h"
+#include "backend.h"
 
 #include "../pack/index.h"
 #include "../pack/packfile.h"
@@ -18,20 +20,20 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#ifdef CKL_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BLOCK_ALIGN = 256,
-       DIRECT_ALIGN = 4096, DIRECT_SLACK = 2 * DIRECT_ALIGN };
+enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BLOCK_ALIGN = 256 };
 #define DEFAULT_BUFFER ((size_t)16 << 20)
+/* An error message, with its NUL, fits in the path's length and this (ckload.h). */
+enum { ERR_ROOM = 512 };
 
-/* --- pinned buffer pool ------------------------------------------------------------------ */
+/* --- the pool of staging buffers ------------------------------------------------------------ */
 
 struct ckl_pool {
     pthread_mutex_t lock;
-    void **free_bufs;
-    size_t *sizes;
+    struct kept {
+        void *buf;
+        size_t size;
+        void (*release)(void *);
+    } *kept;
     size_t n, cap;
 };
 
@@ -43,70 +45,48 @@ ckl_pool *ckl_pool_new(void)
     return p;
 }
 
-static void pinned_free(void *b)
-{
-#ifdef CKL_HAVE_CUDA
-    cudaFreeHost(b);
-#else
-    free(b);
-#endif
-}
-
 void ckl_pool_free(ckl_pool *p)
 {
     if (!p)
         return;
     for (size_t i = 0; i < p->n; i++)
-        pinned_free(p->free_bufs[i]);
-    free(p->free_bufs);
-    free(p->sizes);
+        p->kept[i].release(p->kept[i].buf);
+    free(p->kept);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
 
-#ifdef CKL_HAVE_CUDA
-/* A pinned buffer of at least size bytes: a kept one if any fits, else a new one (pinning
- * costs about 0.5 s per GB, which is why buffers are kept). */
-static void *pool_get(ckl_pool *p, size_t size)
+void *pool_take(ckl_pool *p, size_t size)
 {
+    void *b = NULL;
     pthread_mutex_lock(&p->lock);
-    for (size_t i = 0; i < p->n; i++)
-        if (p->sizes[i] >= size) {
-            void *b = p->free_bufs[i];
-            p->free_bufs[i] = p->free_bufs[--p->n];
-            p->sizes[i] = p->sizes[p->n];
-            pthread_mutex_unlock(&p->lock);
-            return b;
+    for (size_t i = 0; i < p->n && !b; i++)
+        if (p->kept[i].size >= size) {
+            b = p->kept[i].buf;
+            p->kept[i] = p->kept[--p->n];
         }
     pthread_mutex_unlock(&p->lock);
-    void *b = NULL;
-    if (cudaHostAlloc(&b, size, cudaHostAllocDefault) != cudaSuccess)
-        b = NULL;
     return b;
 }
 
-static void pool_put(ckl_pool *p, void *b, size_t size)
+void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
 {
     pthread_mutex_lock(&p->lock);
     if (p->n == p->cap) {
         size_t cap = p->cap ? 2 * p->cap : 16;
-        void **fb = realloc(p->free_bufs, cap * sizeof *fb);
-        size_t *sz = fb ? realloc(p->sizes, cap * sizeof *sz) : NULL;
-        if (fb)
-            p->free_bufs = fb;
-        if (!sz) {
-            pthread_mutex_unlock(&p->lock);
-            pinned_free(b);
-            return;
+        struct kept *k = realloc(p->kept, cap * sizeof *k);
+        if (k) {
+            p->kept = k;
+            p->cap = cap;
         }
-        p->sizes = sz;
-        p->cap = cap;
     }
-    p->free_bufs[p->n] = b;
-    p->sizes[p->n++] = size;
+    int keep = p->n < p->cap;
+    if (keep)
+        p->kept[p->n++] = (struct kept){.buf = b, .size = size, .release = release};
     pthread_mutex_unlock(&p->lock);
+    if (!keep)
+        release(b);
 }
-#endif
 
 /* --- the load ---------------------------------------------------------------------------- */
 
@@ -120,10 +100,11 @@ typedef struct blob {
 
 struct ckl_load {
     atomic_int refs;
-    char path[256];
+    char *path;              /* in the same allocation, as is err */
     ck_index *ix;
     ckl_options opt;
     int device, ordinal;
+    const backend *be;       /* the device's: owns the block and moves bytes into it */
     ckl_pool *pool;
     int own_pool;
     unsigned char *block;    /* host or device */
@@ -143,7 +124,8 @@ struct ckl_load {
     pthread_cond_t cond;
     unsigned running;
     int joined;
-    char err[512];           /* the first error; empty while all is well */
+    char *err;               /* the first error; empty while all is well */
+    size_t errcap;           /* room for the path and ERR_ROOM more */
 };
 
 static void set_error(ckl_load *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -151,10 +133,10 @@ static void set_error(ckl_load *l, const char *fmt, ...)
 {
     pthread_mutex_lock(&l->lock);
     if (!l->err[0]) {
-        int n = snprintf(l->err, sizeof l->err, "ckload: %s: ", l->path);
+        int n = snprintf(l->err, l->errcap, "%s: ", l->path);
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(l->err + n, sizeof l->err - (size_t)n, fmt, ap);
+        vsnprintf(l->err + n, l->errcap - (size_t)n, fmt, ap);
         va_end(ap);
     }
     pthread_cond_broadcast(&l->cond);
@@ -169,7 +151,7 @@ static int failed(ckl_load *l)
     return f;
 }
 
-static void blob_landed(ckl_load *l, size_t b)
+void blob_landed(ckl_load *l, size_t b)
 {
     pthread_mutex_lock(&l->lock);
     atomic_store(&l->blobs[b].done, 1);
@@ -218,111 +200,30 @@ static int check_sum(ckl_load *l, const blob *bl, XXH3_state_t *st)
     return 0;
 }
 
-/* CPU: each blob is read straight into its place (through a bounce buffer with O_DIRECT,
- * whose alignment the destination does not have). */
-static void load_blob_host(ckl_load *l, size_t b, XXH3_state_t *st, unsigned char *bounce)
+/* Blob b, chunk by chunk: read where the backend says (the block itself, or a staging buffer),
+ * then handed to it; it has landed once the backend says all its chunks are in. */
+static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
 {
     blob *bl = &l->blobs[b];
     size_t step = l->opt.buffer_size;
+    char why[256];
     for (uint64_t at = 0; at < bl->len; at += step) {
         size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
         unsigned char *dst = l->block + bl->dest_off + at;
-        const unsigned char *p = failed(l) ? NULL : read_chunk(l, bl, at, n, bounce ? bounce : dst, st);
-        if (!p)
+        if (failed(l))
             return;
-        if (bounce)
-            memcpy(dst, p, n);
-    }
-    if (check_sum(l, bl, st) == 0)
-        blob_landed(l, b);
-}
-
-#ifdef CKL_HAVE_CUDA
-typedef struct stage {
-    unsigned char *buf;
-    cudaEvent_t event;
-    int used;
-} stage;
-
-typedef struct landed_ctx {
-    ckl_load *l;
-    size_t blob;
-} landed_ctx;
-
-static void CUDART_CB on_copied(void *p)
-{
-    landed_ctx *c = p;
-    blob_landed(c->l, c->blob);
-    free(c);
-}
-
-/* CUDA: chunks go through this thread's pinned buffers in turn; a buffer is refilled only
- * after the copy out of it has finished, so reading the next chunks overlaps the copies. */
-static void load_blob_cuda(ckl_load *l, size_t b, XXH3_state_t *st, stage *stg, unsigned *turn,
-                           cudaStream_t stream)
-{
-    blob *bl = &l->blobs[b];
-    size_t step = l->opt.buffer_size;
-    for (uint64_t at = 0; at < bl->len; at += step) {
-        size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
-        stage *s = &stg[(*turn)++ % l->opt.buffers];
-        cudaError_t e = s->used ? cudaEventSynchronize(s->event) : cudaSuccess;
-        const unsigned char *p = NULL;
-        if (e == cudaSuccess && (failed(l) || !(p = read_chunk(l, bl, at, n, s->buf, st))))
-            return;
-        if (e == cudaSuccess)
-            e = cudaMemcpyAsync(l->block + bl->dest_off + at, p, n, cudaMemcpyHostToDevice,
-                                stream);
-        if (e == cudaSuccess)
-            e = cudaEventRecord(s->event, stream);
-        if (e != cudaSuccess) {
-            set_error(l, "copying tensor '%s' to the device: %s", bl->name, cudaGetErrorString(e));
+        unsigned char *buf = l->be->stage(r, dst, why, sizeof why);
+        const unsigned char *p = buf ? read_chunk(l, bl, at, n, buf, st) : NULL;
+        if (buf && !p)
+            return; /* read_chunk said why */
+        if (!buf || l->be->put(r, dst, p, n, why, sizeof why) != 0) {
+            set_error(l, "tensor '%s': %s", bl->name, why);
             return;
         }
-        s->used = 1;
     }
-    if (check_sum(l, bl, st) != 0)
-        return;
-    landed_ctx *c = malloc(sizeof *c);
-    if (c)
-        *c = (landed_ctx){.l = l, .blob = b};
-    if (!c || cudaLaunchHostFunc(stream, on_copied, c) != cudaSuccess) {
-        free(c);
-        set_error(l, "cannot track tensor '%s' on its stream", bl->name);
-    }
+    if (check_sum(l, bl, st) == 0 && l->be->landed(r, b, why, sizeof why) != 0)
+        set_error(l, "tensor '%s': %s", bl->name, why);
 }
-
-static void cuda_worker(ckl_load *l, XXH3_state_t *st)
-{
-    stage *stg = calloc(l->opt.buffers, sizeof *stg);
-    cudaStream_t stream = NULL;
-    unsigned turn = 0, ok = stg && cudaSetDevice(l->ordinal) == cudaSuccess &&
-                            cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
-    for (unsigned k = 0; ok && k < l->opt.buffers; k++) {
-        stg[k].buf = pool_get(l->pool, l->opt.buffer_size + DIRECT_SLACK);
-        ok = stg[k].buf && cudaEventCreateWithFlags(&stg[k].event, cudaEventDisableTiming) ==
-                               cudaSuccess;
-    }
-    if (!ok)
-        set_error(l, "cannot set up pinned buffers and a stream on cuda:%d", l->ordinal);
-    for (size_t b; ok && (b = atomic_fetch_add(&l->next_blob, 1)) < l->nblobs && !failed(l);) {
-        if (st)
-            XXH3_64bits_reset(st);
-        load_blob_cuda(l, b, st, stg, &turn, stream);
-    }
-    if (stream)
-        cudaStreamSynchronize(stream);
-    for (unsigned k = 0; stg && k < l->opt.buffers; k++) {
-        if (stg[k].event)
-            cudaEventDestroy(stg[k].event);
-        if (stg[k].buf)
-            pool_put(l->pool, stg[k].buf, l->opt.buffer_size + DIRECT_SLACK);
-    }
-    if (stream)
-        cudaStreamDestroy(stream);
-    free(stg);
-}
-#endif
 
 /* on_ready for the tensors with no bytes, once per load, from whichever reader starts first. */
 static void announce_empty_tensors(ckl_load *l)
@@ -341,23 +242,19 @@ static void *worker(void *arg)
     XXH3_state_t *st = l->opt.verify ? XXH3_createState() : NULL;
     if (l->opt.verify && !st)
         set_error(l, "out of memory");
-#ifdef CKL_HAVE_CUDA
-    if (l->device == CKL_CUDA)
-        cuda_worker(l, st);
-    else
-#endif
-    {
-        unsigned char *bounce = NULL;
-        if (l->direct_fd >= 0 &&
-            posix_memalign((void **)&bounce, DIRECT_ALIGN, l->opt.buffer_size + DIRECT_SLACK))
-            set_error(l, "out of memory");
-        for (size_t b; (b = atomic_fetch_add(&l->next_blob, 1)) < l->nblobs && !failed(l);) {
-            if (st)
-                XXH3_64bits_reset(st);
-            load_blob_host(l, b, st, bounce);
-        }
-        free(bounce);
+    reader_setup s = {.load = l, .pool = l->pool, .buffer_size = l->opt.buffer_size + DIRECT_SLACK,
+                      .buffers = l->opt.buffers, .ordinal = l->ordinal, .direct = l->direct_fd >= 0};
+    char why[256];
+    reader *r = l->be->open(&s, why, sizeof why);
+    if (!r)
+        set_error(l, "%s", why);
+    for (size_t b; r && (b = atomic_fetch_add(&l->next_blob, 1)) < l->nblobs && !failed(l);) {
+        if (st)
+            XXH3_64bits_reset(st);
+        load_blob(l, r, b, st);
     }
+    if (r)
+        l->be->close(r);
     XXH3_freeState(st);
     pthread_mutex_lock(&l->lock);
     l->running--;
@@ -370,21 +267,13 @@ static void *worker(void *arg)
 
 int ckl_cuda_built(void)
 {
-#ifdef CKL_HAVE_CUDA
-    return 1;
-#else
-    return 0;
-#endif
+    return cuda_backend != NULL;
 }
 
 int ckl_cuda_available(void)
 {
-#ifdef CKL_HAVE_CUDA
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-    return 0;
-#endif
+    char why[8];
+    return cuda_backend && cuda_backend->check(0, why, sizeof why) == 0;
 }
 
 void ckl_default_options(ckl_options *o)
@@ -420,7 +309,7 @@ static int read_sums(ckl_load *l, uint32_t nb, char *err, size_t errlen)
         l->blobs[b].stored_sum = all[l->blobs[b].full_index];
     free(all);
     if (rc)
-        snprintf(err, errlen, "ckload: %s: %s", l->path, rc == -EBADMSG
+        snprintf(err, errlen, "%s: %s", l->path, rc == -EBADMSG
                  ? "the checksum table is corrupt" : strerror(-rc));
     return rc ? -1 : 0;
 }
@@ -435,11 +324,11 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     const ck_index *ix = l->ix;
     int rc = -1;
     if (strcmp(ix->format, "pack") != 0) {
-        snprintf(err, errlen, "ckload: %s: not a pack (it is %s)", l->path, ix->format);
+        snprintf(err, errlen, "%s: not a pack (it is %s)", l->path, ix->format);
         return -1;
     }
     if (ck_synth_pack(ix, NULL, &full, &e) != 0 || ck_synth_size(full) != ix->files[0].size) {
-        snprintf(err, errlen, "ckload: %s: %s", l->path,
+        snprintf(err, errlen, "%s: %s", l->path,
                  full ? "not laid out as pack/FORMAT.md says" : e.msg);
         goto out;
     }
@@ -449,7 +338,7 @@ static int plan(ckl_load *l, char *err, size_t errlen)
         nt += ix->entries[i].kind == CK_TENSOR &&
               ck_name_selected(ix->entries[i].name, ix->entries[i].name_len, l->opt.only);
     if (nt == 0 && l->opt.only) {
-        snprintf(err, errlen, "ckload: %s: --only '%s' selects nothing", l->path, l->opt.only);
+        snprintf(err, errlen, "%s: --only '%s' selects nothing", l->path, l->opt.only);
         goto out;
     }
     l->blobs = calloc(nb ? nb : 1, sizeof *l->blobs);
@@ -458,7 +347,7 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     uint32_t *picked = calloc(nb ? nb : 1, sizeof *picked); /* full blob -> load blob + 1 */
     if (!l->blobs || !l->tensors || !l->tensor_blob || !picked) {
         free(picked);
-        snprintf(err, errlen, "ckload: %s: out of memory", l->path);
+        snprintf(err, errlen, "%s: out of memory", l->path);
         goto out;
     }
     /* Tensors in pack order; a tensor's blob is the one that starts where its bytes do. */
@@ -495,48 +384,19 @@ out:
 
 static int alloc_block(ckl_load *l, char *err, size_t errlen)
 {
-    size_t n = l->total ? (size_t)l->total : 1;
-#ifdef CKL_HAVE_CUDA
-    if (l->device == CKL_CUDA) {
-        cudaError_t e = cudaSetDevice(l->ordinal);
-        if (e == cudaSuccess)
-            e = cudaMalloc((void **)&l->block, n);
-        if (e != cudaSuccess) {
-            cudaGetLastError(); /* so that the caller's next CUDA check does not see it */
-            l->block = NULL;
-            snprintf(err, errlen, "ckload: %s: %s (%llu bytes on cuda:%d)", l->path,
-                     e == cudaErrorMemoryAllocation ? "out of device memory"
-                                                    : cudaGetErrorString(e),
-                     (unsigned long long)n, l->ordinal);
-            return -1;
-        }
-        return 0;
-    }
-#endif
-    /* Anonymous memory with huge pages where the kernel has them: filling a fresh block costs
-     * a page fault per page, and 2 MiB pages make those 512 times fewer. */
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        l->block = NULL;
-        snprintf(err, errlen, "ckload: %s: out of memory (%llu bytes)", l->path,
-                 (unsigned long long)n);
+    char why[256];
+    l->block = l->be->alloc(l->ordinal, l->total ? (size_t)l->total : 1, why, sizeof why);
+    if (!l->block) {
+        snprintf(err, errlen, "%s: %s", l->path, why);
         return -1;
     }
-    madvise(p, n, MADV_HUGEPAGE);
-    l->block = p;
     return 0;
 }
 
 static void free_load(ckl_load *l)
 {
-    if (l->block) {
-#ifdef CKL_HAVE_CUDA
-        if (l->device == CKL_CUDA)
-            cudaFree(l->block);
-        else
-#endif
-            munmap(l->block, l->total ? (size_t)l->total : 1);
-    }
+    if (l->block)
+        l->be->free(l->block, l->total ? (size_t)l->total : 1);
     if (l->own_pool)
         ckl_pool_free(l->pool);
     if (l->direct_fd >= 0)
@@ -589,41 +449,36 @@ static int open_direct(ckl_load *l, const char *path)
     return open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
 }
 
-/* Which device: CUDA when asked for (and there), or when auto finds one. */
+/* Which device, and so which backend: CUDA when asked for (and there), or when auto finds one. */
 static int pick_device(ckl_load *l, char *err, size_t errlen)
 {
     l->ordinal = l->opt.cuda_device;
     l->device = l->opt.device == CKL_AUTO ? (ckl_cuda_available() ? CKL_CUDA : CKL_CPU)
-                                          : l->opt.device;
-    if (l->device != CKL_CUDA)
+                                          : l->opt.device == CKL_CUDA ? CKL_CUDA : CKL_CPU;
+    l->be = l->device == CKL_CUDA ? cuda_backend : &cpu_backend;
+    char why[256] = "this libckload was built without CUDA";
+    if (l->be && l->be->check(l->ordinal, why, sizeof why) == 0)
         return 0;
-#ifdef CKL_HAVE_CUDA
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || l->ordinal < 0 || l->ordinal >= count) {
-        snprintf(err, errlen, "ckload: %s: no CUDA device %d (%s)", l->path, l->ordinal,
-                 e != cudaSuccess ? cudaGetErrorString(e) : "not that many devices");
-        return -1;
-    }
-    return 0;
-#else
-    snprintf(err, errlen, "ckload: %s: this libckload was built without CUDA", l->path);
+    snprintf(err, errlen, "%s: %s", l->path, why);
     return -1;
-#endif
 }
 
 int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
                    size_t errlen)
 {
     *out = NULL;
-    ckl_load *l = calloc(1, sizeof *l);
+    /* One allocation: the load, its path, then room for its error message. */
+    size_t plen = strlen(path) + 1, errcap = plen - 1 + ERR_ROOM;
+    ckl_load *l = calloc(1, sizeof *l + plen + errcap);
     if (!l) {
-        snprintf(err, errlen, "ckload: %s: out of memory", path);
+        snprintf(err, errlen, "%s: out of memory", path);
         return -1;
     }
+    l->path = memcpy((char *)(l + 1), path, plen);
+    l->err = l->path + plen;
+    l->errcap = errcap;
     atomic_init(&l->refs, 1);
     l->direct_fd = -1;
-    snprintf(l->path, sizeof l->path, "%s", path);
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->cond, NULL);
     l->opt = *o;
@@ -634,14 +489,14 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     if (!l->opt.buffers)
         l->opt.buffers = DEFAULT_STAGES;
     if (l->opt.buffers > MAX_STAGES) {
-        snprintf(err, errlen, "ckload: %s: %u staging buffers per thread (at most %d)", path,
+        snprintf(err, errlen, "%s: %u staging buffers per thread (at most %d)", path,
                  l->opt.buffers, MAX_STAGES);
         free_load(l);
         return -1;
     }
     ck_error e;
     if (ck_open(path, &l->ix, &e) != 0) {
-        snprintf(err, errlen, "ckload: %s", e.msg);
+        snprintf(err, errlen, "%s", e.msg);
         free_load(l);
         return -1;
     }
@@ -650,7 +505,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0 ||
         alloc_block(l, err, errlen) != 0) {
         if (!l->pool)
-            snprintf(err, errlen, "ckload: %s: out of memory", path);
+            snprintf(err, errlen, "%s: out of memory", path);
         free_load(l);
         return -1;
     }
@@ -663,7 +518,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     nt = nt ? nt : 1;
     l->threads = calloc(nt, sizeof *l->threads);
     if (!l->threads) {
-        snprintf(err, errlen, "ckload: %s: out of memory", path);
+        snprintf(err, errlen, "%s: out of memory", path);
         free_load(l);
         return -1;
     }
@@ -740,7 +595,7 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
                                     : atomic_load(&l->blobs[blob_or_all].done) != 0)
             break;
         if (l->running == 0 && blob_or_all != SIZE_MAX) { /* readers gone, blob never came */
-            snprintf(l->err, sizeof l->err, "ckload: %s: the load stopped early", l->path);
+            snprintf(l->err, l->errcap, "%s: the load stopped early", l->path);
             break;
         }
         if (!deadline)
@@ -760,7 +615,7 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
 int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen)
 {
     if (i >= l->ntensors) {
-        snprintf(err, errlen, "ckload: %s: no tensor %zu", l->path, i);
+        snprintf(err, errlen, "%s: no tensor %zu", l->path, i);
         return -1;
     }
     if (l->tensor_blob[i] == UINT32_MAX) /* empty: nothing to wait for, unless all failed */
@@ -780,11 +635,10 @@ int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen)
     }
     const struct timespec *d = ms ? &deadline : NULL;
     int rc = wait_until(l, SIZE_MAX, d, err, errlen);
-#ifdef CKL_HAVE_CUDA
-    /* Readers have returned, but the last host callbacks may still be queued. */
+    /* The readers have returned, but a backend may still have landings queued (CUDA: the host
+     * functions behind the last copies). */
     for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
         rc = wait_until(l, b, d, err, errlen);
-#endif
     return rc;
 }
 
@@ -805,9 +659,5 @@ void ckl_release(ckl_load *l)
     set_error(l, "released"); /* stops readers that are still going */
     for (unsigned i = 0; i < l->nthreads; i++)
         pthread_join(l->threads[i], NULL);
-#ifdef CKL_HAVE_CUDA
-    if (l->device == CKL_CUDA)
-        cudaDeviceSynchronize(); /* no copy or callback may outlive the block */
-#endif
-    free_load(l);
+    free_load(l); /* the backend frees the block once nothing is copying into it */
 }

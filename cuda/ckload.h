@@ -1,5 +1,9 @@
 /* ckload.h — libckload: stream a pack (pack/FORMAT.md) into device or host memory.
  *
+ * Build against it with `pkg-config --cflags --libs ckload` once `make install` has run; only the
+ * ckl_ functions below are exported. ckl_to_dlpack's result is dlpack.h's DLManagedTensor
+ * (libdlpack-dev, DLPack 0.6 or later), a header the caller includes itself.
+ *
  * Contract:
  *  - ckl_load opens a pack (a file, or a mount's .ckptfs/checkpoint.pack), allocates one
  *    destination block for the selected tensors (device memory for CUDA, page-aligned host
@@ -14,17 +18,24 @@
  *    (on a loader thread) as each tensor lands, for empty tensors as soon as the load starts.
  *    ckl_wait_all waits for everything.
  *  - Errors (no driver or device, out of memory, truncated or corrupt pack, checksum mismatch
- *    with verify) are reported as one line "ckload: FILE: what is wrong"; after any error no
- *    tensor is handed out (ckl_wait fails) and ckl_release frees everything.
+ *    with verify) are reported as one line "FILE: what is wrong", FILE as the caller spelled it,
+ *    however long; the program that prints it puts its own name in front ("ckpt: ", "ckload: ").
+ *    With its NUL it fits in strlen(path) + 512 bytes. After any error no tensor is handed out
+ *    (ckl_wait fails) and ckl_release frees everything.
  *  - A load is reference counted: ckl_release drops the caller's reference; each DLPack export
  *    holds one more, so device memory is freed when the last exported tensor is deleted.
  *  - Pools of pinned buffers outlive loads: pass the same ckl_pool to many loads.
+ *  - ABI: CKL_ABI_VERSION changes (with the library's soname, libckload.so.N) whenever a struct
+ *    or a signature below does. A binding that mirrors the structs by hand checks them against
+ *    ckl_abi_version and ckl_layout when it loads the library.
  */
 #ifndef CKLOAD_H
 #define CKLOAD_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#define CKL_ABI_VERSION 1
 
 enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
 
@@ -53,6 +64,13 @@ typedef struct ckl_tensor {
     uint8_t rank;
     uint8_t dtype_code;      /* enum ck_dtype */
 } ckl_tensor;
+
+/* CKL_ABI_VERSION as this library was built. */
+unsigned ckl_abi_version(void);
+/* The layout of the structs a binding mirrors, as this library was built: ckl_layout("ckl_tensor")
+ * is its size, ckl_layout("ckl_tensor.rank") the offset of that field; likewise for ckl_options
+ * and dlpack.h's DLDevice, DLDataType, DLTensor and DLManagedTensor. -1 for any other name. */
+long ckl_layout(const char *what);
 
 /* Fills *o with the defaults. */
 void ckl_default_options(ckl_options *o);

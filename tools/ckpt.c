@@ -2,6 +2,7 @@
  * Every command prints one line "ckpt: ..." on stderr and exits 1 on failure, 2 on bad usage.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,7 +385,7 @@ static double seconds_now(void)
 /* Waits for the load, drawing the bar; 0, or -1 after printing why it failed. */
 static int finish_load(ckl_load *l)
 {
-    char err[600];
+    char err[PATH_MAX + 512]; /* libckload's message fits in the path's length + 512 */
     ck_bar bar;
     ck_bar_start(&bar, "load");
     uint64_t total = ckl_total_bytes(l);
@@ -396,7 +397,7 @@ static int finish_load(ckl_load *l)
         ck_progress_tick(&bar, total, total);
     ck_bar_end(&bar);
     if (rc < 0)
-        fprintf(stderr, "ckpt: %s\n", err + (strncmp(err, "ckload: ", 8) ? 0 : 8));
+        fprintf(stderr, "ckpt: %s\n", err);
     else if (rc == 1)
         fprintf(stderr, "ckpt: load: interrupted\n");
     return rc ? -1 : 0;
@@ -439,11 +440,11 @@ static int cmd_load(int argc, char **argv)
     }
     if (!path)
         return usage_error("load", "missing PACK");
-    char err[600];
+    char err[PATH_MAX + 512];
     ckl_load *l;
     double t0 = seconds_now();
     if (ckl_load_start(path, &o, &l, err, sizeof err) != 0) {
-        fprintf(stderr, "ckpt: %s\n", err + (strncmp(err, "ckload: ", 8) ? 0 : 8));
+        fprintf(stderr, "ckpt: %s\n", err);
         return 1;
     }
     ck_progress_catch_signals();

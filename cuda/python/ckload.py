@@ -2,6 +2,8 @@
 
 Pure ctypes, no compile step. The library is found through the environment variable
 CKLOAD_LIB, else next to this package as built: build/python/ckload.py uses build/libckload.so.
+The structs below mirror ckload.h by hand; on loading the library this module checks them (and
+the ABI version) against what the library reports, and refuses a library that disagrees.
 
     import ckload
     sd = ckload.load("model.pack", device="cuda:0")     # {name: torch.Tensor}, in pack order
@@ -30,6 +32,8 @@ import torch.utils.dlpack
 
 __all__ = ["load", "Load", "cuda_available", "cuda_built", "library"]
 
+ABI_VERSION = 1  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
+ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
 CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
 kDLCPU, kDLCUDA = 1, 2
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex = 0, 1, 2, 4, 5
@@ -89,6 +93,10 @@ DLManagedTensor._fields_ = [("dl_tensor", DLTensor),
                             ("manager_ctx", _c.c_void_p),
                             ("deleter", _c.CFUNCTYPE(None, _c.POINTER(DLManagedTensor)))]
 
+# The C structs mirrored above, by their C names: checked against the library's ckl_layout.
+MIRRORS = {"ckl_options": Options, "ckl_tensor": Tensor, "DLDevice": DLDevice,
+           "DLDataType": DLDataType, "DLTensor": DLTensor, "DLManagedTensor": DLManagedTensor}
+
 # --- the library -------------------------------------------------------------------------------
 
 _lib = None
@@ -100,8 +108,30 @@ def _lib_path():
         os.path.dirname(os.path.abspath(__file__)), "..", "libckload.so")
 
 
+def _abi_mismatch(lib):
+    """What this module and the library disagree on (ABI version, a mirrored struct's size or a
+    field's offset), or None."""
+    try:
+        lib.ckl_abi_version.restype, lib.ckl_abi_version.argtypes = _c.c_uint, []
+        lib.ckl_layout.restype, lib.ckl_layout.argtypes = _c.c_long, [_c.c_char_p]
+    except AttributeError:
+        return "the library has no ckl_abi_version (it is older than this ckload.py)"
+    if lib.ckl_abi_version() != ABI_VERSION:
+        return f"ABI version {lib.ckl_abi_version()}, this ckload.py expects {ABI_VERSION}"
+    for cname, cls in MIRRORS.items():
+        mine = [(cname, "size", _c.sizeof(cls))]
+        mine += [(f"{cname}.{f[0]}", "offset", getattr(cls, f[0]).offset) for f in cls._fields_]
+        for what, kind, here in mine:
+            there = lib.ckl_layout(what.encode())
+            if there != here:
+                return (f"{what}: {kind} {there} in the library, {here} in ckload.py"
+                        if there >= 0 else f"the library does not know {what}")
+    return None
+
+
 def library():
-    """The ctypes handle on libckload, with every function's signature set."""
+    """The ctypes handle on libckload, with every function's signature set, once its ABI has
+    been checked against this module's structs."""
     global _lib
     with _lib_lock:
         if _lib is None:
@@ -111,6 +141,9 @@ def library():
             except OSError as e:
                 raise RuntimeError(f"ckload: cannot load {path}: {e} (set CKLOAD_LIB, or run "
                                    f"make)") from None
+            wrong = _abi_mismatch(lib)
+            if wrong:
+                raise RuntimeError(f"ckload: {path}: does not match this ckload.py: {wrong}")
             load_p = _c.c_void_p
             sigs = {
                 "ckl_default_options": (None, [_c.POINTER(Options)]),
@@ -255,13 +288,18 @@ def _parse_device(device):
     raise ValueError(f"ckload: device {device!r}: expected cpu, cuda, cuda:N or auto")
 
 
+def _raise(err):
+    """libckload's message ("FILE: what is wrong") as this module's error."""
+    raise RuntimeError("ckload: " + err.value.decode("utf-8", "replace"))
+
+
 class Load:
     """One load (ckl_load): started at once, tensors handed out as they land.
 
     Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None)
-    raises RuntimeError (libckload's one-line message) when the load cannot start. on_ready(i)
-    runs on a loader thread as tensor i lands. release() (or leaving a `with` block) drops
-    this object's reference; tensors already handed out keep the memory alive.
+    raises RuntimeError ("ckload: FILE: what is wrong", libckload's line) when the load cannot
+    start. on_ready(i) runs on a loader thread as tensor i lands. release() (or leaving a `with`
+    block) drops this object's reference; tensors already handed out keep the memory alive.
     """
 
     def __init__(self, path, device="auto", only=None, verify=False, threads=0, buffer_size=0,
@@ -288,13 +326,13 @@ class Load:
                 _next_ctx[0] += 1
                 _callbacks[self._ctx] = on_ready
             o.on_ready, o.ctx = _trampoline, self._ctx
-        err = _c.create_string_buffer(1024)
+        self._path = os.fsencode(path)
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         handle = _c.c_void_p()
         self._h = None
-        if lib.ckl_load_start(os.fsencode(path), _c.byref(o), _c.byref(handle), err,
-                              len(err)) != 0:
+        if lib.ckl_load_start(self._path, _c.byref(o), _c.byref(handle), err, len(err)) != 0:
             self._forget_callback()
-            raise RuntimeError(err.value.decode("utf-8", "replace"))
+            _raise(err)
         self._h = handle
         self._lib = lib
 
@@ -350,14 +388,14 @@ class Load:
 
     def wait(self, i):
         """Blocks until tensor i is in place; RuntimeError if the load failed."""
-        err = _c.create_string_buffer(1024)
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         if self._lib.ckl_wait(self._handle(), i, err, len(err)) != 0:
-            raise RuntimeError(err.value.decode("utf-8", "replace"))
+            _raise(err)
 
     def wait_all(self):
-        err = _c.create_string_buffer(1024)
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         if self._lib.ckl_wait_all(self._handle(), err, len(err)) != 0:
-            raise RuntimeError(err.value.decode("utf-8", "replace"))
+            _raise(err)
 
     def tensor(self, i):
         """Tensor i as a torch tensor over the load's memory (waits for it to land)."""
@@ -394,7 +432,7 @@ def load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0)
     {name: torch.Tensor} in pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA
     when libckload can use a device). only: a prefix or glob over names (as ckpt pack --only);
     verify: check every tensor's checksum as it streams. threads, buffer_size: 0 for the
-    defaults. Raises RuntimeError with libckload's one-line message on any failure; then no
+    defaults. Raises RuntimeError ("ckload: FILE: what is wrong") on any failure; then no
     tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
               buffer_size=buffer_size) as ld:

@@ -1,0 +1,171 @@
+/* backend_cuda.c — loads into device memory, through the CUDA runtime API and nothing else of
+ * CUDA, so that a stand-in for libcudart can take its place at link time.
+ *
+ * Each reader thread owns a stream and a few pinned staging buffers (cudaHostAlloc, kept in the
+ * load's pool across loads: pinning costs about 0.5 s per GB), used in turn: the thread preads
+ * into one while the copies out of the others run, and refills a buffer only after the event
+ * recorded behind its copy has completed. A blob has landed when a host function queued on the
+ * stream behind its last copy runs.
+ */
+#include "backend.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct stage {
+    unsigned char *buf;
+    cudaEvent_t event;
+    int used;            /* a copy out of buf was queued: wait for event before refilling it */
+} stage;
+
+struct reader {
+    ckl_load *load;
+    ckl_pool *pool;
+    size_t buffer_size;
+    int ordinal;
+    cudaStream_t stream;
+    unsigned nstages, turn;
+    stage *current;      /* the buffer stage() handed out last, for put() */
+    stage stages[];
+};
+
+static int cuda_check(int ordinal, char *why, size_t len)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaSuccess && ordinal >= 0 && ordinal < count)
+        return 0;
+    snprintf(why, len, "no CUDA device %d (%s)", ordinal,
+             e != cudaSuccess ? cudaGetErrorString(e) : "not that many devices");
+    return -1;
+}
+
+static void *cuda_alloc(int ordinal, size_t n, char *why, size_t len)
+{
+    void *block = NULL;
+    cudaError_t e = cudaSetDevice(ordinal);
+    if (e == cudaSuccess)
+        e = cudaMalloc(&block, n);
+    if (e == cudaSuccess)
+        return block;
+    cudaGetLastError(); /* so that the caller's next CUDA check does not see it */
+    snprintf(why, len, "%s (%zu bytes on cuda:%d)",
+             e == cudaErrorMemoryAllocation ? "out of device memory" : cudaGetErrorString(e), n,
+             ordinal);
+    return NULL;
+}
+
+static void cuda_free(void *block, size_t n)
+{
+    (void)n;
+    cudaDeviceSynchronize(); /* no copy or callback may outlive the block */
+    cudaFree(block);
+}
+
+static void free_pinned(void *b)
+{
+    cudaFreeHost(b);
+}
+
+static void cuda_close(reader *r)
+{
+    if (r->stream)
+        cudaStreamSynchronize(r->stream);
+    for (unsigned k = 0; k < r->nstages; k++) {
+        if (r->stages[k].event)
+            cudaEventDestroy(r->stages[k].event);
+        if (r->stages[k].buf)
+            pool_keep(r->pool, r->stages[k].buf, r->buffer_size, free_pinned);
+    }
+    if (r->stream)
+        cudaStreamDestroy(r->stream);
+    free(r);
+}
+
+static reader *cuda_open(const reader_setup *s, char *why, size_t len)
+{
+    reader *r = calloc(1, sizeof *r + s->buffers * sizeof *r->stages);
+    if (!r) {
+        snprintf(why, len, "out of memory");
+        return NULL;
+    }
+    r->load = s->load;
+    r->pool = s->pool;
+    r->buffer_size = s->buffer_size;
+    r->ordinal = s->ordinal;
+    r->nstages = s->buffers;
+    cudaError_t e = cudaSetDevice(s->ordinal);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+    for (unsigned k = 0; e == cudaSuccess && k < r->nstages; k++) {
+        void *b = pool_take(s->pool, s->buffer_size);
+        if (!b && (e = cudaHostAlloc(&b, s->buffer_size, cudaHostAllocDefault)) != cudaSuccess)
+            break;
+        r->stages[k].buf = b;
+        e = cudaEventCreateWithFlags(&r->stages[k].event, cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) {
+        snprintf(why, len, "cannot set up pinned buffers and a stream on cuda:%d: %s",
+                 s->ordinal, cudaGetErrorString(e));
+        cuda_close(r);
+        return NULL;
+    }
+    return r;
+}
+
+static unsigned char *cuda_stage(reader *r, unsigned char *dst, char *why, size_t len)
+{
+    (void)dst;
+    stage *s = r->current = &r->stages[r->turn++ % r->nstages];
+    cudaError_t e = s->used ? cudaEventSynchronize(s->event) : cudaSuccess;
+    if (e != cudaSuccess) {
+        snprintf(why, len, "copying to cuda:%d: %s", r->ordinal, cudaGetErrorString(e));
+        return NULL;
+    }
+    return s->buf;
+}
+
+static int cuda_put(reader *r, unsigned char *dst, const unsigned char *p, size_t n, char *why,
+                    size_t len)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, p, n, cudaMemcpyHostToDevice, r->stream);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(r->current->event, r->stream);
+    if (e != cudaSuccess) {
+        snprintf(why, len, "copying to cuda:%d: %s", r->ordinal, cudaGetErrorString(e));
+        return -1;
+    }
+    r->current->used = 1;
+    return 0;
+}
+
+typedef struct landing {
+    ckl_load *load;
+    size_t blob;
+} landing;
+
+static void CUDART_CB on_copied(void *p)
+{
+    landing *c = p;
+    blob_landed(c->load, c->blob);
+    free(c);
+}
+
+static int cuda_landed(reader *r, size_t blob, char *why, size_t len)
+{
+    landing *c = malloc(sizeof *c);
+    if (c)
+        *c = (landing){.load = r->load, .blob = blob};
+    if (c && cudaLaunchHostFunc(r->stream, on_copied, c) == cudaSuccess)
+        return 0;
+    free(c);
+    snprintf(why, len, "cannot track it on its CUDA stream");
+    return -1;
+}
+
+static const backend cuda = {
+    .check = cuda_check, .alloc = cuda_alloc, .free = cuda_free, .open = cuda_open,
+    .stage = cuda_stage, .put = cuda_put, .landed = cuda_landed, .close = cuda_close,
+};
+const backend *const cuda_backend = &cuda;
