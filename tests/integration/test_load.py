@@ -366,6 +366,40 @@ def test_cuda_without_a_device(tmp_path):
     assert msg is None or "cuda" in msg.lower()
 
 
+def test_ckpt_load_errors_carry_its_own_name_only(tmp_path):
+    """libckload's messages are "FILE: what is wrong": each program puts its own name in front,
+    the module "ckload: ", the tool "ckpt: ", and neither strips the other's."""
+    src = safetensors_source(tmp_path)
+    out = pack(src, tmp_path / "out.pack")
+    missing = tmp_path / "none.pack"
+    victim = tmp_path / "flipped.pack"
+    victim.write_bytes(out.read_bytes())
+    flip_byte(victim, pack_header(victim)["data_offset"] + 3)
+    for path, extra in [(missing, []), (src, []), (victim, ["--verify"])]:
+        err = one_line(ckpt_load(path, "--device", "cpu", *extra))
+        assert err.startswith(f"ckpt: {path}: ") and "ckload:" not in err, err
+        msg = load_error(path, device="cpu", verify=bool(extra))
+        assert msg == "ckload: " + err[len("ckpt: "):].rstrip("\n"), (msg, err)
+
+
+def test_a_long_path_is_kept_whole(tmp_path):
+    """Far longer than 256 bytes, in the messages and for the reads."""
+    deep = tmp_path.joinpath(*[f"{'d' * 60}{i}" for i in range(6)])
+    deep.mkdir(parents=True)
+    src = safetensors_source(tmp_path)
+    out = pack(src, deep / "out.pack")
+    assert len(str(out)) > 400
+    check_load(ckload.load(out, device="cpu", verify=True), expected_tensors(src))
+    p = ckpt_load(out, "--device", "cpu")
+    assert p.returncode == 0 and p.stdout.decode().startswith(f"{out}: "), p.stderr
+    flip_byte(out, pack_header(out)["data_offset"] + 1)  # an error found by a reader thread
+    msg = load_error(out, device="cpu", verify=True)
+    assert msg.startswith(f"ckload: {out}: tensor '") and "checksum mismatch" in msg, msg
+    assert one_line(ckpt_load(out, "--verify")).startswith(f"ckpt: {out}: tensor '")
+    missing = deep / "none.pack"  # an error found before the load starts
+    assert os.strerror(2) in load_error(missing, device="cpu")
+
+
 def test_bad_arguments(tmp_path):
     out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
     for device in ["tpu", "cuda:x", "cuda:-1", ""]:
