@@ -69,8 +69,8 @@ $(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
 
 # Exports only the ckl_ API (cuda/ckload.map); -z defs: every symbol it needs is resolved now.
 $(BUILD)/libckload.so: $(call obj,$(LOAD_SRC)) $(BUILD)/libckpt.a cuda/ckload.map
-	$(CC) $(LDFLAGS) -shared -Wl,-soname,libckload.so.$(CKL_ABI) -Wl,--version-script=cuda/ckload.map \
-	    -Wl,-z,defs $(filter-out %.map,$^) $(LDLIBS) $(CUDA_LIBS) -o $@
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libckload.so.$(CKL_ABI) -Wl,-z,defs \
+	    -Wl,--version-script=cuda/ckload.map $(filter-out %.map,$^) $(LDLIBS) $(CUDA_LIBS) -o $@
 
 $(BUILD)/python/%.py: cuda/python/%.py
 	@mkdir -p $(dir $@)

@@ -242,8 +242,9 @@ static void *worker(void *arg)
     XXH3_state_t *st = l->opt.verify ? XXH3_createState() : NULL;
     if (l->opt.verify && !st)
         set_error(l, "out of memory");
-    reader_setup s = {.load = l, .pool = l->pool, .buffer_size = l->opt.buffer_size + DIRECT_SLACK,
-                      .buffers = l->opt.buffers, .ordinal = l->ordinal, .direct = l->direct_fd >= 0};
+    reader_setup s = {.load = l, .pool = l->pool, .buffers = l->opt.buffers,
+                      .buffer_size = l->opt.buffer_size + DIRECT_SLACK,
+                      .ordinal = l->ordinal, .direct = l->direct_fd >= 0};
     char why[256];
     reader *r = l->be->open(&s, why, sizeof why);
     if (!r)

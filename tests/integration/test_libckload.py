@@ -35,7 +35,7 @@ def test_soname_is_the_abi_version():
     assert f"Library soname: [libckload.so.{version}]" in p.stdout.decode()
 
 
-# --- make install, pkg-config, a C program ---------------------------------------------------------
+# --- make install, pkg-config, a C program -------------------------------------------------------
 
 PROGRAM = r"""
 #include <ckload.h>
@@ -91,7 +91,8 @@ def test_install_lays_out_library_header_and_pkgconfig(installed):
     lib = installed / "usr/lib"
     version = re.search(r"#define CKL_ABI_VERSION (\d+)", HEADER.read_text()).group(1)
     assert os.readlink(lib / "libckload.so") == f"libckload.so.{version}"
-    assert (lib / f"libckload.so.{version}").read_bytes() == (build_dir() / "libckload.so").read_bytes()
+    built = (build_dir() / "libckload.so").read_bytes()
+    assert (lib / f"libckload.so.{version}").read_bytes() == built
     assert (installed / "usr/include/ckload.h").read_bytes() == HEADER.read_bytes()
     pc = (lib / "pkgconfig/ckload.pc").read_text()
     assert "prefix=/usr\n" in pc and f"Version: {version}\n" in pc and "@" not in pc
@@ -128,7 +129,7 @@ def test_c_program_builds_with_pkg_config_and_loads(installed, tmp_path):
     assert p.returncode == 1 and err.startswith(f"prog: {missing}: ") and "ckload" not in err, err
 
 
-# --- the ABI check in ckload.py ----------------------------------------------------------------------
+# --- the ABI check in ckload.py ------------------------------------------------------------------
 
 def test_mirrors_match_the_library():
     lib = ckload.library()
