@@ -1,4 +1,5 @@
 #include "safetensors.h"
+#include "bytes.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -290,9 +291,7 @@ int st_read_file(ck_index *ix, uint32_t file, ck_error *err)
     int rc = ck_pread(f->fd, lenbuf, 8, 0);
     if (rc)
         return ck_fail(err, f->path, "cannot read header length: %s", strerror(-rc));
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | lenbuf[i];
+    uint64_t hlen = get_le64(lenbuf);
     if (hlen > ST_MAX_HEADER)
         return ck_fail(err, f->path, "header length %llu exceeds the limit of %u (bytes 0-7)",
                        (unsigned long long)hlen, ST_MAX_HEADER);
