@@ -1,9 +1,9 @@
 /* synth.c — the pack and safetensors files synthesized from an index (see synth.h). */
 #include "synth.h"
 #include "bytes.h"
+#include "json.h"
 #include "packfile.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <pthread.h>
@@ -590,14 +590,6 @@ int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
 
 /* --- the safetensors view ----------------------------------------------------------------- */
 
-/* Integers go in as raw text: cJSON keeps numbers as doubles. */
-static cJSON *json_u64(uint64_t v)
-{
-    char t[24];
-    snprintf(t, sizeof t, "%llu", (unsigned long long)v);
-    return cJSON_CreateRaw(t);
-}
-
 static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
 {
     cJSON *o = cJSON_CreateObject(), *shape = cJSON_CreateArray(), *offs = cJSON_CreateArray();
@@ -607,10 +599,10 @@ static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
     }
     cJSON_AddItemToObject(o, "dtype", cJSON_CreateString(ck_dtype_name(e->dtype)));
     for (unsigned d = 0; d < e->rank; d++)
-        cJSON_AddItemToArray(shape, json_u64((uint64_t)e->shape[d]));
+        cJSON_AddItemToArray(shape, ck_json_uint((uint64_t)e->shape[d]));
     cJSON_AddItemToObject(o, "shape", shape);
-    cJSON_AddItemToArray(offs, json_u64(begin));
-    cJSON_AddItemToArray(offs, json_u64(begin + e->nbytes));
+    cJSON_AddItemToArray(offs, ck_json_uint(begin));
+    cJSON_AddItemToArray(offs, ck_json_uint(begin + e->nbytes));
     cJSON_AddItemToObject(o, "data_offsets", offs);
     return o;
 }
