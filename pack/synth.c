@@ -66,6 +66,23 @@ static ck_synth *synth_new(const ck_index *ix)
     return sy;
 }
 
+/* A synthesized file of ix's entries in order (which it frees), laid out by build; fails only
+ * when memory runs out. */
+static int synth_build(const ck_index *ix, uint32_t *order, uint32_t n,
+                       int (*build)(ck_synth *, const uint32_t *, uint32_t), ck_synth **out,
+                       ck_error *err)
+{
+    ck_synth *sy = synth_new(ix);
+    int rc = sy ? build(sy, order, n) : -1;
+    free(order);
+    if (rc != 0) {
+        ck_synth_free(sy);
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    }
+    *out = sy;
+    return 0;
+}
+
 void ck_synth_free(ck_synth *sy)
 {
     if (!sy)
@@ -382,15 +399,7 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
         return ck_fail(err, src, "an entry has the empty name beside %u others; a pack allows "
                        "the empty name only for its one entry", n - 1);
     }
-    ck_synth *sy = synth_new(ix);
-    int rc = sy ? build_pack(sy, order, n) : -1;
-    free(order);
-    if (rc != 0) {
-        ck_synth_free(sy);
-        return ck_fail(err, src, "out of memory");
-    }
-    *out = sy;
-    return 0;
+    return synth_build(ix, order, n, build_pack, out, err);
 }
 
 /* --- checksums ---------------------------------------------------------------------------- */
@@ -675,19 +684,10 @@ out:
 
 int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err)
 {
-    const char *src = ck_index_source(ix);
     uint32_t n;
     *out = NULL;
     uint32_t *order = ordered_entries(ix, NULL, 1, &n, err);
     if (!order)
         return -1;
-    ck_synth *sy = synth_new(ix);
-    int rc = sy ? build_safetensors(sy, order, n) : -1;
-    free(order);
-    if (rc != 0) {
-        ck_synth_free(sy);
-        return ck_fail(err, src, "out of memory");
-    }
-    *out = sy;
-    return 0;
+    return synth_build(ix, order, n, build_safetensors, out, err);
 }
