@@ -68,8 +68,9 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err)
 {
     struct stat st;
     if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return ck_fail(err, path, "cannot stat: %s", strerror(errno));
+        return ck_fail(err, path, "cannot stat: %s", strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
