@@ -75,13 +75,7 @@ static int entry_check(const ck_fs *fs, int32_t entry)
         return rc;
     }
     const ck_entry *e = &fs->ix->entries[entry];
-    if (e->kind != CK_TENSOR)
-        return 0;
-    if (e->layout != CK_EXTENTS)
-        return ck_fs_source_check(fs, e->ext.file);
-    for (uint32_t i = 0; i < e->nextents && !rc; i++)
-        rc = ck_fs_source_check(fs, e->u.extents[i].file);
-    return rc;
+    return e->kind == CK_TENSOR ? ck_fs_source_check(fs, e->ext.file) : 0;
 }
 
 static uint64_t node_size(ck_fs *fs, const ck_node *nd)

@@ -204,7 +204,7 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
 int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vnames,
                   unsigned nvirtual, ck_tree **out, ck_error *err)
 {
-    const char *src = ix->nfiles ? ix->files[0].path : "?";
+    const char *src = ck_index_source(ix);
     *out = NULL;
     /* Worst case: every piece of every name is a node of its own, plus a directory for each. */
     size_t bound = 2 + nvirtual;

@@ -1,17 +1,9 @@
 #include "view.h"
+#include "../pack/json.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Integers go in as raw text: cJSON keeps numbers as doubles and would print 1e+15. */
-static cJSON *json_uint(unsigned long long v)
-{
-    char s[24];
-    snprintf(s, sizeof s, "%llu", v);
-    return cJSON_CreateRaw(s);
-}
 
 size_t ck_view_shape_json(const ck_entry *e, char *buf, size_t cap)
 {
@@ -64,14 +56,14 @@ static cJSON *tensor_json(const ck_index *ix, const ck_tree *t, size_t i, int wi
     }
     cJSON_AddItemToObject(o, "dtype", cJSON_CreateString(ck_dtype_name(e->dtype)));
     for (unsigned d = 0; d < e->rank; d++)
-        cJSON_AddItemToArray(shape, json_uint((unsigned long long)e->shape[d]));
+        cJSON_AddItemToArray(shape, ck_json_uint((uint64_t)e->shape[d]));
     cJSON_AddItemToObject(o, "shape", shape);
-    cJSON_AddItemToObject(o, "nbytes", json_uint(e->nbytes));
+    cJSON_AddItemToObject(o, "nbytes", ck_json_uint(e->nbytes));
     if (with_locations) {
         const ck_file *f = &ix->files[e->ext.file];
         cJSON_AddItemToObject(o, "file", cJSON_CreateString(f->path));
-        cJSON_AddItemToObject(o, "offset", e->layout == CK_CONTIGUOUS ? json_uint(e->ext.offset)
-                                                                      : cJSON_CreateNull());
+        cJSON_AddItemToObject(o, "offset", e->layout == CK_CONTIGUOUS
+                                               ? ck_json_uint(e->ext.offset) : cJSON_CreateNull());
     }
     return o;
 }

@@ -43,6 +43,11 @@ void ck_index_free(ck_index *ix)
     free(ix);
 }
 
+const char *ck_index_source(const ck_index *ix)
+{
+    return ix->nfiles ? ix->files[0].path : "?";
+}
+
 /* Grows *v (of *cap elements of size sz) so that it holds at least need. */
 static int grow(void **v, size_t *cap, size_t need, size_t sz)
 {
@@ -63,8 +68,9 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err)
 {
     struct stat st;
     if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return ck_fail(err, path, "cannot stat: %s", strerror(errno));
+        return ck_fail(err, path, "cannot stat: %s", strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -91,16 +97,24 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err)
 ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, uint8_t layout,
                              unsigned rank, const int64_t *shape, ck_error *err)
 {
+    /* Readers refuse a large rank themselves, saying where in the file; this guards every
+     * array sized by CK_MAX_RANK whoever the caller. */
+    if (rank > CK_MAX_RANK)
+        return ck_fail(err, ck_index_source(ix), "tensor '%.*s': rank %u exceeds %d",
+                       (int)(name_len < sizeof err->msg ? name_len : sizeof err->msg), name,
+                       rank, CK_MAX_RANK), NULL;
+    if (name_len > UINT32_MAX)
+        return ck_fail(err, ck_index_source(ix), "an entry name of %zu bytes exceeds %u",
+                       name_len, UINT32_MAX), NULL;
     void *v = ix->entries;
-    if (rank > CK_MAX_RANK || name_len > UINT32_MAX ||
-        grow(&v, &ix->cap_entries, ix->nentries + 1, sizeof(ck_entry)) != 0)
-        return ck_fail(err, ix->nfiles ? ix->files[0].path : "?", "out of memory"), NULL;
+    if (grow(&v, &ix->cap_entries, ix->nentries + 1, sizeof(ck_entry)) != 0)
+        return ck_fail(err, ck_index_source(ix), "out of memory"), NULL;
     ix->entries = v;
     size_t ndims = layout == CK_STRIDED ? 2 * (size_t)rank : rank;
     int64_t *dims = ndims ? ck_index_alloc(ix, ndims * sizeof *dims) : NULL;
     char *nm = ck_index_strndup(ix, name, name_len);
     if ((ndims && !dims) || !nm)
-        return ck_fail(err, ix->nfiles ? ix->files[0].path : "?", "out of memory"), NULL;
+        return ck_fail(err, ck_index_source(ix), "out of memory"), NULL;
     if (ndims)
         memcpy(dims, shape, ndims * sizeof *dims);
     ck_entry *e = &ix->entries[ix->nentries++];
@@ -116,11 +130,11 @@ ck_entry *ck_index_add_value(ck_index *ix, const char *name, size_t name_len,
     ck_entry *e = ck_index_add_entry(ix, name, name_len, CK_CONTIGUOUS, 0, NULL, err);
     char *copy = e ? ck_index_strndup(ix, text, len) : NULL;
     if (!copy)
-        return e ? ck_fail(err, ix->nfiles ? ix->files[0].path : "?", "out of memory"), NULL
+        return e ? ck_fail(err, ck_index_source(ix), "out of memory"), NULL
                  : NULL;
     e->kind = CK_VALUE;
     e->dtype = (uint8_t)type;
-    e->u.text = copy;
+    e->text = copy;
     e->nbytes = len;
     return e;
 }
@@ -136,13 +150,13 @@ int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error
 {
     void *v = ix->meta;
     if (grow(&v, &ix->cap_meta, ix->nmeta + 1, sizeof(ck_meta)) != 0)
-        return ck_fail(err, ix->nfiles ? ix->files[0].path : "?", "out of memory");
+        return ck_fail(err, ck_index_source(ix), "out of memory");
     ix->meta = v;
     ck_meta *m = &ix->meta[ix->nmeta];
     m->key = ck_index_strndup(ix, key, strlen(key));
     m->value = ck_index_strndup(ix, value, strlen(value));
     if (!m->key || !m->value)
-        return ck_fail(err, ix->nfiles ? ix->files[0].path : "?", "out of memory");
+        return ck_fail(err, ck_index_source(ix), "out of memory");
     ix->nmeta++;
     return 0;
 }
@@ -218,25 +232,6 @@ int ck_pread(int fd, void *buf, size_t len, uint64_t off)
         p += n;
         len -= (size_t)n;
         off += (uint64_t)n;
-    }
-    return 0;
-}
-
-static int read_extents(const ck_index *ix, const ck_extent *x, uint32_t n, unsigned char *buf,
-                        size_t len, uint64_t off)
-{
-    for (uint32_t i = 0; i < n && len; i++) {
-        if (off >= x[i].length) {
-            off -= x[i].length;
-            continue;
-        }
-        size_t take = x[i].length - off < len ? (size_t)(x[i].length - off) : len;
-        int rc = ck_pread(ix->files[x[i].file].fd, buf, take, x[i].offset + off);
-        if (rc)
-            return rc;
-        buf += take;
-        len -= take;
-        off = 0;
     }
     return 0;
 }
@@ -365,13 +360,10 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
     int rc = 0;
     switch (e->kind == CK_VALUE ? 255 : e->layout) {
     case 255:
-        memcpy(buf, e->u.text + off, len);
+        memcpy(buf, e->text + off, len);
         return (ssize_t)len;
     case CK_CONTIGUOUS:
-        rc = read_extents(ix, &e->ext, 1, buf, len, off);
-        break;
-    case CK_EXTENTS:
-        rc = read_extents(ix, e->u.extents, e->nextents, buf, len, off);
+        rc = ck_pread(ix->files[e->ext.file].fd, buf, len, e->ext.offset + off);
         break;
     case CK_STRIDED:
         rc = read_strided(ix, e, buf, len, off);

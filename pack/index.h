@@ -6,8 +6,8 @@
  *  - The index owns its source file descriptors and all strings; ck_index_free releases them.
  *  - An entry is a tensor (dtype, shape, bytes somewhere in the source files) or a non-tensor
  *    value (its text, e.g. JSON, held in memory). A tensor's bytes are described by a layout:
- *    one extent, several extents concatenated, or a strided gather from a storage. Whatever the
- *    layout, ck_entry_read returns the tensor's elements in row-major order, little-endian.
+ *    one extent of one file, or a strided gather from a storage. Whatever the layout,
+ *    ck_entry_read returns the tensor's elements in row-major order, little-endian.
  *  - Nothing here knows about FUSE or CUDA.
  */
 #ifndef CK_INDEX_H
@@ -31,9 +31,8 @@ enum ck_value_type {
 };
 
 enum ck_layout {
-    CK_CONTIGUOUS = 0, /* ext holds every byte, in order */
-    CK_EXTENTS = 1,    /* extents[0..nextents) concatenated */
-    CK_STRIDED = 2,    /* ext.offset = first element; shape[rank..2*rank) = element strides */
+    CK_CONTIGUOUS, /* ext holds every byte, in order */
+    CK_STRIDED,    /* ext.offset = first element; shape[rank..2*rank) = element strides */
 };
 
 typedef struct ck_extent {
@@ -45,14 +44,10 @@ typedef struct ck_extent {
 typedef struct ck_entry {
     const char *name;      /* UTF-8, name_len bytes, NUL-terminated, never contains NUL */
     const int64_t *shape;  /* rank dims; CK_STRIDED: followed by rank strides (elements) */
-    union {
-        const ck_extent *extents; /* CK_EXTENTS */
-        const char *text;         /* CK_VALUE: nbytes bytes */
-    } u;
+    const char *text;      /* CK_VALUE: nbytes bytes */
     ck_extent ext;         /* CK_CONTIGUOUS: the bytes; CK_STRIDED: file and first element */
     uint64_t nbytes;       /* size of what ck_entry_read yields */
     uint32_t name_len;
-    uint32_t nextents;     /* CK_EXTENTS only */
     uint8_t kind;          /* enum ck_entry_kind */
     uint8_t layout;        /* enum ck_layout */
     uint8_t dtype;         /* enum ck_dtype; CK_VALUE: enum ck_value_type */
@@ -93,6 +88,10 @@ int ck_open(const char *source, ck_index **out, ck_error *err);
 
 void ck_index_free(ck_index *ix);
 
+/* The path that messages about ix name: its first file (the source as opened, or the first
+ * shard), or "?" while it has none. */
+const char *ck_index_source(const ck_index *ix);
+
 /* Copies up to len bytes of the entry's row-major contents starting at off into buf.
  * Returns the number of bytes copied (0 at or past the end), or -errno. A source file that is
  * shorter than the index says gives -EIO: callers never see a short count before the end. */
@@ -110,7 +109,8 @@ ck_index *ck_index_new(const char *format);
 /* Takes ownership of fd. Returns the file id, or -1 (out of memory, err set). */
 int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err);
 /* Appends an entry with a copy of name and shape (rank dims, plus rank strides when the layout
- * is CK_STRIDED); the caller fills in where the bytes are. NULL on out-of-memory (err set). */
+ * is CK_STRIDED); the caller fills in where the bytes are. NULL with err set when rank exceeds
+ * CK_MAX_RANK, name_len UINT32_MAX, or memory runs out. */
 ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, uint8_t layout,
                              unsigned rank, const int64_t *shape, ck_error *err);
 /* Appends a value entry holding a copy of text (len bytes). */

@@ -1,6 +1,7 @@
 #include "safetensors.h"
+#include "bytes.h"
+#include "json.h"
 
-#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +12,6 @@
 #include <unistd.h>
 
 #define ST_INDEX_JSON "model.safetensors.index.json"
-#define MAX_EXACT_DOUBLE 9007199254740992.0 /* 2^53: above it a double no longer counts by one */
 
 int st_probe(const unsigned char *head, size_t n)
 {
@@ -66,21 +66,26 @@ static int st_scan_text(const char *s, size_t n, const char *path, ck_error *err
     return 0;
 }
 
-/* A non-negative integer below 2^53 (the text scan already ruled out fractions). */
-static int json_count(const cJSON *v, uint64_t *out)
-{
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= MAX_EXACT_DOUBLE)
-        return -1;
-    *out = (uint64_t)v->valuedouble;
-    return 0;
-}
-
 typedef struct st_tensor {
     const char *name;
     const cJSON *shape;
     uint64_t begin, end;
-    uint8_t dtype;
+    uint8_t dtype, rank;
 } st_tensor;
+
+/* Decodes a shape array of at most CK_MAX_RANK elements into dims: the index of the first
+ * element that is not a count below 2^53, or -1 when all are. */
+static int st_dims(const cJSON *shape, int64_t *dims)
+{
+    int d = 0;
+    for (const cJSON *x = shape->child; x; x = x->next, d++) {
+        uint64_t n;
+        if (ck_json_count(x, &n))
+            return d;
+        dims[d] = (int64_t)n;
+    }
+    return -1;
+}
 
 static int by_offsets(const void *a, const void *b)
 {
@@ -131,16 +136,12 @@ static int st_read_tensor(const cJSON *v, st_tensor *t, const char *path, ck_err
     if (rank > CK_MAX_RANK)
         return ck_fail(err, path, "tensor '%s': rank %d exceeds %d", name, rank, CK_MAX_RANK);
     int64_t dims[CK_MAX_RANK];
-    int d = 0;
-    for (const cJSON *x = shape->child; x; x = x->next, d++) {
-        uint64_t n;
-        if (json_count(x, &n))
-            return ck_fail(err, path, "tensor '%s': shape[%d] is not a non-negative integer "
-                           "below 2^53", name, d);
-        dims[d] = (int64_t)n;
-    }
+    int bad = st_dims(shape, dims);
+    if (bad >= 0)
+        return ck_fail(err, path, "tensor '%s': shape[%d] is not a non-negative integer "
+                       "below 2^53", name, bad);
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
-        json_count(offs->child, &t->begin) || json_count(offs->child->next, &t->end))
+        ck_json_count(offs->child, &t->begin) || ck_json_count(offs->child->next, &t->end))
         return ck_fail(err, path, "tensor '%s': \"data_offsets\" is not two non-negative "
                        "integers below 2^53", name);
     if (t->end < t->begin)
@@ -158,6 +159,7 @@ static int st_read_tensor(const cJSON *v, st_tensor *t, const char *path, ck_err
     t->name = name;
     t->shape = shape;
     t->dtype = (uint8_t)dt;
+    t->rank = (uint8_t)rank;
     return 0;
 }
 
@@ -211,11 +213,9 @@ static int st_add_tensors(ck_index *ix, uint32_t file, const st_tensor *t, size_
 {
     for (size_t i = 0; i < n; i++) {
         int64_t dims[CK_MAX_RANK];
-        unsigned rank = 0;
-        for (const cJSON *x = t[i].shape->child; x; x = x->next)
-            dims[rank++] = (int64_t)x->valuedouble;
-        ck_entry *e = ck_index_add_entry(ix, t[i].name, strlen(t[i].name), CK_CONTIGUOUS, rank,
-                                         dims, err);
+        st_dims(t[i].shape, dims); /* checked by st_read_tensor */
+        ck_entry *e = ck_index_add_entry(ix, t[i].name, strlen(t[i].name), CK_CONTIGUOUS,
+                                         t[i].rank, dims, err);
         if (!e)
             return -1;
         e->dtype = t[i].dtype;
@@ -290,9 +290,7 @@ int st_read_file(ck_index *ix, uint32_t file, ck_error *err)
     int rc = ck_pread(f->fd, lenbuf, 8, 0);
     if (rc)
         return ck_fail(err, f->path, "cannot read header length: %s", strerror(-rc));
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | lenbuf[i];
+    uint64_t hlen = get_le64(lenbuf);
     if (hlen > ST_MAX_HEADER)
         return ck_fail(err, f->path, "header length %llu exceeds the limit of %u (bytes 0-7)",
                        (unsigned long long)hlen, ST_MAX_HEADER);
@@ -358,9 +356,14 @@ static int by_entry_name(const void *a, const void *b)
 
 static int open_listed_shards(ck_index *ix, int dirfd, const char *dir, ck_error *err)
 {
-    DIR *d = fdopendir(dup(dirfd));
-    if (!d)
-        return ck_fail(err, dir, "cannot list directory: %s", strerror(errno));
+    int fd = dup(dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return ck_fail(err, dir, "cannot list directory: %s", strerror(e));
+    }
     char **names = NULL;
     size_t n = 0, cap = 0;
     int rc = 0;
@@ -435,8 +438,12 @@ static cJSON *read_index_json(ck_index *ix, int dirfd, const char *ipath, ck_err
 {
     int fd = openat(dirfd, ST_INDEX_JSON, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0)
-        return ck_fail(err, ipath, "cannot open: %s", strerror(errno)), NULL;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return ck_fail(err, ipath, "cannot open: %s", strerror(e)), NULL;
+    }
     cJSON *root = NULL;
     char *text = NULL;
     int rc;

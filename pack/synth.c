@@ -1,8 +1,9 @@
 /* synth.c — the pack and safetensors files synthesized from an index (see synth.h). */
 #include "synth.h"
+#include "bytes.h"
+#include "json.h"
 #include "packfile.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <pthread.h>
@@ -37,66 +38,66 @@ struct ck_synth {
 
 enum { IO_CHUNK = 1 << 20 };
 
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-    return (v + a - 1) / a * a;
-}
-
-static void put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static int add_seg(ck_synth *l, seg s)
+static int add_seg(ck_synth *sy, seg s)
 {
     if (s.len == 0)
         return 0;
-    if (l->nsegs == l->cap_segs) {
-        size_t cap = l->cap_segs ? 2 * l->cap_segs : 64;
-        seg *p = realloc(l->segs, cap * sizeof *p);
+    if (sy->nsegs == sy->cap_segs) {
+        size_t cap = sy->cap_segs ? 2 * sy->cap_segs : 64;
+        seg *p = realloc(sy->segs, cap * sizeof *p);
         if (!p)
             return -1;
-        l->segs = p;
-        l->cap_segs = cap;
+        sy->segs = p;
+        sy->cap_segs = cap;
     }
-    s.off = l->size;
-    l->segs[l->nsegs++] = s;
-    l->size += s.len;
+    s.off = sy->size;
+    sy->segs[sy->nsegs++] = s;
+    sy->size += s.len;
     return 0;
 }
 
 static ck_synth *synth_new(const ck_index *ix)
 {
-    ck_synth *l = calloc(1, sizeof *l);
-    if (l) {
-        l->ix = ix;
-        pthread_mutex_init(&l->lock, NULL);
+    ck_synth *sy = calloc(1, sizeof *sy);
+    if (sy) {
+        sy->ix = ix;
+        pthread_mutex_init(&sy->lock, NULL);
     }
-    return l;
+    return sy;
 }
 
-void ck_synth_free(ck_synth *l)
+/* A synthesized file of ix's entries in order (which it frees), laid out by build; fails only
+ * when memory runs out. */
+static int synth_build(const ck_index *ix, uint32_t *order, uint32_t n,
+                       int (*build)(ck_synth *, const uint32_t *, uint32_t), ck_synth **out,
+                       ck_error *err)
 {
-    if (!l)
+    ck_synth *sy = synth_new(ix);
+    int rc = sy ? build(sy, order, n) : -1;
+    free(order);
+    if (rc != 0) {
+        ck_synth_free(sy);
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    }
+    *out = sy;
+    return 0;
+}
+
+void ck_synth_free(ck_synth *sy)
+{
+    if (!sy)
         return;
-    pthread_mutex_destroy(&l->lock);
-    free(l->segs);
-    free(l->head);
-    free(l->blob_entry);
-    free(l->trailer);
-    free(l);
+    pthread_mutex_destroy(&sy->lock);
+    free(sy->segs);
+    free(sy->head);
+    free(sy->blob_entry);
+    free(sy->trailer);
+    free(sy);
 }
 
-uint64_t ck_synth_size(const ck_synth *l)
+uint64_t ck_synth_size(const ck_synth *sy)
 {
-    return l->size;
+    return sy->size;
 }
 
 /* --- natural order and selection -------------------------------------------------------- */
@@ -159,7 +160,7 @@ int ck_name_selected(const char *name, size_t len, const char *only)
 static uint32_t *ordered_entries(const ck_index *ix, const char *only, int tensors_only,
                                  uint32_t *count, ck_error *err)
 {
-    const char *src = ix->nfiles ? ix->files[0].path : "?";
+    const char *src = ck_index_source(ix);
     uint32_t *order = malloc((ix->nentries ? ix->nentries : 1) * sizeof *order), n = 0;
     if (!order)
         return ck_fail(err, src, "out of memory"), NULL;
@@ -200,8 +201,6 @@ static int by_source(const void *x, const void *y, void *ixp)
     CMP(ext.offset);
     if (a->layout == CK_CONTIGUOUS)
         return 0;
-    if (a->layout == CK_EXTENTS) /* never shared */
-        return (a > b) - (a < b);
     CMP(rank);
     if (ck_dtype_bits(a->dtype) != ck_dtype_bits(b->dtype))
         return ck_dtype_bits(a->dtype) < ck_dtype_bits(b->dtype) ? -1 : 1;
@@ -210,15 +209,15 @@ static int by_source(const void *x, const void *y, void *ixp)
 }
 
 /* blob_of[k] for the k-th ordered tensor; blobs are numbered by first appearance in `order`. */
-static int assign_blobs(ck_synth *l, const uint32_t *order, uint32_t n, uint32_t *blob_of)
+static int assign_blobs(ck_synth *sy, const uint32_t *order, uint32_t n, uint32_t *blob_of)
 {
-    const ck_index *ix = l->ix;
+    const ck_index *ix = sy->ix;
     size_t m = n ? n : 1;
     uint32_t *ents = malloc(m * sizeof *ents);  /* the tensors, sorted by source */
     uint32_t *group = malloc((ix->nentries ? ix->nentries : 1) * sizeof *group); /* entry -> group */
     uint32_t *blob = malloc(m * sizeof *blob);  /* group (its first place in ents) -> blob */
-    l->blob_entry = malloc(m * sizeof *l->blob_entry);
-    int rc = ents && group && blob && l->blob_entry ? 0 : -1;
+    sy->blob_entry = malloc(m * sizeof *sy->blob_entry);
+    int rc = ents && group && blob && sy->blob_entry ? 0 : -1;
     if (rc == 0) {
         memcpy(ents, order, n * sizeof *ents);
         qsort_r(ents, n, sizeof *ents, by_source, (void *)ix);
@@ -232,8 +231,8 @@ static int assign_blobs(ck_synth *l, const uint32_t *order, uint32_t n, uint32_t
         for (uint32_t k = 0; k < n; k++) {
             uint32_t g = group[order[k]];
             if (blob[g] == UINT32_MAX) {
-                blob[g] = l->nblobs;
-                l->blob_entry[l->nblobs++] = order[k];
+                blob[g] = sy->nblobs;
+                sy->blob_entry[sy->nblobs++] = order[k];
             }
             blob_of[k] = blob[g];
         }
@@ -267,14 +266,14 @@ static void enc_u8(enc *e, uint8_t v)
 static void enc_u32(enc *e, uint32_t v)
 {
     unsigned char b[4];
-    put_u32(b, v);
+    put_le32(b, v);
     enc_bytes(e, b, 4);
 }
 
 static void enc_u64(enc *e, uint64_t v)
 {
     unsigned char b[8];
-    put_u64(b, v);
+    put_le64(b, v);
     enc_bytes(e, b, 8);
 }
 
@@ -291,13 +290,13 @@ static int has_source_format(const ck_index *ix)
     return ix->nmeta && strcmp(ix->meta[0].key, "ckptfs.source_format") == 0;
 }
 
-static void encode_index(enc *e, const ck_synth *l, const uint32_t *order, uint32_t n,
+static void encode_index(enc *e, const ck_synth *sy, const uint32_t *order, uint32_t n,
                          const uint32_t *blob_of, const uint64_t *blob_off)
 {
-    const ck_index *ix = l->ix;
+    const ck_index *ix = sy->ix;
     int own = !has_source_format(ix);
     enc_u64(e, n);
-    enc_u64(e, l->nblobs);
+    enc_u64(e, sy->nblobs);
     enc_u32(e, (uint32_t)(ix->nmeta + (size_t)own));
     enc_u32(e, 0);
     if (own) {
@@ -308,9 +307,9 @@ static void encode_index(enc *e, const ck_synth *l, const uint32_t *order, uint3
         enc_str(e, ix->meta[i].key, strlen(ix->meta[i].key));
         enc_str(e, ix->meta[i].value, strlen(ix->meta[i].value));
     }
-    for (uint32_t b = 0; b < l->nblobs; b++) {
+    for (uint32_t b = 0; b < sy->nblobs; b++) {
         enc_u64(e, blob_off[b]);
-        enc_u64(e, ix->entries[l->blob_entry[b]].nbytes);
+        enc_u64(e, ix->entries[sy->blob_entry[b]].nbytes);
     }
     for (uint32_t k = 0, t = 0; k < n; k++) {
         const ck_entry *x = &ix->entries[order[k]];
@@ -324,15 +323,15 @@ static void encode_index(enc *e, const ck_synth *l, const uint32_t *order, uint3
                 enc_u64(e, (uint64_t)x->shape[d]);
             enc_u64(e, blob_of[t++]);
         } else {
-            enc_str(e, x->u.text, (size_t)x->nbytes);
+            enc_str(e, x->text, (size_t)x->nbytes);
         }
     }
 }
 
 /* Header, index and every segment of the pack of the entries in `order`. */
-static int build_pack(ck_synth *l, const uint32_t *order, uint32_t n)
+static int build_pack(ck_synth *sy, const uint32_t *order, uint32_t n)
 {
-    const ck_index *ix = l->ix;
+    const ck_index *ix = sy->ix;
     uint32_t *tensors = malloc((n ? n : 1) * sizeof *tensors), *blob_of = NULL, nt = 0;
     uint64_t *blob_off = NULL;
     int rc = -1;
@@ -342,40 +341,41 @@ static int build_pack(ck_synth *l, const uint32_t *order, uint32_t n)
         if (ix->entries[order[k]].kind == CK_TENSOR)
             tensors[nt++] = order[k];
     blob_of = malloc((nt ? nt : 1) * sizeof *blob_of);
-    if (!blob_of || assign_blobs(l, tensors, nt, blob_of) != 0)
+    if (!blob_of || assign_blobs(sy, tensors, nt, blob_of) != 0)
         goto out;
-    blob_off = malloc((l->nblobs ? l->nblobs : 1) * sizeof *blob_off);
+    blob_off = malloc((sy->nblobs ? sy->nblobs : 1) * sizeof *blob_off);
     if (!blob_off)
         goto out;
     uint64_t at = 0;
-    for (uint32_t b = 0; b < l->nblobs; b++) {
-        blob_off[b] = align_up(at, PACK_BLOB_ALIGN);
-        at = blob_off[b] + ix->entries[l->blob_entry[b]].nbytes;
+    for (uint32_t b = 0; b < sy->nblobs; b++) {
+        blob_off[b] = ck_align_up(at, PACK_BLOB_ALIGN);
+        at = blob_off[b] + ix->entries[sy->blob_entry[b]].nbytes;
     }
-    uint64_t data_len = align_up(at, PACK_REGION_ALIGN);
+    uint64_t data_len = ck_align_up(at, PACK_REGION_ALIGN);
     enc e = {0};
-    encode_index(&e, l, order, n, blob_of, blob_off);
+    encode_index(&e, sy, order, n, blob_of, blob_off);
     size_t index_len = e.n;
-    if (!(l->head = malloc(PACK_HEADER_SIZE + index_len)))
+    if (!(sy->head = malloc(PACK_HEADER_SIZE + index_len)))
         goto out;
-    e = (enc){.p = l->head + PACK_HEADER_SIZE};
-    encode_index(&e, l, order, n, blob_of, blob_off);
+    e = (enc){.p = sy->head + PACK_HEADER_SIZE};
+    encode_index(&e, sy, order, n, blob_of, blob_off);
     pack_header h = {.version = PACK_VERSION, .index_offset = PACK_HEADER_SIZE,
                      .index_length = index_len,
-                     .data_offset = align_up(PACK_HEADER_SIZE + index_len, PACK_REGION_ALIGN),
+                     .data_offset = ck_align_up(PACK_HEADER_SIZE + index_len, PACK_REGION_ALIGN),
                      .data_length = data_len,
-                     .index_xxh3 = XXH3_64bits(l->head + PACK_HEADER_SIZE, index_len)};
+                     .index_xxh3 = XXH3_64bits(sy->head + PACK_HEADER_SIZE, index_len)};
     h.checksum_offset = h.data_offset + h.data_length;
-    pack_header_encode(&h, l->head);
-    rc = add_seg(l, (seg){.kind = SEG_BYTES, .bytes = l->head, .len = PACK_HEADER_SIZE + index_len});
-    rc |= add_seg(l, (seg){.kind = SEG_ZERO, .len = h.data_offset - l->size});
-    for (uint32_t b = 0; b < l->nblobs && rc == 0; b++) {
-        rc |= add_seg(l, (seg){.kind = SEG_ZERO, .len = h.data_offset + blob_off[b] - l->size});
-        rc |= add_seg(l, (seg){.kind = SEG_ENTRY, .entry = l->blob_entry[b], .blob = b,
-                               .len = ix->entries[l->blob_entry[b]].nbytes});
+    pack_header_encode(&h, sy->head);
+    rc = add_seg(sy, (seg){.kind = SEG_BYTES, .bytes = sy->head,
+                           .len = PACK_HEADER_SIZE + index_len});
+    rc |= add_seg(sy, (seg){.kind = SEG_ZERO, .len = h.data_offset - sy->size});
+    for (uint32_t b = 0; b < sy->nblobs && rc == 0; b++) {
+        rc |= add_seg(sy, (seg){.kind = SEG_ZERO, .len = h.data_offset + blob_off[b] - sy->size});
+        rc |= add_seg(sy, (seg){.kind = SEG_ENTRY, .entry = sy->blob_entry[b], .blob = b,
+                               .len = ix->entries[sy->blob_entry[b]].nbytes});
     }
-    rc |= add_seg(l, (seg){.kind = SEG_ZERO, .len = h.checksum_offset - l->size});
-    rc |= add_seg(l, (seg){.kind = SEG_CHECKSUMS, .len = 8 * (uint64_t)l->nblobs + 8});
+    rc |= add_seg(sy, (seg){.kind = SEG_ZERO, .len = h.checksum_offset - sy->size});
+    rc |= add_seg(sy, (seg){.kind = SEG_CHECKSUMS, .len = 8 * (uint64_t)sy->nblobs + 8});
 out:
     free(tensors);
     free(blob_of);
@@ -385,7 +385,7 @@ out:
 
 int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error *err)
 {
-    const char *src = ix->nfiles ? ix->files[0].path : "?";
+    const char *src = ck_index_source(ix);
     uint32_t n;
     *out = NULL;
     uint32_t *order = ordered_entries(ix, only, 0, &n, err);
@@ -399,30 +399,22 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
         return ck_fail(err, src, "an entry has the empty name beside %u others; a pack allows "
                        "the empty name only for its one entry", n - 1);
     }
-    ck_synth *l = synth_new(ix);
-    int rc = l ? build_pack(l, order, n) : -1;
-    free(order);
-    if (rc != 0) {
-        ck_synth_free(l);
-        return ck_fail(err, src, "out of memory");
-    }
-    *out = l;
-    return 0;
+    return synth_build(ix, order, n, build_pack, out, err);
 }
 
 /* --- checksums ---------------------------------------------------------------------------- */
 
 /* Hashes blob b by reading its entry in bounded chunks. */
-static int hash_blob(const ck_synth *l, uint32_t b, unsigned char *buf, uint64_t *sum)
+static int hash_blob(const ck_synth *sy, uint32_t b, unsigned char *buf, uint64_t *sum)
 {
-    const ck_entry *e = &l->ix->entries[l->blob_entry[b]];
+    const ck_entry *e = &sy->ix->entries[sy->blob_entry[b]];
     XXH3_state_t *st = XXH3_createState();
     if (!st)
         return -ENOMEM;
     XXH3_64bits_reset(st);
     int rc = 0;
     for (uint64_t off = 0; off < e->nbytes && rc == 0;) {
-        ssize_t got = ck_entry_read(l->ix, e, buf, IO_CHUNK, off);
+        ssize_t got = ck_entry_read(sy->ix, e, buf, IO_CHUNK, off);
         if (got <= 0)
             rc = got < 0 ? (int)got : -EIO;
         else {
@@ -436,38 +428,38 @@ static int hash_blob(const ck_synth *l, uint32_t b, unsigned char *buf, uint64_t
 }
 
 /* The trailer from every blob's checksum: the sums, then the sum of the sums. */
-static int set_trailer(ck_synth *l, const uint64_t *sums)
+static int set_trailer(ck_synth *sy, const uint64_t *sums)
 {
-    unsigned char *t = malloc(8 * (size_t)l->nblobs + 8);
+    unsigned char *t = malloc(8 * (size_t)sy->nblobs + 8);
     if (!t)
         return -ENOMEM;
-    for (uint32_t b = 0; b < l->nblobs; b++)
-        put_u64(t + 8 * (size_t)b, sums[b]);
-    put_u64(t + 8 * (size_t)l->nblobs, XXH3_64bits(t, 8 * (size_t)l->nblobs));
-    l->trailer = t;
+    for (uint32_t b = 0; b < sy->nblobs; b++)
+        put_le64(t + 8 * (size_t)b, sums[b]);
+    put_le64(t + 8 * (size_t)sy->nblobs, XXH3_64bits(t, 8 * (size_t)sy->nblobs));
+    sy->trailer = t;
     return 0;
 }
 
-uint32_t ck_synth_nblobs(const ck_synth *l)
+uint32_t ck_synth_nblobs(const ck_synth *sy)
 {
-    return l->nblobs;
+    return sy->nblobs;
 }
 
-const ck_entry *ck_synth_blob_entry(const ck_synth *l, uint32_t b)
+const ck_entry *ck_synth_blob_entry(const ck_synth *sy, uint32_t b)
 {
-    return &l->ix->entries[l->blob_entry[b]];
+    return &sy->ix->entries[sy->blob_entry[b]];
 }
 
-int ck_synth_checksums(ck_synth *l, uint64_t *sums, ck_progress progress, void *ctx)
+int ck_synth_checksums(ck_synth *sy, uint64_t *sums, ck_progress progress, void *ctx)
 {
     unsigned char *buf = malloc(IO_CHUNK);
     int rc = buf ? 0 : -ENOMEM;
     uint64_t done = 0, total = 0;
-    for (uint32_t b = 0; b < l->nblobs; b++)
-        total += ck_synth_blob_entry(l, b)->nbytes;
-    for (uint32_t b = 0; b < l->nblobs && rc == 0; b++) {
-        rc = hash_blob(l, b, buf, &sums[b]);
-        done += ck_synth_blob_entry(l, b)->nbytes;
+    for (uint32_t b = 0; b < sy->nblobs; b++)
+        total += ck_synth_blob_entry(sy, b)->nbytes;
+    for (uint32_t b = 0; b < sy->nblobs && rc == 0; b++) {
+        rc = hash_blob(sy, b, buf, &sums[b]);
+        done += ck_synth_blob_entry(sy, b)->nbytes;
         if (rc == 0 && progress && progress(ctx, done, total))
             rc = -ECANCELED;
     }
@@ -476,29 +468,29 @@ int ck_synth_checksums(ck_synth *l, uint64_t *sums, ck_progress progress, void *
 }
 
 /* Computes the trailer on first use: one pass over the data, under the lock, once. */
-static int ensure_trailer(ck_synth *l)
+static int ensure_trailer(ck_synth *sy)
 {
-    pthread_mutex_lock(&l->lock);
+    pthread_mutex_lock(&sy->lock);
     int rc = 0;
-    if (!l->trailer) {
-        uint64_t *sums = malloc((l->nblobs ? l->nblobs : 1) * sizeof *sums);
-        rc = sums ? ck_synth_checksums(l, sums, NULL, NULL) : -ENOMEM;
+    if (!sy->trailer) {
+        uint64_t *sums = malloc((sy->nblobs ? sy->nblobs : 1) * sizeof *sums);
+        rc = sums ? ck_synth_checksums(sy, sums, NULL, NULL) : -ENOMEM;
         if (rc == 0)
-            rc = set_trailer(l, sums);
+            rc = set_trailer(sy, sums);
         free(sums);
     }
-    pthread_mutex_unlock(&l->lock);
+    pthread_mutex_unlock(&sy->lock);
     return rc;
 }
 
 /* --- reading and writing ------------------------------------------------------------------ */
 
-static size_t find_seg(const ck_synth *l, uint64_t off)
+static size_t find_seg(const ck_synth *sy, uint64_t off)
 {
-    size_t lo = 0, hi = l->nsegs;
+    size_t lo = 0, hi = sy->nsegs;
     while (hi - lo > 1) {
         size_t mid = (lo + hi) / 2;
-        if (l->segs[mid].off <= off)
+        if (sy->segs[mid].off <= off)
             lo = mid;
         else
             hi = mid;
@@ -507,7 +499,7 @@ static size_t find_seg(const ck_synth *l, uint64_t off)
 }
 
 /* Copies n bytes of segment s starting at its byte `at`; 0 or -errno. */
-static int read_seg(ck_synth *l, const seg *s, unsigned char *buf, size_t n, uint64_t at)
+static int read_seg(ck_synth *sy, const seg *s, unsigned char *buf, size_t n, uint64_t at)
 {
     switch (s->kind) {
     case SEG_BYTES:
@@ -517,31 +509,31 @@ static int read_seg(ck_synth *l, const seg *s, unsigned char *buf, size_t n, uin
         memset(buf, 0, n);
         return 0;
     case SEG_CHECKSUMS: {
-        int rc = ensure_trailer(l);
+        int rc = ensure_trailer(sy);
         if (rc == 0)
-            memcpy(buf, l->trailer + at, n);
+            memcpy(buf, sy->trailer + at, n);
         return rc;
     }
     default: {
-        ssize_t got = ck_entry_read(l->ix, &l->ix->entries[s->entry], buf, n, at);
+        ssize_t got = ck_entry_read(sy->ix, &sy->ix->entries[s->entry], buf, n, at);
         return got == (ssize_t)n ? 0 : got < 0 ? (int)got : -EIO;
     }
     }
 }
 
-ssize_t ck_synth_read(ck_synth *l, void *buf, size_t len, uint64_t off)
+ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off)
 {
-    if (off >= l->size)
+    if (off >= sy->size)
         return 0;
-    if (len > l->size - off)
-        len = (size_t)(l->size - off);
+    if (len > sy->size - off)
+        len = (size_t)(sy->size - off);
     unsigned char *p = buf;
     size_t done = 0;
-    for (size_t i = find_seg(l, off); done < len; i++) {
-        const seg *s = &l->segs[i];
+    for (size_t i = find_seg(sy, off); done < len; i++) {
+        const seg *s = &sy->segs[i];
         uint64_t at = off + done - s->off;
         size_t n = s->len - at < len - done ? (size_t)(s->len - at) : len - done;
-        int rc = read_seg(l, s, p + done, n, at);
+        int rc = read_seg(sy, s, p + done, n, at);
         if (rc)
             return rc;
         done += n;
@@ -563,37 +555,37 @@ static int write_all(int fd, const unsigned char *p, size_t n)
     return 0;
 }
 
-int ck_synth_write(ck_synth *l, int fd, ck_progress progress, void *ctx)
+int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
 {
     enum { CHUNK = 256 << 10 }; /* stays in L2 between the read and the write */
     unsigned char *buf = malloc(CHUNK);
-    uint64_t *sums = calloc(l->nblobs ? l->nblobs : 1, sizeof *sums);
+    uint64_t *sums = calloc(sy->nblobs ? sy->nblobs : 1, sizeof *sums);
     XXH3_state_t *st = XXH3_createState();
     int rc = buf && sums && st ? 0 : -ENOMEM;
     uint64_t done = 0;
-    for (uint32_t b = 0; sums && b < l->nblobs; b++) /* a zero-length blob has no segment */
+    for (uint32_t b = 0; sums && b < sy->nblobs; b++) /* a zero-length blob has no segment */
         sums[b] = XXH3_64bits(NULL, 0);
-    for (size_t i = 0; i < l->nsegs && rc == 0; i++) {
-        const seg *s = &l->segs[i];
+    for (size_t i = 0; i < sy->nsegs && rc == 0; i++) {
+        const seg *s = &sy->segs[i];
         if (s->kind == SEG_CHECKSUMS) { /* every blob has passed: the sums are complete */
-            pthread_mutex_lock(&l->lock);
-            if (!l->trailer)
-                rc = set_trailer(l, sums);
-            pthread_mutex_unlock(&l->lock);
+            pthread_mutex_lock(&sy->lock);
+            if (!sy->trailer)
+                rc = set_trailer(sy, sums);
+            pthread_mutex_unlock(&sy->lock);
         }
-        int blob = s->kind == SEG_ENTRY && l->blob_entry;
+        int blob = s->kind == SEG_ENTRY && sy->blob_entry;
         if (blob)
             XXH3_64bits_reset(st);
         for (uint64_t at = 0; at < s->len && rc == 0;) {
             size_t n = s->len - at < CHUNK ? (size_t)(s->len - at) : CHUNK;
-            rc = read_seg(l, s, buf, n, at);
+            rc = read_seg(sy, s, buf, n, at);
             if (rc == 0 && blob)
                 XXH3_64bits_update(st, buf, n);
             if (rc == 0)
                 rc = write_all(fd, buf, n);
             at += n;
             done += n;
-            if (rc == 0 && progress && progress(ctx, done, l->size))
+            if (rc == 0 && progress && progress(ctx, done, sy->size))
                 rc = -ECANCELED;
         }
         if (blob && rc == 0)
@@ -607,14 +599,6 @@ int ck_synth_write(ck_synth *l, int fd, ck_progress progress, void *ctx)
 
 /* --- the safetensors view ----------------------------------------------------------------- */
 
-/* Integers go in as raw text: cJSON keeps numbers as doubles. */
-static cJSON *json_u64(uint64_t v)
-{
-    char t[24];
-    snprintf(t, sizeof t, "%llu", (unsigned long long)v);
-    return cJSON_CreateRaw(t);
-}
-
 static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
 {
     cJSON *o = cJSON_CreateObject(), *shape = cJSON_CreateArray(), *offs = cJSON_CreateArray();
@@ -624,10 +608,10 @@ static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
     }
     cJSON_AddItemToObject(o, "dtype", cJSON_CreateString(ck_dtype_name(e->dtype)));
     for (unsigned d = 0; d < e->rank; d++)
-        cJSON_AddItemToArray(shape, json_u64((uint64_t)e->shape[d]));
+        cJSON_AddItemToArray(shape, ck_json_uint((uint64_t)e->shape[d]));
     cJSON_AddItemToObject(o, "shape", shape);
-    cJSON_AddItemToArray(offs, json_u64(begin));
-    cJSON_AddItemToArray(offs, json_u64(begin + e->nbytes));
+    cJSON_AddItemToArray(offs, ck_json_uint(begin));
+    cJSON_AddItemToArray(offs, ck_json_uint(begin + e->nbytes));
     cJSON_AddItemToObject(o, "data_offsets", offs);
     return o;
 }
@@ -674,24 +658,24 @@ out:
     return text;
 }
 
-static int build_safetensors(ck_synth *l, const uint32_t *order, uint32_t n)
+static int build_safetensors(ck_synth *sy, const uint32_t *order, uint32_t n)
 {
     uint8_t *keep = malloc(n ? n : 1);
-    char *json = keep ? st_header(l->ix, order, n, keep) : NULL;
+    char *json = keep ? st_header(sy->ix, order, n, keep) : NULL;
     int rc = -1;
     if (!json)
         goto out;
-    size_t len = strlen(json), padded = (size_t)align_up(len, 8);
-    if (!(l->head = malloc(8 + padded)))
+    size_t len = strlen(json), padded = (size_t)ck_align_up(len, 8);
+    if (!(sy->head = malloc(8 + padded)))
         goto out;
-    put_u64(l->head, padded);
-    memcpy(l->head + 8, json, len);
-    memset(l->head + 8 + len, ' ', padded - len); /* the spec's padding: spaces */
-    rc = add_seg(l, (seg){.kind = SEG_BYTES, .bytes = l->head, .len = 8 + padded});
+    put_le64(sy->head, padded);
+    memcpy(sy->head + 8, json, len);
+    memset(sy->head + 8 + len, ' ', padded - len); /* the spec's padding: spaces */
+    rc = add_seg(sy, (seg){.kind = SEG_BYTES, .bytes = sy->head, .len = 8 + padded});
     for (uint32_t k = 0; k < n && rc == 0; k++)
         if (keep[k])
-            rc = add_seg(l, (seg){.kind = SEG_ENTRY, .entry = order[k],
-                                  .len = l->ix->entries[order[k]].nbytes});
+            rc = add_seg(sy, (seg){.kind = SEG_ENTRY, .entry = order[k],
+                                  .len = sy->ix->entries[order[k]].nbytes});
 out:
     free(keep);
     free(json);
@@ -700,19 +684,10 @@ out:
 
 int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err)
 {
-    const char *src = ix->nfiles ? ix->files[0].path : "?";
     uint32_t n;
     *out = NULL;
     uint32_t *order = ordered_entries(ix, NULL, 1, &n, err);
     if (!order)
         return -1;
-    ck_synth *l = synth_new(ix);
-    int rc = l ? build_safetensors(l, order, n) : -1;
-    free(order);
-    if (rc != 0) {
-        ck_synth_free(l);
-        return ck_fail(err, src, "out of memory");
-    }
-    *out = l;
-    return 0;
+    return synth_build(ix, order, n, build_safetensors, out, err);
 }

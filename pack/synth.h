@@ -29,26 +29,26 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
  * names are listed in __metadata__ "ckptfs.omitted"), natural name order, tied tensors copied. */
 int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err);
 
-void ck_synth_free(ck_synth *l);
+void ck_synth_free(ck_synth *sy);
 
-uint64_t ck_synth_size(const ck_synth *l);
+uint64_t ck_synth_size(const ck_synth *sy);
 
 /* Copies up to len bytes at off; returns the count (0 at the end) or -errno (-EIO when the
  * source is shorter than its index says). */
-ssize_t ck_synth_read(ck_synth *l, void *buf, size_t len, uint64_t off);
+ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off);
 
 /* Progress: called now and then with bytes written so far; a non-zero return stops the write
  * (it fails with -ECANCELED). */
 typedef int (*ck_progress)(void *ctx, uint64_t done, uint64_t total);
 
 /* Writes the whole file to fd from its current position. 0, or -errno. */
-int ck_synth_write(ck_synth *l, int fd, ck_progress progress, void *ctx);
+int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx);
 
 /* Pack only: how many blobs it has, the entry whose bytes blob b holds, and every blob's
  * XXH3-64 computed from the data (one pass; progress as for writing). 0, or -errno. */
-uint32_t ck_synth_nblobs(const ck_synth *l);
-const ck_entry *ck_synth_blob_entry(const ck_synth *l, uint32_t b);
-int ck_synth_checksums(ck_synth *l, uint64_t *sums, ck_progress progress, void *ctx);
+uint32_t ck_synth_nblobs(const ck_synth *sy);
+const ck_entry *ck_synth_blob_entry(const ck_synth *sy, uint32_t b);
+int ck_synth_checksums(ck_synth *sy, uint64_t *sums, ck_progress progress, void *ctx);
 
 /* Whether name (len bytes) is selected by only: NULL selects all; else a name that equals only
  * or continues it with '.', or that matches it as a glob (fnmatch). */

@@ -1,5 +1,6 @@
 /* torch.c — PyTorch checkpoints (zip and legacy) into the common index, via the safe pickle VM. */
 #include "torch.h"
+#include "bytes.h"
 #include "pickle.h"
 #include "zip.h"
 
@@ -462,9 +463,7 @@ static int place_legacy_storages(pt_reader *r, const pk_obj *keys, uint64_t pos)
         if (pos > f->size || f->size - pos < 8 || ck_pread(f->fd, c, 8, pos) != 0)
             return ck_fail(r->err, r->path, "storage '%s': its record runs past the end of the "
                            "file (byte %llu)", p->key, (unsigned long long)pos);
-        uint64_t numel = 0;
-        for (int b = 7; b >= 0; b--)
-            numel = numel << 8 | c[b];
+        uint64_t numel = get_le64(c);
         uint64_t bytes = numel * elem_size(p->dtype);
         if (numel != p->numel || (numel && bytes / numel != elem_size(p->dtype)))
             return ck_fail(r->err, r->path, "storage '%s': the file says %llu elements, the "

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytes.h"
 #include "index.h" /* ck_pread */
 
 #define SIG_LOCAL 0x04034b50u   /* local file header */
@@ -34,28 +35,13 @@ enum {
 
 typedef unsigned long long ull;
 
-static uint16_t le16(const unsigned char *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-
-static uint32_t le32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t le64(const unsigned char *p)
-{
-    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
-}
-
 /* An entry's name as a message quotes it: "%.*s" with these two arguments. */
 #define SHOWN(e) (int)((e)->name_len < NAME_SHOWN ? (e)->name_len : NAME_SHOWN), (e)->name
 
 int zip_probe(const unsigned char *head, size_t n)
 {
     /* A checkpoint always holds entries, so an empty archive ("PK\5\6" first) is not one. */
-    return n >= 4 && le32(head) == SIG_LOCAL;
+    return n >= 4 && get_le32(head) == SIG_LOCAL;
 }
 
 /* --- the end of the archive ------------------------------------------------------------ */
@@ -90,9 +76,9 @@ static int find_end(int fd, uint64_t file_size, const char *path, uint64_t *at,
     }
     size_t found = n, liar = n; /* liar: the last record whose comment length is wrong */
     for (size_t i = n - END_LEN + 1; i-- > 0 && found == n;) {
-        if (le32(tail + i) != SIG_END)
+        if (get_le32(tail + i) != SIG_END)
             continue;
-        if (i + END_LEN + le16(tail + i + 20) == n)
+        if (i + END_LEN + get_le16(tail + i + 20) == n)
             found = i;
         else if (liar == n)
             liar = i;
@@ -104,7 +90,8 @@ static int find_end(int fd, uint64_t file_size, const char *path, uint64_t *at,
     } else if (liar < n) {
         rc = ck_fail(err, path, "end-of-central-directory record says its comment is %u bytes, "
                      "but %zu bytes follow it: truncated, or data after the archive (offset "
-                     "%llu)", le16(tail + liar + 20), n - liar - END_LEN, (ull)(base + liar));
+                     "%llu)", get_le16(tail + liar + 20), n - liar - END_LEN,
+                     (ull)(base + liar));
     } else {
         rc = ck_fail(err, path, "no end-of-central-directory record in the last %zu bytes: not "
                      "a zip archive, or truncated", n);
@@ -126,9 +113,9 @@ static int read_end64(int fd, const unsigned char *loc, uint64_t loc_at,
                       const unsigned char *rec, uint64_t rec_at, const char *path,
                       zip_end *end, ck_error *err)
 {
-    uint64_t at = le64(loc + 8);
+    uint64_t at = get_le64(loc + 8);
     /* Writers put 1 in the locator's disk total; some put 0. */
-    if (le32(loc + 4) != 0 || le32(loc + 16) > 1)
+    if (get_le32(loc + 4) != 0 || get_le32(loc + 16) > 1)
         return multi_disk(path, "zip64 end-of-central-directory locator", loc_at, err);
     if (at > loc_at || loc_at - at < END64_LEN)
         return ck_fail(err, path, "zip64 end-of-central-directory locator points to offset "
@@ -139,35 +126,35 @@ static int read_end64(int fd, const unsigned char *loc, uint64_t loc_at,
     if (rc)
         return ck_fail(err, path, "cannot read the zip64 end-of-central-directory record: %s "
                        "(offset %llu)", strerror(-rc), (ull)at);
-    if (le32(r) != SIG_END64)
+    if (get_le32(r) != SIG_END64)
         return ck_fail(err, path, "no zip64 end-of-central-directory record where the locator "
                        "at offset %llu points (offset %llu)", (ull)loc_at, (ull)at);
     /* The record size counts the bytes after its own 12; extensible data may follow. */
-    uint64_t rsize = le64(r + 4);
+    uint64_t rsize = get_le64(r + 4);
     if (rsize < END64_LEN - 12 || rsize > loc_at - at - 12)
         return ck_fail(err, path, "zip64 end-of-central-directory record says it is %llu bytes "
                        "after its first 12; it needs %d and has %llu before the locator "
                        "(offset %llu)", (ull)rsize, END64_LEN - 12, (ull)(loc_at - at - 12),
                        (ull)at);
-    if (le32(r + 16) != 0 || le32(r + 20) != 0)
+    if (get_le32(r + 16) != 0 || get_le32(r + 20) != 0)
         return multi_disk(path, "zip64 end-of-central-directory record", at, err);
-    uint64_t on_disk = le64(r + 24);
-    end->count = le64(r + 32);
-    end->cd_size = le64(r + 40);
-    end->cd_offset = le64(r + 48);
+    uint64_t on_disk = get_le64(r + 24);
+    end->count = get_le64(r + 32);
+    end->cd_size = get_le64(r + 40);
+    end->cd_offset = get_le64(r + 48);
     end->limit = at;
     if (on_disk != end->count)
         return ck_fail(err, path, "zip64 end-of-central-directory record counts %llu entries "
                        "on this disk but %llu in all (offset %llu)", (ull)on_disk,
                        (ull)end->count, (ull)at);
-    if ((le16(rec + 8) != 0xFFFF && le16(rec + 8) != end->count) ||
-        (le16(rec + 10) != 0xFFFF && le16(rec + 10) != end->count) ||
-        (le32(rec + 12) != 0xFFFFFFFF && le32(rec + 12) != end->cd_size) ||
-        (le32(rec + 16) != 0xFFFFFFFF && le32(rec + 16) != end->cd_offset))
+    if ((get_le16(rec + 8) != 0xFFFF && get_le16(rec + 8) != end->count) ||
+        (get_le16(rec + 10) != 0xFFFF && get_le16(rec + 10) != end->count) ||
+        (get_le32(rec + 12) != 0xFFFFFFFF && get_le32(rec + 12) != end->cd_size) ||
+        (get_le32(rec + 16) != 0xFFFFFFFF && get_le32(rec + 16) != end->cd_offset))
         return ck_fail(err, path, "end-of-central-directory record (%u entries, central "
                        "directory of %u bytes at offset %u) disagrees with the zip64 record "
                        "(%llu entries, %llu bytes at offset %llu) (offset %llu)",
-                       le16(rec + 10), le32(rec + 12), le32(rec + 16), (ull)end->count,
+                       get_le16(rec + 10), get_le32(rec + 12), get_le32(rec + 16), (ull)end->count,
                        (ull)end->cd_size, (ull)end->cd_offset, (ull)rec_at);
     return 0;
 }
@@ -179,7 +166,7 @@ static int read_end(int fd, uint64_t file_size, const char *path, zip_end *end, 
     uint64_t at = 0;
     if (find_end(fd, file_size, path, &at, rec, err))
         return -1;
-    if (le16(rec + 4) != 0 || le16(rec + 6) != 0)
+    if (get_le16(rec + 4) != 0 || get_le16(rec + 6) != 0)
         return multi_disk(path, "end-of-central-directory record", at, err);
     int has_loc = 0;
     if (at >= LOC64_LEN) {
@@ -187,7 +174,7 @@ static int read_end(int fd, uint64_t file_size, const char *path, zip_end *end, 
         if (rc)
             return ck_fail(err, path, "cannot read before the end-of-central-directory record: "
                            "%s (offset %llu)", strerror(-rc), (ull)(at - LOC64_LEN));
-        has_loc = le32(loc) == SIG_LOC64;
+        has_loc = get_le32(loc) == SIG_LOC64;
     }
     if (has_loc) {
         if (read_end64(fd, loc, at - LOC64_LEN, rec, at, path, end, err))
@@ -195,17 +182,17 @@ static int read_end(int fd, uint64_t file_size, const char *path, zip_end *end, 
     } else {
         /* 0xFFFF entries may be the true count (Python writes up to 65535 entries without
          * zip64); a size or offset of 0xFFFFFFFF with no zip64 record cannot be trusted. */
-        if (le32(rec + 12) == 0xFFFFFFFF || le32(rec + 16) == 0xFFFFFFFF)
+        if (get_le32(rec + 12) == 0xFFFFFFFF || get_le32(rec + 16) == 0xFFFFFFFF)
             return ck_fail(err, path, "end-of-central-directory record defers to a zip64 record, "
                            "but no zip64 end-of-central-directory locator precedes it (offset "
                            "%llu)", (ull)at);
-        if (le16(rec + 8) != le16(rec + 10))
+        if (get_le16(rec + 8) != get_le16(rec + 10))
             return ck_fail(err, path, "end-of-central-directory record counts %u entries on "
-                           "this disk but %u in all (offset %llu)", le16(rec + 8),
-                           le16(rec + 10), (ull)at);
-        end->count = le16(rec + 10);
-        end->cd_size = le32(rec + 12);
-        end->cd_offset = le32(rec + 16);
+                           "this disk but %u in all (offset %llu)", get_le16(rec + 8),
+                           get_le16(rec + 10), (ull)at);
+        end->count = get_le16(rec + 10);
+        end->cd_size = get_le32(rec + 12);
+        end->cd_offset = get_le32(rec + 16);
         end->limit = at;
     }
     if (end->count > ZIP_MAX_ENTRIES)
@@ -243,13 +230,13 @@ static int apply_zip64(const unsigned char *x, size_t n, uint64_t *size, uint64_
             continue;
         if (n - at < 8)
             return -1;
-        *field[i] = le64(x + at);
+        *field[i] = get_le64(x + at);
         at += 8;
     }
     if (*disk == 0xFFFF) {
         if (n - at < 4)
             return -1;
-        *disk = le32(x + at);
+        *disk = get_le32(x + at);
     }
     return 0;
 }
@@ -275,10 +262,10 @@ static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, siz
         return ck_fail(err, path, "central directory entry %zu is truncated: %zu bytes left of "
                        "the %d it needs (offset %llu)", i, left, CENTRAL_LEN, at);
     const unsigned char *h = cd + p;
-    if (le32(h) != SIG_CENTRAL)
+    if (get_le32(h) != SIG_CENTRAL)
         return ck_fail(err, path, "central directory entry %zu has signature 0x%08x, not "
-                       "0x%08x (offset %llu)", i, le32(h), SIG_CENTRAL, at);
-    size_t nlen = le16(h + 28), xlen = le16(h + 30), clen = le16(h + 32);
+                       "0x%08x (offset %llu)", i, get_le32(h), SIG_CENTRAL, at);
+    size_t nlen = get_le16(h + 28), xlen = get_le16(h + 30), clen = get_le16(h + 32);
     if (nlen + xlen + clen > left - CENTRAL_LEN)
         return ck_fail(err, path, "central directory entry %zu: name, extra field and comment "
                        "(%zu + %zu + %zu bytes) run past the end of the central directory "
@@ -288,18 +275,18 @@ static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, siz
     if (memchr(name, 0, nlen))
         return ck_fail(err, path, "central directory entry %zu: name '%.*s' holds a NUL byte "
                        "(offset %llu)", i, shown, name, at);
-    uint16_t flags = le16(h + 8);
+    uint16_t flags = get_le16(h + 8);
     if (flags & FLAG_ENCRYPTED)
         return ck_fail(err, path, "entry '%.*s' is encrypted, which is not supported (central "
                        "directory entry %zu at offset %llu)", shown, name, i, at);
-    uint64_t csize = le32(h + 20), size = le32(h + 24), local = le32(h + 42);
-    uint32_t disk = le16(h + 34);
+    uint64_t csize = get_le32(h + 20), size = get_le32(h + 24), local = get_le32(h + 42);
+    uint32_t disk = get_le16(h + 34);
     /* Extra fields: 2-byte id, 2-byte length, data. Fewer than 4 bytes left over are
      * ignored, as Python's zipfile and Go's archive/zip do. */
     const unsigned char *x = h + CENTRAL_LEN + nlen;
     int zip64_seen = 0;
     for (size_t k = 0; k + 4 <= xlen;) {
-        size_t id = le16(x + k), len = le16(x + k + 2);
+        size_t id = get_le16(x + k), len = get_le16(x + k + 2);
         if (len > xlen - k - 4)
             return ck_fail(err, path, "entry '%.*s': extra field 0x%04zx of %zu bytes runs %zu "
                            "bytes past the end of its header (central directory entry %zu at "
@@ -320,7 +307,7 @@ static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, siz
         return ck_fail(err, path, "entry '%.*s' starts on disk %u; multi-disk (split) archives "
                        "are not supported (central directory entry %zu at offset %llu)", shown,
                        name, (unsigned)disk, i, at);
-    uint16_t method = le16(h + 10);
+    uint16_t method = get_le16(h + 10);
     if (method == 0 && size != csize)
         return ck_fail(err, path, "entry '%.*s' is stored (not compressed) but its sizes "
                        "differ: %llu bytes, %llu in the archive (central directory entry %zu at "
@@ -367,14 +354,14 @@ static int read_local(int fd, const zip_end *end, size_t i, zip_entry *e, const 
     if (rc)
         return ck_fail(err, path, "entry '%.*s': cannot read the local header: %s (offset "
                        "%llu)", SHOWN(e), strerror(-rc), (ull)local);
-    if (le32(h) != SIG_LOCAL)
+    if (get_le32(h) != SIG_LOCAL)
         return ck_fail(err, path, "entry '%.*s': local header has signature 0x%08x, not 0x%08x "
-                       "(offset %llu)", SHOWN(e), le32(h), SIG_LOCAL, (ull)local);
-    if (le16(h + 26) != e->name_len)
+                       "(offset %llu)", SHOWN(e), get_le32(h), SIG_LOCAL, (ull)local);
+    if (get_le16(h + 26) != e->name_len)
         return ck_fail(err, path, "entry '%.*s': local header names %u bytes, the central "
-                       "directory %u (offset %llu)", SHOWN(e), le16(h + 26), e->name_len,
+                       "directory %u (offset %llu)", SHOWN(e), get_le16(h + 26), e->name_len,
                        (ull)local);
-    uint64_t data = local + LOCAL_LEN + le16(h + 26) + le16(h + 28);
+    uint64_t data = local + LOCAL_LEN + get_le16(h + 26) + get_le16(h + 28);
     if (data > cd || e->csize > cd - data)
         return ck_fail(err, path, "entry '%.*s': data (%llu bytes at offset %llu) runs past the "
                        "central directory at offset %llu (local header at offset %llu)",

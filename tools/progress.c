@@ -24,11 +24,6 @@ void ck_progress_catch_signals(void)
     sigaction(SIGHUP, &sa, NULL);
 }
 
-int ck_progress_interrupted(void)
-{
-    return interrupted != 0;
-}
-
 static double now_s(void)
 {
     struct timespec t;

@@ -16,8 +16,6 @@ typedef struct ck_bar {
 } ck_bar;
 
 void ck_progress_catch_signals(void);
-/* Non-zero once a caught signal has arrived. */
-int ck_progress_interrupted(void);
 
 void ck_bar_start(ck_bar *b, const char *label);
 int ck_progress_tick(void *bar, uint64_t done, uint64_t total);

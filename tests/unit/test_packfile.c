@@ -340,7 +340,7 @@ Test(pack_ok, sample)
         cr_assert_eq(e->dtype, v->type);
         cr_assert_eq(e->rank, 0);
         cr_assert_eq(e->nbytes, v->len);
-        cr_assert_eq(memcmp(e->u.text, v->text, v->len), 0);
+        cr_assert_eq(memcmp(e->text, v->text, v->len), 0);
         char got[32];
         cr_assert_eq(ck_entry_read(ix, e, got, sizeof got, 0), (ssize_t)v->len);
         cr_assert_eq(memcmp(got, v->text, v->len), 0);
