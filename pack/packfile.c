@@ -186,6 +186,7 @@ static int take_string(pack_reader *r, const char *whom, const char *what,
     r->at += *len;
     return 0;
 }
+
 /* Names and metadata are UTF-8 without NUL: the common index hands them out as C strings,
  * which a NUL would cut short. */
 static int check_text(pack_reader *r, const unsigned char *s, uint32_t len, const char *whom,
