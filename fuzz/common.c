@@ -1,5 +1,6 @@
 /* common.c — the memfd and the checks every harness shares (see fuzz.h). */
 #include "fuzz.h"
+#include "../pack/packfile.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 void fuzz_fail(const char *what, const char *file, int line)
 {
@@ -35,6 +37,19 @@ ck_index *fuzz_index(const uint8_t *data, size_t size)
     FUZZ_REQUIRE(ix != NULL);
     FUZZ_REQUIRE(ck_index_add_file(ix, "fuzz-input", fuzz_memfd(data, size), &err) == 0);
     return ix;
+}
+
+void fuzz_fix_pack_xxh3(uint8_t *data, size_t size)
+{
+    if (size < PACK_HEADER_SIZE)
+        return;
+    pack_header h;
+    pack_header_decode(data, &h);
+    if (h.index_length <= size - PACK_HEADER_SIZE) {
+        uint64_t sum = XXH3_64bits(data + PACK_HEADER_SIZE, (size_t)h.index_length);
+        for (int i = 0; i < 8; i++)
+            data[56 + i] = (uint8_t)(sum >> (8 * i));
+    }
 }
 
 /* Reads up to 4 KiB at off; a short or failed read of a validated entry is a parser bug. */

@@ -23,7 +23,8 @@ from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_sharded.c splits its input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source"]
+           "source", "plan"]
+PLAN_SELECTORS = b"\x00\x01\x02\x07"  # fuzz_plan.c: no only, a prefix, a glob, another prefix
 
 
 def tensors():
@@ -184,7 +185,10 @@ def main():
             p = subprocess.run([a.ckpt, "pack", src, out], capture_output=True)
             if p.returncode == 0:
                 with open(out, "rb") as f:
-                    add(["packfile", "source"], name + ".pack", f.read())
+                    packed = f.read()
+                add(["packfile", "source"], name + ".pack", packed)
+                for sel in PLAN_SELECTORS:
+                    add(["plan"], f"{name}.{sel}.pack", bytes([sel]) + packed)
             else:
                 print(f"gen_seeds: ckpt pack {name}: {p.stderr.decode().strip()}", file=sys.stderr)
 

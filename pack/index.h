@@ -61,6 +61,8 @@ typedef struct ck_file {
     struct timespec mtime;
     dev_t dev;
     ino_t ino;
+    const struct pack_layout *pack; /* a pack's checked layout, NULL for other files: read it
+                                     * through pack_layout_of (packfile.h) */
 } ck_file;
 
 typedef struct ck_meta {

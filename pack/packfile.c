@@ -1,6 +1,7 @@
 /* packfile.c — the pack reader: header and index only, every rule of FORMAT.md checked. */
 #include "packfile.h"
 #include "bytes.h"
+#include "synth.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -130,17 +131,16 @@ typedef struct pack_reader {
     const unsigned char *p;  /* the index, h->index_length bytes */
     uint64_t len, at;        /* its length; the cursor */
     uint64_t nentries, nblobs;
-    const unsigned char *blobs; /* the blob table, 16 bytes a blob */
-    unsigned char *used;     /* per blob: named by a tensor yet */
+    pack_layout *layout;     /* what the index says, filled in as it is checked */
+    pack_blob *blobs;        /* layout->blobs */
+    uint32_t *entry_blob, *blob_entry;
+    uint64_t table_at;       /* index offset of the blob table */
+    uint32_t named;          /* blobs named by a tensor so far: they are blobs 0..named-1 */
+    const unsigned char *prev_name; /* the entry before, for the order; and its name's length */
+    uint32_t prev_len;
+    uint64_t prev_at;        /* file offset of that entry */
     ck_error *err;
 } pack_reader;
-
-/* An entry's name where the index holds it; check_unique sorts these. */
-typedef struct name_ref {
-    const unsigned char *name; /* in the index */
-    uint32_t len;
-    uint64_t entry, at;        /* its number; the file offset of its name_len */
-} name_ref;
 
 /* File offset of index byte i. */
 static ull file_at(const pack_reader *r, uint64_t i)
@@ -243,21 +243,30 @@ static int read_meta(pack_reader *r, uint32_t nmeta)
     return 0;
 }
 
-/* The blob table: aligned, in order, without overlap, inside the data region. Tensors look
- * their blob up in it later, where it lies in the index. */
+/* The blob table. Its layout is fixed by the blobs' lengths: each blob at the first multiple
+ * of 256 at or after the end of the one before (the first at 0), the region ending at the next
+ * multiple of 4096 after the last. Checking the exact places, not only order and overlap, is
+ * what lets a reader use the table as it stands. */
 static int read_blobs(pack_reader *r)
 {
-    uint64_t prev_off = 0, prev_end = 0;
+    uint64_t end = 0, empty = UINT64_MAX; /* the last blob's end; the empty blob, if any */
     /* The counts were sized with 8 bytes a metadata pair: longer strings may have left less. */
     if (need(r, MIN_BLOB * r->nblobs, "pack index", "the blob table"))
         return -1;
-    r->blobs = r->p + r->at;
+    r->table_at = r->at;
     for (uint64_t i = 0; i < r->nblobs; i++) {
         ull at = file_at(r, r->at);
-        uint64_t off = take_u64(r), len = take_u64(r), end;
-        if (off % PACK_BLOB_ALIGN)
-            return ck_fail(r->err, r->path, "pack blob %llu: offset %llu is not a multiple of "
-                           "%u (byte %llu)", (ull)i, (ull)off, PACK_BLOB_ALIGN, at);
+        uint64_t off = take_u64(r), len = take_u64(r);
+        /* end lies inside the region, whose end fits in 64 bits and is a multiple of 4096. */
+        uint64_t want = ck_align_up(end, PACK_BLOB_ALIGN);
+        if (off != want && i == 0)
+            return ck_fail(r->err, r->path, "pack blob 0: offset %llu, but the first blob "
+                           "starts at 0 (byte %llu)", (ull)off, at);
+        if (off != want)
+            return ck_fail(r->err, r->path, "pack blob %llu: offset %llu, but blob %llu ends "
+                           "at %llu, so this one starts at %llu, the next multiple of %u "
+                           "(byte %llu)", (ull)i, (ull)off, (ull)(i - 1), (ull)end, (ull)want,
+                           PACK_BLOB_ALIGN, at);
         if (__builtin_add_overflow(off, len, &end))
             return ck_fail(r->err, r->path, "pack blob %llu: offset %llu + length %llu "
                            "overflows (byte %llu)", (ull)i, (ull)off, (ull)len, at);
@@ -265,23 +274,40 @@ static int read_blobs(pack_reader *r)
             return ck_fail(r->err, r->path, "pack blob %llu: [%llu, %llu) lies outside the "
                            "%llu-byte data region (byte %llu)", (ull)i, (ull)off, (ull)end,
                            (ull)r->h->data_length, at);
-        if (i > 0 && off < prev_off)
-            return ck_fail(r->err, r->path, "pack blob %llu: offset %llu comes before blob "
-                           "%llu's offset %llu: blobs must be in offset order (byte %llu)",
-                           (ull)i, (ull)off, (ull)(i - 1), (ull)prev_off, at);
-        /* Zero-length blobs may share an offset: only bytes can overlap. */
-        if (i > 0 && off < prev_end)
-            return ck_fail(r->err, r->path, "pack blob %llu: [%llu, %llu) overlaps blob %llu "
-                           "[%llu, %llu): it starts before that one ends (byte %llu)", (ull)i,
-                           (ull)off, (ull)end, (ull)(i - 1), (ull)prev_off, (ull)prev_end, at);
-        prev_off = off;
-        prev_end = end;
+        if (len == 0 && empty != UINT64_MAX)
+            return ck_fail(r->err, r->path, "pack blob %llu: a second empty blob, after blob "
+                           "%llu: all empty tensors share one (byte %llu)", (ull)i, (ull)empty,
+                           at);
+        if (len == 0)
+            empty = i;
+        r->blobs[i] = (pack_blob){.offset = r->h->data_offset + off, .length = len};
     }
+    uint64_t want = ck_align_up(end, PACK_REGION_ALIGN);
+    if (r->h->data_length != want)
+        return ck_fail(r->err, r->path, "pack header: data_length %llu, but the last blob ends "
+                       "at %llu, so the data region is %llu bytes (bytes 40-47)",
+                       (ull)r->h->data_length, (ull)end, (ull)want);
     return 0;
 }
 
-static int read_tensor(pack_reader *r, const char *whom, uint8_t dtype, uint8_t rank,
-                       const unsigned char *name, uint32_t name_len, uint64_t type_at)
+/* Blob numbers are the order of first use: the k-th blob a tensor names for the first time is
+ * blob k. So the table's order, the data's order and the index's order are one. */
+static int name_blob(pack_reader *r, const char *whom, uint64_t blob, uint64_t entry,
+                     uint64_t blob_at)
+{
+    if (blob > r->named)
+        return ck_fail(r->err, r->path, "%s: names blob %llu before any entry names blob %u: "
+                       "blobs are numbered in the order their first tensor appears (byte %llu)",
+                       whom, (ull)blob, r->named, file_at(r, blob_at));
+    if (blob == r->named)
+        r->blob_entry[r->named++] = (uint32_t)entry;
+    r->entry_blob[entry] = (uint32_t)blob;
+    return 0;
+}
+
+static int read_tensor(pack_reader *r, const char *whom, uint64_t entry, uint8_t dtype,
+                       uint8_t rank, const unsigned char *name, uint32_t name_len,
+                       uint64_t type_at)
 {
     if (dtype >= CK_DTYPE_COUNT)
         return ck_fail(r->err, r->path, "%s: unknown dtype code %u (byte %llu)", whom, dtype,
@@ -308,26 +334,26 @@ static int read_tensor(pack_reader *r, const char *whom, uint8_t dtype, uint8_t 
     if (blob >= r->nblobs)
         return ck_fail(r->err, r->path, "%s: blob %llu does not exist, the index has %llu "
                        "(byte %llu)", whom, (ull)blob, (ull)r->nblobs, file_at(r, blob_at));
-    const unsigned char *b = r->blobs + 16 * blob;
-    uint64_t off = get_le64(b), len = get_le64(b + 8);
-    if (nbytes != len)
+    const pack_blob *b = &r->blobs[blob];
+    if (nbytes != b->length)
         return ck_fail(r->err, r->path, "%s: shape × %s needs %llu bytes, but blob %llu holds "
-                       "%llu (byte %llu)", whom, dt, (ull)nbytes, (ull)blob, (ull)len,
+                       "%llu (byte %llu)", whom, dt, (ull)nbytes, (ull)blob, (ull)b->length,
                        file_at(r, blob_at));
-    r->used[blob] = 1;
+    if (name_blob(r, whom, blob, entry, blob_at))
+        return -1;
     ck_entry *e = ck_index_add_entry(r->ix, (const char *)name, name_len, CK_CONTIGUOUS, rank,
                                      dims, r->err);
     if (!e)
         return -1;
     e->dtype = dtype;
-    e->nbytes = len;
-    /* read_blobs kept every blob inside the data region, which ends before 2^64. */
-    e->ext = (ck_extent){.offset = r->h->data_offset + off, .length = len, .file = r->file};
+    e->nbytes = b->length;
+    e->ext = (ck_extent){.offset = b->offset, .length = b->length, .file = r->file};
     return 0;
 }
 
-static int read_value(pack_reader *r, const char *whom, uint8_t type, uint8_t rank,
-                      const unsigned char *name, uint32_t name_len, uint64_t type_at)
+static int read_value(pack_reader *r, const char *whom, uint64_t entry, uint8_t type,
+                      uint8_t rank, const unsigned char *name, uint32_t name_len,
+                      uint64_t type_at)
 {
     if (type >= CK_VAL_TYPE_COUNT)
         return ck_fail(r->err, r->path, "%s: unknown value code %u (byte %llu)", whom, type,
@@ -340,11 +366,34 @@ static int read_value(pack_reader *r, const char *whom, uint8_t type, uint8_t ra
     /* The text is any bytes: a bytes value's are raw. */
     if (take_string(r, whom, "text", &text, &len))
         return -1;
+    r->entry_blob[entry] = UINT32_MAX;
     return ck_index_add_value(r->ix, (const char *)name, name_len, (enum ck_value_type)type,
                               (const char *)text, len, r->err) ? 0 : -1;
 }
 
-static int read_entry(pack_reader *r, uint64_t i, name_ref *ref)
+/* Entries are in strictly increasing natural name order (ck_natural_cmp, which says 0 only for
+ * equal names): so names are unique, and a duplicate is always the entry right after. */
+static int check_order(pack_reader *r, const char *whom, uint64_t i, const unsigned char *name,
+                       uint32_t len, uint64_t at)
+{
+    if (i == 0)
+        return 0;
+    int c = ck_natural_cmp((const char *)r->prev_name, r->prev_len, (const char *)name, len);
+    int cut = shown(name, len), prev_cut = shown(r->prev_name, r->prev_len);
+    if (c == 0)
+        return ck_fail(r->err, r->path, "pack entry %llu: duplicate name '%.*s%s', as entry "
+                       "%llu (bytes %llu and %llu)", (ull)i, cut, (const char *)name,
+                       (uint32_t)cut < len ? "..." : "", (ull)(i - 1), (ull)at,
+                       (ull)r->prev_at);
+    if (c > 0)
+        return ck_fail(r->err, r->path, "%s: sorts before entry %llu ('%.*s%s'): entries are "
+                       "in natural name order (byte %llu)", whom,
+                       (ull)(i - 1), prev_cut, (const char *)r->prev_name,
+                       (uint32_t)prev_cut < r->prev_len ? "..." : "", (ull)at);
+    return 0;
+}
+
+static int read_entry(pack_reader *r, uint64_t i)
 {
     char whom[64 + 4 * NAME_SHOWN];
     snprintf(whom, sizeof whom, "pack entry %llu", (ull)i);
@@ -361,6 +410,11 @@ static int read_entry(pack_reader *r, uint64_t i, name_ref *ref)
     int cut = shown(name, name_len);
     snprintf(whom, sizeof whom, "pack entry %llu ('%.*s%s')", (ull)i, cut, (const char *)name,
              (uint32_t)cut < name_len ? "..." : "");
+    if (check_order(r, whom, i, name, name_len, file_at(r, start)))
+        return -1;
+    r->prev_name = name;
+    r->prev_len = name_len;
+    r->prev_at = file_at(r, start);
     if (need(r, 4, whom, "the kind, type, rank and reserved bytes"))
         return -1;
     uint64_t kind_at = r->at;
@@ -369,43 +423,15 @@ static int read_entry(pack_reader *r, uint64_t i, name_ref *ref)
     if (k[3] != 0)
         return ck_fail(r->err, r->path, "%s: reserved byte is 0x%02x, not 0 (byte %llu)", whom,
                        k[3], file_at(r, kind_at + 3));
-    *ref = (name_ref){.name = name, .len = name_len, .entry = i, .at = file_at(r, start)};
     switch (k[0]) {
     case CK_TENSOR:
-        return read_tensor(r, whom, k[1], k[2], name, name_len, kind_at + 1);
+        return read_tensor(r, whom, i, k[1], k[2], name, name_len, kind_at + 1);
     case CK_VALUE:
-        return read_value(r, whom, k[1], k[2], name, name_len, kind_at + 1);
+        return read_value(r, whom, i, k[1], k[2], name, name_len, kind_at + 1);
     default:
         return ck_fail(r->err, r->path, "%s: unknown kind %u (byte %llu)", whom, k[0],
                        file_at(r, kind_at));
     }
-}
-
-static int by_name(const void *a, const void *b)
-{
-    const name_ref *x = a, *y = b;
-    int c = memcmp(x->name, y->name, x->len < y->len ? x->len : y->len);
-    if (c == 0 && x->len != y->len)
-        c = x->len < y->len ? -1 : 1;
-    if (c == 0 && x->entry != y->entry)
-        c = x->entry < y->entry ? -1 : 1;
-    return c;
-}
-
-/* Names are unique: sorted, equal names end up side by side. */
-static int check_unique(pack_reader *r, name_ref *refs, uint64_t n)
-{
-    qsort(refs, (size_t)n, sizeof *refs, by_name);
-    for (uint64_t i = 1; i < n; i++) {
-        const name_ref *a = &refs[i - 1], *b = &refs[i];
-        if (a->len == b->len && memcmp(a->name, b->name, a->len) == 0)
-            return ck_fail(r->err, r->path, "pack entry %llu: duplicate name '%.*s%s', as "
-                           "entry %llu (bytes %llu and %llu)", (ull)b->entry,
-                           shown(b->name, b->len), (const char *)b->name,
-                           (uint32_t)shown(b->name, b->len) < b->len ? "..." : "",
-                           (ull)a->entry, (ull)b->at, (ull)a->at);
-    }
-    return 0;
 }
 
 /* The counts, sized against the index before anything is allocated for them. */
@@ -432,6 +458,27 @@ static int read_counts(pack_reader *r, uint32_t *nmeta)
     return 0;
 }
 
+/* The layout and its arrays, in the index's arena: they live as long as the index. The counts
+ * are bounded by the index size (at most 2^30 bytes), so they fit in 32 bits. */
+static int alloc_layout(pack_reader *r)
+{
+    size_t head = ck_align_up(sizeof *r->layout, 16), blobs = sizeof *r->blobs * r->nblobs;
+    size_t n = head + blobs + 4 * (size_t)r->nentries + 4 * (size_t)r->nblobs;
+    unsigned char *m = ck_index_alloc(r->ix, n);
+    if (!m)
+        return ck_fail(r->err, r->path, "out of memory");
+    r->layout = (pack_layout *)m;
+    r->blobs = (pack_blob *)(m + head);
+    r->entry_blob = (uint32_t *)(m + head + blobs);
+    r->blob_entry = r->entry_blob + r->nentries;
+    *r->layout = (pack_layout){.header = *r->h, .file = r->file,
+                               .nblobs = (uint32_t)r->nblobs,
+                               .nentries = (uint32_t)r->nentries,
+                               .first_entry = r->ix->nentries, .blobs = r->blobs,
+                               .entry_blob = r->entry_blob, .blob_entry = r->blob_entry};
+    return 0;
+}
+
 static int parse_index(pack_reader *r, uint64_t file_size)
 {
     uint32_t nmeta;
@@ -443,31 +490,24 @@ static int parse_index(pack_reader *r, uint64_t file_size)
         return ck_fail(r->err, r->path, "file is %llu bytes, but its checksum trailer (8 × "
                        "%llu blobs + 8 bytes at byte %llu) ends at byte %llu", (ull)file_size,
                        (ull)r->nblobs, (ull)r->h->checksum_offset, (ull)want);
-    if (read_meta(r, nmeta) || read_blobs(r))
+    if (alloc_layout(r) || read_meta(r, nmeta) || read_blobs(r))
         return -1;
-    r->used = calloc(r->nblobs ? r->nblobs : 1, 1);
-    name_ref *refs = malloc((r->nentries ? r->nentries : 1) * sizeof *refs);
-    int rc = r->used && refs ? 0 : ck_fail(r->err, r->path, "out of memory");
-    for (uint64_t i = 0; i < r->nentries && rc == 0; i++)
-        rc = read_entry(r, i, &refs[i]);
-    if (rc == 0 && r->at < r->len)
-        rc = ck_fail(r->err, r->path, "pack index: %llu bytes left over after the last entry "
-                     "(byte %llu)", (ull)(r->len - r->at), file_at(r, r->at));
-    for (uint64_t b = 0; b < r->nblobs && rc == 0; b++)
-        if (!r->used[b])
-            rc = ck_fail(r->err, r->path, "pack blob %llu: no tensor names it (byte %llu)",
-                         (ull)b, file_at(r, (uint64_t)(r->blobs - r->p) + 16 * b));
-    if (rc == 0)
-        rc = check_unique(r, refs, r->nentries);
-    free(refs);
-    free(r->used);
-    r->used = NULL;
-    return rc;
+    for (uint64_t i = 0; i < r->nentries; i++)
+        if (read_entry(r, i))
+            return -1;
+    if (r->at < r->len)
+        return ck_fail(r->err, r->path, "pack index: %llu bytes left over after the last entry "
+                       "(byte %llu)", (ull)(r->len - r->at), file_at(r, r->at));
+    /* Named in order, so the first unused blob is the one after the last named. */
+    if (r->named < r->nblobs)
+        return ck_fail(r->err, r->path, "pack blob %u: no tensor names it (byte %llu)",
+                       r->named, file_at(r, r->table_at + MIN_BLOB * (uint64_t)r->named));
+    return 0;
 }
 
 int pack_read_file(ck_index *ix, uint32_t file, ck_error *err)
 {
-    const ck_file *f = &ix->files[file];
+    ck_file *f = &ix->files[file];
     unsigned char raw[PACK_HEADER_SIZE];
     pack_header h;
     if (f->size < PACK_HEADER_SIZE)
@@ -490,19 +530,25 @@ int pack_read_file(ck_index *ix, uint32_t file, ck_error *err)
         return ck_fail(err, f->path, "out of memory for a %llu-byte pack index",
                        (ull)h.index_length);
     rc = ck_pread(f->fd, index, (size_t)h.index_length, h.index_offset);
+    pack_reader r = {.ix = ix, .file = file, .path = f->path, .h = &h, .p = index,
+                     .len = h.index_length, .err = err};
     if (rc) {
         rc = ck_fail(err, f->path, "cannot read the pack index: %s", strerror(-rc));
     } else {
         uint64_t sum = XXH3_64bits(index, (size_t)h.index_length);
-        if (sum != h.index_xxh3) {
+        if (sum != h.index_xxh3)
             rc = ck_fail(err, f->path, "pack index: XXH3 is %016llx, the header says %016llx "
                          "(bytes 56-63)", (ull)sum, (ull)h.index_xxh3);
-        } else {
-            pack_reader r = {.ix = ix, .file = file, .path = f->path, .h = &h, .p = index,
-                             .len = h.index_length, .err = err};
+        else
             rc = parse_index(&r, f->size);
-        }
     }
     free(index);
+    if (rc == 0)
+        f->pack = r.layout;
     return rc;
+}
+
+const pack_layout *pack_layout_of(const ck_index *ix, uint32_t file)
+{
+    return file < ix->nfiles ? ix->files[file].pack : NULL;
 }

@@ -4,6 +4,9 @@
  * FORMAT.md ("What a reader must refuse"), including the index checksum, and appends one entry
  * per index entry (tensors as one contiguous extent each, values with their text) plus the
  * metadata. It reads the header and the index only, never the data or the checksum trailer.
+ * It also keeps the pack's layout, as the file holds it, for the life of the index
+ * (pack_layout_of): whoever needs a blob's place or number asks it there, and never rebuilds
+ * it with the writer (synth.h), which would only say where a pack *should* put its bytes.
  */
 #ifndef CK_PACKFILE_H
 #define CK_PACKFILE_H
@@ -23,11 +26,35 @@ typedef struct pack_header {
     uint64_t index_offset, index_length, data_offset, data_length, checksum_offset, index_xxh3;
 } pack_header;
 
+/* A blob: where its bytes lie in the file. */
+typedef struct pack_blob {
+    uint64_t offset; /* file offset of its first byte: data_offset + its offset in the index */
+    uint64_t length;
+} pack_blob;
+
+/* A pack's layout, checked at open: the blobs in file order (which is their number, and their
+ * place in the checksum trailer), and which blob each entry names. Entries are counted as the
+ * pack counts them ("pack entry k"): pack entry k is ix->entries[first_entry + k], and
+ * first_entry is 0 unless pack_read_file appended to an index that held entries already. */
+typedef struct pack_layout {
+    pack_header header;         /* decoded and checked */
+    uint32_t file;              /* the pack's file id in the index */
+    uint32_t nblobs, nentries;
+    size_t first_entry;
+    const pack_blob *blobs;     /* nblobs, each at the first multiple of 256 after the last */
+    const uint32_t *entry_blob; /* nentries: pack entry k's blob, UINT32_MAX for a value */
+    const uint32_t *blob_entry; /* nblobs: the pack entry that names blob b first */
+} pack_layout;
+
 /* True when head (the first n bytes of a file) starts with the pack magic. */
 int pack_probe(const unsigned char *head, size_t n);
 
 /* Parses file `file` of ix (already added) and appends its entries and metadata. */
 int pack_read_file(ck_index *ix, uint32_t file, ck_error *err);
+
+/* The layout of pack file `file` of ix, owned by ix; NULL when that file is not a pack that
+ * pack_read_file has read whole (another format, or a failed read). */
+const pack_layout *pack_layout_of(const ck_index *ix, uint32_t file);
 
 /* The checksum trailer of pack file `file` of ix, as stored: its nblobs blob sums into stored
  * (nblobs entries), after checking the trailer's own sum. 0, -EBADMSG when that sum does not

@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <xxhash.h>
 
 typedef struct ck_command {
     const char *name;
@@ -276,33 +277,79 @@ static int cmd_pack(int argc, char **argv)
     return rc;
 }
 
-/* Recomputes every blob checksum and names the first tensor whose bytes do not match. */
-static int verify_pack(const ck_index *ix, ck_synth *sy, const char *path)
+/* XXH3 of file bytes [off, off + len), read into buf (n bytes at a time); the bar counts them
+ * into *done. 0, or -errno (-ECANCELED when a signal stops it). */
+static int hash_range(int fd, uint64_t off, uint64_t len, unsigned char *buf, size_t n,
+                      uint64_t *sum, ck_bar *bar, uint64_t *done, uint64_t total)
 {
-    uint32_t nb = ck_synth_nblobs(sy);
-    uint64_t *stored = malloc((nb + 1) * sizeof *stored), *got = malloc((nb + 1) * sizeof *got);
-    int rc = stored && got ? pack_read_trailer(ix, 0, nb, stored) : -ENOMEM;
+    XXH3_state_t *st = XXH3_createState();
+    int rc = st ? 0 : -ENOMEM;
+    if (st)
+        XXH3_64bits_reset(st);
+    for (uint64_t at = 0; at < len && rc == 0; at += n) {
+        size_t k = len - at < n ? (size_t)(len - at) : n;
+        rc = ck_pread(fd, buf, k, off + at);
+        if (rc == 0)
+            XXH3_64bits_update(st, buf, k);
+        *done += k;
+        if (rc == 0 && ck_progress_tick(bar, *done, total))
+            rc = -ECANCELED;
+    }
+    if (rc == 0)
+        *sum = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return rc;
+}
+
+/* Hashes the blobs where the pack's layout (checked at open) puts them, in file order, up to
+ * the first whose sum is not the stored one: *bad is its number, or nblobs when all match.
+ * 0, or -errno. */
+static int first_mismatch(const ck_index *ix, const pack_layout *pl, const uint64_t *stored,
+                          uint32_t *bad)
+{
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    uint64_t total = 0, done = 0, sum = 0;
+    for (uint32_t b = 0; b < pl->nblobs; b++)
+        total += pl->blobs[b].length;
+    int rc = buf ? 0 : -ENOMEM;
+    ck_bar bar;
+    ck_bar_start(&bar, "verify");
+    for (*bad = 0; rc == 0 && *bad < pl->nblobs; ++*bad) {
+        const pack_blob *blob = &pl->blobs[*bad];
+        rc = hash_range(ix->files[pl->file].fd, blob->offset, blob->length, buf, CHUNK, &sum,
+                        &bar, &done, total);
+        if (rc == 0 && sum != stored[*bad])
+            break;
+    }
+    ck_bar_end(&bar);
+    free(buf);
+    return rc;
+}
+
+/* Recomputes every blob checksum and names the first tensor whose bytes do not match. */
+static int verify_pack(const ck_index *ix, const char *path)
+{
+    const pack_layout *pl = pack_layout_of(ix, 0);
+    uint64_t *stored = malloc(((size_t)pl->nblobs + 1) * sizeof *stored);
+    uint32_t bad = 0;
+    int rc = stored ? pack_read_trailer(ix, pl->file, pl->nblobs, stored) : -ENOMEM;
     if (rc == -EBADMSG)
         fprintf(stderr, "ckpt: %s: the checksum table is corrupt\n", path);
     else if (rc != 0)
         fprintf(stderr, "ckpt: %s: cannot read the checksum table: %s\n", path, strerror(-rc));
-    ck_bar bar;
-    ck_bar_start(&bar, "verify");
-    if (rc == 0 && (rc = ck_synth_checksums(sy, got, ck_progress_tick, &bar)) != 0)
-        fprintf(stderr, "ckpt: %s: %s\n", path,
-                rc == -ECANCELED ? "interrupted" : strerror(-rc));
-    ck_bar_end(&bar);
-    for (uint32_t b = 0; rc == 0 && b < nb; b++)
-        if (got[b] != stored[b]) {
-            const ck_entry *e = ck_synth_blob_entry(sy, b);
-            fprintf(stderr, "ckpt: %s: tensor '%s': checksum mismatch (data at byte %llu)\n",
-                    path, e->name, (unsigned long long)e->ext.offset);
-            rc = -1;
-        }
-    if (rc == 0)
-        printf("%s: %u blobs, %zu entries: every checksum matches\n", path, nb, ix->nentries);
+    else if ((rc = first_mismatch(ix, pl, stored, &bad)) != 0)
+        fprintf(stderr, "ckpt: %s: %s\n", path, rc == -ECANCELED ? "interrupted" : strerror(-rc));
+    else if (bad < pl->nblobs) {
+        fprintf(stderr, "ckpt: %s: tensor '%s': checksum mismatch (data at byte %llu)\n", path,
+                ix->entries[pl->first_entry + pl->blob_entry[bad]].name,
+                (unsigned long long)pl->blobs[bad].offset);
+        rc = -1;
+    } else {
+        printf("%s: %u blobs, %zu entries: every checksum matches\n", path, pl->nblobs,
+               ix->nentries);
+    }
     free(stored);
-    free(got);
     return rc;
 }
 
@@ -313,22 +360,13 @@ static int cmd_verify(int argc, char **argv)
     ck_index *ix;
     if (open_source(argv[1], &ix) != 0)
         return 1;
-    ck_error err;
-    ck_synth *sy = NULL;
     int rc = 1;
-    if (strcmp(ix->format, "pack") != 0)
+    if (!pack_layout_of(ix, 0)) {
         fprintf(stderr, "ckpt: %s: not a pack (it is %s)\n", argv[1], ix->format);
-    else if (ck_synth_pack(ix, NULL, &sy, &err) != 0)
-        fprintf(stderr, "ckpt: %s\n", err.msg);
-    else if (ck_synth_size(sy) != ix->files[0].size)
-        fprintf(stderr, "ckpt: %s: not laid out as pack/FORMAT.md says (%llu bytes, expected "
-                "%llu)\n", argv[1], (unsigned long long)ix->files[0].size,
-                (unsigned long long)ck_synth_size(sy));
-    else {
+    } else {
         ck_progress_catch_signals();
-        rc = verify_pack(ix, sy, argv[1]) != 0;
+        rc = verify_pack(ix, argv[1]) != 0;
     }
-    ck_synth_free(sy);
     ck_index_free(ix);
     return rc;
 }

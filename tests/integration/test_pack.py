@@ -1,6 +1,8 @@
 """The pack: `ckpt pack` from every source kind, the mount's virtual checkpoint.pack (byte for
 byte what ckpt pack writes) and checkpoint.safetensors (read by the safetensors library), and
 `ckpt verify`. Expected values come from torch.load and the safetensors library."""
+import ctypes
+import ctypes.util
 import errno
 import json
 import os
@@ -15,8 +17,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ckptfs_testlib import (DTYPE_NAMES, check_torch_mount, ckpt_bin, library_view, read_index,
-                            run, torch_bytes)
+from ckptfs_testlib import (DTYPE_NAMES, assert_refused, check_torch_mount, ckpt_bin, library_view,
+                            read_index, run, torch_bytes)
 from test_torch import training_checkpoint, views
 
 
@@ -219,20 +221,22 @@ def flatten_tensors(obj, prefix=None, out=None):
 
 # --- verify ------------------------------------------------------------------------------------
 
-def test_verify_catches_one_flipped_byte(tmp_path):
+@pytest.mark.parametrize("victim", ["embed", "layers.7.w", "layers.11.w", "scalar"])
+def test_verify_catches_one_flipped_byte(tmp_path, victim):
+    """The first, a middle and the last blob: each mismatch is named by its own tensor."""
     src = safetensors_source(tmp_path)
     out = pack(src, tmp_path / "out.pack")
     ok = ckpt("verify", out)
     assert ok.returncode == 0, ok.stderr
     listed = json.loads(ckpt("ls", "--json", out).stdout)
-    victim = next(t for t in listed["tensors"] if t["name"] == "layers.7.w")
+    t = next(t for t in listed["tensors"] if t["name"] == victim)
     data = bytearray(out.read_bytes())
-    data[victim["offset"] + 5] ^= 0x10
+    data[t["offset"] + 5] ^= 0x10
     out.write_bytes(bytes(data))
     bad = ckpt("verify", out)
     assert bad.returncode == 1
-    assert bad.stderr.decode().count("\n") == 1
-    assert "'layers.7.w'" in bad.stderr.decode()
+    assert one_line(bad.stderr) == (f"ckpt: {out}: tensor '{victim}': checksum mismatch (data at "
+                                    f"byte {t['offset']})\n")
 
 
 def test_verify_catches_a_corrupt_checksum_table(tmp_path):
@@ -251,6 +255,94 @@ def test_a_corrupt_index_is_refused_at_open(tmp_path):
     out.write_bytes(bytes(data))
     p = ckpt("ls", out)
     assert p.returncode == 1 and p.stderr.startswith(b"ckpt: ")
+
+
+# --- a layout that breaks FORMAT.md ------------------------------------------------------------
+
+_xx = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+_xx.XXH3_64bits.restype = ctypes.c_uint64
+_xx.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def blob_table(data):
+    """File offset of a pack's blob table, read as FORMAT.md says (nothing from ckptfs)."""
+    nmeta = struct.unpack_from("<I", data, 64 + 16)[0]
+    at = 64 + 24
+    for _ in range(2 * nmeta):
+        at += 4 + struct.unpack_from("<I", data, at)[0]
+    return at
+
+
+def blob_fields(data):
+    """{name: file offset of its u64 blob number} for the tensors of a pack."""
+    nentries, nblobs = struct.unpack_from("<QQ", data, 64)
+    at = blob_table(data) + 16 * nblobs
+    fields = {}
+    for _ in range(nentries):
+        n = struct.unpack_from("<I", data, at)[0]
+        name = data[at + 4:at + 4 + n].decode()
+        kind, _, rank, _ = data[at + 4 + n:at + 8 + n]
+        at += 8 + n
+        if kind == 0:
+            fields[name] = at + 8 * rank
+            at += 8 * rank + 8
+        else:
+            at += 4 + struct.unpack_from("<I", data, at)[0]
+    assert at == 64 + struct.unpack_from("<Q", data, 24)[0]
+    return fields
+
+
+def fix_index_xxh3(data):
+    index = bytes(data[64:64 + struct.unpack_from("<Q", data, 24)[0]])
+    struct.pack_into("<Q", data, 56, _xx.XXH3_64bits(index, len(index)))
+
+
+def two_tensor_pack(tmp_path):
+    """`ckpt pack` of two F32 [2048] tensors, a (all 1) and b (all 2), and its bytes."""
+    src = tmp_path / "two.safetensors"
+    save_file({"a": torch.full((2048,), 1.0), "b": torch.full((2048,), 2.0)}, str(src))
+    out = pack(src, tmp_path / "two.pack")
+    return out, bytearray(out.read_bytes())
+
+
+def test_swapped_blob_numbers_are_refused_everywhere(tmp_path, mountpoint):
+    """The entries name their blobs in swapped order (a -> blob 1, b -> blob 0), the index
+    checksum fixed: sizes and every checksum agree, only the numbering breaks FORMAT.md. A
+    reader that rebuilt the layout instead once loaded both tensors from one place."""
+    import ckload
+    out, data = two_tensor_pack(tmp_path)
+    fields = blob_fields(data)
+    assert [struct.unpack_from("<Q", data, fields[n])[0] for n in "ab"] == [0, 1]
+    struct.pack_into("<Q", data, fields["a"], 1)
+    struct.pack_into("<Q", data, fields["b"], 0)
+    fix_index_xxh3(data)
+    out.write_bytes(bytes(data))
+    want = (f"{out}: pack entry 0 ('a'): names blob 1 before any entry names blob 0: blobs are "
+            f"numbered in the order their first tensor appears (byte {fields['a']})")
+    for cmd in ("ls", "verify"):
+        p = ckpt(cmd, out)
+        assert p.returncode == 1 and p.stdout == b"", (cmd, p.stdout)
+        assert one_line(p.stderr) == f"ckpt: {want}\n", cmd
+    assert assert_refused(out, mountpoint) == f"ckptfs: {want}"
+    with pytest.raises(RuntimeError) as e:
+        ckload.load(out, device="cpu")
+    assert want in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_blob_out_of_its_place_is_refused(tmp_path):
+    """Blob 1 said to start 256 bytes late (index checksum fixed): a gap FORMAT.md does not
+    allow, so the table cannot be trusted as it stands."""
+    out, data = two_tensor_pack(tmp_path)
+    row = blob_table(data) + 16
+    assert struct.unpack_from("<QQ", data, row) == (8192, 8192)
+    struct.pack_into("<Q", data, row, 8192 + 256)
+    fix_index_xxh3(data)
+    out.write_bytes(bytes(data))
+    p = ckpt("ls", out)
+    assert p.returncode == 1
+    assert one_line(p.stderr) == (f"ckpt: {out}: pack blob 1: offset 8448, but blob 0 ends at "
+                                  f"8192, so this one starts at 8192, the next multiple of 256 "
+                                  f"(byte {row})\n")
 
 
 # --- failures leave nothing ------------------------------------------------------------------

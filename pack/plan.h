@@ -1,0 +1,63 @@
+/* plan.h — where a load puts a pack's tensors: the planning step of libckload, without I/O.
+ *
+ * Contract: ck_plan_make takes an index of one pack (ck_open of a pack file) and `only` (NULL,
+ * or a prefix or glob as ck_name_selected says) and returns:
+ *  - the selected tensors in pack order (natural name order), each with its entry and its blob
+ *    in the plan (CK_PLAN_NONE for an empty tensor: it needs no bytes);
+ *  - the blobs those tensors need, in file order, each once however many tensors share it: its
+ *    file and file offset and length, its number in the pack (its place in the checksum
+ *    trailer), its place in one destination block (a multiple of CK_PLAN_ALIGN, in file order,
+ *    each at the first such place after the one before), its first tensor's name for messages,
+ *    and its tensors (blob_tensors[first .. first + count), ascending): telling the tensors of
+ *    a landed blob costs the number of those tensors, not a scan of all of them;
+ *  - the block's size.
+ * The layout comes only from the reader (pack_layout_of), which checked it against FORMAT.md:
+ * nothing here re-derives it. Building a plan reads no file. Errors are one line "FILE: what is
+ * wrong": not a pack, `only` selects nothing, out of memory. No CUDA, no FUSE.
+ */
+#ifndef CK_PLAN_H
+#define CK_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "index.h"
+
+#define CK_PLAN_ALIGN 256u      /* every tensor can be the target of an aligned GPU copy */
+#define CK_PLAN_NONE UINT32_MAX /* the blob of an empty tensor */
+
+typedef struct ck_plan_blob {
+    uint64_t file_off, len;  /* where its bytes are in the pack file */
+    uint64_t dest_off;       /* where they go in the block */
+    uint32_t file;           /* the pack's file id in the index */
+    uint32_t pack_blob;      /* its number in the pack: its checksum's place in the trailer */
+    const char *name;        /* its first tensor's name, owned by the index */
+    uint32_t first, count;   /* its tensors: blob_tensors[first .. first + count) */
+} ck_plan_blob;
+
+typedef struct ck_plan_tensor {
+    const ck_entry *entry;   /* in the index */
+    uint32_t blob;           /* in blobs[], or CK_PLAN_NONE for an empty tensor */
+} ck_plan_tensor;
+
+typedef struct ck_plan {
+    ck_plan_tensor *tensors; /* the selected tensors, in pack order */
+    size_t ntensors;
+    ck_plan_blob *blobs;     /* the blobs they need, in file order */
+    size_t nblobs;
+    uint32_t *blob_tensors;  /* tensor numbers grouped by blob (see ck_plan_blob.first) */
+    uint64_t block_size;     /* the end of the last blob in the block; 0 when there is none */
+} ck_plan;
+
+/* The plan of ix's selected tensors into *out (ck_plan_free frees it). 0, or -1 with err set
+ * and *out NULL. */
+int ck_plan_make(const ck_index *ix, const char *only, ck_plan **out, ck_error *err);
+
+void ck_plan_free(ck_plan *p);
+
+/* The checksums the pack's trailer stores for p's blobs (after checking the trailer's own):
+ * sums[b] for p->blobs[b]. Reads the trailer (8 bytes a blob of the whole pack). 0, or -1 with
+ * err set: "FILE: the checksum table is corrupt", a read error, out of memory. */
+int ck_plan_sums(const ck_index *ix, const ck_plan *p, uint64_t *sums, ck_error *err);
+
+#endif

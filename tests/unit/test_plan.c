@@ -1,0 +1,216 @@
+/* The load plan (pack/plan.h) over packs built byte by byte by the helpers: which tensors,
+ * which blobs, where in the block, the tensors of each blob, the stored sums, and the errors. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "../../pack/plan.h"
+#include "helpers.h"
+
+TestSuite(plan, .fini = tmp_cleanup);
+
+/* a F32[4] (blob 0), b.empty F32[0] (blob 1, empty), c U8[300] (blob 2), d.tied F32[4] (blob
+ * 0 again), e a value, f I16[3] (blob 3). */
+static unsigned char data_a[16], data_c[300], data_f[6];
+
+static const char *sample_pack(uint64_t *data_offset, pk_blob blobs[4])
+{
+    fill_bytes(data_a, sizeof data_a, 1);
+    fill_bytes(data_c, sizeof data_c, 2);
+    fill_bytes(data_f, sizeof data_f, 3);
+    blobs[0] = (pk_blob){.data = data_a, .length = 16};
+    blobs[1] = (pk_blob){.length = 0};
+    blobs[2] = (pk_blob){.data = data_c, .length = 300};
+    blobs[3] = (pk_blob){.data = data_f, .length = 6};
+    pk_place(blobs, 4);
+    bytebuf ix = {0};
+    pk_counts(&ix, 6, 4, 1, 0);
+    pk_meta(&ix, "ckptfs.source_format", "safetensors");
+    pk_blobs(&ix, blobs, 4);
+    pk_tensor(&ix, "a", CK_F32, 1, (int64_t[]){4}, 0);
+    pk_tensor(&ix, "b.empty", CK_F32, 1, (int64_t[]){0}, 1);
+    pk_tensor(&ix, "c", CK_U8, 1, (int64_t[]){300}, 2);
+    pk_tensor(&ix, "d.tied", CK_F32, 2, (int64_t[]){2, 2}, 0);
+    pk_value(&ix, "e", CK_VAL_INT, "7", 1);
+    pk_tensor(&ix, "f", CK_I16, 1, (int64_t[]){3}, 3);
+    *data_offset = (64 + ix.len + 4095) / 4096 * 4096;
+    const char *path = pk_file(&ix, blobs, 4);
+    free(ix.p);
+    return path;
+}
+
+static ck_plan *plan_ok(const ck_index *ix, const char *only)
+{
+    ck_plan *p = NULL;
+    ck_error err = {""};
+    cr_assert_eq(ck_plan_make(ix, only, &p, &err), 0, "%s", err.msg);
+    cr_assert_not_null(p);
+    return p;
+}
+
+static void plan_fails(const ck_index *ix, const char *only, const char *what)
+{
+    ck_plan *p = (ck_plan *)&p;
+    ck_error err = {""};
+    cr_assert_eq(ck_plan_make(ix, only, &p, &err), -1);
+    cr_assert_null(p);
+    assert_error(&err, ix->files[0].path, what);
+}
+
+/* The tensors of blob b, as the plan lists them. */
+static void assert_blob_tensors(const ck_plan *p, size_t b, const uint32_t *want, uint32_t n)
+{
+    cr_assert_eq(p->blobs[b].count, n, "blob %zu has %u tensors", b, p->blobs[b].count);
+    for (uint32_t k = 0; k < n; k++)
+        cr_assert_eq(p->blob_tensors[p->blobs[b].first + k], want[k], "blob %zu tensor %u", b, k);
+}
+
+/* Each planned blob's file bytes are its first tensor's bytes, read straight from the file. */
+static void assert_bytes(const ck_index *ix, const ck_plan *p, const unsigned char *const *want)
+{
+    for (size_t b = 0; b < p->nblobs; b++) {
+        unsigned char got[300];
+        cr_assert_leq(p->blobs[b].len, sizeof got);
+        cr_assert_eq(ck_pread(ix->files[p->blobs[b].file].fd, got, p->blobs[b].len,
+                              p->blobs[b].file_off), 0);
+        cr_assert_eq(memcmp(got, want[b], p->blobs[b].len), 0, "blob %zu", b);
+    }
+}
+
+Test(plan, every_tensor)
+{
+    uint64_t data_offset;
+    pk_blob blobs[4];
+    ck_index *ix = open_ok(sample_pack(&data_offset, blobs));
+    ck_plan *p = plan_ok(ix, NULL);
+    /* The tensors in pack order, without the value. */
+    static const char *const names[] = {"a", "b.empty", "c", "d.tied", "f"};
+    static const uint32_t blob[] = {0, CK_PLAN_NONE, 1, 0, 2};
+    cr_assert_eq(p->ntensors, 5);
+    for (size_t t = 0; t < 5; t++) {
+        cr_assert_str_eq(p->tensors[t].entry->name, names[t]);
+        cr_assert_eq(p->tensors[t].blob, blob[t], "%s", names[t]);
+    }
+    /* The blobs with bytes, in file order, packed at 256-byte boundaries. */
+    cr_assert_eq(p->nblobs, 3);
+    static const uint32_t pack_blob[] = {0, 2, 3};
+    static const uint64_t dest[] = {0, 256, 768};
+    static const char *const first[] = {"a", "c", "f"};
+    for (size_t b = 0; b < 3; b++) {
+        const ck_plan_blob *pb = &p->blobs[b];
+        cr_assert_eq(pb->pack_blob, pack_blob[b]);
+        cr_assert_eq(pb->file, 0);
+        cr_assert_eq(pb->file_off, data_offset + blobs[pack_blob[b]].offset);
+        cr_assert_eq(pb->len, blobs[pack_blob[b]].length);
+        cr_assert_eq(pb->dest_off, dest[b]);
+        cr_assert_str_eq(pb->name, first[b]);
+    }
+    cr_assert_eq(p->block_size, 768 + 6);
+    /* Tied tensors share their blob; the empty one is in none. */
+    assert_blob_tensors(p, 0, (uint32_t[]){0, 3}, 2);
+    assert_blob_tensors(p, 1, (uint32_t[]){2}, 1);
+    assert_blob_tensors(p, 2, (uint32_t[]){4}, 1);
+    assert_bytes(ix, p, (const unsigned char *[]){data_a, data_c, data_f});
+    ck_plan_free(p);
+    ck_index_free(ix);
+}
+
+Test(plan, only_a_prefix_or_a_glob)
+{
+    uint64_t data_offset;
+    pk_blob blobs[4];
+    ck_index *ix = open_ok(sample_pack(&data_offset, blobs));
+    /* One tensor: its blob alone, at the start of the block, still the pack's blob 2. */
+    ck_plan *p = plan_ok(ix, "c");
+    cr_assert_eq(p->ntensors, 1);
+    cr_assert_str_eq(p->tensors[0].entry->name, "c");
+    cr_assert_eq(p->tensors[0].blob, 0);
+    cr_assert_eq(p->nblobs, 1);
+    cr_assert_eq(p->blobs[0].pack_blob, 2);
+    cr_assert_eq(p->blobs[0].file_off, data_offset + 256);
+    cr_assert_eq(p->blobs[0].dest_off, 0);
+    cr_assert_eq(p->block_size, 300);
+    assert_blob_tensors(p, 0, (uint32_t[]){0}, 1);
+    ck_plan_free(p);
+    /* The second of two tied tensors: its blob is named after it. */
+    p = plan_ok(ix, "d*");
+    cr_assert_eq(p->ntensors, 1);
+    cr_assert_eq(p->nblobs, 1);
+    cr_assert_eq(p->blobs[0].pack_blob, 0);
+    cr_assert_str_eq(p->blobs[0].name, "d.tied");
+    cr_assert_eq(p->block_size, 16);
+    assert_bytes(ix, p, (const unsigned char *[]){data_a});
+    ck_plan_free(p);
+    /* A prefix matches at a '.': "b" selects b.empty, which needs no blob. */
+    p = plan_ok(ix, "b");
+    cr_assert_eq(p->ntensors, 1);
+    cr_assert_eq(p->tensors[0].blob, CK_PLAN_NONE);
+    cr_assert_eq(p->nblobs, 0);
+    cr_assert_eq(p->block_size, 0);
+    ck_plan_free(p);
+    /* Two blobs apart in the file sit side by side in the block. */
+    p = plan_ok(ix, "[cf]");
+    cr_assert_eq(p->nblobs, 2);
+    cr_assert_eq(p->blobs[1].pack_blob, 3);
+    cr_assert_eq(p->blobs[1].dest_off, 512);
+    cr_assert_eq(p->block_size, 518);
+    assert_bytes(ix, p, (const unsigned char *[]){data_c, data_f});
+    ck_plan_free(p);
+    ck_index_free(ix);
+}
+
+Test(plan, errors)
+{
+    uint64_t data_offset;
+    pk_blob blobs[4];
+    ck_index *ix = open_ok(sample_pack(&data_offset, blobs));
+    plan_fails(ix, "zzz", "--only 'zzz' selects nothing");
+    plan_fails(ix, "e", "--only 'e' selects nothing"); /* a value is not loaded */
+    ck_index_free(ix);
+    ix = open_ok(st_file("{}", NULL, 0));
+    plan_fails(ix, NULL, "not a pack (it is safetensors)");
+    ck_index_free(ix);
+}
+
+Test(plan, empty_pack)
+{
+    bytebuf b = {0};
+    pk_counts(&b, 0, 0, 0, 0);
+    ck_index *ix = open_ok(pk_file(&b, NULL, 0));
+    free(b.p);
+    ck_plan *p = plan_ok(ix, NULL);
+    cr_assert_eq(p->ntensors, 0);
+    cr_assert_eq(p->nblobs, 0);
+    cr_assert_eq(p->block_size, 0);
+    ck_plan_free(p);
+    ck_index_free(ix);
+}
+
+Test(plan, stored_sums)
+{
+    uint64_t data_offset;
+    pk_blob blobs[4];
+    const char *path = sample_pack(&data_offset, blobs);
+    ck_index *ix = open_ok(path);
+    ck_plan *p = plan_ok(ix, "[cf]");
+    uint64_t sums[2];
+    ck_error err = {""};
+    cr_assert_eq(ck_plan_sums(ix, p, sums, &err), 0, "%s", err.msg);
+    cr_assert_eq(sums[0], XXH3_64bits(data_c, sizeof data_c));
+    cr_assert_eq(sums[1], XXH3_64bits(data_f, sizeof data_f));
+    ck_plan_free(p);
+    ck_index_free(ix);
+    /* A changed byte in the trailer: its own sum no longer matches. */
+    size_t len;
+    unsigned char *bytes = read_whole(path, &len);
+    bytes[len - 9] ^= 1;
+    tmp_rewrite(path, bytes, len);
+    free(bytes);
+    ix = open_ok(path);
+    p = plan_ok(ix, NULL);
+    cr_assert_eq(ck_plan_sums(ix, p, (uint64_t[3]){0}, &err), -1);
+    assert_error(&err, path, "the checksum table is corrupt");
+    ck_plan_free(p);
+    ck_index_free(ix);
+}
