@@ -4,8 +4,8 @@
 #include "backend.h"
 
 #include "../pack/index.h"
-#include "../pack/packfile.h"
-#include "../pack/synth.h"
+#include "../pack/bytes.h"
+#include "../pack/plan.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BLOCK_ALIGN = 256 };
+enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64 };
 #define DEFAULT_BUFFER ((size_t)16 << 20)
 /* An error message, with its NUL, fits in the path's length and this (ckload.h). */
 enum { ERR_ROOM = 512 };
@@ -90,14 +90,6 @@ void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
 
 /* --- the load ---------------------------------------------------------------------------- */
 
-typedef struct blob {
-    uint64_t file_off, len, dest_off;
-    uint32_t full_index;     /* its place among all the pack's blobs (the trailer's order) */
-    uint64_t stored_sum;     /* from the trailer, for verify */
-    const char *name;        /* its first tensor, for messages */
-    atomic_int done;
-} blob;
-
 struct ckl_load {
     atomic_int refs;
     char *path;              /* in the same allocation, as is err */
@@ -107,13 +99,11 @@ struct ckl_load {
     const backend *be;       /* the device's: owns the block and moves bytes into it */
     ckl_pool *pool;
     int own_pool;
-    unsigned char *block;    /* host or device */
-    uint64_t total;
-    blob *blobs;
-    size_t nblobs;
-    ckl_tensor *tensors;
-    uint32_t *tensor_blob;   /* UINT32_MAX for an empty tensor */
-    size_t ntensors;
+    unsigned char *block;    /* host or device, plan->block_size bytes (at least 1) */
+    ck_plan *plan;           /* which tensors and blobs, and where they go (pack/plan.h) */
+    atomic_int *landed;      /* per plan blob: in place */
+    uint64_t *stored_sums;   /* per plan blob, from the trailer; only with verify */
+    ckl_tensor *tensors;     /* per plan tensor */
     int direct_fd;           /* O_DIRECT descriptor when the data is cold, else -1 */
     pthread_t *threads;
     unsigned nthreads;
@@ -154,30 +144,30 @@ static int failed(ckl_load *l)
 void blob_landed(ckl_load *l, size_t b)
 {
     pthread_mutex_lock(&l->lock);
-    atomic_store(&l->blobs[b].done, 1);
+    atomic_store(&l->landed[b], 1);
     pthread_cond_broadcast(&l->cond);
     pthread_mutex_unlock(&l->lock);
-    if (l->opt.on_ready)
-        for (size_t i = 0; i < l->ntensors; i++)
-            if (l->tensor_blob[i] == b)
-                l->opt.on_ready(l->opt.ctx, i);
+    const ck_plan_blob *pb = &l->plan->blobs[b];
+    for (uint32_t k = 0; l->opt.on_ready && k < pb->count; k++)
+        l->opt.on_ready(l->opt.ctx, l->plan->blob_tensors[pb->first + k]);
 }
 
 /* Reads blob bytes [at, at+n) into buf and returns where they are, or NULL (error set). With
  * O_DIRECT the read covers the enclosing 4096-byte-aligned range (buf has DIRECT_SLACK bytes
  * to spare), and the bytes start inside buf. Verify hashes them in order. */
-static const unsigned char *read_chunk(ckl_load *l, const blob *bl, uint64_t at, size_t n,
-                                       unsigned char *buf, XXH3_state_t *st)
+static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint64_t at,
+                                       size_t n, unsigned char *buf, XXH3_state_t *st)
 {
     uint64_t off = bl->file_off + at, start = off;
     size_t len = n;
-    int fd = l->ix->files[0].fd;
+    int rc;
     if (l->direct_fd >= 0) {
         start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
-        len = (size_t)((off + n - start + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1));
-        fd = l->direct_fd;
+        len = (size_t)ck_align_up(off + n - start, DIRECT_ALIGN);
+        rc = ck_pread(l->direct_fd, buf, len, start);
+    } else {
+        rc = ck_file_pread(l->ix, bl->file, buf, len, start);
     }
-    int rc = ck_pread(fd, buf, len, start);
     if (rc) {
         set_error(l, "cannot read tensor '%s' (byte %llu): %s", bl->name,
                   (unsigned long long)off, strerror(-rc));
@@ -190,9 +180,10 @@ static const unsigned char *read_chunk(ckl_load *l, const blob *bl, uint64_t at,
     return p;
 }
 
-static int check_sum(ckl_load *l, const blob *bl, XXH3_state_t *st)
+static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
 {
-    if (st && XXH3_64bits_digest(st) != bl->stored_sum) {
+    const ck_plan_blob *bl = &l->plan->blobs[b];
+    if (st && XXH3_64bits_digest(st) != l->stored_sums[b]) {
         set_error(l, "tensor '%s': checksum mismatch (data at byte %llu)", bl->name,
                   (unsigned long long)bl->file_off);
         return -1;
@@ -204,7 +195,7 @@ static int check_sum(ckl_load *l, const blob *bl, XXH3_state_t *st)
  * then handed to it; it has landed once the backend says all its chunks are in. */
 static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
 {
-    blob *bl = &l->blobs[b];
+    const ck_plan_blob *bl = &l->plan->blobs[b];
     size_t step = l->opt.buffer_size;
     char why[256];
     for (uint64_t at = 0; at < bl->len; at += step) {
@@ -221,7 +212,7 @@ static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
             return;
         }
     }
-    if (check_sum(l, bl, st) == 0 && l->be->landed(r, b, why, sizeof why) != 0)
+    if (check_sum(l, b, st) == 0 && l->be->landed(r, b, why, sizeof why) != 0)
         set_error(l, "tensor '%s': %s", bl->name, why);
 }
 
@@ -230,8 +221,8 @@ static void announce_empty_tensors(ckl_load *l)
 {
     if (!l->opt.on_ready || atomic_exchange(&l->empties_announced, 1))
         return;
-    for (size_t i = 0; i < l->ntensors; i++)
-        if (l->tensor_blob[i] == UINT32_MAX)
+    for (size_t i = 0; i < l->plan->ntensors; i++)
+        if (l->plan->tensors[i].blob == CK_PLAN_NONE)
             l->opt.on_ready(l->opt.ctx, i);
 }
 
@@ -249,7 +240,8 @@ static void *worker(void *arg)
     reader *r = l->be->open(&s, why, sizeof why);
     if (!r)
         set_error(l, "%s", why);
-    for (size_t b; r && (b = atomic_fetch_add(&l->next_blob, 1)) < l->nblobs && !failed(l);) {
+    size_t nblobs = l->plan->nblobs;
+    for (size_t b; r && (b = atomic_fetch_add(&l->next_blob, 1)) < nblobs && !failed(l);) {
         if (st)
             XXH3_64bits_reset(st);
         load_blob(l, r, b, st);
@@ -286,107 +278,47 @@ void ckl_default_options(ckl_options *o)
     o->buffers = DEFAULT_STAGES;
 }
 
-/* The blob of the full pack that starts at file offset off (blobs are in offset order). */
-static uint32_t blob_at(const ck_synth *full, uint32_t nb, uint64_t off)
-{
-    uint32_t lo = 0, hi = nb;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        const ck_entry *e = ck_synth_blob_entry(full, mid);
-        if (e->ext.offset < off || (e->ext.offset == off && e->nbytes == 0))
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < nb && ck_synth_blob_entry(full, lo)->ext.offset == off ? lo : UINT32_MAX;
-}
-
-/* The stored checksums of the loaded blobs, from the trailer (its own checksum checked). */
-static int read_sums(ckl_load *l, uint32_t nb, char *err, size_t errlen)
-{
-    uint64_t *all = malloc(((size_t)nb + 1) * sizeof *all);
-    int rc = all ? pack_read_trailer(l->ix, 0, nb, all) : -ENOMEM;
-    for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
-        l->blobs[b].stored_sum = all[l->blobs[b].full_index];
-    free(all);
-    if (rc)
-        snprintf(err, errlen, "%s: %s", l->path, rc == -EBADMSG
-                 ? "the checksum table is corrupt" : strerror(-rc));
-    return rc ? -1 : 0;
-}
-
-/* Where each selected tensor's bytes are: the pack's blobs in file order (the full pack's
- * synthesis reproduces them exactly), the selected ones packed into the block at 256-byte
- * alignment. */
+/* The plan (pack/plan.h: the layout as the pack reader checked it), each tensor's view of the
+ * block-to-be, per-blob readiness, and with verify the stored checksums. */
 static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
-    ck_synth *full = NULL;
-    const ck_index *ix = l->ix;
-    int rc = -1;
-    if (strcmp(ix->format, "pack") != 0) {
-        snprintf(err, errlen, "%s: not a pack (it is %s)", l->path, ix->format);
+    if (ck_plan_make(l->ix, l->opt.only, &l->plan, &e) != 0) {
+        snprintf(err, errlen, "%s", e.msg);
         return -1;
     }
-    if (ck_synth_pack(ix, NULL, &full, &e) != 0 || ck_synth_size(full) != ix->files[0].size) {
-        snprintf(err, errlen, "%s: %s", l->path,
-                 full ? "not laid out as pack/FORMAT.md says" : e.msg);
-        goto out;
-    }
-    uint32_t nb = ck_synth_nblobs(full);
-    size_t nt = 0;
-    for (size_t i = 0; i < ix->nentries; i++)
-        nt += ix->entries[i].kind == CK_TENSOR &&
-              ck_name_selected(ix->entries[i].name, ix->entries[i].name_len, l->opt.only);
-    if (nt == 0 && l->opt.only) {
-        snprintf(err, errlen, "%s: --only '%s' selects nothing", l->path, l->opt.only);
-        goto out;
-    }
-    l->blobs = calloc(nb ? nb : 1, sizeof *l->blobs);
-    l->tensors = calloc(nt ? nt : 1, sizeof *l->tensors);
-    l->tensor_blob = calloc(nt ? nt : 1, sizeof *l->tensor_blob);
-    uint32_t *picked = calloc(nb ? nb : 1, sizeof *picked); /* full blob -> load blob + 1 */
-    if (!l->blobs || !l->tensors || !l->tensor_blob || !picked) {
-        free(picked);
+    const ck_plan *p = l->plan;
+    l->tensors = calloc(p->ntensors ? p->ntensors : 1, sizeof *l->tensors);
+    l->landed = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->landed);
+    l->stored_sums = l->opt.verify ? calloc(p->nblobs ? p->nblobs : 1, sizeof *l->stored_sums)
+                                   : NULL;
+    if (!l->tensors || !l->landed || (l->opt.verify && !l->stored_sums)) {
         snprintf(err, errlen, "%s: out of memory", l->path);
-        goto out;
+        return -1;
     }
-    /* Tensors in pack order; a tensor's blob is the one that starts where its bytes do. */
-    for (size_t i = 0; i < ix->nentries; i++) {
-        const ck_entry *x = &ix->entries[i];
-        if (x->kind != CK_TENSOR || !ck_name_selected(x->name, x->name_len, l->opt.only))
-            continue;
-        ckl_tensor *t = &l->tensors[l->ntensors];
-        *t = (ckl_tensor){.name = x->name, .dtype = ck_dtype_name(x->dtype), .shape = x->shape,
-                          .nbytes = x->nbytes, .rank = x->rank, .dtype_code = x->dtype};
-        uint32_t b = x->nbytes ? blob_at(full, nb, x->ext.offset) : UINT32_MAX;
-        l->tensor_blob[l->ntensors] = UINT32_MAX;
-        if (b != UINT32_MAX) {
-            if (!picked[b]) {
-                picked[b] = (uint32_t)l->nblobs + 1;
-                l->blobs[l->nblobs++] = (blob){.file_off = x->ext.offset, .len = x->nbytes,
-                                               .name = x->name, .full_index = b};
-            }
-            l->tensor_blob[l->ntensors] = picked[b] - 1;
-        }
-        l->ntensors++;
+    for (size_t i = 0; i < p->ntensors; i++) {
+        const ck_entry *x = p->tensors[i].entry;
+        l->tensors[i] = (ckl_tensor){.name = x->name, .dtype = ck_dtype_name(x->dtype),
+                                     .shape = x->shape, .nbytes = x->nbytes, .rank = x->rank,
+                                     .dtype_code = x->dtype};
     }
-    free(picked);
-    /* Loaded in file order, each at the next 256-byte boundary of the block. */
-    for (size_t b = 0; b < l->nblobs; b++) {
-        l->blobs[b].dest_off = (l->total + BLOCK_ALIGN - 1) / BLOCK_ALIGN * BLOCK_ALIGN;
-        l->total = l->blobs[b].dest_off + l->blobs[b].len;
+    if (l->opt.verify && ck_plan_sums(l->ix, p, l->stored_sums, &e) != 0) {
+        snprintf(err, errlen, "%s", e.msg);
+        return -1;
     }
-    rc = l->opt.verify ? read_sums(l, nb, err, errlen) : 0;
-out:
-    ck_synth_free(full);
-    return rc;
+    return 0;
+}
+
+/* The block's size: at least one byte, so that a load of empty tensors has an address. */
+static size_t block_size(const ckl_load *l)
+{
+    return l->plan->block_size ? (size_t)l->plan->block_size : 1;
 }
 
 static int alloc_block(ckl_load *l, char *err, size_t errlen)
 {
     char why[256];
-    l->block = l->be->alloc(l->ordinal, l->total ? (size_t)l->total : 1, why, sizeof why);
+    l->block = l->be->alloc(l->ordinal, block_size(l), why, sizeof why);
     if (!l->block) {
         snprintf(err, errlen, "%s: %s", l->path, why);
         return -1;
@@ -397,15 +329,16 @@ static int alloc_block(ckl_load *l, char *err, size_t errlen)
 static void free_load(ckl_load *l)
 {
     if (l->block)
-        l->be->free(l->block, l->total ? (size_t)l->total : 1);
+        l->be->free(l->block, block_size(l));
     if (l->own_pool)
         ckl_pool_free(l->pool);
     if (l->direct_fd >= 0)
         close(l->direct_fd);
     ck_index_free(l->ix);
-    free(l->blobs);
+    ck_plan_free(l->plan);
+    free(l->landed);
+    free(l->stored_sums);
     free(l->tensors);
-    free(l->tensor_blob);
     free(l->threads);
     pthread_mutex_destroy(&l->lock);
     pthread_cond_destroy(&l->cond);
@@ -439,12 +372,13 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
 static int open_direct(ckl_load *l, const char *path)
 {
     const char *force = getenv("CKLOAD_DIRECT");
-    if (force ? strcmp(force, "1") != 0 : l->nblobs == 0)
+    const ck_plan *p = l->plan;
+    if (force ? strcmp(force, "1") != 0 : p->nblobs == 0)
         return -1;
     if (!force) {
-        uint64_t lo = l->blobs[0].file_off, hi = l->blobs[l->nblobs - 1].file_off +
-                                                 l->blobs[l->nblobs - 1].len;
-        if (cached_fraction(l->ix->files[0].fd, lo, hi - lo) >= 0.5)
+        const ck_plan_blob *first = &p->blobs[0], *last = &p->blobs[p->nblobs - 1];
+        uint64_t lo = first->file_off, hi = last->file_off + last->len;
+        if (cached_fraction(l->ix->files[first->file].fd, lo, hi - lo) >= 0.5)
             return -1;
     }
     return open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -511,11 +445,12 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         return -1;
     }
     l->direct_fd = open_direct(l, path);
-    for (size_t i = 0; i < l->ntensors; i++)
-        l->tensors[i].data = l->block + (l->tensor_blob[i] == UINT32_MAX
-                                             ? 0 : l->blobs[l->tensor_blob[i]].dest_off);
+    const ck_plan *p = l->plan;
+    for (size_t i = 0; i < p->ntensors; i++)
+        l->tensors[i].data = l->block + (p->tensors[i].blob == CK_PLAN_NONE
+                                             ? 0 : p->blobs[p->tensors[i].blob].dest_off);
     /* At least one reader, even with no bytes to read: it announces the empty tensors. */
-    unsigned nt = l->opt.threads < l->nblobs ? l->opt.threads : (unsigned)l->nblobs;
+    unsigned nt = l->opt.threads < p->nblobs ? l->opt.threads : (unsigned)p->nblobs;
     nt = nt ? nt : 1;
     l->threads = calloc(nt, sizeof *l->threads);
     if (!l->threads) {
@@ -542,17 +477,17 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
 
 size_t ckl_count(const ckl_load *l)
 {
-    return l->ntensors;
+    return l->plan->ntensors;
 }
 
 const ckl_tensor *ckl_get(const ckl_load *l, size_t i)
 {
-    return i < l->ntensors ? &l->tensors[i] : NULL;
+    return i < l->plan->ntensors ? &l->tensors[i] : NULL;
 }
 
 long ckl_find(const ckl_load *l, const char *name)
 {
-    for (size_t i = 0; i < l->ntensors; i++)
+    for (size_t i = 0; i < l->plan->ntensors; i++)
         if (strcmp(l->tensors[i].name, name) == 0)
             return (long)i;
     return -1;
@@ -571,8 +506,8 @@ int ckl_cuda_ordinal(const ckl_load *l)
 uint64_t ckl_total_bytes(const ckl_load *l)
 {
     uint64_t n = 0;
-    for (size_t b = 0; b < l->nblobs; b++)
-        n += l->blobs[b].len;
+    for (size_t b = 0; b < l->plan->nblobs; b++)
+        n += l->plan->blobs[b].len;
     return n;
 }
 
@@ -593,7 +528,7 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
         if (l->err[0])
             break;
         if (blob_or_all == SIZE_MAX ? l->running == 0
-                                    : atomic_load(&l->blobs[blob_or_all].done) != 0)
+                                    : atomic_load(&l->landed[blob_or_all]) != 0)
             break;
         if (l->running == 0 && blob_or_all != SIZE_MAX) { /* readers gone, blob never came */
             snprintf(l->err, l->errcap, "%s: the load stopped early", l->path);
@@ -615,13 +550,14 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
 
 int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen)
 {
-    if (i >= l->ntensors) {
+    if (i >= l->plan->ntensors) {
         snprintf(err, errlen, "%s: no tensor %zu", l->path, i);
         return -1;
     }
-    if (l->tensor_blob[i] == UINT32_MAX) /* empty: nothing to wait for, unless all failed */
+    uint32_t b = l->plan->tensors[i].blob;
+    if (b == CK_PLAN_NONE) /* empty: nothing to wait for, unless all failed */
         return failed(l) ? wait_until(l, SIZE_MAX, NULL, err, errlen) : 0;
-    return wait_until(l, l->tensor_blob[i], NULL, err, errlen);
+    return wait_until(l, b, NULL, err, errlen);
 }
 
 int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen)
@@ -638,7 +574,7 @@ int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen)
     int rc = wait_until(l, SIZE_MAX, d, err, errlen);
     /* The readers have returned, but a backend may still have landings queued (CUDA: the host
      * functions behind the last copies). */
-    for (size_t b = 0; rc == 0 && b < l->nblobs; b++)
+    for (size_t b = 0; rc == 0 && b < l->plan->nblobs; b++)
         rc = wait_until(l, b, d, err, errlen);
     return rc;
 }

@@ -236,6 +236,11 @@ int ck_pread(int fd, void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off)
+{
+    return ck_pread(ix->files[file].fd, buf, len, off);
+}
+
 /* Strided tensors. The elements a request covers are gathered in batches: each element's source
  * offset is computed, the batch is sorted by offset, and elements that lie close together in the
  * source are fetched with one pread of the span between them (at most GATHER_SPAN bytes, gaps
@@ -363,7 +368,7 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
         memcpy(buf, e->text + off, len);
         return (ssize_t)len;
     case CK_CONTIGUOUS:
-        rc = ck_pread(ix->files[e->ext.file].fd, buf, len, e->ext.offset + off);
+        rc = ck_file_pread(ix, e->ext.file, buf, len, e->ext.offset + off);
         break;
     case CK_STRIDED:
         rc = read_strided(ix, e, buf, len, off);

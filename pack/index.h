@@ -101,6 +101,8 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
 
 /* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
 int ck_pread(int fd, void *buf, size_t len, uint64_t off);
+/* ck_pread from source file `file` of ix: how the index's users read a source's bytes. */
+int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off);
 
 /* Looks an entry up by exact name; NULL if absent. Linear: for tools, not for hot paths. */
 const ck_entry *ck_index_find(const ck_index *ix, const char *name);

@@ -14,11 +14,6 @@ static const pack_layout *pack_of(const ck_index *ix)
     return ix->nfiles == 1 ? pack_layout_of(ix, 0) : NULL;
 }
 
-static const char *path_of(const ck_index *ix)
-{
-    return ix->nfiles ? ix->files[0].path : "?";
-}
-
 void ck_plan_free(ck_plan *p)
 {
     if (!p)
@@ -90,12 +85,12 @@ int ck_plan_make(const ck_index *ix, const char *only, ck_plan **out, ck_error *
     *out = NULL;
     const pack_layout *pl = pack_of(ix);
     if (!pl)
-        return ck_fail(err, path_of(ix), "not a pack (it is %s)", ix->format);
+        return ck_fail(err, ck_index_source(ix), "not a pack (it is %s)", ix->format);
     size_t nt = 0;
     for (uint32_t k = 0; k < pl->nentries; k++)
         nt += (size_t)selected(&ix->entries[pl->first_entry + k], only);
     if (nt == 0 && only)
-        return ck_fail(err, path_of(ix), "--only '%s' selects nothing", only);
+        return ck_fail(err, ck_index_source(ix), "--only '%s' selects nothing", only);
     /* A blob needs a tensor: never more blobs than tensors. */
     size_t nb = nt < pl->nblobs ? nt : pl->nblobs;
     ck_plan *p = calloc(1, sizeof *p);
@@ -108,7 +103,7 @@ int ck_plan_make(const ck_index *ix, const char *only, ck_plan **out, ck_error *
     if (!p || !picked || !p->tensors || !p->blobs || !p->blob_tensors) {
         free(picked);
         ck_plan_free(p);
-        return ck_fail(err, path_of(ix), "out of memory");
+        return ck_fail(err, ck_index_source(ix), "out of memory");
     }
     pick(p, ix, pl, only, picked);
     free(picked);
@@ -122,17 +117,17 @@ int ck_plan_sums(const ck_index *ix, const ck_plan *p, uint64_t *sums, ck_error 
 {
     const pack_layout *pl = pack_of(ix);
     if (!pl)
-        return ck_fail(err, path_of(ix), "not a pack (it is %s)", ix->format);
+        return ck_fail(err, ck_index_source(ix), "not a pack (it is %s)", ix->format);
     uint64_t *all = malloc(((size_t)pl->nblobs + 1) * sizeof *all);
     int rc = all ? pack_read_trailer(ix, pl->file, pl->nblobs, all) : -ENOMEM;
     for (size_t b = 0; rc == 0 && b < p->nblobs; b++)
         sums[b] = all[p->blobs[b].pack_blob];
     free(all);
     if (rc == -EBADMSG)
-        return ck_fail(err, path_of(ix), "the checksum table is corrupt");
+        return ck_fail(err, ck_index_source(ix), "the checksum table is corrupt");
     if (rc == -ENOMEM)
-        return ck_fail(err, path_of(ix), "out of memory");
+        return ck_fail(err, ck_index_source(ix), "out of memory");
     if (rc)
-        return ck_fail(err, path_of(ix), "cannot read the checksum table: %s", strerror(-rc));
+        return ck_fail(err, ck_index_source(ix), "cannot read the checksum table: %s", strerror(-rc));
     return 0;
 }
