@@ -33,7 +33,7 @@ SAN_PYTHON_ENV := LD_PRELOAD=$(shell $(CC) -print-file-name=libasan.so) ASAN_OPT
 endif
 
 CORE_SRC := $(wildcard pack/*.c)
-VIEW_SRC := fs/tree.c fs/view.c
+VIEW_SRC := fs/tree.c fs/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c
 TOOL_SRC := $(wildcard tools/*.c)
 LOAD_SRC := $(wildcard cuda/*.c)
