@@ -131,7 +131,7 @@ static int64_t node_size(ck_fs *fs, const ck_node *nd)
         return (int64_t)entry_of(fs, nd)->nbytes;
     case CK_NODE_MEMFILE:
         return (int64_t)fs->vfile[nd->id].len;
-    default: {
+    default: { /* CK_NODE_SYNTH */
         ck_synth *sy = synth_of(fs, nd->id);
         return sy ? (int64_t)ck_synth_size(sy) : -EIO;
     }
@@ -268,7 +268,7 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
          * moved the mtime (or the size) by the time the pread returns, so this sees it. */
         changed = source_check(fs, entry_of(fs, nd)->ext.file);
         break;
-    default: {
+    default: { /* CK_NODE_SYNTH */
         ck_synth *sy = synth_of(fs, nd->id);
         if (!sy)
             return -EIO;
@@ -317,7 +317,7 @@ ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *bu
         return xattr_answer(ck_dtype_name(e->dtype), strlen(ck_dtype_name(e->dtype)), buf, size);
     case XA_SHAPE:
         return xattr_answer(shape, ck_view_shape_json(e, shape, sizeof shape), buf, size);
-    default:
+    default: /* XA_TYPE */
         return xattr_answer(ck_value_type_name(e->dtype),
                             strlen(ck_value_type_name(e->dtype)), buf, size);
     }
