@@ -50,7 +50,8 @@ int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_
     pthread_mutex_init(&fs->synth_lock, NULL);
     if (ix->nfiles)
         fs->mtime = ix->files[0].mtime;
-    /* The tree is stored before anything else can fail, so ck_fs_free finds all there is. */
+    /* Each part goes into fs as soon as it exists, so that on any failure ck_fs_free releases
+     * all there is, the index included. */
     int rc = ck_tree_build(ix, CK_VDIR, ck_vfiles, CK_VFILE_COUNT, &tree, err);
     fs->tree = tree;
     if (rc == 0 && !(fs->vfile[CK_VFILE_INDEX_JSON].data = ck_view_index_json(
