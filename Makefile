@@ -36,7 +36,7 @@ SAN_PYTHON_ENV := LD_PRELOAD=$(shell $(CC) -print-file-name=libasan.so) ASAN_OPT
 endif
 
 CORE_SRC := $(wildcard pack/*.c)
-VIEW_SRC := fs/tree.c fs/view.c
+VIEW_SRC := fs/tree.c fs/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c
 TOOL_SRC := $(wildcard tools/*.c)
 LOAD_SRC := cuda/ckload.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \

@@ -1,10 +1,9 @@
-/* ll.h — the FUSE lowlevel handlers over one immutable view (index + tree + virtual files).
- * Contract: inode N is tree node N-1 (the root is FUSE_ROOT_ID); nothing changes after mount,
- * so every reply may be cached by the kernel for as long as it likes; every handler that would
- * modify answers EROFS. Handlers are safe to run on many threads at once.
- * The view is only as good as its source files: open and read compare them with what was
- * recorded when they were parsed, and fail rather than serve bytes the index no longer
- * describes (a modified or truncated file gives EIO, a replaced or removed one ESTALE).
+/* ll.h — the FUSE lowlevel handlers: each one asks the filesystem core (core.h) and turns its
+ * answer into a reply; what to serve is decided there, not here.
+ * Contract: every reply may be cached by the kernel for as long as it likes (nothing changes
+ * after mount): entries and attributes for `timeout` seconds, file pages and directory
+ * listings for good (keep_cache, cache_readdir); every handler that would modify answers
+ * EROFS. Handlers are safe to run on many threads at once.
  */
 #ifndef CK_LL_H
 #define CK_LL_H
@@ -13,35 +12,21 @@
 #include <fuse_lowlevel.h>
 #include <pthread.h>
 
-#include "tree.h"
-#include "../pack/synth.h"
+#include "core.h"
 
-enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_COUNT };
-#define CK_VDIR ".ckptfs"
-extern const char *const ck_vfile_names[CK_VFILE_COUNT];
-
-typedef struct ck_fs {
-    const ck_index *ix;
-    const ck_tree *tree;
-    char *vdata[CK_VFILE_COUNT];   /* index.json, built at mount */
-    size_t vlen[CK_VFILE_COUNT];
-    ck_synth *synth[CK_VFILE_COUNT]; /* checkpoint.pack / .safetensors, built on first use */
-    int synth_failed[CK_VFILE_COUNT];
-    pthread_mutex_t synth_lock;
-    uid_t uid;
-    gid_t gid;
+/* The session's user data: the core and what only the replies need. */
+typedef struct ck_mount {
+    ck_fs fs;
     int direct_io;
     double timeout;             /* seconds the kernel may cache entries and attributes */
-    struct timespec mtime;      /* directories and virtual files: the source's */
     pthread_key_t read_buf;     /* each worker thread's read buffer */
-    char **src_path;            /* ix->files[i] as an absolute path: the daemon runs in "/" */
-} ck_fs;
-
-/* 0 while source file `file` is still the one parsed at mount (same inode at the same path,
- * same size and mtime); else -EIO (its contents changed) or -ESTALE (the path now names
- * another file, or none). One fstat and one stat. */
-int ck_fs_source_check(const ck_fs *fs, uint32_t file);
+} ck_mount;
 
 extern const struct fuse_lowlevel_ops ck_ll_ops;
+
+/* The core's log (ck_fs_log): one line through fuse_log, which writes to stderr until
+ * ck_ll_log_to_syslog is called, as a daemon does once it has detached. */
+void ck_ll_log(const char *line);
+void ck_ll_log_to_syslog(void);
 
 #endif

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "ll.h"
-#include "view.h"
 
 #define CKPTFS_VERSION "0.1.0"
 
@@ -44,8 +43,12 @@ static const struct fuse_opt ck_opt_spec[] = {
 static void usage(const char *prog)
 {
     printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
-           "Mounts a checkpoint (a safetensors file or a directory of shards) read-only, one\n"
-           "file per tensor. Unmount with `fusermount3 -u MOUNTPOINT`.\n\n"
+           "Mounts a checkpoint read-only, one file per tensor. SOURCE is a safetensors file,\n"
+           "a directory of safetensors shards, a PyTorch checkpoint (torch.save: zip or\n"
+           "legacy) or a ckptfs pack; the format is detected by content. The mount also has\n"
+           ".ckptfs/index.json (every tensor's name, path, dtype and shape) and the whole\n"
+           "checkpoint as .ckptfs/checkpoint.pack and .ckptfs/checkpoint.safetensors.\n"
+           "Unmount with `fusermount3 -u MOUNTPOINT`.\n\n"
            "ckptfs options:\n"
            "    -o direct_io           bypass the page cache: bigger reads, no shared mmap\n"
            "    -o uid=N,gid=N         owner of every file (default: the mounting user)\n"
@@ -193,71 +196,20 @@ static int check_mountpoint(const char *mnt)
     return 0;
 }
 
-/* Each source file's path made absolute, for the checks in ll.c: the daemon changes to "/".
- * Symlinks stay unresolved, so a link repointed at another file counts as a replacement. */
-static char **absolute_paths(const ck_index *ix)
-{
-    char cwd[PATH_MAX], **paths = calloc(ix->nfiles, sizeof *paths);
-    if (!paths || !getcwd(cwd, sizeof cwd)) {
-        free(paths);
-        return NULL;
-    }
-    for (uint32_t i = 0; i < ix->nfiles; i++) {
-        const char *p = ix->files[i].path;
-        if ((p[0] == '/' ? (paths[i] = strdup(p)) == NULL
-                         : asprintf(&paths[i], "%s/%s", cwd, p) < 0)) {
-            paths[i] = NULL;
-            while (i > 0)
-                free(paths[--i]);
-            free(paths);
-            return NULL;
-        }
-    }
-    return paths;
-}
-
-/* Builds the immutable view: index, tree and the .ckptfs files. */
-static int build_view(ck_fs *fs, const char *source, const struct ck_opts *o)
+/* Parses SOURCE and builds the immutable view over it. */
+static int build_view(ck_mount *m, const char *source, const struct ck_opts *o)
 {
     ck_error err;
     ck_index *ix;
-    ck_tree *tree;
     if (ck_open(source, &ix, &err) != 0 ||
-        ck_tree_build(ix, CK_VDIR, ck_vfile_names, CK_VFILE_COUNT, &tree, &err) != 0) {
+        ck_fs_init(&m->fs, ix, o->uid_set ? o->uid : getuid(), o->gid_set ? o->gid : getgid(),
+                   ck_ll_log, &err) != 0) {
         fprintf(stderr, "ckptfs: %s\n", err.msg);
         return -1;
     }
-    fs->ix = ix;
-    fs->tree = tree;
-    fs->vdata[CK_VFILE_INDEX_JSON] = ck_view_index_json(ix, tree, 0, &fs->vlen[CK_VFILE_INDEX_JSON]);
-    if (!fs->vdata[CK_VFILE_INDEX_JSON]) {
-        fprintf(stderr, "ckptfs: %s: out of memory\n", source);
-        return -1;
-    }
-    fs->uid = o->uid_set ? o->uid : getuid();
-    fs->gid = o->gid_set ? o->gid : getgid();
-    fs->direct_io = o->direct_io;
-    fs->timeout = o->timeout;
-    fs->mtime = ix->files[0].mtime;
-    pthread_mutex_init(&fs->synth_lock, NULL);
-    if (!(fs->src_path = absolute_paths(ix))) {
-        fprintf(stderr, "ckptfs: %s: out of memory\n", source);
-        return -1;
-    }
+    m->direct_io = o->direct_io;
+    m->timeout = o->timeout;
     return 0;
-}
-
-static void free_view(ck_fs *fs)
-{
-    for (uint32_t i = 0; fs->src_path && i < fs->ix->nfiles; i++)
-        free(fs->src_path[i]);
-    free(fs->src_path);
-    for (int k = 0; k < CK_VFILE_COUNT; k++) {
-        free(fs->vdata[k]);
-        ck_synth_free(fs->synth[k]);
-    }
-    ck_tree_free((ck_tree *)fs->tree);
-    ck_index_free((ck_index *)fs->ix);
 }
 
 /* Answers the kernel's first request, FUSE_INIT, here rather than in the loop: once it is
@@ -299,7 +251,7 @@ int main(int argc, char **argv)
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     struct ck_opts o = {.timeout = 86400, .readahead_kb = ~0u};
     struct fuse_cmdline_opts co = {0};
-    ck_fs fs = {0};
+    ck_mount m = {0};
     struct fuse_session *se = NULL;
     int status = 1, mounted = 0;
 
@@ -329,15 +281,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
-    if (build_view(&fs, o.source, &o) != 0)
+    if (build_view(&m, o.source, &o) != 0)
         goto out;
     char abs[PATH_MAX];
     if (add_mount_opts(&args, realpath(o.source, abs) ? abs : o.source) != 0 ||
-        pthread_key_create(&fs.read_buf, free) != 0) {
+        pthread_key_create(&m.read_buf, free) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
         goto out;
     }
-    se = fuse_session_new(&args, &ck_ll_ops, sizeof ck_ll_ops, &fs);
+    se = fuse_session_new(&args, &ck_ll_ops, sizeof ck_ll_ops, &m);
     if (!se || fuse_set_signal_handlers(se) != 0)
         goto out;
     if (fuse_session_mount(se, co.mountpoint) != 0)
@@ -350,6 +302,8 @@ int main(int argc, char **argv)
                       o.readahead_kb != ~0u);
     if (fuse_daemonize(co.foreground) != 0)
         goto out;
+    if (!co.foreground) /* stderr is /dev/null now */
+        ck_ll_log_to_syslog();
     status = serve(se, &co) < 0;
 out:
     if (se) {
@@ -358,7 +312,7 @@ out:
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
     }
-    free_view(&fs);
+    ck_fs_free(&m.fs);
     free(co.mountpoint);
     free(o.mountpoint);
     free(o.source);

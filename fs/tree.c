@@ -75,21 +75,22 @@ uint32_t ck_tree_lookup(const ck_tree *t, uint32_t parent, const char *name, siz
 }
 
 /* Adds a node (the caller checked it is absent); nodes and slots were sized for the worst case. */
-static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t len, int32_t entry)
+static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t len,
+                         uint8_t kind, uint32_t id)
 {
     char *copy = ck_arena_alloc(&t->arena, len + 1);
     if (!copy)
         return CK_NO_NODE;
     memcpy(copy, name, len);
     copy[len] = 0;
-    uint32_t id = t->nnodes++;
-    t->nodes[id] = (ck_node){.name = copy, .name_len = (uint32_t)len, .parent = parent,
-                             .entry = entry};
+    uint32_t at = t->nnodes++;
+    t->nodes[at] = (ck_node){.name = copy, .name_len = (uint32_t)len, .parent = parent,
+                             .kind = kind, .id = id};
     size_t mask = t->nslots - 1, i = slot_hash(parent, name, len) & mask;
     while (t->slots[i] != CK_NO_NODE)
         i = (i + 1) & mask;
-    t->slots[i] = id;
-    return id;
+    t->slots[i] = at;
+    return at;
 }
 
 /* The directory that holds name's last piece, created as needed; *last_start is where that
@@ -104,7 +105,7 @@ static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, size_t *last
             continue;
         size_t n = ck_escape_component(name + start, i - start, esc);
         uint32_t id = ck_tree_lookup(t, dir, esc, n);
-        if (id == CK_NO_NODE && (id = add_node(t, dir, esc, n, CK_NODE_DIR)) == CK_NO_NODE)
+        if (id == CK_NO_NODE && (id = add_node(t, dir, esc, n, CK_NODE_DIR, 0)) == CK_NO_NODE)
             return CK_NO_NODE;
         dir = id;
         start = i + 1;
@@ -161,11 +162,13 @@ void ck_tree_free(ck_tree *t)
     free(t);
 }
 
-static int add_virtual(ck_tree *t, const char *vdir, const char *const *vnames, unsigned nvirtual)
+static int add_virtual(ck_tree *t, const char *vdir, const ck_tree_vfile *vfiles,
+                       unsigned nvirtual)
 {
-    uint32_t dir = add_node(t, 0, vdir, strlen(vdir), CK_NODE_DIR);
+    uint32_t dir = add_node(t, 0, vdir, strlen(vdir), CK_NODE_DIR, 0);
     for (unsigned k = 0; dir != CK_NO_NODE && k < nvirtual; k++)
-        if (add_node(t, dir, vnames[k], strlen(vnames[k]), CK_NODE_VIRTUAL(k)) == CK_NO_NODE)
+        if (add_node(t, dir, vfiles[k].name, strlen(vfiles[k].name), vfiles[k].kind, k) ==
+            CK_NO_NODE)
             return -1;
     return dir == CK_NO_NODE ? -1 : 0;
 }
@@ -183,25 +186,26 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
             return ck_fail(err, src, "out of memory");
         n = ck_escape_component(e->name + start, e->name_len - start, esc);
         uint32_t other = ck_tree_lookup(t, dir, esc, n);
-        if (other != CK_NO_NODE && t->nodes[other].entry == CK_NODE_DIR) {
+        if (other != CK_NO_NODE && t->nodes[other].kind == CK_NODE_DIR) {
             if (n == CK_NAME_MAX) /* no room for the '%': the hashed form leaves some */
                 n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX - 1);
             esc[n++] = '%';
             esc[n] = 0;
             other = ck_tree_lookup(t, dir, esc, n);
         }
-        if (other != CK_NO_NODE)
+        if (other != CK_NO_NODE) /* a file: directories were all renamed above */
             return ck_fail(err, src, "tensors '%s' and '%s' map to one path",
-                           t->nodes[other].entry >= 0 ? ix->entries[t->nodes[other].entry].name
-                                                      : "?", e->name);
-        t->entry_node[i] = add_node(t, dir, esc, n, (int32_t)i);
+                           ix->entries[t->nodes[other].id].name, e->name);
+        t->entry_node[i] = add_node(t, dir, esc, n,
+                                    e->kind == CK_TENSOR ? CK_NODE_TENSOR : CK_NODE_VALUE,
+                                    (uint32_t)i);
         if (t->entry_node[i] == CK_NO_NODE)
             return ck_fail(err, src, "out of memory");
     }
     return 0;
 }
 
-int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vnames,
+int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                   unsigned nvirtual, ck_tree **out, ck_error *err)
 {
     const char *src = ck_index_source(ix);
@@ -230,9 +234,9 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vname
         return ck_fail(err, src, "out of memory");
     }
     memset(t->slots, 0xff, nslots * sizeof *t->slots);
-    t->nodes[0] = (ck_node){.name = "", .parent = 0, .entry = CK_NODE_DIR};
+    t->nodes[0] = (ck_node){.name = "", .parent = 0, .kind = CK_NODE_DIR};
     t->nnodes = 1;
-    int rc = (vdir && add_virtual(t, vdir, vnames, nvirtual)) ? ck_fail(err, src, "out of memory") : 0;
+    int rc = (vdir && add_virtual(t, vdir, vfiles, nvirtual)) ? ck_fail(err, src, "out of memory") : 0;
     for (size_t i = 0; i < ix->nentries && rc == 0; i++) {
         size_t start;
         if (make_dirs(t, ix->entries[i].name, ix->entries[i].name_len, &start) == CK_NO_NODE)

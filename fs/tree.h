@@ -24,9 +24,20 @@
 #define CK_NAME_MAX 255
 #define CK_NO_NODE UINT32_MAX
 
-enum { CK_NODE_DIR = -1 }; /* ck_node.entry: >= 0 an entry of the index, <= -2 a virtual file */
-#define CK_NODE_VIRTUAL(k) (-2 - (int32_t)(k))
-#define CK_VIRTUAL_ID(entry) ((uint32_t)(-2 - (entry)))
+/* What a node is, and what its id means. */
+enum ck_node_kind {
+    CK_NODE_DIR,     /* a directory (id unused) */
+    CK_NODE_TENSOR,  /* index entry id, a tensor: its bytes are in the source files */
+    CK_NODE_VALUE,   /* index entry id, a value: its text is in memory */
+    CK_NODE_MEMFILE, /* the mount's own file id, whose bytes are made at mount (index.json) */
+    CK_NODE_SYNTH,   /* the mount's own file id, synthesized from the index on first use */
+};
+
+/* One of the mount's own files: its name and kind (CK_NODE_MEMFILE or CK_NODE_SYNTH). */
+typedef struct ck_tree_vfile {
+    const char *name;
+    uint8_t kind;
+} ck_tree_vfile;
 
 typedef struct ck_node {
     const char *name;   /* escaped component, NUL-terminated; "" for the root */
@@ -34,7 +45,8 @@ typedef struct ck_node {
     uint32_t parent;
     uint32_t child0;    /* children are tree->children[child0 .. child0 + nchild) */
     uint32_t nchild;
-    int32_t entry;
+    uint32_t id;        /* the entry (tensor, value) or the virtual file (memfile, synth) */
+    uint8_t kind;       /* enum ck_node_kind */
 } ck_node;
 
 typedef struct ck_tree {
@@ -48,9 +60,9 @@ typedef struct ck_tree {
 } ck_tree;
 
 /* Builds the tree for ix, with the directory `vdir` (e.g. ".ckptfs") holding nvirtual files
- * named vnames[k], node entry CK_NODE_VIRTUAL(k); no such directory when vdir is NULL. Fails
+ * vfiles[k], node id k of kind vfiles[k].kind; no such directory when vdir is NULL. Fails
  * only on out-of-memory or two entries with one path (err names both). */
-int ck_tree_build(const ck_index *ix, const char *vdir, const char *const *vnames,
+int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                   unsigned nvirtual, ck_tree **out, ck_error *err);
 void ck_tree_free(ck_tree *t);
 

@@ -218,3 +218,26 @@ def test_unknown_option_mounts_nothing(tmp_path, mountpoint):
     p = run([ckptfs_bin(), "-o", "no_such_option_xyz", src, mountpoint])
     assert p.returncode != 0
     assert not is_mounted(mountpoint)
+
+
+def run_leak_checked(cmd):
+    """Runs cmd with a full leak check: under valgrind, or with LeakSanitizer where ckptfs is
+    built with ASan (valgrind cannot run those). A leak makes it exit 99."""
+    if b"__asan_init" in ckptfs_bin().read_bytes():
+        env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:exitcode=99",
+                   LSAN_OPTIONS="exitcode=99")
+        return run(cmd, env=env)
+    return run(["valgrind", "-q", "--leak-check=full", "--error-exitcode=99",
+                "--errors-for-leak-kinds=definite,possible", *cmd], timeout=120)
+
+
+def test_refused_after_parsing_frees_everything(tmp_path, mountpoint):
+    """A source that parses but cannot be made a tree (keys 1 and "1" both name "1"): the
+    parsed index is freed with the rest, and the one line is the whole of stderr."""
+    src = tmp_path / "dup.pt"
+    torch.save({1: torch.ones(2), "1": torch.zeros(3)}, src)
+    p = run_leak_checked([ckptfs_bin(), src, mountpoint])
+    err = p.stderr.decode("utf-8", errors="replace")
+    assert p.returncode == 1, err
+    assert err == f"ckptfs: {src}: tensors '1' and '1' map to one path\n", err
+    assert not is_mounted(mountpoint)

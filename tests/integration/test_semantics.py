@@ -380,6 +380,12 @@ def test_help_and_version():
     p = run([ckptfs_bin(), "--help"])
     assert p.returncode == 0
     assert b"SOURCE" in p.stdout and b"MOUNTPOINT" in p.stdout
+    # Every format SOURCE may be, and the mount's own files.
+    text = b" ".join(p.stdout.split())
+    for words in (b"safetensors file", b"directory of safetensors shards", b"PyTorch",
+                  b"zip", b"legacy", b"ckptfs pack", b".ckptfs/index.json",
+                  b".ckptfs/checkpoint.pack", b".ckptfs/checkpoint.safetensors"):
+        assert words in text, words
     p = run([ckptfs_bin(), "--version"])
     assert p.returncode == 0 and p.stdout.startswith(b"ckptfs ")
 

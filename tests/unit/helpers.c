@@ -471,12 +471,12 @@ ck_index *index_of_names(const char *const *names, size_t n)
     return ix;
 }
 
-ck_tree *tree_ok(const ck_index *ix, const char *vdir, const char *const *vnames,
+ck_tree *tree_ok(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                  unsigned nvirtual)
 {
     ck_tree *t = NULL;
     ck_error err = {""};
-    cr_assert_eq(ck_tree_build(ix, vdir, vnames, nvirtual, &t, &err), 0, "%s", err.msg);
+    cr_assert_eq(ck_tree_build(ix, vdir, vfiles, nvirtual, &t, &err), 0, "%s", err.msg);
     cr_assert_not_null(t);
     return t;
 }

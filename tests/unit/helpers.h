@@ -134,8 +134,8 @@ ck_index *index_of_names(const char *const *names, size_t n);
 
 /* --- trees ------------------------------------------------------------------------------- */
 
-/* ck_tree_build(ix, vdir, vnames, nvirtual), asserted to succeed. */
-ck_tree *tree_ok(const ck_index *ix, const char *vdir, const char *const *vnames,
+/* ck_tree_build(ix, vdir, vfiles, nvirtual), asserted to succeed. */
+ck_tree *tree_ok(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                  unsigned nvirtual);
 /* The node at path ("a/b/c", "" for the root), or CK_NO_NODE. */
 uint32_t tree_find(const ck_tree *t, const char *path);

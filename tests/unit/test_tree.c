@@ -127,7 +127,8 @@ Test(escape, cut_never_splits_utf8)
 
 /* --- ck_tree_build and friends ---------------------------------------------------------- */
 
-static const char *const vnames[] = {"index.json", "other"};
+static const ck_tree_vfile vfiles[] = {{"index.json", CK_NODE_MEMFILE},
+                                        {"other", CK_NODE_SYNTH}};
 
 /* Checks what holds for every tree: no component empty, over 255 bytes, "." or "..", starting
  * with '.' or holding '/', save the virtual directory's own name; each entry's node is its. */
@@ -144,13 +145,16 @@ static void check_invariants(const ck_index *ix, const ck_tree *t, const char *v
             continue;
         cr_assert_neq(nd->name[0], '.', "component '%s' starts with '.'", nd->name);
     }
-    for (size_t i = 0; i < ix->nentries; i++)
-        cr_assert_eq(t->nodes[t->entry_node[i]].entry, (int32_t)i);
+    for (size_t i = 0; i < ix->nentries; i++) {
+        cr_assert_eq(t->nodes[t->entry_node[i]].id, i);
+        cr_assert_eq(t->nodes[t->entry_node[i]].kind,
+                     ix->entries[i].kind == CK_TENSOR ? CK_NODE_TENSOR : CK_NODE_VALUE);
+    }
 }
 
 static ck_tree *build_with(const ck_index *ix, const char *vdir, unsigned nvirtual)
 {
-    ck_tree *t = tree_ok(ix, vdir, vnames, nvirtual);
+    ck_tree *t = tree_ok(ix, vdir, vfiles, nvirtual);
     check_invariants(ix, t, vdir);
     return t;
 }
@@ -193,8 +197,8 @@ Test(tree, dots_make_directories)
     expect_paths(names, paths, 4);
     ck_index *ix = index_of_names(names, 4);
     ck_tree *t = build_with(ix, NULL, 0);
-    cr_assert_eq(t->nodes[tree_find(t, "a")].entry, CK_NODE_DIR);
-    cr_assert_eq(t->nodes[tree_find(t, "a/b")].entry, CK_NODE_DIR);
+    cr_assert_eq(t->nodes[tree_find(t, "a")].kind, CK_NODE_DIR);
+    cr_assert_eq(t->nodes[tree_find(t, "a/b")].kind, CK_NODE_DIR);
     cr_assert_eq(t->nodes[tree_find(t, "a")].nchild, 2);
     cr_assert_eq(t->nodes[tree_find(t, "a/b")].nchild, 2);
     cr_assert_eq(t->nodes[0].nchild, 2);
@@ -378,15 +382,14 @@ Test(tree, virtual_directory)
     ck_tree *t = build_with(ix, ".ckptfs", 2);
     uint32_t v = ck_tree_lookup(t, 0, ".ckptfs", 7);
     cr_assert_neq(v, CK_NO_NODE);
-    cr_assert_eq(t->nodes[v].entry, CK_NODE_DIR);
+    cr_assert_eq(t->nodes[v].kind, CK_NODE_DIR);
     cr_assert_eq(t->nodes[v].nchild, 2);
     for (unsigned k = 0; k < 2; k++) {
-        uint32_t f = ck_tree_lookup(t, v, vnames[k], strlen(vnames[k]));
-        cr_assert_neq(f, CK_NO_NODE, "%s", vnames[k]);
-        cr_assert_eq(t->nodes[f].entry, CK_NODE_VIRTUAL(k));
-        cr_assert_lt(t->nodes[f].entry, -1);
-        cr_assert_eq(CK_VIRTUAL_ID(t->nodes[f].entry), k);
-        cr_assert_str_eq(path_of(t, f), strf(".ckptfs/%s", vnames[k]));
+        uint32_t f = ck_tree_lookup(t, v, vfiles[k].name, strlen(vfiles[k].name));
+        cr_assert_neq(f, CK_NO_NODE, "%s", vfiles[k].name);
+        cr_assert_eq(t->nodes[f].kind, vfiles[k].kind);
+        cr_assert_eq(t->nodes[f].id, k);
+        cr_assert_str_eq(path_of(t, f), strf(".ckptfs/%s", vfiles[k].name));
     }
     /* The tensors named like it live elsewhere. */
     cr_assert_str_eq(path_of(t, t->entry_node[0]), "ckptfs");
@@ -441,7 +444,7 @@ static void expect_clash(ck_index *ix, const char *source, const char *what)
 {
     ck_tree sentinel, *t = &sentinel;
     ck_error err = {""};
-    cr_assert_eq(ck_tree_build(ix, ".ckptfs", vnames, 1, &t, &err), -1);
+    cr_assert_eq(ck_tree_build(ix, ".ckptfs", vfiles, 1, &t, &err), -1);
     cr_assert_null(t);
     assert_error(&err, source, what);
 }

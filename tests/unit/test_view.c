@@ -11,12 +11,12 @@
 TestSuite(index_json, .fini = tmp_cleanup);
 TestSuite(shape_json, .fini = tmp_cleanup);
 
-static const char *const vnames[] = {"index.json"};
+static const ck_tree_vfile vfiles[] = {{"index.json", CK_NODE_MEMFILE}};
 
 /* ck_view_index_json's text for ix, checked to be JSON of *len bytes; its parse. */
 static cJSON *index_json(const ck_index *ix, int with_locations, const char **text)
 {
-    ck_tree *t = tree_ok(ix, ".ckptfs", vnames, 1);
+    ck_tree *t = tree_ok(ix, ".ckptfs", vfiles, 1);
     size_t len = 0;
     char *s = ck_view_index_json(ix, t, with_locations, &len);
     cr_assert_not_null(s);

@@ -1,0 +1,352 @@
+#include "core.h"
+#include "view.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT] = {
+    [CK_VFILE_INDEX_JSON] = {"index.json", CK_NODE_MEMFILE},
+    [CK_VFILE_PACK] = {"checkpoint.pack", CK_NODE_SYNTH},
+    [CK_VFILE_SAFETENSORS] = {"checkpoint.safetensors", CK_NODE_SYNTH},
+};
+
+/* A tensor has the first three; a value has the name and its type. */
+static const char *const xattr_names[] = {"user.ckptfs.name", "user.ckptfs.dtype",
+                                          "user.ckptfs.shape", "user.ckptfs.type"};
+enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_COUNT };
+
+/* --- building the view ------------------------------------------------------------------- */
+
+/* Each source file's path made absolute, for the source checks: the daemon changes to "/".
+ * Symlinks stay unresolved, so a link repointed at another file counts as a replacement. */
+static int absolute_paths(ck_fs *fs, const char *src, ck_error *err)
+{
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        return ck_fail(err, src, "cannot name the working directory: %s", strerror(errno));
+    if (!(fs->src_path = calloc(fs->ix->nfiles ? fs->ix->nfiles : 1, sizeof *fs->src_path)))
+        return ck_fail(err, src, "out of memory");
+    for (uint32_t i = 0; i < fs->ix->nfiles; i++) {
+        const char *p = fs->ix->files[i].path;
+        if (p[0] == '/' ? (fs->src_path[i] = strdup(p)) == NULL
+                        : asprintf(&fs->src_path[i], "%s/%s", cwd, p) < 0) {
+            fs->src_path[i] = NULL; /* asprintf leaves it undefined */
+            return ck_fail(err, src, "out of memory");
+        }
+    }
+    return 0;
+}
+
+int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_error *err)
+{
+    const char *src = ck_index_source(ix);
+    ck_tree *tree = NULL;
+    *fs = (ck_fs){.ix = ix, .uid = uid, .gid = gid, .log = log};
+    pthread_mutex_init(&fs->synth_lock, NULL);
+    if (ix->nfiles)
+        fs->mtime = ix->files[0].mtime;
+    /* Each part goes into fs as soon as it exists, so that on any failure ck_fs_free releases
+     * all there is, the index included. */
+    int rc = ck_tree_build(ix, CK_VDIR, ck_vfiles, CK_VFILE_COUNT, &tree, err);
+    fs->tree = tree;
+    if (rc == 0 && !(fs->vfile[CK_VFILE_INDEX_JSON].data = ck_view_index_json(
+                         ix, tree, 0, &fs->vfile[CK_VFILE_INDEX_JSON].len)))
+        rc = ck_fail(err, src, "out of memory");
+    if (rc == 0)
+        rc = absolute_paths(fs, src, err);
+    if (rc)
+        ck_fs_free(fs);
+    return rc;
+}
+
+void ck_fs_free(ck_fs *fs)
+{
+    for (uint32_t i = 0; fs->src_path && i < fs->ix->nfiles; i++)
+        free(fs->src_path[i]);
+    free(fs->src_path);
+    for (int k = 0; k < CK_VFILE_COUNT; k++) {
+        free(fs->vfile[k].data);
+        ck_synth_free(fs->vfile[k].synth);
+    }
+    if (fs->ix)
+        pthread_mutex_destroy(&fs->synth_lock);
+    ck_tree_free((ck_tree *)fs->tree);
+    ck_index_free((ck_index *)fs->ix);
+    *fs = (ck_fs){0};
+}
+
+/* --- nodes ------------------------------------------------------------------------------- */
+
+/* The node behind an inode, or NULL for an inode this mount never handed out. */
+static const ck_node *node_of(const ck_fs *fs, uint64_t ino)
+{
+    return ino >= CK_ROOT_INO && ino - CK_ROOT_INO < fs->tree->nnodes
+               ? &fs->tree->nodes[ino - CK_ROOT_INO] : NULL;
+}
+
+static uint64_t ino_of(const ck_fs *fs, const ck_node *nd)
+{
+    return (uint64_t)(nd - fs->tree->nodes) + CK_ROOT_INO;
+}
+
+static const ck_entry *entry_of(const ck_fs *fs, const ck_node *nd)
+{
+    return &fs->ix->entries[nd->id];
+}
+
+/* The synthesized file k, built the first time anyone looks at it: its header costs memory and
+ * time that a mount used only for its tensors should not pay. NULL if it cannot be built; the
+ * reason is logged by the one call that found out. */
+static ck_synth *synth_of(ck_fs *fs, uint32_t k)
+{
+    pthread_mutex_lock(&fs->synth_lock);
+    if (!fs->vfile[k].synth && !fs->vfile[k].failed) {
+        ck_error err;
+        int rc = k == CK_VFILE_PACK ? ck_synth_pack(fs->ix, NULL, &fs->vfile[k].synth, &err)
+                                    : ck_synth_safetensors(fs->ix, &fs->vfile[k].synth, &err);
+        if (rc != 0) {
+            char line[sizeof err.msg + 16];
+            snprintf(line, sizeof line, "ckptfs: %s", err.msg);
+            if (fs->log)
+                fs->log(line);
+            fs->vfile[k].failed = 1;
+        }
+    }
+    pthread_mutex_unlock(&fs->synth_lock);
+    return fs->vfile[k].synth;
+}
+
+/* A file's size: -EIO for a synthesized file that cannot be built. */
+static int64_t node_size(ck_fs *fs, const ck_node *nd)
+{
+    switch (nd->kind) {
+    case CK_NODE_DIR:
+        return 0;
+    case CK_NODE_TENSOR:
+    case CK_NODE_VALUE:
+        return (int64_t)entry_of(fs, nd)->nbytes;
+    case CK_NODE_MEMFILE:
+        return (int64_t)fs->vfile[nd->id].len;
+    default: { /* CK_NODE_SYNTH */
+        ck_synth *sy = synth_of(fs, nd->id);
+        return sy ? (int64_t)ck_synth_size(sy) : -EIO;
+    }
+    }
+}
+
+static int node_stat(ck_fs *fs, const ck_node *nd, struct stat *st)
+{
+    int64_t size = node_size(fs, nd);
+    if (size < 0)
+        return (int)size;
+    memset(st, 0, sizeof *st);
+    st->st_ino = ino_of(fs, nd);
+    st->st_uid = fs->uid;
+    st->st_gid = fs->gid;
+    st->st_size = (off_t)size;
+    st->st_blocks = (st->st_size + 511) / 512;
+    st->st_blksize = 1 << 20; /* cp and friends size their reads by this */
+    st->st_mtim = st->st_ctim = st->st_atim =
+        nd->kind == CK_NODE_TENSOR ? fs->ix->files[entry_of(fs, nd)->ext.file].mtime : fs->mtime;
+    st->st_mode = nd->kind == CK_NODE_DIR ? S_IFDIR | 0555 : S_IFREG | 0444;
+    st->st_nlink = nd->kind == CK_NODE_DIR ? 2 : 1;
+    return 0;
+}
+
+int ck_fs_getattr(ck_fs *fs, uint64_t ino, struct stat *st)
+{
+    const ck_node *nd = node_of(fs, ino);
+    return nd ? node_stat(fs, nd, st) : -ENOENT;
+}
+
+int ck_fs_lookup(ck_fs *fs, uint64_t parent, const char *name, struct stat *st)
+{
+    int rc = ck_fs_opendir(fs, parent);
+    if (rc)
+        return rc;
+    uint32_t node = ck_tree_lookup(fs->tree, (uint32_t)(parent - CK_ROOT_INO), name,
+                                   strlen(name));
+    return node == CK_NO_NODE ? -ENOENT : node_stat(fs, &fs->tree->nodes[node], st);
+}
+
+int ck_fs_opendir(const ck_fs *fs, uint64_t ino)
+{
+    const ck_node *nd = node_of(fs, ino);
+    return !nd ? -ENOENT : nd->kind != CK_NODE_DIR ? -ENOTDIR : 0;
+}
+
+int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d)
+{
+    int rc = ck_fs_opendir(fs, ino);
+    if (rc)
+        return rc;
+    const ck_node *dir = node_of(fs, ino);
+    uint64_t k = off < 0 ? 0 : (uint64_t)off;
+    if (k >= 2 + (uint64_t)dir->nchild)
+        return 0;
+    const ck_node *nd = k == 0 ? dir : k == 1 ? &fs->tree->nodes[dir->parent]
+                      : &fs->tree->nodes[fs->tree->children[dir->child0 + k - 2]];
+    *d = (ck_dirent){.name = k == 0 ? "." : k == 1 ? ".." : nd->name, .ino = ino_of(fs, nd),
+                     .type = nd->kind == CK_NODE_DIR ? S_IFDIR : S_IFREG,
+                     .next = (off_t)k + 1};
+    return 1;
+}
+
+/* --- reading ----------------------------------------------------------------------------- */
+
+/* 0 while source file `file` is still the one parsed at mount (same inode at the same path,
+ * same size and mtime); else -EIO (its contents changed) or -ESTALE (the path now names
+ * another file, or none). One fstat and one stat. */
+static int source_check(const ck_fs *fs, uint32_t file)
+{
+    const ck_file *f = &fs->ix->files[file];
+    struct stat st;
+    /* The open descriptor first: a write or truncate changes its size or mtime. */
+    if (fstat(f->fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
+        st.st_mtim.tv_sec != f->mtime.tv_sec || st.st_mtim.tv_nsec != f->mtime.tv_nsec)
+        return -EIO;
+    /* Then the path: a file renamed over it leaves our descriptor on the old, intact inode,
+     * whose bytes are no longer what SOURCE holds. */
+    if (stat(fs->src_path[file], &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)
+        return -ESTALE;
+    return 0;
+}
+
+static int all_sources_check(const ck_fs *fs)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < fs->ix->nfiles && !rc; i++)
+        rc = source_check(fs, i);
+    return rc;
+}
+
+int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
+{
+    const ck_node *nd = node_of(fs, ino);
+    if (!nd)
+        return -ENOENT;
+    if (nd->kind == CK_NODE_DIR)
+        return -EISDIR;
+    if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC))
+        return -EROFS;
+    if (nd->kind == CK_NODE_SYNTH && !synth_of(fs, nd->id))
+        return -EIO;
+    /* Every source, not just this file's: an open is rare next to reads. Refusing here also
+     * keeps new opens away from pages the kernel cached before the change. */
+    return all_sources_check(fs) ? -ESTALE : 0;
+}
+
+ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
+{
+    const ck_node *nd = node_of(fs, ino);
+    if (!nd)
+        return -ENOENT;
+    if (off < 0)
+        return -EINVAL;
+    ssize_t n;
+    int changed = 0;
+    switch (nd->kind) {
+    case CK_NODE_DIR:
+        return -EISDIR;
+    case CK_NODE_MEMFILE: {
+        size_t len = fs->vfile[nd->id].len, left = (uint64_t)off >= len ? 0 : len - (size_t)off;
+        if (left > size)
+            left = size;
+        if (left)
+            memcpy(buf, fs->vfile[nd->id].data + off, left);
+        return (ssize_t)left;
+    }
+    case CK_NODE_VALUE: /* its text is in memory */
+        return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
+    case CK_NODE_TENSOR:
+        n = ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
+        /* Checked after the pread: a write that could have put new bytes into buf has already
+         * moved the mtime (or the size) by the time the pread returns, so this sees it. */
+        changed = source_check(fs, entry_of(fs, nd)->ext.file);
+        break;
+    default: { /* CK_NODE_SYNTH */
+        ck_synth *sy = synth_of(fs, nd->id);
+        if (!sy)
+            return -EIO;
+        n = ck_synth_read(sy, buf, size, (uint64_t)off);
+        changed = all_sources_check(fs); /* it reads from all of them */
+    }
+    }
+    return changed ? changed : n;
+}
+
+/* --- attributes -------------------------------------------------------------------------- */
+
+static int has_xattr(const ck_node *nd, int k)
+{
+    return (nd->kind == CK_NODE_TENSOR && k != XA_TYPE) ||
+           (nd->kind == CK_NODE_VALUE && (k == XA_NAME || k == XA_TYPE));
+}
+
+/* What getxattr(2) and listxattr(2) answer for a value of n bytes. */
+static ssize_t xattr_answer(const char *text, size_t n, char *buf, size_t size)
+{
+    if (size == 0)
+        return (ssize_t)n;
+    if (size < n)
+        return -ERANGE;
+    memcpy(buf, text, n);
+    return (ssize_t)n;
+}
+
+ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *buf, size_t size)
+{
+    const ck_node *nd = node_of(fs, ino);
+    if (!nd)
+        return -ENOENT;
+    int k = 0;
+    while (k < XA_COUNT && strcmp(name, xattr_names[k]) != 0)
+        k++;
+    if (k == XA_COUNT || !has_xattr(nd, k))
+        return -ENODATA;
+    const ck_entry *e = entry_of(fs, nd);
+    char shape[2048]; /* 64 dims of 20 digits and a comma, and the brackets */
+    switch (k) {
+    case XA_NAME:
+        return xattr_answer(e->name, e->name_len, buf, size);
+    case XA_DTYPE:
+        return xattr_answer(ck_dtype_name(e->dtype), strlen(ck_dtype_name(e->dtype)), buf, size);
+    case XA_SHAPE:
+        return xattr_answer(shape, ck_view_shape_json(e, shape, sizeof shape), buf, size);
+    default: /* XA_TYPE */
+        return xattr_answer(ck_value_type_name(e->dtype),
+                            strlen(ck_value_type_name(e->dtype)), buf, size);
+    }
+}
+
+ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size)
+{
+    const ck_node *nd = node_of(fs, ino);
+    if (!nd)
+        return -ENOENT;
+    char list[128];
+    size_t n = 0;
+    for (int k = 0; k < XA_COUNT; k++)
+        if (has_xattr(nd, k)) {
+            size_t l = strlen(xattr_names[k]) + 1;
+            memcpy(list + n, xattr_names[k], l);
+            n += l;
+        }
+    return xattr_answer(list, n, buf, size);
+}
+
+void ck_fs_statfs(const ck_fs *fs, struct statvfs *sv)
+{
+    uint64_t bytes = fs->vfile[CK_VFILE_INDEX_JSON].len;
+    for (size_t i = 0; i < fs->ix->nentries; i++)
+        bytes += fs->ix->entries[i].nbytes;
+    *sv = (struct statvfs){
+        .f_bsize = 4096, .f_frsize = 4096, .f_blocks = (bytes + 4095) / 4096,
+        .f_files = fs->tree->nnodes, .f_namemax = CK_NAME_MAX, .f_flag = ST_RDONLY,
+    };
+}

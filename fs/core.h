@@ -1,0 +1,101 @@
+/* core.h — the filesystem a mount serves, apart from FUSE: every operation over the tree and
+ * the index answers a result or -errno, and fs/ll.c only turns those answers into replies.
+ * No FUSE here: tests/unit/test_core.c runs every operation without a mount.
+ *
+ * Contract:
+ *  - Inode N is tree node N-1 (the root is CK_ROOT_INO); an inode never handed out answers
+ *    -ENOENT. Nothing changes after ck_fs_init, so every answer may be cached for as long as
+ *    the mount lives. Every operation is safe on many threads at once.
+ *  - The view is only as good as its source files: open and read compare them with what was
+ *    recorded when they were parsed, and fail rather than serve bytes the index no longer
+ *    describes (a modified or truncated file gives -EIO, a replaced or removed one -ESTALE;
+ *    open answers -ESTALE for either).
+ *  - A synthesized file (.ckptfs/checkpoint.pack, checkpoint.safetensors) is built the first
+ *    time anyone looks at it. If it cannot be built, every lookup, stat, open and read of it
+ *    answers -EIO, never a short or empty file, and the reason goes to the log once, as the
+ *    line `ckpt pack` would print ("ckptfs: SOURCE: what is wrong").
+ */
+#ifndef CK_CORE_H
+#define CK_CORE_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/types.h>
+
+#include "tree.h"
+#include "../pack/synth.h"
+
+enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_COUNT };
+#define CK_VDIR ".ckptfs"
+#define CK_ROOT_INO 1
+extern const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT];
+
+/* Where the core's one-line messages go (no newline at the end). */
+typedef void (*ck_fs_log)(const char *line);
+
+typedef struct ck_fs {
+    const ck_index *ix;
+    const ck_tree *tree;
+    struct {
+        char *data;            /* CK_NODE_MEMFILE: its bytes, made at init */
+        size_t len;
+        ck_synth *synth;       /* CK_NODE_SYNTH: built on first use */
+        int failed;            /* CK_NODE_SYNTH: could not be built (and was logged) */
+    } vfile[CK_VFILE_COUNT];
+    pthread_mutex_t synth_lock;
+    uid_t uid;
+    gid_t gid;
+    struct timespec mtime;     /* directories, values and the mount's files: the source's */
+    char **src_path;           /* ix->files[i] as an absolute path: the daemon runs in "/" */
+    ck_fs_log log;
+} ck_fs;
+
+/* Makes the view of ix (which it takes over, and frees on failure too): tree, index.json,
+ * absolute source paths. Every file is owned by uid:gid; log receives messages (NULL: none).
+ * 0, or -1 with err set (out of memory, two entries with one path). */
+int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_error *err);
+/* Frees everything, the index included. A zeroed ck_fs is fine. */
+void ck_fs_free(ck_fs *fs);
+
+/* The attributes of an inode. -ENOENT, -EIO (a synthesized file that cannot be built). */
+int ck_fs_getattr(ck_fs *fs, uint64_t ino, struct stat *st);
+/* The child name of directory parent, and its attributes. -ENOENT (no such child), -ENOTDIR,
+ * -EIO as getattr. */
+int ck_fs_lookup(ck_fs *fs, uint64_t parent, const char *name, struct stat *st);
+/* 0 when ino is a directory; -ENOENT, -ENOTDIR. */
+int ck_fs_opendir(const ck_fs *fs, uint64_t ino);
+
+/* One directory entry: offsets are 0 for ".", 1 for "..", 2 + k for the k-th child in
+ * bytewise order; next is the offset of the entry after it. */
+typedef struct ck_dirent {
+    const char *name;
+    uint64_t ino;
+    mode_t type;               /* S_IFDIR or S_IFREG */
+    off_t next;
+} ck_dirent;
+/* The entry at off (a negative off is 0) of directory ino: 1, 0 past the last, or -ENOENT,
+ * -ENOTDIR. */
+int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d);
+
+/* Whether ino may be opened with open(2) flags: 0, or -ENOENT, -EISDIR, -EROFS (for writing
+ * or truncating), -EIO (a synthesized file that cannot be built), -ESTALE (a source file
+ * changed: every one is checked, as a changed source makes the whole view suspect). */
+int ck_fs_open(ck_fs *fs, uint64_t ino, int flags);
+/* Up to size bytes of file ino at off into buf: the count (0 at or past the end), or -ENOENT,
+ * -EINVAL (off < 0), -EISDIR, -EIO, -ESTALE (the sources were checked after reading). */
+ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off);
+
+/* The attribute name of ino, as getxattr(2) answers: its length, copied into buf when size is
+ * not 0; -ERANGE when size is too small, -ENODATA when ino has no such attribute, -ENOENT.
+ * A tensor has user.ckptfs.name, .dtype and .shape (JSON), a value .name and .type. */
+ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *buf, size_t size);
+/* The attribute names of ino, each NUL-terminated, as listxattr(2) answers (same rules). */
+ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size);
+
+/* Blocks of 4096 bytes for the entries and index.json (counting the synthesized files would
+ * build them), one file per node, read-only. */
+void ck_fs_statfs(const ck_fs *fs, struct statvfs *sv);
+
+#endif

@@ -1,0 +1,674 @@
+/* The filesystem core (fs/core.h) without a mount: every operation on every kind of node,
+ * inode numbering, readdir offsets, xattrs, statfs, the errors each one answers, a synthesized
+ * file that cannot be built (EIO, logged once), and source files that change under the view. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "../../fs/core.h"
+#include "../../fs/view.h"
+
+TestSuite(core, .fini = tmp_cleanup);
+
+enum { SRC_LEN = 64, UID = 1234, GID = 5678 };
+
+/* What the core logged: each test runs in its own process, so plain statics do. */
+static int nlogged;
+static char logged[1024];
+
+static void capture(const char *line)
+{
+    nlogged++;
+    snprintf(logged, sizeof logged, "%s", line);
+}
+
+/* The source every test mounts: SRC_LEN bytes, tensors w.a (F32[4] at 0), w.b (U8[2,3] at 16)
+ * and n (I16 scalar at 22), and the value v (int "7\n"). */
+static unsigned char src[SRC_LEN];
+
+static ck_index *sample_index(void)
+{
+    fill_bytes(src, sizeof src, 7);
+    ck_index *ix = index_over(src, sizeof src);
+    add_contig(ix, "w.a", CK_F32, 1, (int64_t[]){4}, 0, 16);
+    add_contig(ix, "w.b", CK_U8, 2, (int64_t[]){2, 3}, 16, 6);
+    add_contig(ix, "n", CK_I16, 0, NULL, 22, 2);
+    ck_error err = {""};
+    cr_assert_not_null(ck_index_add_value(ix, "v", 1, CK_VAL_INT, "7\n", 2, &err), "%s",
+                       err.msg);
+    return ix;
+}
+
+static void init_ok(ck_fs *fs, ck_index *ix)
+{
+    ck_error err = {""};
+    cr_assert_eq(ck_fs_init(fs, ix, UID, GID, capture, &err), 0, "%s", err.msg);
+}
+
+static ck_fs *sample_fs(void)
+{
+    static ck_fs fs;
+    init_ok(&fs, sample_index());
+    return &fs;
+}
+
+/* The inode at path ("a/b", "" for the root), found by lookups from the root; its stat. */
+static uint64_t walk(ck_fs *fs, const char *path, struct stat *st)
+{
+    uint64_t ino = CK_ROOT_INO;
+    cr_assert_eq(ck_fs_getattr(fs, ino, st), 0);
+    while (*path) {
+        const char *slash = strchr(path, '/');
+        size_t len = slash ? (size_t)(slash - path) : strlen(path);
+        const char *name = strf("%.*s", (int)len, path);
+        int rc = ck_fs_lookup(fs, ino, name, st);
+        cr_assert_eq(rc, 0, "lookup of '%s' gave %d", name, rc);
+        ino = st->st_ino;
+        path += len + (slash != NULL);
+    }
+    return ino;
+}
+
+static uint64_t ino_at(ck_fs *fs, const char *path)
+{
+    struct stat st;
+    return walk(fs, path, &st);
+}
+
+/* The whole file ino, read in chunks of `chunk` bytes; its length in *len. */
+static unsigned char *read_all(ck_fs *fs, uint64_t ino, size_t chunk, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *b = malloc(cap);
+    cr_assert_not_null(b);
+    for (;;) {
+        if (n + chunk > cap)
+            cr_assert_not_null(b = realloc(b, cap = 2 * (n + chunk)));
+        ssize_t got = ck_fs_read(fs, ino, (char *)b + n, chunk, (off_t)n);
+        cr_assert_geq(got, 0, "read at %zu gave %zd", n, got);
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    *len = n;
+    return b;
+}
+
+/* --- kinds and attributes ---------------------------------------------------------------- */
+
+Test(core, every_node_has_its_kind)
+{
+    ck_fs *fs = sample_fs();
+    static const struct { const char *path; uint8_t kind; } want[] = {
+        {"", CK_NODE_DIR}, {"w", CK_NODE_DIR}, {".ckptfs", CK_NODE_DIR},
+        {"w/a", CK_NODE_TENSOR}, {"w/b", CK_NODE_TENSOR}, {"n", CK_NODE_TENSOR},
+        {"v", CK_NODE_VALUE}, {".ckptfs/index.json", CK_NODE_MEMFILE},
+        {".ckptfs/checkpoint.pack", CK_NODE_SYNTH},
+        {".ckptfs/checkpoint.safetensors", CK_NODE_SYNTH},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        uint64_t ino = ino_at(fs, want[i].path);
+        cr_assert_eq(ino, tree_find(fs->tree, want[i].path) + 1, "%s", want[i].path);
+        cr_assert_eq(fs->tree->nodes[ino - 1].kind, want[i].kind, "%s", want[i].path);
+    }
+    cr_assert_eq(fs->tree->nnodes, 10);
+    ck_fs_free(fs);
+}
+
+Test(core, directory_attributes)
+{
+    ck_fs *fs = sample_fs();
+    struct stat st;
+    for (int k = 0; k < 3; k++) {
+        const char *path = (const char *[]){"", "w", ".ckptfs"}[k];
+        uint64_t ino = walk(fs, path, &st);
+        cr_assert_eq(st.st_ino, ino);
+        cr_assert_eq(st.st_mode, S_IFDIR | 0555, "%s", path);
+        cr_assert_eq(st.st_nlink, 2);
+        cr_assert_eq(st.st_size, 0);
+        cr_assert_eq(st.st_uid, UID);
+        cr_assert_eq(st.st_gid, GID);
+        cr_assert_eq(st.st_mtim.tv_sec, fs->ix->files[0].mtime.tv_sec);
+        cr_assert_eq(st.st_mtim.tv_nsec, fs->ix->files[0].mtime.tv_nsec);
+    }
+    cr_assert_eq(walk(fs, "", &st), CK_ROOT_INO);
+    ck_fs_free(fs);
+}
+
+Test(core, file_attributes)
+{
+    ck_fs *fs = sample_fs();
+    static const struct { const char *path; off_t size; } want[] = {
+        {"w/a", 16}, {"w/b", 6}, {"n", 2}, {"v", 2},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        struct stat st, again;
+        uint64_t ino = walk(fs, want[i].path, &st);
+        cr_assert_eq(st.st_mode, S_IFREG | 0444, "%s", want[i].path);
+        cr_assert_eq(st.st_nlink, 1);
+        cr_assert_eq(st.st_size, want[i].size, "%s", want[i].path);
+        cr_assert_eq(st.st_blocks, 1);
+        cr_assert_eq(st.st_blksize, 1 << 20);
+        cr_assert_eq(st.st_uid, UID);
+        cr_assert_eq(st.st_gid, GID);
+        cr_assert_eq(st.st_mtim.tv_nsec, fs->ix->files[0].mtime.tv_nsec);
+        cr_assert_eq(ck_fs_getattr(fs, ino, &again), 0);
+        cr_assert_eq(memcmp(&st, &again, sizeof st), 0, "lookup and getattr agree");
+    }
+    struct stat st;
+    walk(fs, ".ckptfs/index.json", &st);
+    cr_assert_eq((size_t)st.st_size, fs->vfile[CK_VFILE_INDEX_JSON].len);
+    cr_assert_eq(st.st_blocks, (st.st_size + 511) / 512);
+    ck_fs_free(fs);
+}
+
+Test(core, tensor_mtime_is_its_files)
+{
+    /* Two source files with distinct mtimes: a tensor of the second shows the second's. */
+    ck_index *ix = sample_index();
+    const char *second = tmp_file("abcd", 4);
+    struct timespec times[2] = {{.tv_sec = 1000000000, .tv_nsec = 5}, {.tv_sec = 1000000000,
+                                                                        .tv_nsec = 5}};
+    cr_assert_eq(utimensat(AT_FDCWD, second, times, 0), 0);
+    ck_error err = {""};
+    int fd = open(second, O_RDONLY | O_CLOEXEC);
+    cr_assert_eq(ck_index_add_file(ix, second, fd, &err), 1, "%s", err.msg);
+    ck_entry *e = add_contig(ix, "t", CK_U8, 1, (int64_t[]){4}, 0, 4);
+    e->ext.file = 1;
+    ck_fs fs;
+    init_ok(&fs, ix);
+    struct stat st;
+    walk(&fs, "t", &st);
+    cr_assert_eq(st.st_mtim.tv_sec, 1000000000);
+    cr_assert_eq(st.st_mtim.tv_nsec, 5);
+    walk(&fs, "v", &st); /* a value, like a directory, has the first file's */
+    cr_assert_eq(st.st_mtim.tv_nsec, ix->files[0].mtime.tv_nsec);
+    ck_fs_free(&fs);
+}
+
+Test(core, unknown_inodes)
+{
+    ck_fs *fs = sample_fs();
+    struct stat st;
+    char buf[64];
+    ck_dirent d;
+    uint64_t bad[] = {0, fs->tree->nnodes + 1, UINT64_MAX};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(ck_fs_getattr(fs, bad[i], &st), -ENOENT);
+        cr_assert_eq(ck_fs_lookup(fs, bad[i], "w", &st), -ENOENT);
+        cr_assert_eq(ck_fs_opendir(fs, bad[i]), -ENOENT);
+        cr_assert_eq(ck_fs_readdir(fs, bad[i], 0, &d), -ENOENT);
+        cr_assert_eq(ck_fs_open(fs, bad[i], O_RDONLY), -ENOENT);
+        cr_assert_eq(ck_fs_read(fs, bad[i], buf, sizeof buf, 0), -ENOENT);
+        cr_assert_eq(ck_fs_getxattr(fs, bad[i], "user.ckptfs.name", buf, sizeof buf), -ENOENT);
+        cr_assert_eq(ck_fs_listxattr(fs, bad[i], buf, sizeof buf), -ENOENT);
+    }
+    cr_assert_eq(ck_fs_getattr(fs, fs->tree->nnodes, &st), 0, "the last inode is there");
+    ck_fs_free(fs);
+}
+
+/* --- lookup, opendir, readdir ------------------------------------------------------------- */
+
+Test(core, lookup_misses_and_non_directories)
+{
+    ck_fs *fs = sample_fs();
+    struct stat st;
+    cr_assert_eq(ck_fs_lookup(fs, CK_ROOT_INO, "nope", &st), -ENOENT);
+    cr_assert_eq(ck_fs_lookup(fs, CK_ROOT_INO, "w.a", &st), -ENOENT); /* names are not paths */
+    cr_assert_eq(ck_fs_lookup(fs, CK_ROOT_INO, "", &st), -ENOENT);
+    cr_assert_eq(ck_fs_lookup(fs, ino_at(fs, "w"), "n", &st), -ENOENT); /* wrong parent */
+    const char *files[] = {"w/a", "v", ".ckptfs/index.json", ".ckptfs/checkpoint.pack"};
+    for (size_t i = 0; i < 4; i++) {
+        uint64_t ino = ino_at(fs, files[i]);
+        cr_assert_eq(ck_fs_lookup(fs, ino, "a", &st), -ENOTDIR, "%s", files[i]);
+        cr_assert_eq(ck_fs_opendir(fs, ino), -ENOTDIR, "%s", files[i]);
+        cr_assert_eq(ck_fs_readdir(fs, ino, 0, &(ck_dirent){0}), -ENOTDIR, "%s", files[i]);
+    }
+    cr_assert_eq(ck_fs_opendir(fs, CK_ROOT_INO), 0);
+    cr_assert_eq(ck_fs_opendir(fs, ino_at(fs, ".ckptfs")), 0);
+    ck_fs_free(fs);
+}
+
+/* Every entry of directory ino from offset off, as "name:ino:d|f" lines. */
+static const char *listing(ck_fs *fs, uint64_t ino, off_t off)
+{
+    const char *s = "";
+    ck_dirent d;
+    int rc;
+    off_t want_next = off < 0 ? 1 : off + 1;
+    while ((rc = ck_fs_readdir(fs, ino, off, &d)) == 1) {
+        cr_assert_eq(d.next, want_next++);
+        s = strf("%s%s:%llu:%c\n", s, d.name, (unsigned long long)d.ino,
+                 d.type == S_IFDIR ? 'd' : 'f');
+        off = d.next;
+    }
+    cr_assert_eq(rc, 0);
+    return s;
+}
+
+Test(core, readdir_offsets)
+{
+    ck_fs *fs = sample_fs();
+    uint64_t w = ino_at(fs, "w"), v = ino_at(fs, ".ckptfs");
+    const char *root = strf(".:1:d\n..:1:d\n.ckptfs:%llu:d\nn:%llu:f\nv:%llu:f\nw:%llu:d\n",
+                            (unsigned long long)v, (unsigned long long)ino_at(fs, "n"),
+                            (unsigned long long)ino_at(fs, "v"), (unsigned long long)w);
+    cr_assert_str_eq(listing(fs, CK_ROOT_INO, 0), root);
+    cr_assert_str_eq(listing(fs, CK_ROOT_INO, -5), root, "a negative offset is the start");
+    /* Resuming at any offset gives the rest. */
+    cr_assert_str_eq(listing(fs, CK_ROOT_INO, 3), strchr(strchr(strchr(root, '\n') + 1, '\n')
+                                                          + 1, '\n') + 1);
+    cr_assert_str_eq(listing(fs, CK_ROOT_INO, 6), "");
+    cr_assert_str_eq(listing(fs, CK_ROOT_INO, 1000), "");
+    cr_assert_str_eq(listing(fs, w, 0),
+                     strf(".:%llu:d\n..:1:d\na:%llu:f\nb:%llu:f\n", (unsigned long long)w,
+                          (unsigned long long)ino_at(fs, "w/a"),
+                          (unsigned long long)ino_at(fs, "w/b")));
+    cr_assert_str_eq(listing(fs, v, 1),
+                     strf("..:1:d\ncheckpoint.pack:%llu:f\ncheckpoint.safetensors:%llu:f\n"
+                          "index.json:%llu:f\n",
+                          (unsigned long long)ino_at(fs, ".ckptfs/checkpoint.pack"),
+                          (unsigned long long)ino_at(fs, ".ckptfs/checkpoint.safetensors"),
+                          (unsigned long long)ino_at(fs, ".ckptfs/index.json")));
+    ck_fs_free(fs);
+}
+
+/* --- open and read ------------------------------------------------------------------------ */
+
+Test(core, open_flags)
+{
+    ck_fs *fs = sample_fs();
+    const char *files[] = {"w/a", "v", ".ckptfs/index.json", ".ckptfs/checkpoint.pack",
+                           ".ckptfs/checkpoint.safetensors"};
+    for (size_t i = 0; i < 5; i++) {
+        uint64_t ino = ino_at(fs, files[i]);
+        cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), 0, "%s", files[i]);
+        cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), 0);
+        cr_assert_eq(ck_fs_open(fs, ino, O_WRONLY), -EROFS, "%s", files[i]);
+        cr_assert_eq(ck_fs_open(fs, ino, O_RDWR), -EROFS);
+        cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY | O_TRUNC), -EROFS);
+    }
+    cr_assert_eq(ck_fs_open(fs, CK_ROOT_INO, O_RDONLY), -EISDIR);
+    cr_assert_eq(ck_fs_open(fs, ino_at(fs, "w"), O_WRONLY), -EISDIR);
+    ck_fs_free(fs);
+}
+
+Test(core, read_tensors_and_values)
+{
+    ck_fs *fs = sample_fs();
+    char buf[64];
+    uint64_t a = ino_at(fs, "w/a"), b = ino_at(fs, "w/b"), n = ino_at(fs, "n");
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), 16);
+    cr_assert_arr_eq(buf, src, 16);
+    cr_assert_eq(ck_fs_read(fs, a, buf, 5, 3), 5);
+    cr_assert_arr_eq(buf, src + 3, 5);
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 15), 1);
+    cr_assert_eq(buf[0], (char)src[15]);
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 16), 0);
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 1000), 0);
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, -1), -EINVAL);
+    cr_assert_eq(ck_fs_read(fs, b, buf, sizeof buf, 0), 6);
+    cr_assert_arr_eq(buf, src + 16, 6);
+    cr_assert_eq(ck_fs_read(fs, n, buf, sizeof buf, 0), 2);
+    cr_assert_arr_eq(buf, src + 22, 2);
+    uint64_t v = ino_at(fs, "v");
+    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 0), 2);
+    cr_assert_arr_eq(buf, "7\n", 2);
+    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 1), 1);
+    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 2), 0);
+    cr_assert_eq(ck_fs_read(fs, CK_ROOT_INO, buf, sizeof buf, 0), -EISDIR);
+    cr_assert_eq(ck_fs_read(fs, ino_at(fs, ".ckptfs"), buf, sizeof buf, 0), -EISDIR);
+    ck_fs_free(fs);
+}
+
+Test(core, read_index_json)
+{
+    ck_fs *fs = sample_fs();
+    uint64_t ino = ino_at(fs, ".ckptfs/index.json");
+    size_t len = 0, want_len = 0;
+    char *want = ck_view_index_json(fs->ix, fs->tree, 0, &want_len);
+    cr_assert_not_null(want);
+    for (size_t chunk = 1; chunk <= 4096; chunk *= 8) {
+        unsigned char *got = read_all(fs, ino, chunk, &len);
+        cr_assert_eq(len, want_len, "chunk %zu", chunk);
+        cr_assert_arr_eq(got, want, len);
+        free(got);
+    }
+    char buf[8];
+    cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, (off_t)want_len + 100), 0);
+    cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, -1), -EINVAL);
+    free(want);
+    ck_fs_free(fs);
+}
+
+/* The synthesized file at path, read through the core, written out and opened again by the
+ * reader of its format: its tensors must hold the source's bytes. */
+static void check_synthesized(const char *path, const char *format)
+{
+    ck_fs *fs = sample_fs();
+    cr_assert_null(fs->vfile[CK_VFILE_PACK].synth, "built before anyone looked");
+    cr_assert_null(fs->vfile[CK_VFILE_SAFETENSORS].synth);
+    struct stat st;
+    uint64_t ino = walk(fs, path, &st);
+    cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), 0);
+    size_t len = 0;
+    unsigned char *bytes = read_all(fs, ino, 100, &len);
+    cr_assert_eq((size_t)st.st_size, len, "%s: stat says %lld, read %zu", path,
+                 (long long)st.st_size, len);
+    ck_index *back = open_ok(tmp_file(bytes, len));
+    cr_assert_str_eq(back->format, format);
+    static const struct { const char *name; size_t at, len; } t[] = {
+        {"w.a", 0, 16}, {"w.b", 16, 6}, {"n", 22, 2}};
+    for (size_t i = 0; i < 3; i++) {
+        const ck_entry *e = ck_index_find(back, t[i].name);
+        cr_assert_not_null(e, "%s: no %s", path, t[i].name);
+        char buf[16];
+        cr_assert_eq(ck_entry_read(back, e, buf, sizeof buf, 0), (ssize_t)t[i].len);
+        cr_assert_arr_eq(buf, src + t[i].at, t[i].len, "%s: %s", path, t[i].name);
+    }
+    cr_assert_eq(nlogged, 0);
+    ck_index_free(back);
+    free(bytes);
+    ck_fs_free(fs);
+}
+
+Test(core, read_checkpoint_pack)
+{
+    check_synthesized(".ckptfs/checkpoint.pack", "pack");
+}
+
+Test(core, read_checkpoint_safetensors)
+{
+    check_synthesized(".ckptfs/checkpoint.safetensors", "safetensors");
+}
+
+/* --- a synthesized file that cannot be built ---------------------------------------------- */
+
+/* Tensors "" and "a": a pack allows the empty name only for its one entry (FORMAT.md). */
+static ck_fs *unpackable_fs(void)
+{
+    static ck_fs fs;
+    fill_bytes(src, sizeof src, 9);
+    ck_index *ix = index_over(src, sizeof src);
+    add_contig(ix, "", CK_F32, 1, (int64_t[]){2}, 0, 8);
+    add_contig(ix, "a", CK_U8, 1, (int64_t[]){3}, 8, 3);
+    init_ok(&fs, ix);
+    return &fs;
+}
+
+Test(core, unbuildable_pack_is_eio_everywhere_and_logged_once)
+{
+    ck_fs *fs = unpackable_fs();
+    uint64_t dir = ino_at(fs, ".ckptfs");
+    uint32_t node = tree_find(fs->tree, ".ckptfs/checkpoint.pack");
+    cr_assert_neq(node, CK_NO_NODE, "still listed");
+    uint64_t ino = node + 1;
+    struct stat st;
+    char buf[64];
+    for (int round = 0; round < 3; round++) {
+        cr_assert_eq(ck_fs_lookup(fs, dir, "checkpoint.pack", &st), -EIO);
+        cr_assert_eq(ck_fs_getattr(fs, ino, &st), -EIO);
+        cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), -EIO);
+        cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), -EIO);
+        cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 1 << 20), -EIO);
+    }
+    cr_assert_eq(nlogged, 1, "logged %d times", nlogged);
+    const char *want = strf("ckptfs: %s: ", fs->ix->files[0].path);
+    cr_assert_eq(strncmp(logged, want, strlen(want)), 0, "%s", logged);
+    cr_assert(strstr(logged, "empty name"), "%s", logged);
+    cr_assert_null(strchr(logged, '\n'));
+    /* The same line `ckpt pack` prints. */
+    ck_synth *sy = NULL;
+    ck_error err = {""};
+    cr_assert_eq(ck_synth_pack(fs->ix, NULL, &sy, &err), -1);
+    cr_assert_str_eq(logged, strf("ckptfs: %s", err.msg));
+    /* Everything else still serves. */
+    cr_assert_eq(ck_fs_open(fs, ino_at(fs, "a"), O_RDONLY), 0);
+    cr_assert_eq(ck_fs_read(fs, ino_at(fs, "a"), buf, sizeof buf, 0), 3);
+    cr_assert_arr_eq(buf, src + 8, 3);
+    cr_assert_eq(ck_fs_read(fs, ino_at(fs, "%"), buf, sizeof buf, 0), 8);
+    cr_assert_arr_eq(buf, src, 8);
+    uint64_t st_ino = walk(fs, ".ckptfs/checkpoint.safetensors", &st);
+    cr_assert_gt(st.st_size, 0);
+    cr_assert_eq(ck_fs_read(fs, st_ino, buf, 8, 0), 8);
+    cr_assert_eq(nlogged, 1);
+    ck_fs_free(fs);
+}
+
+Test(core, unbuildable_without_a_log)
+{
+    ck_fs fs;
+    fill_bytes(src, sizeof src, 9);
+    ck_index *ix = index_over(src, sizeof src);
+    add_contig(ix, "", CK_U8, 0, NULL, 0, 1);
+    add_contig(ix, "b", CK_U8, 0, NULL, 1, 1);
+    ck_error err = {""};
+    cr_assert_eq(ck_fs_init(&fs, ix, UID, GID, NULL, &err), 0, "%s", err.msg);
+    struct stat st;
+    cr_assert_eq(ck_fs_getattr(&fs, tree_find(fs.tree, ".ckptfs/checkpoint.pack") + 1, &st),
+                 -EIO);
+    ck_fs_free(&fs);
+}
+
+/* --- xattrs ------------------------------------------------------------------------------- */
+
+static void expect_xattr(ck_fs *fs, const char *path, const char *name, const char *value)
+{
+    uint64_t ino = ino_at(fs, path);
+    size_t n = strlen(value);
+    char buf[256];
+    cr_assert_eq(ck_fs_getxattr(fs, ino, name, NULL, 0), (ssize_t)n, "%s %s", path, name);
+    memset(buf, 'Z', sizeof buf);
+    cr_assert_eq(ck_fs_getxattr(fs, ino, name, buf, n), (ssize_t)n, "exact size");
+    cr_assert_arr_eq(buf, value, n);
+    cr_assert_eq(buf[n], 'Z', "nothing written past it");
+    cr_assert_eq(ck_fs_getxattr(fs, ino, name, buf, sizeof buf), (ssize_t)n);
+    if (n > 1) /* size 0 asks for the length */
+        cr_assert_eq(ck_fs_getxattr(fs, ino, name, buf, n - 1), -ERANGE, "%s %s", path, name);
+}
+
+Test(core, getxattr)
+{
+    ck_fs *fs = sample_fs();
+    expect_xattr(fs, "w/a", "user.ckptfs.name", "w.a");
+    expect_xattr(fs, "w/a", "user.ckptfs.dtype", "F32");
+    expect_xattr(fs, "w/a", "user.ckptfs.shape", "[4]");
+    expect_xattr(fs, "w/b", "user.ckptfs.shape", "[2,3]");
+    expect_xattr(fs, "n", "user.ckptfs.shape", "[]");
+    expect_xattr(fs, "n", "user.ckptfs.dtype", "I16");
+    expect_xattr(fs, "v", "user.ckptfs.name", "v");
+    expect_xattr(fs, "v", "user.ckptfs.type", "int");
+    char buf[64];
+    struct { const char *path, *name; } none[] = {
+        {"w/a", "user.ckptfs.type"}, {"v", "user.ckptfs.dtype"}, {"v", "user.ckptfs.shape"},
+        {"w/a", "user.other"}, {"w/a", "user.ckptfs.nam"}, {"w/a", ""},
+        {"", "user.ckptfs.name"}, {"w", "user.ckptfs.name"},
+        {".ckptfs/index.json", "user.ckptfs.name"},
+        {".ckptfs/checkpoint.pack", "user.ckptfs.name"},
+    };
+    for (size_t i = 0; i < sizeof none / sizeof *none; i++) {
+        uint64_t ino = ino_at(fs, none[i].path);
+        cr_assert_eq(ck_fs_getxattr(fs, ino, none[i].name, buf, sizeof buf), -ENODATA,
+                     "%s %s", none[i].path, none[i].name);
+        cr_assert_eq(ck_fs_getxattr(fs, ino, none[i].name, NULL, 0), -ENODATA);
+    }
+    ck_fs_free(fs);
+}
+
+Test(core, getxattr_long_name_and_shape)
+{
+    /* A name of 5000 bytes and a rank-64 shape of 20-digit dims come back whole. */
+    char *name = malloc(5001);
+    cr_assert_not_null(name);
+    memset(name, 'x', 5000);
+    name[5000] = 0;
+    int64_t dims[CK_MAX_RANK];
+    for (int d = 0; d < CK_MAX_RANK; d++)
+        dims[d] = d ? 1 : INT64_MAX;
+    fill_bytes(src, sizeof src, 3);
+    ck_index *ix = index_over(src, sizeof src);
+    add_contig(ix, name, CK_U8, CK_MAX_RANK, dims, 0, 1); /* nbytes need not match here */
+    ck_fs fs;
+    init_ok(&fs, ix);
+    uint64_t ino = fs.tree->entry_node[0] + 1;
+    char *buf = malloc(6000);
+    cr_assert_not_null(buf);
+    cr_assert_eq(ck_fs_getxattr(&fs, ino, "user.ckptfs.name", buf, 6000), 5000);
+    cr_assert_arr_eq(buf, name, 5000);
+    char want[2048];
+    size_t n = ck_view_shape_json(&ix->entries[0], want, sizeof want);
+    cr_assert_lt(n, sizeof want);
+    cr_assert_eq(ck_fs_getxattr(&fs, ino, "user.ckptfs.shape", NULL, 0), (ssize_t)n);
+    cr_assert_eq(ck_fs_getxattr(&fs, ino, "user.ckptfs.shape", buf, n), (ssize_t)n);
+    cr_assert_arr_eq(buf, want, n);
+    cr_assert_eq(strncmp(buf, "[9223372036854775807,1,1,", 25), 0);
+    free(buf);
+    free(name);
+    ck_fs_free(&fs);
+}
+
+Test(core, listxattr)
+{
+    ck_fs *fs = sample_fs();
+    static const char tensor[] = "user.ckptfs.name\0user.ckptfs.dtype\0user.ckptfs.shape";
+    static const char value[] = "user.ckptfs.name\0user.ckptfs.type";
+    char buf[256];
+    uint64_t a = ino_at(fs, "w/a"), v = ino_at(fs, "v");
+    cr_assert_eq(ck_fs_listxattr(fs, a, NULL, 0), (ssize_t)sizeof tensor);
+    cr_assert_eq(ck_fs_listxattr(fs, a, buf, sizeof tensor), (ssize_t)sizeof tensor);
+    cr_assert_arr_eq(buf, tensor, sizeof tensor);
+    cr_assert_eq(ck_fs_listxattr(fs, a, buf, sizeof tensor - 1), -ERANGE);
+    cr_assert_eq(ck_fs_listxattr(fs, v, buf, sizeof buf), (ssize_t)sizeof value);
+    cr_assert_arr_eq(buf, value, sizeof value);
+    cr_assert_eq(ck_fs_listxattr(fs, v, buf, 1), -ERANGE);
+    const char *bare[] = {"", "w", ".ckptfs", ".ckptfs/index.json", ".ckptfs/checkpoint.pack"};
+    for (size_t i = 0; i < 5; i++) {
+        cr_assert_eq(ck_fs_listxattr(fs, ino_at(fs, bare[i]), NULL, 0), 0, "%s", bare[i]);
+        cr_assert_eq(ck_fs_listxattr(fs, ino_at(fs, bare[i]), buf, sizeof buf), 0);
+    }
+    ck_fs_free(fs);
+}
+
+/* --- statfs ------------------------------------------------------------------------------- */
+
+Test(core, statfs)
+{
+    ck_fs *fs = sample_fs();
+    struct statvfs sv;
+    ck_fs_statfs(fs, &sv);
+    uint64_t bytes = 16 + 6 + 2 + 2 + fs->vfile[CK_VFILE_INDEX_JSON].len;
+    cr_assert_eq(sv.f_bsize, 4096);
+    cr_assert_eq(sv.f_frsize, 4096);
+    cr_assert_eq(sv.f_blocks, (bytes + 4095) / 4096);
+    cr_assert_eq(sv.f_bfree, 0);
+    cr_assert_eq(sv.f_bavail, 0);
+    cr_assert_eq(sv.f_files, fs->tree->nnodes);
+    cr_assert_eq(sv.f_ffree, 0);
+    cr_assert_eq(sv.f_namemax, CK_NAME_MAX);
+    cr_assert_eq(sv.f_flag, ST_RDONLY);
+    cr_assert_null(fs->vfile[CK_VFILE_PACK].synth, "statfs built the pack");
+    cr_assert_null(fs->vfile[CK_VFILE_SAFETENSORS].synth);
+    ck_fs_free(fs);
+}
+
+/* --- when the source changes ------------------------------------------------------------- */
+
+Test(core, modified_source_is_eio_on_read_estale_on_open)
+{
+    ck_fs *fs = sample_fs();
+    uint64_t a = ino_at(fs, "w/a"), pack = ino_at(fs, ".ckptfs/checkpoint.pack");
+    uint64_t json = ino_at(fs, ".ckptfs/index.json"), v = ino_at(fs, "v");
+    char buf[64];
+    cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), 0);
+    /* Another size: the mtime alone may not move within the clock's granularity. */
+    unsigned char other[SRC_LEN + 1] = {0};
+    tmp_rewrite(fs->ix->files[0].path, other, sizeof other);
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -EIO);
+    cr_assert_eq(ck_fs_read(fs, pack, buf, sizeof buf, 0), -EIO);
+    for (uint64_t ino = 1; ino <= fs->tree->nnodes; ino++)
+        if (fs->tree->nodes[ino - 1].kind != CK_NODE_DIR)
+            cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), -ESTALE, "inode %llu",
+                         (unsigned long long)ino);
+    /* What lives in memory keeps reading. */
+    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 0), 2);
+    cr_assert_gt(ck_fs_read(fs, json, buf, sizeof buf, 0), 0);
+    ck_fs_free(fs);
+}
+
+Test(core, replaced_or_removed_source_is_estale)
+{
+    ck_fs *fs = sample_fs();
+    uint64_t a = ino_at(fs, "w/a"), st_file = ino_at(fs, ".ckptfs/checkpoint.safetensors");
+    const char *path = fs->ix->files[0].path;
+    char buf[64];
+    /* Renamed over: our descriptor still holds the old, intact inode. */
+    cr_assert_eq(rename(tmp_file(src, sizeof src), path), 0);
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -ESTALE);
+    cr_assert_eq(ck_fs_read(fs, st_file, buf, sizeof buf, 0), -ESTALE);
+    cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), -ESTALE);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -ESTALE);
+    cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), -ESTALE);
+    ck_fs_free(fs);
+}
+
+Test(core, relative_source_checked_from_anywhere)
+{
+    /* A SOURCE given relative to the working directory is still found after a chdir("/"), as
+     * the daemon does. */
+    const char *dir = tmp_dir();
+    st_file_in(dir, "m.safetensors", strf("{%s}", st_tensor("t", "U8", "[3]", 0, 3)), "xyz", 3);
+    char cwd[4096];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    cr_assert_eq(chdir(dir), 0);
+    ck_index *ix = open_ok("m.safetensors");
+    ck_fs fs;
+    init_ok(&fs, ix);
+    cr_assert_eq(chdir("/"), 0);
+    cr_assert_str_eq(fs.src_path[0], strf("%s/m.safetensors", dir));
+    uint64_t t = ino_at(&fs, "t");
+    char buf[8];
+    cr_assert_eq(ck_fs_open(&fs, t, O_RDONLY), 0);
+    cr_assert_eq(ck_fs_read(&fs, t, buf, sizeof buf, 0), 3);
+    cr_assert_arr_eq(buf, "xyz", 3);
+    cr_assert_eq(chdir(cwd), 0);
+    ck_fs_free(&fs);
+}
+
+/* --- init -------------------------------------------------------------------------------- */
+
+Test(core, init_failure_frees_the_index)
+{
+    /* Two entries with one path: the tree cannot be built. The index is freed with the rest
+     * (valgrind and ASan's leak check see it), and the fs is left zeroed. */
+    fill_bytes(src, sizeof src, 5);
+    ck_index *ix = index_over(src, sizeof src);
+    add_contig(ix, "a.b", CK_U8, 0, NULL, 0, 1);
+    add_contig(ix, "a.b", CK_U8, 0, NULL, 1, 1);
+    const char *path = strf("%s", ix->files[0].path);
+    ck_fs fs;
+    memset(&fs, 0x5a, sizeof fs);
+    ck_error err = {""};
+    cr_assert_eq(ck_fs_init(&fs, ix, UID, GID, capture, &err), -1);
+    assert_error(&err, path, "tensors 'a.b' and 'a.b' map to one path");
+    cr_assert_null(fs.ix);
+    cr_assert_null(fs.tree);
+    cr_assert_null(fs.src_path);
+    ck_fs_free(&fs); /* a zeroed fs is fine */
+    cr_assert_eq(nlogged, 0);
+}
+
+Test(core, mount_files_table)
+{
+    cr_assert_str_eq(ck_vfiles[CK_VFILE_INDEX_JSON].name, "index.json");
+    cr_assert_eq(ck_vfiles[CK_VFILE_INDEX_JSON].kind, CK_NODE_MEMFILE);
+    cr_assert_str_eq(ck_vfiles[CK_VFILE_PACK].name, "checkpoint.pack");
+    cr_assert_eq(ck_vfiles[CK_VFILE_PACK].kind, CK_NODE_SYNTH);
+    cr_assert_str_eq(ck_vfiles[CK_VFILE_SAFETENSORS].name, "checkpoint.safetensors");
+    cr_assert_eq(ck_vfiles[CK_VFILE_SAFETENSORS].kind, CK_NODE_SYNTH);
+}
