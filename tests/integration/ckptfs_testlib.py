@@ -4,6 +4,8 @@ Everything "expected" in these tests comes from an independent reader (the safet
 torch, numpy) or from bytes a test wrote itself; nothing here knows what ckptfs prints.
 """
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import shutil
@@ -23,6 +25,16 @@ CORPUS = Path("/work/shared/corpus")
 MOUNT_TIMEOUT = 30  # seconds for ckptfs to parse SOURCE and mount (or refuse)
 
 assert sys.byteorder == "little", "these tests compare against little-endian host arrays"
+
+# XXH3-64 (seed 0) from the system libxxhash: the hash FORMAT.md and fs/tree.h name, computed by a
+# library ckptfs does not build.
+_xx = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+_xx.XXH3_64bits.restype = ctypes.c_uint64
+_xx.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def xxh3(b):
+    return _xx.XXH3_64bits(bytes(b), len(b))
 
 
 def build_dir():

@@ -3,8 +3,6 @@ the mount, names recoverable from the xattr, and the escapes as fs/tree.h specif
 
 The expected paths are computed here from the rules written in fs/tree.h (an independent
 implementation in Python; the over-long-name hash comes from the system libxxhash)."""
-import ctypes
-import ctypes.util
 import json
 import os
 import re
@@ -14,16 +12,7 @@ import pytest
 import safetensors.numpy
 
 from ckptfs_testlib import (VIRTUAL_FILES, check_mount, ckpt_bin, library_view, read_index, run,
-                            write_safetensors)
-
-_xx = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
-_xx.XXH3_64bits.restype = ctypes.c_uint64
-_xx.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-
-
-def xxh3(b):
-    return _xx.XXH3_64bits(b, len(b))
-
+                            write_safetensors, xxh3)
 
 def escape_piece(piece, limit=255):
     """One '.'-free piece of a name (bytes) -> its path component, per fs/tree.h; `limit` is

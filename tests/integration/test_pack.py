@@ -1,8 +1,6 @@
 """The pack: `ckpt pack` from every source kind, the mount's virtual checkpoint.pack (byte for
 byte what ckpt pack writes) and checkpoint.safetensors (read by the safetensors library), and
 `ckpt verify`. Expected values come from torch.load and the safetensors library."""
-import ctypes
-import ctypes.util
 import errno
 import json
 import os
@@ -18,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ckptfs_testlib import (DTYPE_NAMES, assert_refused, check_torch_mount, ckpt_bin, library_view,
-                            read_index, run, torch_bytes)
+                            read_index, run, torch_bytes, xxh3)
 from test_torch import training_checkpoint, views
 
 
@@ -259,11 +257,6 @@ def test_a_corrupt_index_is_refused_at_open(tmp_path):
 
 # --- a layout that breaks FORMAT.md ------------------------------------------------------------
 
-_xx = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
-_xx.XXH3_64bits.restype = ctypes.c_uint64
-_xx.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-
-
 def blob_table(data):
     """File offset of a pack's blob table, read as FORMAT.md says (nothing from ckptfs)."""
     nmeta = struct.unpack_from("<I", data, 64 + 16)[0]
@@ -294,7 +287,7 @@ def blob_fields(data):
 
 def fix_index_xxh3(data):
     index = bytes(data[64:64 + struct.unpack_from("<Q", data, 24)[0]])
-    struct.pack_into("<Q", data, 56, _xx.XXH3_64bits(index, len(index)))
+    struct.pack_into("<Q", data, 56, xxh3(index))
 
 
 def two_tensor_pack(tmp_path):
