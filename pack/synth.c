@@ -440,29 +440,13 @@ static int set_trailer(ck_synth *sy, const uint64_t *sums)
     return 0;
 }
 
-uint32_t ck_synth_nblobs(const ck_synth *sy)
-{
-    return sy->nblobs;
-}
-
-const ck_entry *ck_synth_blob_entry(const ck_synth *sy, uint32_t b)
-{
-    return &sy->ix->entries[sy->blob_entry[b]];
-}
-
-int ck_synth_checksums(ck_synth *sy, uint64_t *sums, ck_progress progress, void *ctx)
+/* Every blob's XXH3-64, from the data: one pass. 0, or -errno. */
+static int blob_checksums(const ck_synth *sy, uint64_t *sums)
 {
     unsigned char *buf = malloc(IO_CHUNK);
     int rc = buf ? 0 : -ENOMEM;
-    uint64_t done = 0, total = 0;
-    for (uint32_t b = 0; b < sy->nblobs; b++)
-        total += ck_synth_blob_entry(sy, b)->nbytes;
-    for (uint32_t b = 0; b < sy->nblobs && rc == 0; b++) {
+    for (uint32_t b = 0; b < sy->nblobs && rc == 0; b++)
         rc = hash_blob(sy, b, buf, &sums[b]);
-        done += ck_synth_blob_entry(sy, b)->nbytes;
-        if (rc == 0 && progress && progress(ctx, done, total))
-            rc = -ECANCELED;
-    }
     free(buf);
     return rc;
 }
@@ -474,7 +458,7 @@ static int ensure_trailer(ck_synth *sy)
     int rc = 0;
     if (!sy->trailer) {
         uint64_t *sums = malloc((sy->nblobs ? sy->nblobs : 1) * sizeof *sums);
-        rc = sums ? ck_synth_checksums(sy, sums, NULL, NULL) : -ENOMEM;
+        rc = sums ? blob_checksums(sy, sums) : -ENOMEM;
         if (rc == 0)
             rc = set_trailer(sy, sums);
         free(sums);

@@ -44,12 +44,6 @@ typedef int (*ck_progress)(void *ctx, uint64_t done, uint64_t total);
 /* Writes the whole file to fd from its current position. 0, or -errno. */
 int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx);
 
-/* Pack only: how many blobs it has, the entry whose bytes blob b holds, and every blob's
- * XXH3-64 computed from the data (one pass; progress as for writing). 0, or -errno. */
-uint32_t ck_synth_nblobs(const ck_synth *sy);
-const ck_entry *ck_synth_blob_entry(const ck_synth *sy, uint32_t b);
-int ck_synth_checksums(ck_synth *sy, uint64_t *sums, ck_progress progress, void *ctx);
-
 /* Whether name (len bytes) is selected by only: NULL selects all; else a name that equals only
  * or continues it with '.', or that matches it as a glob (fnmatch). */
 int ck_name_selected(const char *name, size_t len, const char *only);
