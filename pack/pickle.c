@@ -17,6 +17,10 @@
  *  - A dict keeps every key in SETITEM order; a key set twice appears twice (Python keeps the
  *    last value; torch never writes that). A list, set or dict as a key is refused, as Python
  *    refuses it.
+ *
+ * Here: the VM and what REDUCE builds (the torch reducers). The opcode list and the globals it
+ * allows or refuses are tables in pickle_policy.c; protocol 0's text arguments are decoded in
+ * pickle_text.c; UTF-8 is utf8.c's.
  */
 #include "pickle.h"
 
@@ -505,7 +509,7 @@ static int memo_store_top(vm *v, uint64_t key)
     return memo_put(v, key, top(v));
 }
 
-/* --- text arguments (protocol 0), strings ---------------------------------------------- */
+/* --- strings and text arguments -------------------------------------------------------- */
 
 static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
 {
