@@ -161,40 +161,6 @@ int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error
     return 0;
 }
 
-size_t ck_utf8_invalid_at(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            k = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            k = 2;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
-        if (i + k >= n)
-            return i;
-        for (size_t j = 1; j <= k; j++) {
-            unsigned b = s[i + j];
-            if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xBF))
-                return i;
-        }
-        i += k + 1;
-    }
-    return n;
-}
-
 const ck_entry *ck_index_find(const ck_index *ix, const char *name)
 {
     size_t n = strlen(name);

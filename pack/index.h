@@ -21,6 +21,7 @@
 #include "arena.h"
 #include "dtype.h"
 #include "error.h"
+#include "utf8.h" /* ck_utf8_invalid_at, which every reader asks of names */
 
 enum ck_entry_kind { CK_TENSOR = 0, CK_VALUE = 1 };
 
@@ -128,9 +129,6 @@ const char *ck_value_type_name(enum ck_value_type t);
 void *ck_index_alloc(ck_index *ix, size_t n);
 char *ck_index_strndup(ck_index *ix, const char *s, size_t n);
 
-/* Offset of the first byte of s (n bytes) that breaks UTF-8 (overlong forms, surrogates and
- * code points past U+10FFFF included), or n when all of it is valid. */
-size_t ck_utf8_invalid_at(const unsigned char *s, size_t n);
 /* Product of dims times the dtype's bits, in bytes. -1 on overflow, a negative dim, or a
  * sub-byte dtype whose element count does not fill whole bytes. */
 int ck_tensor_nbytes(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint64_t *nbytes);

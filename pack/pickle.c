@@ -17,6 +17,10 @@
  *  - A dict keeps every key in SETITEM order; a key set twice appears twice (Python keeps the
  *    last value; torch never writes that). A list, set or dict as a key is refused, as Python
  *    refuses it.
+ *
+ * Here: the VM and what REDUCE builds (the torch reducers). The opcode list and the globals it
+ * allows or refuses are tables in pickle_policy.c; protocol 0's text arguments are decoded in
+ * pickle_text.c; UTF-8 is utf8.c's.
  */
 #include "pickle.h"
 
@@ -28,7 +32,11 @@
 #include <time.h>
 #include <xxhash.h>
 
+#include "bytes.h"
 #include "index.h" /* CK_MAX_RANK */
+#include "pickle_policy.h"
+#include "pickle_text.h"
+#include "utf8.h"
 
 const pk_limits pk_default_limits = {
     .max_stack = 1000000,
@@ -92,130 +100,6 @@ const char *pk_type_name(enum pk_type t)
     return (unsigned)t < sizeof names / sizeof *names ? names[t] : "?";
 }
 
-/* --- opcodes --------------------------------------------------------------------------- */
-
-static const char *const opnames[256] = {
-    ['('] = "MARK", ['.'] = "STOP", ['0'] = "POP", ['1'] = "POP_MARK", ['2'] = "DUP",
-    ['F'] = "FLOAT", ['I'] = "INT", ['J'] = "BININT", ['K'] = "BININT1", ['L'] = "LONG",
-    ['M'] = "BININT2", ['N'] = "NONE", ['P'] = "PERSID", ['Q'] = "BINPERSID", ['R'] = "REDUCE",
-    ['S'] = "STRING", ['T'] = "BINSTRING", ['U'] = "SHORT_BINSTRING", ['V'] = "UNICODE",
-    ['X'] = "BINUNICODE", ['a'] = "APPEND", ['b'] = "BUILD", ['c'] = "GLOBAL", ['d'] = "DICT",
-    ['}'] = "EMPTY_DICT", ['e'] = "APPENDS", ['g'] = "GET", ['h'] = "BINGET", ['i'] = "INST",
-    ['j'] = "LONG_BINGET", ['l'] = "LIST", [']'] = "EMPTY_LIST", ['o'] = "OBJ", ['p'] = "PUT",
-    ['q'] = "BINPUT", ['r'] = "LONG_BINPUT", ['s'] = "SETITEM", ['t'] = "TUPLE",
-    [')'] = "EMPTY_TUPLE", ['u'] = "SETITEMS", ['G'] = "BINFLOAT", ['B'] = "BINBYTES",
-    ['C'] = "SHORT_BINBYTES", [0x80] = "PROTO", [0x81] = "NEWOBJ", [0x82] = "EXT1",
-    [0x83] = "EXT2", [0x84] = "EXT4", [0x85] = "TUPLE1", [0x86] = "TUPLE2", [0x87] = "TUPLE3",
-    [0x88] = "NEWTRUE", [0x89] = "NEWFALSE", [0x8a] = "LONG1", [0x8b] = "LONG4",
-    [0x8c] = "SHORT_BINUNICODE", [0x8d] = "BINUNICODE8", [0x8e] = "BINBYTES8",
-    [0x8f] = "EMPTY_SET", [0x90] = "ADDITEMS", [0x91] = "FROZENSET", [0x92] = "NEWOBJ_EX",
-    [0x93] = "STACK_GLOBAL", [0x94] = "MEMOIZE", [0x95] = "FRAME", [0x96] = "BYTEARRAY8",
-    [0x97] = "NEXT_BUFFER", [0x98] = "READONLY_BUFFER",
-};
-
-/* --- allowed globals ------------------------------------------------------------------- */
-
-typedef struct allowed {
-    const char *module, *name, *full;
-    uint8_t which, dtype;
-} allowed;
-
-#define G(m, n, w, d) {m, n, m "." n, w, d}
-static const allowed allowlist[] = {
-    G("torch._utils", "_rebuild_tensor", PKG_REBUILD_TENSOR, 0),
-    G("torch._utils", "_rebuild_tensor_v2", PKG_REBUILD_TENSOR_V2, 0),
-    G("torch._utils", "_rebuild_tensor_v3", PKG_REBUILD_TENSOR_V3, 0),
-    G("torch._utils", "_rebuild_parameter", PKG_REBUILD_PARAMETER, 0),
-    G("torch._utils", "_rebuild_parameter_with_state", PKG_REBUILD_PARAMETER_STATE, 0),
-    G("collections", "OrderedDict", PKG_ORDERED_DICT, 0),
-    G("torch", "Size", PKG_TORCH_SIZE, 0),
-    G("_codecs", "encode", PKG_CODECS_ENCODE, 0),
-    /* Protocols < 3 write b'' as bytes(); fix_imports spells builtins as __builtin__. */
-    G("builtins", "bytes", PKG_BYTES, 0),
-    G("__builtin__", "bytes", PKG_BYTES, 0),
-    G("torch", "device", PKG_DEVICE, 0),
-    G("torch", "DoubleStorage", PKG_STORAGE_CLASS, CK_F64),
-    G("torch", "FloatStorage", PKG_STORAGE_CLASS, CK_F32),
-    G("torch", "HalfStorage", PKG_STORAGE_CLASS, CK_F16),
-    G("torch", "BFloat16Storage", PKG_STORAGE_CLASS, CK_BF16),
-    G("torch", "LongStorage", PKG_STORAGE_CLASS, CK_I64),
-    G("torch", "IntStorage", PKG_STORAGE_CLASS, CK_I32),
-    G("torch", "ShortStorage", PKG_STORAGE_CLASS, CK_I16),
-    G("torch", "CharStorage", PKG_STORAGE_CLASS, CK_I8),
-    G("torch", "ByteStorage", PKG_STORAGE_CLASS, CK_U8),
-    G("torch", "BoolStorage", PKG_STORAGE_CLASS, CK_BOOL),
-    G("torch", "ComplexFloatStorage", PKG_STORAGE_CLASS, CK_C64),
-    G("torch", "ComplexDoubleStorage", PKG_STORAGE_CLASS, CK_C128),
-    G("torch", "UntypedStorage", PKG_STORAGE_CLASS, PK_DTYPE_BYTES),
-    G("torch.storage", "UntypedStorage", PKG_STORAGE_CLASS, PK_DTYPE_BYTES),
-    G("torch", "float64", PKG_DTYPE, CK_F64),
-    G("torch", "double", PKG_DTYPE, CK_F64),
-    G("torch", "float32", PKG_DTYPE, CK_F32),
-    G("torch", "float", PKG_DTYPE, CK_F32),
-    G("torch", "float16", PKG_DTYPE, CK_F16),
-    G("torch", "half", PKG_DTYPE, CK_F16),
-    G("torch", "bfloat16", PKG_DTYPE, CK_BF16),
-    G("torch", "int64", PKG_DTYPE, CK_I64),
-    G("torch", "long", PKG_DTYPE, CK_I64),
-    G("torch", "int32", PKG_DTYPE, CK_I32),
-    G("torch", "int", PKG_DTYPE, CK_I32),
-    G("torch", "int16", PKG_DTYPE, CK_I16),
-    G("torch", "short", PKG_DTYPE, CK_I16),
-    G("torch", "int8", PKG_DTYPE, CK_I8),
-    G("torch", "uint8", PKG_DTYPE, CK_U8),
-    G("torch", "uint16", PKG_DTYPE, CK_U16),
-    G("torch", "uint32", PKG_DTYPE, CK_U32),
-    G("torch", "uint64", PKG_DTYPE, CK_U64),
-    G("torch", "bool", PKG_DTYPE, CK_BOOL),
-    G("torch", "complex64", PKG_DTYPE, CK_C64),
-    G("torch", "cfloat", PKG_DTYPE, CK_C64),
-    G("torch", "complex128", PKG_DTYPE, CK_C128),
-    G("torch", "cdouble", PKG_DTYPE, CK_C128),
-    G("torch", "complex32", PKG_DTYPE, CK_C32),
-    G("torch", "chalf", PKG_DTYPE, CK_C32),
-    G("torch", "float8_e4m3fn", PKG_DTYPE, CK_F8_E4M3),
-    G("torch", "float8_e5m2", PKG_DTYPE, CK_F8_E5M2),
-    G("torch", "float8_e4m3fnuz", PKG_DTYPE, CK_F8_E4M3FNUZ),
-    G("torch", "float8_e5m2fnuz", PKG_DTYPE, CK_F8_E5M2FNUZ),
-    G("torch", "float8_e8m0fnu", PKG_DTYPE, CK_F8_E8M0),
-};
-
-/* Globals that build tensors this reader cannot show: refused with a message that says what
- * kind of tensor, not just "refused". A NULL name matches any name starting with "_rebuild_". */
-static const struct {
-    const char *module, *name, *kind;
-} unsupported[] = {
-    {"torch._utils", "_rebuild_qtensor", "quantized"},
-    {"torch._utils", "_rebuild_sparse_tensor", "sparse"},
-    {"torch._utils", "_rebuild_sparse_csr_tensor", "sparse"},
-    {"torch._utils", "_rebuild_nested_tensor", "nested"},
-    {"torch._utils", "_rebuild_wrapper_subclass", "tensor-subclass"},
-    {"torch._utils", "_rebuild_device_tensor_from_numpy", "numpy-backed"},
-    {"torch._utils", "_rebuild_device_tensor_from_cpu_tensor", "device-specific"},
-    {"torch._utils", "_rebuild_meta_tensor_no_storage", "meta"},
-    {"torch._utils", "_rebuild_xla_tensor", "XLA"},
-    {"torch._utils", "_rebuild_mlc_tensor", "MLC"},
-    {"torch._utils", NULL, "such"},
-    {"torch._tensor", "_rebuild_from_type", "tensor-subclass"},
-    {"torch._tensor", "_rebuild_from_type_v2", "tensor-subclass"},
-    {"torch.serialization", "_get_layout", "sparse"},
-    {"torch", "sparse_coo", "sparse"},
-    {"torch", "sparse_csr", "sparse"},
-    {"torch", "sparse_csc", "sparse"},
-    {"torch", "sparse_bsr", "sparse"},
-    {"torch", "sparse_bsc", "sparse"},
-    {"torch", "QInt8Storage", "quantized"},
-    {"torch", "QUInt8Storage", "quantized"},
-    {"torch", "QInt32Storage", "quantized"},
-    {"torch", "QUInt4x2Storage", "quantized"},
-    {"torch", "QUInt2x4Storage", "quantized"},
-    {"torch", "qint8", "quantized"},
-    {"torch", "quint8", "quantized"},
-    {"torch", "qint32", "quantized"},
-    {"torch", "quint4x2", "quantized"},
-    {"torch", "quint2x4", "quantized"},
-};
-
 /* --- the machine ----------------------------------------------------------------------- */
 
 typedef struct memo_slot {
@@ -271,7 +155,8 @@ static unsigned long long at(const vm *v)
 
 static const char *opname(const vm *v)
 {
-    return opnames[v->opcode] ? opnames[v->opcode] : "?";
+    const char *name = pk_opcode_name(v->opcode);
+    return name ? name : "?";
 }
 
 /* Sets the error to the message, then " (byte N)" with the running opcode's file offset. */
@@ -305,15 +190,13 @@ static const unsigned char *take(vm *v, uint64_t n, const char *what)
     return p;
 }
 
-/* An n-byte little-endian unsigned integer. */
+/* An n-byte little-endian unsigned integer, n 1, 2, 4 or 8. */
 static int take_uint(vm *v, unsigned n, const char *what, uint64_t *out)
 {
     const unsigned char *p = take(v, n, what);
     if (!p)
         return -1;
-    *out = 0;
-    for (unsigned i = n; i-- > 0;)
-        *out = *out << 8 | p[i];
+    *out = n == 1 ? p[0] : n == 2 ? get_le16(p) : n == 4 ? get_le32(p) : get_le64(p);
     return 0;
 }
 
@@ -626,38 +509,11 @@ static int memo_store_top(vm *v, uint64_t key)
     return memo_put(v, key, top(v));
 }
 
-/* --- text arguments (protocol 0) ------------------------------------------------------- */
-
-/* An optionally signed decimal integer filling s[0..n): 0; -1 when it is not one; -2 when it
- * does not fit in 64 bits. */
-static int parse_int64(const unsigned char *s, size_t n, int64_t *out)
-{
-    size_t i = 0;
-    int neg = 0;
-    if (i < n && (s[i] == '-' || s[i] == '+'))
-        neg = s[i++] == '-';
-    if (i == n)
-        return -1;
-    uint64_t u = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-    int big = 0;
-    for (; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        unsigned d = s[i] - '0';
-        if (u > (lim - d) / 10)
-            big = 1;
-        else
-            u = u * 10 + d;
-    }
-    if (big)
-        return -2;
-    *out = neg ? (int64_t)(0 - u) : (int64_t)u;
-    return 0;
-}
+/* --- strings and text arguments -------------------------------------------------------- */
 
 static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
 {
-    int rc = parse_int64(s, n, out);
+    int rc = pk_text_int(s, n, out);
     if (rc == -2)
         return fail(v, "%s: integer %.*s does not fit in 64 bits", opname(v),
                     (int)(n > 40 ? 40 : n), (const char *)s);
@@ -667,183 +523,35 @@ static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
     return 0;
 }
 
-/* The code point at s[*i], advancing *i; -1 when the bytes there are not UTF-8. Encoded
- * surrogates are accepted: Python pickles str with 'surrogatepass'. */
-static long utf8_next(const unsigned char *s, size_t n, size_t *i)
-{
-    unsigned c = s[*i];
-    size_t k;
-    unsigned lo = 0x80, hi = 0xBF;
-    long cp;
-    if (c < 0x80) {
-        ++*i;
-        return c;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-        k = 1, cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        k = 2, cp = c & 0x0F;
-        if (c == 0xE0)
-            lo = 0xA0;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        k = 3, cp = c & 0x07;
-        if (c == 0xF0)
-            lo = 0x90;
-        if (c == 0xF4)
-            hi = 0x8F;
-    } else {
-        return -1;
-    }
-    if (n - *i <= k)
-        return -1;
-    for (size_t j = 1; j <= k; j++) {
-        unsigned b = s[*i + j];
-        if (b < (j == 1 ? lo : 0x80) || b > (j == 1 ? hi : 0xBF))
-            return -1;
-        cp = cp << 6 | (b & 0x3F);
-    }
-    *i += k + 1;
-    return cp;
-}
-
-static size_t utf8_put(unsigned char *out, unsigned long cp)
-{
-    if (cp < 0x80) {
-        out[0] = (unsigned char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (unsigned char)(0xC0 | cp >> 6);
-        out[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (unsigned char)(0xE0 | cp >> 12);
-        out[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-        out[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (unsigned char)(0xF0 | cp >> 18);
-    out[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
-    out[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-    out[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* A str from n bytes of input that must be UTF-8 (torch.load decodes with 'utf-8'). */
 static pk_obj *new_utf8(vm *v, const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
         size_t bad = i;
-        if (utf8_next(s, n, &i) < 0)
+        if (ck_utf8_next(s, n, &i, CK_UTF8_SURROGATES) < 0)
             return fail(v, "%s: string is not valid UTF-8 (its byte %zu)", opname(v), bad), NULL;
     }
     return new_str(v, PK_STR, s, n);
 }
 
-static int hexval(unsigned c)
+/* STRING (a Python 2 str, so it must be UTF-8) and UNICODE. */
+static int op_text_string(vm *v, int unicode)
 {
-    return c >= '0' && c <= '9' ? (int)(c - '0')
-           : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (int)((c | 0x20) - 'a' + 10) : -1;
-}
-
-/* UNICODE: raw-unicode-escape, i.e. bytes are Latin-1 code points except \uXXXX and
- * \UXXXXXXXX. Each input byte gives at most 2 bytes of UTF-8. */
-static pk_obj *raw_unicode_escape(vm *v, const unsigned char *s, size_t n)
-{
+    size_t n, len;
+    const unsigned char *s = take_line(v, &n);
+    if (!s)
+        return -1;
     if (n > (SIZE_MAX - 1) / 2)
-        return oom(v), NULL;
-    unsigned char *out = malloc(2 * n + 1);
+        return oom(v);
+    unsigned char *out = malloc(unicode ? 2 * n + 1 : n + 1);
     if (!out)
-        return oom(v), NULL;
-    size_t o = 0;
-    const char *bad = NULL;
-    for (size_t i = 0; i < n && !bad;) {
-        unsigned c = s[i++];
-        if (c != '\\' || i == n || (s[i] != 'u' && s[i] != 'U')) {
-            o += utf8_put(out + o, c);
-            if (c == '\\' && i < n) /* a backslash escapes the next one: both are literal */
-                o += utf8_put(out + o, s[i++]);
-            continue;
-        }
-        size_t digits = s[i++] == 'u' ? 4 : 8;
-        unsigned long cp = 0;
-        for (size_t j = 0; j < digits && !bad; j++) {
-            int h = i < n ? hexval(s[i++]) : -1;
-            if (h < 0)
-                bad = "a truncated \\u or \\U escape";
-            cp = cp << 4 | (unsigned)(h & 0xF);
-        }
-        if (!bad && cp > 0x10FFFF)
-            bad = "a \\U escape beyond U+10FFFF";
-        if (!bad)
-            o += utf8_put(out + o, cp);
-    }
-    pk_obj *r = bad ? (fail(v, "%s: string holds %s", opname(v), bad), NULL)
-                    : new_str(v, PK_STR, out, o);
+        return oom(v);
+    const char *bad = unicode ? pk_text_unicode(s, n, out, &len) : pk_text_string(s, n, out, &len);
+    pk_obj *o = bad ? NULL : unicode ? new_str(v, PK_STR, out, len) : new_utf8(v, out, len);
     free(out);
-    return r;
-}
-
-static int simple_escape(unsigned c)
-{
-    switch (c) {
-    case '\\': case '\'': case '"': return (int)c;
-    case 'a': return '\a';
-    case 'b': return '\b';
-    case 'f': return '\f';
-    case 'n': return '\n';
-    case 'r': return '\r';
-    case 't': return '\t';
-    case 'v': return '\v';
-    default: return -1;
-    }
-}
-
-/* STRING: a quoted Python 2 str literal; escapes as codecs.escape_decode reads them. The
- * result is decoded as UTF-8 like the other Python 2 strings. */
-static pk_obj *quoted_string(vm *v, const unsigned char *s, size_t n)
-{
-    if (n < 2 || s[0] != s[n - 1] || (s[0] != '\'' && s[0] != '"'))
-        return fail(v, "STRING argument is not quoted"), NULL;
-    s++, n -= 2;
-    unsigned char *out = malloc(n + 1);
-    if (!out)
-        return oom(v), NULL;
-    size_t o = 0;
-    const char *bad = NULL;
-    for (size_t i = 0; i < n && !bad;) {
-        unsigned c = s[i++];
-        if (c != '\\') {
-            out[o++] = (unsigned char)c;
-            continue;
-        }
-        if (i == n) {
-            bad = "a trailing backslash";
-            break;
-        }
-        c = s[i++];
-        int simple = simple_escape(c);
-        if (simple >= 0) {
-            out[o++] = (unsigned char)simple;
-        } else if (c >= '0' && c <= '7') {
-            unsigned x = c - '0';
-            for (int k = 0; k < 2 && i < n && s[i] >= '0' && s[i] <= '7'; k++)
-                x = x * 8 + (s[i++] - '0');
-            out[o++] = (unsigned char)x;
-        } else if (c == 'x') {
-            int h1 = i < n ? hexval(s[i]) : -1, h2 = i + 1 < n ? hexval(s[i + 1]) : -1;
-            if (h1 < 0 || h2 < 0)
-                bad = "an invalid \\x escape";
-            else
-                out[o++] = (unsigned char)(h1 << 4 | h2), i += 2;
-        } else if (c != '\n') { /* an unknown escape stays as written */
-            out[o++] = '\\';
-            out[o++] = (unsigned char)c;
-        }
-    }
-    pk_obj *r = bad ? (fail(v, "STRING argument holds %s", bad), NULL) : new_utf8(v, out, o);
-    free(out);
-    return r;
+    if (bad)
+        return fail(v, unicode ? "%s: string %s" : "%s argument %s", opname(v), bad);
+    return push(v, o);
 }
 
 /* --- scalars --------------------------------------------------------------------------- */
@@ -861,9 +569,10 @@ static int long_bytes(vm *v, const unsigned char *p, uint64_t n)
         if (n > 8 && (p[7] & 0x80) != (fill & 0x80))
             return fail(v, "%s: integer of %llu bytes does not fit in 64 bits", opname(v),
                         (unsigned long long)n);
-        u = fill ? UINT64_MAX : 0;
-        for (unsigned i = 0; i < 8 && i < n; i++)
-            u = (u & ~(0xFFull << 8 * i)) | (uint64_t)p[i] << 8 * i;
+        unsigned char b[8]; /* sign-extended to 8 bytes */
+        memset(b, (int)fill, sizeof b);
+        memcpy(b, p, n < 8 ? (size_t)n : 8);
+        u = get_le64(b);
     }
     int64_t i;
     memcpy(&i, &u, sizeof i);
@@ -876,7 +585,7 @@ static int op_long_n(vm *v, unsigned lenbytes)
     if (take_uint(v, lenbytes, "length", &n))
         return -1;
     if (lenbytes == 4 && n > INT32_MAX)
-        return fail(v, "LONG4 has a negative byte count");
+        return fail(v, "%s has a negative byte count", opname(v));
     const unsigned char *p = take(v, n, "integer");
     return p ? long_bytes(v, p, n) : -1;
 }
@@ -887,15 +596,13 @@ static int op_float_text(vm *v)
     const unsigned char *s = take_line(v, &n);
     if (!s)
         return -1;
-    char buf[128];
-    if (n == 0 || n >= sizeof buf)
-        return fail(v, "FLOAT argument of %zu characters is not a float", n);
-    memcpy(buf, s, n);
-    buf[n] = 0;
-    char *end;
-    double d = strtod(buf, &end);
-    if (end != buf + n)
-        return fail(v, "FLOAT argument '%s' is not a float", buf);
+    double d;
+    int rc = pk_text_float(s, n, &d);
+    if (rc == -1)
+        return fail(v, "%s argument of %zu characters is not a float", opname(v), n);
+    if (rc)
+        return fail(v, "%s argument '%.*s' is not a float", opname(v), (int)n,
+                    (const char *)s);
     pk_obj *o = new_obj(v, PK_FLOAT);
     if (o)
         o->u.f = d;
@@ -1065,32 +772,23 @@ static int op_setitems(vm *v, int marked)
 
 /* --- globals --------------------------------------------------------------------------- */
 
-static int eq(const char *s, size_t n, const char *lit)
-{
-    return strlen(lit) == n && memcmp(s, lit, n) == 0;
-}
-
 static int resolve(vm *v, const char *mod, size_t ml, const char *name, size_t nl)
 {
-    for (size_t i = 0; i < sizeof allowlist / sizeof *allowlist; i++) {
-        const allowed *a = &allowlist[i];
-        if (eq(mod, ml, a->module) && eq(name, nl, a->name)) {
-            pk_obj *o = new_obj(v, PK_GLOBAL);
-            if (o) {
-                o->u.global.which = a->which;
-                o->u.global.dtype = a->dtype;
-                o->u.global.name = a->full;
-            }
-            return push(v, o);
+    const pk_allowed *a = pk_allowed_global(mod, ml, name, nl);
+    if (a) {
+        pk_obj *o = new_obj(v, PK_GLOBAL);
+        if (o) {
+            o->u.global.which = a->which;
+            o->u.global.dtype = a->dtype;
+            o->u.global.name = a->full;
         }
+        return push(v, o);
     }
-    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
-        if (eq(mod, ml, unsupported[i].module) &&
-            (unsupported[i].name ? eq(name, nl, unsupported[i].name)
-                                 : nl > 9 && memcmp(name, "_rebuild_", 9) == 0))
-            return ck_fail(v->err, v->path, "%s tensors are not supported (%s %.*s.%.*s at byte "
-                           "%llu)", unsupported[i].kind, opname(v), (int)ml, mod,
-                           (int)(nl > MAX_QUOTE ? MAX_QUOTE : nl), name, at(v));
+    const char *kind = pk_unsupported_kind(mod, ml, name, nl);
+    if (kind)
+        return ck_fail(v->err, v->path, "%s tensors are not supported (%s %.*s.%.*s at byte %llu)",
+                       kind, opname(v), (int)ml, mod, (int)(nl > MAX_QUOTE ? MAX_QUOTE : nl), name,
+                       at(v));
     return fail(v, "refused global '%.*s %.*s'", (int)(ml > MAX_QUOTE ? MAX_QUOTE : ml), mod,
                 (int)(nl > MAX_QUOTE ? MAX_QUOTE : nl), name);
 }
@@ -1109,7 +807,8 @@ static int op_stack_global(vm *v)
         return -1;
     pk_obj *name = pop(v), *mod = pop(v);
     if (mod->type != PK_STR || name->type != PK_STR)
-        return fail(v, "STACK_GLOBAL needs two str, got %s and %s", kind_of(mod), kind_of(name));
+        return fail(v, "%s needs two str, got %s and %s", opname(v), kind_of(mod),
+                    kind_of(name));
     return resolve(v, mod->u.str.s, mod->u.str.len, name->u.str.s, name->u.str.len);
 }
 
@@ -1389,7 +1088,7 @@ static int codecs_encode(vm *v, const pk_obj *fn, pk_obj *args)
     if (!out)
         return oom(v);
     for (size_t i = 0; i < n;) {
-        long cp = utf8_next(s, n, &i); /* the str was checked when it was made */
+        long cp = ck_utf8_next(s, n, &i, CK_UTF8_SURROGATES); /* checked when it was made */
         if (cp < 0 || cp > 0xFF) {
             free(out);
             return fail(v, "%s: character U+%04lX of the string is not latin1",
@@ -1436,10 +1135,11 @@ static int op_reduce(vm *v)
         return -1;
     pk_obj *args = pop(v), *fn = top(v);
     if (fn->type != PK_GLOBAL)
-        return fail(v, "REDUCE calls a %s, which is not callable", kind_of(fn));
+        return fail(v, "%s calls a %s, which is not callable", opname(v), kind_of(fn));
     const char *name = fn->u.global.name;
     if (args->type != PK_TUPLE)
-        return fail(v, "REDUCE %s: arguments are a %s, not a tuple", name, kind_of(args));
+        return fail(v, "%s %s: arguments are a %s, not a tuple", opname(v), name,
+                    kind_of(args));
     switch (fn->u.global.which) {
     case PKG_REBUILD_TENSOR:
     case PKG_REBUILD_TENSOR_V2:
@@ -1458,7 +1158,7 @@ static int op_reduce(vm *v)
         return make_device(v, fn, args);
     case PKG_BYTES: {
         if (args->u.seq.n != 0)
-            return fail(v, "REDUCE %s: only bytes() is supported", name);
+            return fail(v, "%s %s: only bytes() is supported", opname(v), name);
         pk_obj *b = new_str(v, PK_BYTES, "", 0);
         if (!b)
             return -1;
@@ -1466,7 +1166,7 @@ static int op_reduce(vm *v)
         return 0;
     }
     default:
-        return fail(v, "REDUCE calls %s, which may not be called", name);
+        return fail(v, "%s calls %s, which may not be called", opname(v), name);
     }
 }
 
@@ -1502,11 +1202,12 @@ static int op_build(vm *v)
     if (o->type == PK_TENSOR)
         return 0;
     if (o->type != PK_DICT)
-        return fail(v, "BUILD on a %s is not supported", kind_of(o));
+        return fail(v, "%s on a %s is not supported", opname(v), kind_of(o));
     if (!is_state_dict(state) &&
         !(state->type == PK_TUPLE && state->u.seq.n == 2 &&
           is_state_dict(state->u.seq.items[0]) && is_state_dict(state->u.seq.items[1])))
-        return fail(v, "BUILD on a dict with a %s state is not supported", kind_of(state));
+        return fail(v, "%s on a dict with a %s state is not supported", opname(v),
+                    kind_of(state));
     return 0;
 }
 
@@ -1516,7 +1217,7 @@ static int op_mark(vm *v)
 {
     if (v->nmarks == v->cap_marks) {
         if (v->nmarks >= v->lim.max_marks)
-            return fail(v, "MARK: more than %zu nested marks", v->lim.max_marks);
+            return fail(v, "%s: more than %zu nested marks", opname(v), v->lim.max_marks);
         size_t cap = v->cap_marks ? 2 * v->cap_marks : 64;
         if (cap > v->lim.max_marks)
             cap = v->lim.max_marks;
@@ -1561,15 +1262,6 @@ static int op_get_put(vm *v, unsigned nbytes, int put)
     return put ? memo_store_top(v, key) : memo_push(v, key);
 }
 
-static int op_text_string(vm *v, int unicode)
-{
-    size_t n;
-    const unsigned char *s = take_line(v, &n);
-    if (!s)
-        return -1;
-    return push(v, unicode ? raw_unicode_escape(v, s, n) : quoted_string(v, s, n));
-}
-
 static int op_proto(vm *v)
 {
     const unsigned char *p = take(v, 1, "version");
@@ -1583,98 +1275,97 @@ static int op_proto(vm *v)
 static int step(vm *v)
 {
     switch (v->opcode) {
-    case 0x80: return op_proto(v);
-    case 0x95: { /* FRAME: a buffering hint; opcodes are read the same across frames */
+    case OP_PROTO: return op_proto(v);
+    case OP_FRAME: { /* a buffering hint; opcodes are read the same across frames */
         uint64_t n;
         if (take_uint(v, 8, "length", &n))
             return -1;
         /* Python refuses a frame that runs past the input, so it cannot be a real pickle. */
         if (n > v->len - v->pos) {
             v->truncated = 1;
-            return fail(v, "truncated pickle: FRAME of %llu bytes, %zu remain",
+            return fail(v, "truncated pickle: %s of %llu bytes, %zu remain", opname(v),
                         (unsigned long long)n, v->len - v->pos);
         }
         return 0;
     }
-    case '(': return op_mark(v);
-    case '0': return op_pop(v);
-    case '1': {
+    case OP_MARK: return op_mark(v);
+    case OP_POP: return op_pop(v);
+    case OP_POP_MARK: {
         size_t start;
         if (pop_mark(v, &start))
             return -1;
         v->sp = start;
         return 0;
     }
-    case '2': return need(v, 1) ? -1 : push(v, top(v));
-    case '}': {
+    case OP_DUP: return need(v, 1) ? -1 : push(v, top(v));
+    case OP_EMPTY_DICT: {
         pk_box *d = new_box(v, PK_DICT, 0);
         return d ? push(v, &d->o) : -1;
     }
-    case ']': {
+    case OP_EMPTY_LIST: {
         pk_box *l = new_box(v, PK_LIST, 0);
         return l ? push(v, &l->o) : -1;
     }
-    case 0x8f: {
+    case OP_EMPTY_SET: {
         pk_box *s = new_box(v, PK_LIST, 0);
         if (s)
             s->flags = BOX_SET;
         return s ? push(v, &s->o) : -1;
     }
-    case ')': return op_tuple_n(v, 0);
-    case 0x85: return op_tuple_n(v, 1);
-    case 0x86: return op_tuple_n(v, 2);
-    case 0x87: return op_tuple_n(v, 3);
-    case 't': return op_marked_seq(v, PK_TUPLE, 0);
-    case 'l': return op_marked_seq(v, PK_LIST, 0);
-    case 0x91: return op_marked_seq(v, PK_LIST, BOX_SET | BOX_FROZENSET);
-    case 'd': return op_dict(v);
-    case 'a': return op_appends(v, 0, 0);
-    case 'e': return op_appends(v, 1, 0);
-    case 0x90: return op_appends(v, 1, BOX_SET);
-    case 's': return op_setitems(v, 0);
-    case 'u': return op_setitems(v, 1);
-    case 'N': return push(v, singleton(v, &v->none, PK_NONE, 0));
-    case 0x88: return push(v, singleton(v, &v->yes, PK_BOOL, 1));
-    case 0x89: return push(v, singleton(v, &v->no, PK_BOOL, 0));
-    case 'I': return op_int_text(v, 0);
-    case 'L': return op_int_text(v, 1);
-    case 'J': return op_binint(v, 4);
-    case 'K': return op_binint(v, 1);
-    case 'M': return op_binint(v, 2);
-    case 0x8a: return op_long_n(v, 1);
-    case 0x8b: return op_long_n(v, 4);
-    case 'F': return op_float_text(v);
-    case 'G': return op_binfloat(v);
-    case 'S': return op_text_string(v, 0);
-    case 'V': return op_text_string(v, 1);
-    case 'T': return op_counted(v, 4, PK_STR, 1);
-    case 'U': return op_counted(v, 1, PK_STR, 0);
-    case 'X': return op_counted(v, 4, PK_STR, 0);
-    case 0x8c: return op_counted(v, 1, PK_STR, 0);
-    case 0x8d: return op_counted(v, 8, PK_STR, 0);
-    case 'B': return op_counted(v, 4, PK_BYTES, 0);
-    case 'C': return op_counted(v, 1, PK_BYTES, 0);
-    case 0x8e: return op_counted(v, 8, PK_BYTES, 0);
-    case 0x96: return op_counted(v, 8, PK_BYTES, 0);
-    case 'p': return op_get_put(v, 0, 1);
-    case 'q': return op_get_put(v, 1, 1);
-    case 'r': return op_get_put(v, 4, 1);
-    case 0x94: return memo_store_top(v, v->nmemo);
-    case 'g': return op_get_put(v, 0, 0);
-    case 'h': return op_get_put(v, 1, 0);
-    case 'j': return op_get_put(v, 4, 0);
-    case 'c': return op_global(v);
-    case 0x93: return op_stack_global(v);
-    case 'R': return op_reduce(v);
-    case 0x81: return op_newobj(v, 0);
-    case 0x92: return op_newobj(v, 1);
-    case 'b': return op_build(v);
-    case 'P': return op_persid(v);
-    case 'Q': return op_binpersid(v);
+    case OP_EMPTY_TUPLE: return op_tuple_n(v, 0);
+    case OP_TUPLE1: return op_tuple_n(v, 1);
+    case OP_TUPLE2: return op_tuple_n(v, 2);
+    case OP_TUPLE3: return op_tuple_n(v, 3);
+    case OP_TUPLE: return op_marked_seq(v, PK_TUPLE, 0);
+    case OP_LIST: return op_marked_seq(v, PK_LIST, 0);
+    case OP_FROZENSET: return op_marked_seq(v, PK_LIST, BOX_SET | BOX_FROZENSET);
+    case OP_DICT: return op_dict(v);
+    case OP_APPEND: return op_appends(v, 0, 0);
+    case OP_APPENDS: return op_appends(v, 1, 0);
+    case OP_ADDITEMS: return op_appends(v, 1, BOX_SET);
+    case OP_SETITEM: return op_setitems(v, 0);
+    case OP_SETITEMS: return op_setitems(v, 1);
+    case OP_NONE: return push(v, singleton(v, &v->none, PK_NONE, 0));
+    case OP_NEWTRUE: return push(v, singleton(v, &v->yes, PK_BOOL, 1));
+    case OP_NEWFALSE: return push(v, singleton(v, &v->no, PK_BOOL, 0));
+    case OP_INT: return op_int_text(v, 0);
+    case OP_LONG: return op_int_text(v, 1);
+    case OP_BININT: return op_binint(v, 4);
+    case OP_BININT1: return op_binint(v, 1);
+    case OP_BININT2: return op_binint(v, 2);
+    case OP_LONG1: return op_long_n(v, 1);
+    case OP_LONG4: return op_long_n(v, 4);
+    case OP_FLOAT: return op_float_text(v);
+    case OP_BINFLOAT: return op_binfloat(v);
+    case OP_STRING: return op_text_string(v, 0);
+    case OP_UNICODE: return op_text_string(v, 1);
+    case OP_BINSTRING: return op_counted(v, 4, PK_STR, 1);
+    case OP_SHORT_BINSTRING: return op_counted(v, 1, PK_STR, 0);
+    case OP_BINUNICODE: return op_counted(v, 4, PK_STR, 0);
+    case OP_SHORT_BINUNICODE: return op_counted(v, 1, PK_STR, 0);
+    case OP_BINUNICODE8: return op_counted(v, 8, PK_STR, 0);
+    case OP_BINBYTES: return op_counted(v, 4, PK_BYTES, 0);
+    case OP_SHORT_BINBYTES: return op_counted(v, 1, PK_BYTES, 0);
+    case OP_BINBYTES8: return op_counted(v, 8, PK_BYTES, 0);
+    case OP_BYTEARRAY8: return op_counted(v, 8, PK_BYTES, 0);
+    case OP_PUT: return op_get_put(v, 0, 1);
+    case OP_BINPUT: return op_get_put(v, 1, 1);
+    case OP_LONG_BINPUT: return op_get_put(v, 4, 1);
+    case OP_MEMOIZE: return memo_store_top(v, v->nmemo);
+    case OP_GET: return op_get_put(v, 0, 0);
+    case OP_BINGET: return op_get_put(v, 1, 0);
+    case OP_LONG_BINGET: return op_get_put(v, 4, 0);
+    case OP_GLOBAL: return op_global(v);
+    case OP_STACK_GLOBAL: return op_stack_global(v);
+    case OP_REDUCE: return op_reduce(v);
+    case OP_NEWOBJ: return op_newobj(v, 0);
+    case OP_NEWOBJ_EX: return op_newobj(v, 1);
+    case OP_BUILD: return op_build(v);
+    case OP_PERSID: return op_persid(v);
+    case OP_BINPERSID: return op_binpersid(v);
     default:
-        if (opnames[v->opcode])
-            return fail(v, "pickle opcode %s (0x%02x) is not supported", opnames[v->opcode],
-                        v->opcode);
+        if (pk_opcode_name(v->opcode))
+            return fail(v, "pickle opcode %s (0x%02x) is not supported", opname(v), v->opcode);
         return fail(v, "unknown pickle opcode 0x%02x", v->opcode);
     }
 }
@@ -1696,7 +1387,7 @@ static int run(vm *v, pk_obj **root)
             return fail(v, "truncated pickle: the input ends before STOP");
         }
         v->opcode = v->in[v->pos++];
-        if (v->opcode == '.') {
+        if (v->opcode == OP_STOP) {
             if (need(v, 1))
                 return -1;
             *root = pop(v);

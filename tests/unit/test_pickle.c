@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../../pack/pickle.h"
+#include "../../pack/pickle_policy.h"
 #include "helpers.h"
 
 TestSuite(pickle_python, .fini = tmp_cleanup, .timeout = 120);
@@ -42,6 +43,14 @@ static void put(pb *p, const void *d, size_t n)
 #define ops(p, lit) put((p), "" lit, sizeof(lit) - 1)
 /* A literal and its length, NULs included, for tables of raw pickle text. */
 #define RAW(lit) "" lit, sizeof(lit) - 1
+
+/* The opcodes of lit, given as for ops(), times over. */
+static void repeat(pb *p, const char *lit, size_t len, int times)
+{
+    for (int i = 0; i < times; i++)
+        put(p, lit, len);
+}
+#define ops_times(p, lit, times) repeat((p), "" lit, sizeof(lit) - 1, (times))
 
 /* A name or text without NUL. */
 static void text(pb *p, const char *s)
@@ -156,17 +165,23 @@ static int load_with(const pb *p, const pk_limits *lim, uint64_t base, pk_result
     return rc;
 }
 
-/* Loads p (then freed), which must succeed and end at its STOP. */
-static pk_result load_ok(pb *p)
+/* Loads p (then freed) under lim (NULL: the defaults), which must succeed and end at its
+ * STOP. */
+static pk_result load_ok_with(pb *p, const pk_limits *lim)
 {
     pk_result r;
     ck_error err = {""};
-    int rc = load_with(p, NULL, 0, &r, &err);
+    int rc = load_with(p, lim, 0, &r, &err);
     cr_assert_eq(rc, 0, "pk_load failed: %s", err.msg);
     cr_assert_eq(r.consumed, p->n);
     cr_assert_not_null(r.root);
     free(p->b);
     return r;
+}
+
+static pk_result load_ok(pb *p)
+{
+    return load_ok_with(p, NULL);
 }
 
 /* Loads p (then freed) under lim (NULL: the defaults), which must fail with rc, saying what. */
@@ -705,6 +720,34 @@ Test(pickle_ops, messages_give_file_offsets)
     cr_assert_eq(load_with(&p, NULL, 1000, &r, &err), PK_ERROR);
     free(p.b);
     assert_error(&err, PATH, "refused global 'os system' (byte 1002)");
+}
+
+/* The opcode list names every opcode with the byte and name Python's pickletools gives it, and
+ * no other byte. */
+Test(pickle_ops, opcode_names_are_pythons)
+{
+    char *out = (char *)strf("%s", run_python("import pickletools\n"
+                                              "for op in pickletools.opcodes:\n"
+                                              "    print(ord(op.code), op.name)\n", NULL));
+    const char *want[256] = {0};
+    size_t n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *name;
+        unsigned long byte = strtoul(line, &name, 10);
+        cr_assert(byte < 256 && *name == ' ' && !want[byte], "bad line '%s'", line);
+        want[byte] = name + 1;
+        n++;
+    }
+    cr_assert_eq(n, 68);
+    for (unsigned b = 0; b < 256; b++) {
+        const char *got = pk_opcode_name((unsigned char)b);
+        if (want[b])
+            cr_assert(got && strcmp(got, want[b]) == 0, "0x%02x: %s, Python says %s", b,
+                      got ? got : "no opcode", want[b]);
+        else
+            cr_assert_null(got, "0x%02x is %s, which Python does not know", b, got);
+    }
 }
 
 Test(pickle_ops, null_limits_are_the_defaults)
@@ -1308,8 +1351,7 @@ Test(pickle_hostile, newobj_and_build_on_other_things)
 Test(pickle_hostile, mark_bomb)
 {
     pb p = {0};
-    for (int i = 0; i < 100000; i++)
-        op(&p, '(');
+    ops_times(&p, "(", 100000);
     op(&p, '.');
     fails(&p, "MARK: more than 10000 nested marks (byte 10000)");
 }
@@ -1317,10 +1359,8 @@ Test(pickle_hostile, mark_bomb)
 Test(pickle_hostile, deep_list_nesting)
 {
     pb p = {0};
-    for (int i = 0; i < 1000000; i++)
-        op(&p, ']');
-    for (int i = 0; i < 999999; i++)
-        op(&p, 'a');
+    ops_times(&p, "]", 1000000);
+    ops_times(&p, "a", 999999);
     op(&p, '.');
     fails(&p, "APPEND: containers nested deeper than 1000 (byte 1000999)");
 }
@@ -1329,8 +1369,7 @@ Test(pickle_hostile, deep_tuple_nesting)
 {
     pb p = {0};
     op(&p, ')');
-    for (int i = 0; i < 1000000; i++)
-        op(&p, 0x85);
+    ops_times(&p, "\x85", 1000000);
     op(&p, '.');
     fails(&p, "TUPLE1: containers nested deeper than 1000 (byte 1000)");
 }
@@ -1338,11 +1377,9 @@ Test(pickle_hostile, deep_tuple_nesting)
 Test(pickle_hostile, deep_nesting_through_dicts_and_marks)
 {
     pb p = {0};
-    for (int i = 0; i < 5000; i++)
-        ops(&p, "}(K\x01");
+    ops_times(&p, "}(K\x01", 5000);
     op(&p, 'N');
-    for (int i = 0; i < 5000; i++)
-        op(&p, 'u');
+    ops_times(&p, "u", 5000);
     op(&p, '.');
     fails(&p, "containers nested deeper than 1000");
 }
@@ -1350,10 +1387,8 @@ Test(pickle_hostile, deep_nesting_through_dicts_and_marks)
 Test(pickle_hostile, depth_1000_is_allowed)
 {
     pb p = {0};
-    for (int i = 0; i < 1000; i++)
-        op(&p, ']');
-    for (int i = 0; i < 999; i++)
-        op(&p, 'a');
+    ops_times(&p, "]", 1000);
+    ops_times(&p, "a", 999);
     op(&p, '.');
     pk_result r = load_ok(&p);
     size_t depth = 0;
@@ -1370,8 +1405,7 @@ Test(pickle_hostile, a_million_appends)
 {
     pb p = {0};
     op(&p, ']');
-    for (int i = 0; i < 1000000; i++)
-        ops(&p, "Na");
+    ops_times(&p, "Na", 1000000);
     op(&p, '.');
     pk_result r = load_ok(&p);
     cr_assert_eq(r.root->u.seq.n, 1000000);
@@ -1410,10 +1444,7 @@ Test(pickle_limits, sparse_memo_indices_cost_little)
     op(&p, 'j');
     le(&p, 0x10000000u + 977u * 4321u, 4);
     ops(&p, "t.");
-    pk_result r;
-    ck_error err = {""};
-    cr_assert_eq(load_with(&p, &lim, 0, &r, &err), 0, "%s", err.msg);
-    free(p.b);
+    pk_result r = load_ok_with(&p, &lim);
     cr_assert_str_eq(dump_str(r.root), "(1,2,3,4321)");
     pk_free(&r);
 }
@@ -1511,8 +1542,7 @@ Test(pickle_hostile, ints_beyond_64_bits)
     p = (pb){0};
     op(&p, 0x8b);
     le(&p, 100, 4);
-    for (int i = 0; i < 100; i++)
-        op(&p, 0x11);
+    ops_times(&p, "\x11", 100);
     op(&p, '.');
     fails(&p, "LONG4: integer of 100 bytes does not fit in 64 bits");
     p = (pb){0};
@@ -1599,8 +1629,7 @@ Test(pickle_hostile, shared_containers_cannot_explode)
     /* l0 = [None]; l(k+1) = [lk, lk]: 2^k values when walked, from 5 bytes per level. */
     pb p = {0};
     ops(&p, "]Naq\x00");
-    for (int i = 0; i < 40; i++)
-        ops(&p, "](h\x00h\x00" "eq\x00" "0");
+    ops_times(&p, "](h\x00h\x00" "eq\x00" "0", 40);
     ops(&p, "h\x00.");
     fails(&p, "APPENDS: a walk of the result would visit more than 50000000 values (shared "
               "containers)");
@@ -1613,11 +1642,9 @@ Test(pickle_hostile, repeated_copies_are_bounded)
     pb p = {0};
     global(&p, "collections", "OrderedDict");
     ops(&p, "q\x00](K\x01K\x02\x86q\x01");
-    for (int i = 0; i < 10000; i++)
-        ops(&p, "h\x01");
+    ops_times(&p, "h\x01", 10000);
     ops(&p, "e\x85q\x02" "0");
-    for (int i = 0; i < 100000; i++)
-        ops(&p, "h\x00h\x02R0");
+    ops_times(&p, "h\x00h\x02R0", 100000);
     ops(&p, "N.");
     fails(&p, "collections.OrderedDict: copies more than 8 bytes per input byte in all");
 }
@@ -1651,11 +1678,8 @@ Test(pickle_limits, stack)
     pk_limits lim = small(3, 10, 10, 100, 10);
     pb p = {0};
     ops(&p, "NNN0N.");
-    pk_result r;
-    ck_error err = {""};
-    cr_assert_eq(load_with(&p, &lim, 0, &r, &err), 0, "%s", err.msg);
+    pk_result r = load_ok_with(&p, &lim);
     pk_free(&r);
-    free(p.b);
     p = (pb){0};
     ops(&p, "NNNN.");
     fails_with(&p, &lim, PK_ERROR, "NONE: more than 3 values on the stack (byte 3)");
@@ -1685,11 +1709,8 @@ Test(pickle_limits, objects)
     fails_with(&p, &lim, PK_ERROR, "BININT1: more than 5 objects (byte 11)");
     p = (pb){0};
     ops(&p, "NNNNNNNNNN0000000000\x88\x89\x88\x88.");  /* singletons count once */
-    pk_result r;
-    ck_error err = {""};
-    cr_assert_eq(load_with(&p, &lim, 0, &r, &err), 0, "%s", err.msg);
+    pk_result r = load_ok_with(&p, &lim);
     pk_free(&r);
-    free(p.b);
 }
 
 Test(pickle_limits, depth)
@@ -1697,11 +1718,8 @@ Test(pickle_limits, depth)
     pk_limits lim = small(100, 10, 10, 100, 3);
     pb p = {0};
     ops(&p, "]]]aa.");
-    pk_result r;
-    ck_error err = {""};
-    cr_assert_eq(load_with(&p, &lim, 0, &r, &err), 0, "%s", err.msg);
+    pk_result r = load_ok_with(&p, &lim);
     pk_free(&r);
-    free(p.b);
     p = (pb){0};
     ops(&p, "))\x85\x85\x85.");
     fails_with(&p, &lim, PK_ERROR, "TUPLE1: containers nested deeper than 3 (byte 4)");
