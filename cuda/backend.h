@@ -36,6 +36,9 @@ typedef struct reader_setup {
 } reader_setup;
 
 typedef struct backend {
+    /* The block is host memory that the core may read into itself, bypassing stage() and put():
+     * with O_DIRECT it does so for the chunks at the file's own 4096-byte phase in the block. */
+    int in_place;
     /* 0 if device ordinal can take a load now. */
     int (*check)(int ordinal, char *why, size_t len);
     /* A destination block of n > 0 bytes on device ordinal; free() takes it back once no copy

@@ -1,12 +1,23 @@
-/* backend_cpu.c — loads into host memory: reader threads pread straight into the block, which
- * needs no staging; only O_DIRECT reads go through an aligned bounce buffer, since a place in
- * the block has no 4096-byte alignment. */
+/* backend_cpu.c — loads into host memory: reader threads read straight into the block, which
+ * needs no staging (in_place: the core does it, O_DIRECT included where a chunk's place in the
+ * block has the file's 4096-byte phase); only O_DIRECT reads of other chunks (a blob's partial
+ * first and last pages, blobs out of phase) go through an aligned bounce buffer and a copy. */
 #include "backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+
+/* 2 MiB pages unless CKLOAD_HUGEPAGES=0. Measured on the 2-core VM of BENCHMARKS.md: a first
+ * touch of fresh anonymous memory costs the same with either page size when the hypervisor has
+ * taken the memory back (0.5-0.7 GB/s a thread), and huge pages are 5-10x faster when it has
+ * not (memory freed a moment before); so huge pages by default, and a switch to compare. */
+static int huge_pages(void)
+{
+    const char *v = getenv("CKLOAD_HUGEPAGES");
+    return !v || strcmp(v, "0") != 0;
+}
 
 struct reader {
     ckl_load *load;
@@ -19,7 +30,8 @@ static int cpu_check(int ordinal, char *why, size_t len)
     return 0;
 }
 
-/* Anonymous memory with huge pages where the kernel has them: filling a fresh block costs a page
+/* Anonymous memory, page-aligned (so a chunk's place can share the file's 4096-byte phase), with
+ * huge pages where the kernel has them and huge_pages() says: filling a fresh block costs a page
  * fault per page, and 2 MiB pages make those 512 times fewer. */
 static void *cpu_alloc(int ordinal, size_t n, char *why, size_t len)
 {
@@ -29,7 +41,7 @@ static void *cpu_alloc(int ordinal, size_t n, char *why, size_t len)
         snprintf(why, len, "out of memory (%zu bytes)", n);
         return NULL;
     }
-    madvise(p, n, MADV_HUGEPAGE);
+    madvise(p, n, huge_pages() ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     return p;
 }
 
@@ -82,6 +94,6 @@ static void cpu_close(reader *r)
 }
 
 const backend cpu_backend = {
-    .check = cpu_check, .alloc = cpu_alloc, .free = cpu_free, .open = cpu_open,
+    .in_place = 1, .check = cpu_check, .alloc = cpu_alloc, .free = cpu_free, .open = cpu_open,
     .stage = cpu_stage, .put = cpu_put, .landed = cpu_landed, .close = cpu_close,
 };

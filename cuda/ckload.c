@@ -191,18 +191,49 @@ static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
     return 0;
 }
 
+/* Whether blob bl's O_DIRECT reads can land in the block itself: the block is host memory and
+ * bl's place in it has the same 4096-byte phase as its bytes in the file (for a whole pack, every
+ * blob: both the pack's data region and the block are page-aligned, blobs at the same offsets). */
+static int direct_in_place(const ckl_load *l, const ck_plan_blob *bl)
+{
+    uintptr_t dst = (uintptr_t)(l->block + bl->dest_off);
+    return l->direct_fd >= 0 && l->be->in_place &&
+           (dst - (uintptr_t)bl->file_off) % DIRECT_ALIGN == 0;
+}
+
+/* The length of blob bl's chunk from byte at: at most buffer_size bytes. In place (above), the
+ * chunks end on the file's 4096-byte boundaries, so that each is either whole pages, read
+ * straight into the block, or a blob's partial first or last page, read through the bounce. */
+static size_t chunk_len(const ckl_load *l, const ck_plan_blob *bl, uint64_t at, int in_place)
+{
+    uint64_t left = bl->len - at, n = left < l->opt.buffer_size ? left : l->opt.buffer_size;
+    uint64_t off = bl->file_off + at, head = -off % DIRECT_ALIGN;
+    if (!in_place)
+        return (size_t)n;
+    if (head)
+        return (size_t)(head < left ? head : left);
+    uint64_t whole = n / DIRECT_ALIGN * DIRECT_ALIGN;
+    return (size_t)(whole ? whole : n);
+}
+
 /* Blob b, chunk by chunk: read where the backend says (the block itself, or a staging buffer),
- * then handed to it; it has landed once the backend says all its chunks are in. */
+ * then handed to it, or read straight into the block where direct_in_place allows; it has landed
+ * once the backend says all its chunks are in. */
 static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
 {
     const ck_plan_blob *bl = &l->plan->blobs[b];
-    size_t step = l->opt.buffer_size;
+    int in_place = direct_in_place(l, bl);
     char why[256];
-    for (uint64_t at = 0; at < bl->len; at += step) {
-        size_t n = bl->len - at < step ? (size_t)(bl->len - at) : step;
+    for (uint64_t at = 0, n; at < bl->len; at += n) {
+        n = chunk_len(l, bl, at, in_place);
         unsigned char *dst = l->block + bl->dest_off + at;
         if (failed(l))
             return;
+        if (in_place && (bl->file_off + at) % DIRECT_ALIGN == 0 && n % DIRECT_ALIGN == 0) {
+            if (!read_chunk(l, bl, at, n, dst, st)) /* exactly [dst, dst + n): aligned */
+                return;
+            continue;
+        }
         unsigned char *buf = l->be->stage(r, dst, why, sizeof why);
         const unsigned char *p = buf ? read_chunk(l, bl, at, n, buf, st) : NULL;
         if (buf && !p)
