@@ -107,8 +107,9 @@ def test_threads_and_buffer_sizes(tmp_path, threads, buffer_size):
 
 @pytest.mark.parametrize("direct", ["0", "1"])
 def test_direct_io_and_page_cache_paths_agree(tmp_path, monkeypatch, direct):
-    """CKLOAD_DIRECT forces O_DIRECT (aligned reads through a bounce buffer) or the page cache;
-    both give the same bytes, also for tensors that do not start or end on a 4096 boundary."""
+    """CKLOAD_DIRECT forces O_DIRECT (whole pages straight into the block, a tensor's partial
+    first and last pages through a bounce buffer) or the page cache; both give the same bytes,
+    also for tensors that do not start or end on a 4096 boundary."""
     g = torch.Generator().manual_seed(9)
     src = tmp_path / "s.safetensors"
     save_file({f"t.{i}": torch.randn(3 + 1531 * i, generator=g) for i in range(12)}, str(src))
@@ -116,6 +117,37 @@ def test_direct_io_and_page_cache_paths_agree(tmp_path, monkeypatch, direct):
     monkeypatch.setenv("CKLOAD_DIRECT", direct)
     check_load(ckload.load(out, device="cpu", buffer_size=8192, verify=True),
                expected_tensors(src))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_direct_io_out_of_phase_falls_back_to_the_bounce(tmp_path, monkeypatch, threads):
+    """With `only`, the selected blobs sit tight in the block while the pack keeps the others
+    between them, so most lose the file's 4096-byte phase: O_DIRECT cannot read them straight
+    into place and goes through the bounce buffer. In and out of phase, every byte is right."""
+    g = torch.Generator().manual_seed(13)
+    src = tmp_path / "s.safetensors"
+    save_file({f"{'ab'[i % 2]}.{i}": torch.randn(700 + 2345 * i, generator=g) for i in range(16)},
+              str(src))
+    out = pack(src, tmp_path / "out.pack")
+    monkeypatch.setenv("CKLOAD_DIRECT", "1")
+    expected = {k: v for k, v in expected_tensors(src).items() if k.startswith("a.")}
+    check_load(ckload.load(out, device="cpu", only="a", threads=threads, buffer_size=12288,
+                           verify=True), expected)
+
+
+@pytest.mark.parametrize("huge", ["0", "1"])
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_page_size_choice_gives_the_same_bytes(tmp_path, monkeypatch, huge, direct):
+    """CKLOAD_HUGEPAGES=0 gives the host block 4 KiB pages, 1 (the default) 2 MiB pages where
+    the kernel has them; a block of several huge pages comes out the same either way."""
+    g = torch.Generator().manual_seed(21)
+    src = tmp_path / "s.safetensors"
+    save_file({f"t.{i}": torch.randn((1 << 19) + 333 * i, generator=g) for i in range(5)},
+              str(src))
+    out = pack(src, tmp_path / "out.pack")
+    monkeypatch.setenv("CKLOAD_HUGEPAGES", huge)
+    monkeypatch.setenv("CKLOAD_DIRECT", direct)
+    check_load(ckload.load(out, device="cpu", verify=True), expected_tensors(src))
 
 
 def test_types_this_torch_lacks_come_as_bytes(tmp_path):
