@@ -105,11 +105,13 @@ valgrind: setup $(BUILD)/test_unit
 	    echo "valgrind: errors above"; exit 1; fi
 	@echo "valgrind: no errors, no leaks"
 
-bench: setup all
+# setup --bench adds the loaders bench-load compares against (.deps/bench), which tests never need.
+bench: all
+	@scripts/setup --bench
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-fs
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-torch
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-pack
-	PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
+	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
 
 demo: setup all
 	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo
