@@ -3,6 +3,7 @@
  * CPU or CUDA) owns and fills. */
 #include "ckload.h"
 #include "backend.h"
+#include "mount.h"
 
 #include "../pack/index.h"
 #include "../pack/bytes.h"
@@ -95,7 +96,9 @@ void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
 struct ckl_load {
     atomic_int refs;
     char *path;              /* in the same allocation, as is err */
-    ck_index *ix;
+    ck_index *ix;            /* src.ix */
+    ckl_source src;          /* what path stands for: the index, the selection (mount.h) */
+    int check_files;         /* check each source file is unchanged once a blob is read */
     ckl_options opt;
     int device, ordinal;
     const backend *be;       /* the device's: owns the block and moves bytes into it */
@@ -223,8 +226,9 @@ static int source_unchanged(const ck_index *ix, uint32_t f)
            st.st_mtim.tv_nsec == cf->mtime.tv_nsec;
 }
 
-/* With verify, after blob b's last byte: a pack's blob against its stored checksum (st hashed
- * it), any other source's file against what it was when opened. */
+/* After blob b's last byte: with verify, a pack's blob against its stored checksum (st hashed
+ * it); with verify for any other source, and always when bypassing a mount, the file against
+ * what it was when opened (and, for the bypass, when mounted). */
 static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
 {
     const ck_plan_blob *bl = &l->plan->blobs[b];
@@ -233,7 +237,7 @@ static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
                   (unsigned long long)bl->file_off);
         return -1;
     }
-    if (l->opt.verify && !l->plan->stored_sums && !source_unchanged(l->ix, bl->file)) {
+    if (l->check_files && !source_unchanged(l->ix, bl->file)) {
         set_error(l, "tensor '%s': %s changed while it was read", bl->name,
                   l->ix->files[bl->file].path);
         return -1;
@@ -335,7 +339,7 @@ void ckl_default_options(ckl_options *o)
 static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
-    if (ck_plan_make(l->ix, l->opt.only, &l->plan, &e) != 0) {
+    if (ck_plan_make(l->ix, l->opt.only, l->src.keep, &l->plan, &e) != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;
     }
@@ -343,6 +347,8 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     l->tensors = calloc(p->ntensors ? p->ntensors : 1, sizeof *l->tensors);
     l->landed = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->landed);
     int sums = l->opt.verify && p->stored_sums;
+    l->check_files = (l->opt.verify && !p->stored_sums) ||
+                     (l->src.read_path && strcmp(l->src.read_path, "bypass") == 0);
     l->stored_sums = sums ? calloc(p->nblobs ? p->nblobs : 1, sizeof *l->stored_sums) : NULL;
     if (!l->tensors || !l->landed || (sums && !l->stored_sums)) {
         snprintf(err, errlen, "%s: out of memory", l->path);
@@ -388,7 +394,7 @@ static void free_load(ckl_load *l)
         if (l->direct_fds[f] >= 0)
             close(l->direct_fds[f]);
     free(l->direct_fds);
-    ck_index_free(l->ix);
+    ckl_source_close(&l->src);
     ck_plan_free(l->plan);
     free(l->landed);
     free(l->stored_sums);
@@ -503,12 +509,11 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         free_load(l);
         return -1;
     }
-    ck_error e;
-    if (ck_open(path, &l->ix, &e) != 0) {
-        snprintf(err, errlen, "%s", e.msg);
+    if (ckl_source_open(path, &l->src, err, errlen) != 0) {
         free_load(l);
         return -1;
     }
+    l->ix = l->src.ix;
     l->pool = o->pool ? o->pool : ckl_pool_new();
     l->own_pool = !o->pool;
     if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0 ||
@@ -591,7 +596,7 @@ uint64_t ckl_total_bytes(const ckl_load *l)
 
 const char *ckl_read_path(const ckl_load *l)
 {
-    return l->plan->stored_sums ? "pack" : "source";
+    return l->src.read_path ? l->src.read_path : l->plan->stored_sums ? "pack" : "source";
 }
 
 uint64_t ckl_done_bytes(const ckl_load *l)

@@ -14,6 +14,13 @@
  *    tensors (device memory for CUDA, page-aligned host memory for the CPU) and starts reader
  *    threads at once; it returns before the data is in. Tensors are views into the block:
  *    name, dtype, shape, pointer. ckl_read_path tells where the bytes are read from.
+ *  - A path inside a ckptfs mount (its root, .ckptfs/checkpoint.pack, a directory: the tensors
+ *    under it, a tensor file: that tensor) is read from the mount's source files directly, with
+ *    the caller's own credentials, when they are visible, readable and the very files the mount
+ *    parsed (device, inode, size, mtime); else, or with CKLOAD_BYPASS=0, through the mount's
+ *    .ckptfs/checkpoint.pack with the same selection (cuda/mount.h). A source file changed
+ *    after mounting is never read as if it were the old one: the bypass checks each file after
+ *    reading from it, and the mount checks its sources on every read.
  *  - verify: a pack stores an XXH3 per blob, checked as its bytes stream. Other sources store
  *    no checksums: there verify checks only that each source file is still the file opened,
  *    unchanged (device, inode, size, mtime) once a tensor's bytes are read from it.
@@ -99,7 +106,9 @@ uint64_t ckl_total_bytes(const ckl_load *l);
 /* Bytes landed so far (for progress). */
 uint64_t ckl_done_bytes(const ckl_load *l);
 /* Where the bytes are read from, a static string: "pack" (a pack file, whose checksums verify
- * checks), "source" (a safetensors or PyTorch file or a shard directory, read in place). */
+ * checks), "source" (a safetensors or PyTorch file or a shard directory, read in place),
+ * "bypass" (a path inside a ckptfs mount, read from the mount's source files directly) or
+ * "mount" (a path inside a mount, read through it: the bypass was refused or CKLOAD_BYPASS=0). */
 const char *ckl_read_path(const ckl_load *l);
 
 /* Waits for tensor i / for everything. 0, or -1 with the load's error in err. */

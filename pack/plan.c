@@ -25,9 +25,11 @@ void ck_plan_free(ck_plan *p)
     free(p);
 }
 
-static int selected(const ck_entry *e, const char *only)
+static int selected(const ck_index *ix, const ck_entry *e, const char *only,
+                    const unsigned char *keep)
 {
-    return e->kind == CK_TENSOR && ck_name_selected(e->name, e->name_len, only);
+    return e->kind == CK_TENSOR && ck_name_selected(e->name, e->name_len, only) &&
+           (!keep || keep[e - ix->entries]);
 }
 
 /* Tensor e, whose bytes are pack blob b (src says where they come from), joins the plan; the
@@ -53,11 +55,11 @@ static void add_tensor(ck_plan *p, const ck_entry *e, uint32_t b, ck_plan_blob s
 /* A pack: its blobs as its layout says, in file order (the pack numbers its blobs by first use
  * and lays them out by number). */
 static void pick_pack(ck_plan *p, const ck_index *ix, const pack_layout *pl, const char *only,
-                      uint32_t *picked)
+                      const unsigned char *keep, uint32_t *picked)
 {
     for (uint32_t k = 0; k < pl->nentries; k++) {
         const ck_entry *e = &ix->entries[pl->first_entry + k];
-        if (!selected(e, only))
+        if (!selected(ix, e, only, keep))
             continue;
         const pack_blob *pb = &pl->blobs[pl->entry_blob[k]];
         add_tensor(p, e, pl->entry_blob[k],
@@ -121,12 +123,12 @@ static ck_plan *plan_new(size_t nt, size_t nb)
     return p;
 }
 
-static int plan_pack(const ck_index *ix, const pack_layout *pl, const char *only, ck_plan **out,
-                     ck_error *err)
+static int plan_pack(const ck_index *ix, const pack_layout *pl, const char *only,
+                     const unsigned char *keep, ck_plan **out, ck_error *err)
 {
     size_t nt = 0;
     for (uint32_t k = 0; k < pl->nentries; k++)
-        nt += (size_t)selected(&ix->entries[pl->first_entry + k], only);
+        nt += (size_t)selected(ix, &ix->entries[pl->first_entry + k], only, keep);
     if (nt == 0 && only)
         return ck_fail(err, ck_index_source(ix), "--only '%s' selects nothing", only);
     /* A blob needs a tensor: never more blobs than tensors. */
@@ -138,16 +140,17 @@ static int plan_pack(const ck_index *ix, const pack_layout *pl, const char *only
         return ck_fail(err, ck_index_source(ix), "out of memory");
     }
     p->stored_sums = 1;
-    pick_pack(p, ix, pl, only, picked);
+    pick_pack(p, ix, pl, only, keep, picked);
     free(picked);
     *out = p;
     return 0;
 }
 
-static int plan_source(const ck_index *ix, const char *only, ck_plan **out, ck_error *err)
+static int plan_source(const ck_index *ix, const char *only, const unsigned char *keep,
+                       ck_plan **out, ck_error *err)
 {
     ck_pack_groups g;
-    if (ck_synth_groups(ix, only, &g, err) != 0)
+    if (ck_synth_groups(ix, only, keep, &g, err) != 0)
         return -1;
     ck_plan *p = plan_new(g.ntensors, g.nblobs);
     uint32_t *picked = calloc((size_t)g.nblobs + 1, sizeof *picked);
@@ -163,11 +166,12 @@ static int plan_source(const ck_index *ix, const char *only, ck_plan **out, ck_e
     return 0;
 }
 
-int ck_plan_make(const ck_index *ix, const char *only, ck_plan **out, ck_error *err)
+int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep, ck_plan **out,
+                 ck_error *err)
 {
     *out = NULL;
     const pack_layout *pl = pack_of(ix);
-    if ((pl ? plan_pack(ix, pl, only, out, err) : plan_source(ix, only, out, err)) != 0)
+    if ((pl ? plan_pack(ix, pl, only, keep, out, err) : plan_source(ix, only, keep, out, err)) != 0)
         return -1;
     place(*out);
     group(*out);

@@ -1,8 +1,8 @@
 /* plan.h — where a load puts a checkpoint's tensors: the planning step of libckload, without I/O.
  *
  * Contract: ck_plan_make takes an index of any source ck_open reads (a pack, a safetensors file,
- * a shard directory, a PyTorch file) and `only` (NULL, or a prefix or glob as ck_name_selected
- * says) and returns:
+ * a shard directory, a PyTorch file), `only` (NULL, or a prefix or glob as ck_name_selected
+ * says) and `keep` (NULL, or one flag per index entry: a subtree of a mount) and returns:
  *  - the selected tensors in pack order (natural name order), each with its entry and its blob
  *    in the plan (CK_PLAN_NONE for an empty tensor: it needs no bytes);
  *  - the blobs those tensors need, in pack order, each once however many tensors share it (tied
@@ -58,9 +58,10 @@ typedef struct ck_plan {
     int stored_sums;         /* the source is a pack: ck_plan_sums can tell its checksums */
 } ck_plan;
 
-/* The plan of ix's selected tensors into *out (ck_plan_free frees it). 0, or -1 with err set
- * and *out NULL. */
-int ck_plan_make(const ck_index *ix, const char *only, ck_plan **out, ck_error *err);
+/* The plan of ix's tensors selected by only and keep into *out (ck_plan_free frees it). 0, or -1
+ * with err set and *out NULL. */
+int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep, ck_plan **out,
+                 ck_error *err);
 
 void ck_plan_free(ck_plan *p);
 

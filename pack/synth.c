@@ -156,9 +156,10 @@ int ck_name_selected(const char *name, size_t len, const char *only)
     return fnmatch(only, name, 0) == 0;
 }
 
-/* The selected entries in natural order; NULL with err set on failure. */
-static uint32_t *ordered_entries(const ck_index *ix, const char *only, int tensors_only,
-                                 uint32_t *count, ck_error *err)
+/* The selected entries (by only, and by keep unless it is NULL) in natural order; NULL with err
+ * set on failure. */
+static uint32_t *ordered_entries(const ck_index *ix, const char *only, const unsigned char *keep,
+                                 int tensors_only, uint32_t *count, ck_error *err)
 {
     const char *src = ck_index_source(ix);
     uint32_t *order = malloc((ix->nentries ? ix->nentries : 1) * sizeof *order), n = 0;
@@ -166,7 +167,7 @@ static uint32_t *ordered_entries(const ck_index *ix, const char *only, int tenso
         return ck_fail(err, src, "out of memory"), NULL;
     for (size_t i = 0; i < ix->nentries; i++)
         if (ck_name_selected(ix->entries[i].name, ix->entries[i].name_len, only) &&
-            (!tensors_only || ix->entries[i].kind == CK_TENSOR))
+            (!tensors_only || ix->entries[i].kind == CK_TENSOR) && (!keep || keep[i]))
             order[n++] = (uint32_t)i;
     if (n == 0 && only) {
         free(order);
@@ -253,10 +254,11 @@ void ck_pack_groups_free(ck_pack_groups *g)
     *g = (ck_pack_groups){0};
 }
 
-int ck_synth_groups(const ck_index *ix, const char *only, ck_pack_groups *out, ck_error *err)
+int ck_synth_groups(const ck_index *ix, const char *only, const unsigned char *keep,
+                    ck_pack_groups *out, ck_error *err)
 {
     *out = (ck_pack_groups){0};
-    out->tensors = ordered_entries(ix, only, 1, &out->ntensors, err);
+    out->tensors = ordered_entries(ix, only, keep, 1, &out->ntensors, err);
     if (!out->tensors)
         return -1;
     out->blob_of = malloc((out->ntensors ? out->ntensors : 1) * sizeof *out->blob_of);
@@ -413,7 +415,7 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
     const char *src = ck_index_source(ix);
     uint32_t n;
     *out = NULL;
-    uint32_t *order = ordered_entries(ix, only, 0, &n, err);
+    uint32_t *order = ordered_entries(ix, only, NULL, 0, &n, err);
     if (!order)
         return -1;
     /* FORMAT.md allows the empty name only for a pack's one entry, and the reader enforces it:
@@ -695,7 +697,7 @@ int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err)
 {
     uint32_t n;
     *out = NULL;
-    uint32_t *order = ordered_entries(ix, NULL, 1, &n, err);
+    uint32_t *order = ordered_entries(ix, NULL, NULL, 1, &n, err);
     if (!order)
         return -1;
     return synth_build(ix, order, n, build_safetensors, out, err);

@@ -29,7 +29,8 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
  * names are listed in __metadata__ "ckptfs.omitted"), natural name order, tied tensors copied. */
 int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err);
 
-/* How the pack of ix's tensors selected by only groups their bytes, as ck_synth_pack lays them
+/* How the pack of ix's tensors selected by only (and by keep[entry] unless keep is NULL) groups
+ * their bytes, as ck_synth_pack lays them
  * out (values left out): the tensors in pack order (natural name order) and each one's blob;
  * blobs are numbered by first use, and the tensors of one blob have the same bytes (tied, or
  * one storage range seen twice); blob_entry[b] is the entry whose bytes blob b holds. The
@@ -43,7 +44,8 @@ typedef struct ck_pack_groups {
     uint32_t ntensors, nblobs;
 } ck_pack_groups;
 
-int ck_synth_groups(const ck_index *ix, const char *only, ck_pack_groups *out, ck_error *err);
+int ck_synth_groups(const ck_index *ix, const char *only, const unsigned char *keep,
+                    ck_pack_groups *out, ck_error *err);
 void ck_pack_groups_free(ck_pack_groups *g);
 
 void ck_synth_free(ck_synth *sy);

@@ -441,6 +441,15 @@ static int finish_load(ckl_load *l)
     return rc ? -1 : 0;
 }
 
+/* ckl_read_path in words. */
+static const char *read_path_words(const char *rp)
+{
+    return strcmp(rp, "bypass") == 0  ? "read from the sources, bypassing the mount"
+           : strcmp(rp, "mount") == 0 ? "read through the mount"
+           : strcmp(rp, "pack") == 0  ? "read from the pack"
+                                      : "read from the source";
+}
+
 static int cmd_load(int argc, char **argv)
 {
     ckl_options o;
@@ -493,10 +502,11 @@ static int cmd_load(int argc, char **argv)
         char dev[32] = "cpu";
         if (ckl_device_of(l) == CKL_CUDA)
             snprintf(dev, sizeof dev, "cuda:%d", ckl_cuda_ordinal(l));
-        int sums = strcmp(ckl_read_path(l), "pack") == 0;
-        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), read from the %s%s\n",
-               path, ckl_count(l), (unsigned long long)bytes, dev, dt,
-               dt > 0 ? (double)bytes / dt / 1e9 : 0.0, ckl_read_path(l),
+        const char *rp = ckl_read_path(l);
+        int sums = strcmp(rp, "pack") == 0 || strcmp(rp, "mount") == 0; /* the pack read */
+        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), %s%s\n", path,
+               ckl_count(l), (unsigned long long)bytes, dev, dt,
+               dt > 0 ? (double)bytes / dt / 1e9 : 0.0, read_path_words(rp),
                !o.verify ? "" : sums ? ", checksums match" : ", sources unchanged");
     }
     ckl_release(l);

@@ -388,9 +388,11 @@ class Load:
 
     @property
     def read_path(self):
-        """Where the bytes are read from: "pack" (a pack file; verify checks its checksums) or
+        """Where the bytes are read from: "pack" (a pack file; verify checks its checksums),
         "source" (a safetensors or PyTorch file or a shard directory, read in place; verify
-        checks only that each file is unchanged: such sources store no checksums)."""
+        checks only that each file is unchanged: such sources store no checksums), "bypass" (a
+        path inside a ckptfs mount, read from the mount's source files directly) or "mount"
+        (through the mount: the bypass was refused, or CKLOAD_BYPASS=0)."""
         return self._lib.ckl_read_path(self._handle()).decode()
 
     def total_bytes(self):

@@ -47,7 +47,7 @@ static ck_plan *plan_ok(const ck_index *ix, const char *only)
 {
     ck_plan *p = NULL;
     ck_error err = {""};
-    cr_assert_eq(ck_plan_make(ix, only, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(ck_plan_make(ix, only, NULL, &p, &err), 0, "%s", err.msg);
     cr_assert_not_null(p);
     return p;
 }
@@ -56,7 +56,7 @@ static void plan_fails(const ck_index *ix, const char *only, const char *what)
 {
     ck_plan *p = (ck_plan *)&p;
     ck_error err = {""};
-    cr_assert_eq(ck_plan_make(ix, only, &p, &err), -1);
+    cr_assert_eq(ck_plan_make(ix, only, NULL, &p, &err), -1);
     cr_assert_null(p);
     assert_error(&err, ix->files[0].path, what);
 }
@@ -322,5 +322,41 @@ Test(plan, safetensors_source_is_planned_as_its_virtual_pack)
     cr_assert_str_eq(p->tensors[0].entry->name, "a.2");
     cr_assert_eq(p->blobs[0].file_off, ix->entries[2].ext.offset);
     ck_plan_free(p);
+    ck_index_free(ix);
+}
+
+/* keep (one flag per entry: a mount's subtree) selects as well as only, for a pack and for any
+ * other source alike. */
+Test(plan, keep_selects_entries)
+{
+    uint64_t data_offset;
+    pk_blob blobs[4];
+    ck_index *ix = open_ok(sample_pack(&data_offset, blobs));
+    unsigned char keep[6] = {0};
+    keep[ck_index_find(ix, "d.tied") - ix->entries] = 1;
+    keep[ck_index_find(ix, "f") - ix->entries] = 1;
+    keep[ck_index_find(ix, "e") - ix->entries] = 1; /* a value: never loaded */
+    ck_plan *p = NULL;
+    ck_error err = {""};
+    cr_assert_eq(ck_plan_make(ix, NULL, keep, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(p->ntensors, 2);
+    cr_assert_str_eq(p->tensors[0].entry->name, "d.tied");
+    cr_assert_str_eq(p->tensors[1].entry->name, "f");
+    assert_bytes(ix, p, (const unsigned char *[]){data_a, data_f});
+    ck_plan_free(p);
+    cr_assert_eq(ck_plan_make(ix, "f", keep, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(p->ntensors, 1);
+    ck_plan_free(p);
+    ck_index_free(ix);
+    ix = open_ok(torch_sample());
+    unsigned char *k2 = calloc(ix->nentries, 1);
+    k2[ck_index_find(ix, "w.t") - ix->entries] = 1;
+    cr_assert_eq(ck_plan_make(ix, NULL, k2, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(p->ntensors, 1);
+    cr_assert_not_null(p->blobs[0].gather);
+    ck_plan_free(p);
+    cr_assert_eq(ck_plan_make(ix, "layers", k2, &p, &err), -1);
+    assert_error(&err, ix->files[0].path, "--only 'layers' selects nothing");
+    free(k2);
     ck_index_free(ix);
 }
