@@ -97,7 +97,7 @@ struct ckl_load {
     atomic_int refs;
     char *path;              /* in the same allocation, as is err */
     ck_index *ix;            /* src.ix */
-    ckl_source src;          /* what path stands for: the index, the selection (mount.h) */
+    load_source src;          /* what path stands for: the index, the selection (mount.h) */
     int check_files;         /* check each source file is unchanged once a blob is read */
     ckl_options opt;
     int device, ordinal;
@@ -394,7 +394,7 @@ static void free_load(ckl_load *l)
         if (l->direct_fds[f] >= 0)
             close(l->direct_fds[f]);
     free(l->direct_fds);
-    ckl_source_close(&l->src);
+    load_source_close(&l->src);
     ck_plan_free(l->plan);
     free(l->landed);
     free(l->stored_sums);
@@ -509,7 +509,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         free_load(l);
         return -1;
     }
-    if (ckl_source_open(path, &l->src, err, errlen) != 0) {
+    if (load_source_open(path, &l->src, err, errlen) != 0) {
         free_load(l);
         return -1;
     }

@@ -15,11 +15,11 @@
 #include <sys/vfs.h>
 #include <sys/xattr.h>
 
-void ckl_source_close(ckl_source *s)
+void load_source_close(load_source *s)
 {
     ck_index_free(s->ix);
     free(s->keep);
-    *s = (ckl_source){0};
+    *s = (load_source){0};
 }
 
 /* The root of the ckptfs mount that holds abs (an absolute path without links), malloc'ed, or
@@ -97,7 +97,7 @@ static ck_index *open_bypass(const char *root)
 
 /* keep[] for the entries under the node at rel (a path inside the mount), found with the
  * mount's tree over ix. 0, or -1 with err set. */
-static int select_subtree(ckl_source *s, const char *path, const char *rel, char *err,
+static int select_subtree(load_source *s, const char *path, const char *rel, char *err,
                           size_t errlen)
 {
     ck_tree *t;
@@ -146,7 +146,7 @@ static int is_pack(const char *rel)
 }
 
 /* A path inside the mount at root: the sources or the virtual pack, and the selection. */
-static int open_in_mount(const char *path, const char *root, const char *rel, ckl_source *out,
+static int open_in_mount(const char *path, const char *root, const char *rel, load_source *out,
                          char *err, size_t errlen)
 {
     char pack[PATH_MAX];
@@ -162,9 +162,9 @@ static int open_in_mount(const char *path, const char *root, const char *rel, ck
     return !*rel || is_pack(rel) ? 0 : select_subtree(out, path, rel, err, errlen);
 }
 
-int ckl_source_open(const char *path, ckl_source *out, char *err, size_t errlen)
+int load_source_open(const char *path, load_source *out, char *err, size_t errlen)
 {
-    *out = (ckl_source){0};
+    *out = (load_source){0};
     char abs[PATH_MAX], *root = realpath(path, abs) ? mount_root(abs) : NULL;
     const char *rel = root ? abs + strlen(root) + (abs[strlen(root)] == '/') : NULL;
     int rc;
@@ -179,6 +179,6 @@ int ckl_source_open(const char *path, ckl_source *out, char *err, size_t errlen)
     }
     free(root);
     if (rc)
-        ckl_source_close(out);
+        load_source_close(out);
     return rc;
 }

@@ -26,15 +26,15 @@
 
 #include "../pack/index.h"
 
-typedef struct ckl_source {
+typedef struct load_source {
     ck_index *ix;           /* what the load reads */
     unsigned char *keep;    /* per entry of ix: 1 to load it; NULL: every entry */
     const char *read_path;  /* "bypass" or "mount" for a path inside a mount; NULL otherwise */
-} ckl_source;
+} load_source;
 
 /* What path stands for, into *out. 0, or -1 with err set and nothing held. */
-int ckl_source_open(const char *path, ckl_source *out, char *err, size_t errlen);
+int load_source_open(const char *path, load_source *out, char *err, size_t errlen);
 
-void ckl_source_close(ckl_source *s);
+void load_source_close(load_source *s);
 
 #endif
