@@ -352,6 +352,7 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
     enum { WINDOW = 4 << 20, SAMPLES = 64 };
     unsigned char *vec = malloc(WINDOW / 4096);
     uint64_t resident = 0, pages = 0, step = len / SAMPLES > WINDOW ? len / SAMPLES : WINDOW;
+    step = ck_align_up(step, DIRECT_ALIGN); /* mmap offsets must be page-aligned (else EINVAL) */
     int ok = vec != NULL;
     for (uint64_t at = off & ~(uint64_t)(DIRECT_ALIGN - 1); ok && at < off + len; at += step) {
         size_t n = off + len - at < WINDOW ? (size_t)(off + len - at) : WINDOW;
