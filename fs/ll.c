@@ -111,14 +111,14 @@ static char *read_buffer(ck_mount *m, size_t size)
     if (!b || *b < size) {
         free(b);
         size_t cap = (size_t)ck_align_up(sizeof(size_t) + size, HUGE_PAGE);
-        if (posix_memalign((void **)&b, HUGE_PAGE, cap) != 0)
-            b = NULL;
-        if (b)
-            madvise(b, cap, MADV_HUGEPAGE); /* a hint: small pages work too */
+        void *p = NULL;
+        if (posix_memalign(&p, HUGE_PAGE, cap) == 0)
+            madvise(p, cap, MADV_HUGEPAGE); /* a hint: small pages work too */
+        b = p;
         pthread_setspecific(m->read_buf, b);
         if (!b)
             return NULL;
-        *b = size;
+        *b = cap - sizeof(size_t);
     }
     return (char *)(b + 1);
 }
