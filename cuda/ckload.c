@@ -368,8 +368,8 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
 }
 
 /* An O_DIRECT descriptor when most of the data is not in the page cache (reading it through the
- * cache would only copy it twice), else -1; also -1 where O_DIRECT is refused (FUSE, tmpfs).
- * CKLOAD_DIRECT=0 or 1 overrides the choice. */
+ * cache would only copy it twice), else -1; also -1 where O_DIRECT is refused (tmpfs; a ckptfs
+ * mount takes it). CKLOAD_DIRECT=0 or 1 overrides the choice. */
 static int open_direct(ckl_load *l, const char *path)
 {
     const char *force = getenv("CKLOAD_DIRECT");
