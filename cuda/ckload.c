@@ -412,6 +412,7 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
     enum { WINDOW = 4 << 20, SAMPLES = 64 };
     unsigned char *vec = malloc(WINDOW / 4096);
     uint64_t resident = 0, pages = 0, step = len / SAMPLES > WINDOW ? len / SAMPLES : WINDOW;
+    step = ck_align_up(step, DIRECT_ALIGN); /* mmap offsets must be page-aligned (else EINVAL) */
     int ok = vec != NULL;
     for (uint64_t at = off & ~(uint64_t)(DIRECT_ALIGN - 1); ok && at < off + len; at += step) {
         size_t n = off + len - at < WINDOW ? (size_t)(off + len - at) : WINDOW;
@@ -428,7 +429,7 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
 
 /* An O_DIRECT descriptor for source file f when most of its data that the plan reads in place
  * (not gathered) is not in the page cache (reading it through the cache would only copy it
- * twice), else -1; also -1 where O_DIRECT is refused (FUSE, tmpfs) or the path is no longer
+ * twice), else -1; also -1 where O_DIRECT is refused (tmpfs; a ckptfs mount takes it) or the path is no longer
  * the file the index opened. CKLOAD_DIRECT=0 or 1 overrides the choice. */
 static int open_direct(const ckl_load *l, uint32_t f)
 {

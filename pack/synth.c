@@ -552,6 +552,29 @@ ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off)
     return (ssize_t)done;
 }
 
+int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
+                         int (*fn)(void *ctx, uint32_t file), void *ctx)
+{
+    if (off >= sy->size)
+        return 0;
+    uint64_t end = len > sy->size - off ? sy->size : off + len;
+    uint32_t last = UINT32_MAX; /* the file just named: a run of one file's tensors names it once */
+    int rc = 0;
+    for (size_t i = find_seg(sy, off); rc == 0 && i < sy->nsegs && sy->segs[i].off < end; i++) {
+        const seg *s = &sy->segs[i];
+        if (s->kind == SEG_ENTRY) {
+            uint32_t f = sy->ix->entries[s->entry].ext.file;
+            rc = f == last ? 0 : fn(ctx, f);
+            last = f;
+        } else if (s->kind != SEG_ZERO) {
+            for (uint32_t f = 0; rc == 0 && f < sy->ix->nfiles; f++)
+                rc = fn(ctx, f);
+            last = UINT32_MAX;
+        }
+    }
+    return rc;
+}
+
 static int write_all(int fd, const unsigned char *p, size_t n)
 {
     while (n) {

@@ -56,6 +56,14 @@ uint64_t ck_synth_size(const ck_synth *sy);
  * source is shorter than its index says). */
 ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off);
 
+/* Calls fn(ctx, file) for each source file (an index of ix->files) that bytes [off, off+len)
+ * are made from, and returns the first non-zero answer, else 0: an entry's bytes come from its
+ * file; the bytes held in memory (made by parsing every file) and the pack's trailer (hashed
+ * from every file) from all of them; padding from none. A file may be named more than once.
+ * So a reader can check only the sources a read depended on. */
+int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
+                         int (*fn)(void *ctx, uint32_t file), void *ctx);
+
 /* Progress: called now and then with bytes written so far; a non-zero return stops the write
  * (it fails with -ECANCELED). */
 typedef int (*ck_progress)(void *ctx, uint64_t done, uint64_t total);

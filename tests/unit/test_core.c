@@ -617,6 +617,46 @@ Test(core, replaced_or_removed_source_is_estale)
     ck_fs_free(fs);
 }
 
+/* Where needle (n bytes) starts in hay, which must hold it. */
+static size_t offset_of(const unsigned char *hay, size_t len, const unsigned char *needle, size_t n)
+{
+    const unsigned char *at = memmem(hay, len, needle, n);
+    cr_assert_not_null(at);
+    return (size_t)(at - hay);
+}
+
+Test(core, synthesized_read_checks_the_sources_it_reads)
+{
+    /* Two shards: once one changes, pack bytes from the other still read (whole and exact),
+     * while its own bytes, and the header made from both, fail. */
+    const char *dir = tmp_dir();
+    unsigned char da[8192], db[8192];
+    fill_bytes(da, sizeof da, 11);
+    fill_bytes(db, sizeof db, 12);
+    const char *pa = st_file_in(dir, "a.safetensors",
+                                strf("{%s}", st_tensor("a", "U8", "[8192]", 0, 8192)), da, 8192);
+    st_file_in(dir, "b.safetensors", strf("{%s}", st_tensor("b", "U8", "[8192]", 0, 8192)), db,
+               8192);
+    ck_fs fs;
+    init_ok(&fs, open_ok(dir));
+    uint64_t pack = ino_at(&fs, ".ckptfs/checkpoint.pack");
+    size_t len;
+    unsigned char *whole = read_all(&fs, pack, 1 << 20, &len);
+    size_t at_a = offset_of(whole, len, da, sizeof da), at_b = offset_of(whole, len, db, sizeof db);
+    unsigned char other[1] = {0};
+    tmp_rewrite(pa, other, sizeof other);
+    unsigned char buf[8192];
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, sizeof buf, (off_t)at_b), 8192);
+    cr_assert_arr_eq(buf, db, sizeof db);
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 100, (off_t)at_a + 100), -EIO);
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 64, 0), -EIO);
+    /* The trailer is hashed from every file. */
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 8, (off_t)len - 8), -EIO);
+    cr_assert_eq(ck_fs_open(&fs, pack, O_RDONLY), -ESTALE);
+    free(whole);
+    ck_fs_free(&fs);
+}
+
 Test(core, relative_source_checked_from_anywhere)
 {
     /* A SOURCE given relative to the working directory is still found after a chdir("/"), as
