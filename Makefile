@@ -39,7 +39,7 @@ CORE_SRC := $(wildcard pack/*.c)
 VIEW_SRC := fs/tree.c fs/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c
 TOOL_SRC := $(wildcard tools/*.c)
-LOAD_SRC := cuda/ckload.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
+LOAD_SRC := cuda/ckload.c cuda/mount.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
             cuda/backend_$(if $(HAVE_CUDA),cuda,nocuda).c
 UNIT_SRC := $(wildcard tests/unit/*.c)
 

@@ -1,7 +1,9 @@
-/* ckload.c — the loader's core: a pack's blobs, read by a few threads, into one destination block
- * that a backend (backend.h: CPU or CUDA) owns and fills. */
+/* ckload.c — the loader's core: a checkpoint's blobs (a pack's, or any source's laid out as its
+ * virtual pack), read by a few threads, into one destination block that a backend (backend.h:
+ * CPU or CUDA) owns and fills. */
 #include "ckload.h"
 #include "backend.h"
+#include "mount.h"
 
 #include "../pack/index.h"
 #include "../pack/bytes.h"
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -93,7 +96,9 @@ void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
 struct ckl_load {
     atomic_int refs;
     char *path;              /* in the same allocation, as is err */
-    ck_index *ix;
+    ck_index *ix;            /* src.ix */
+    load_source src;          /* what path stands for: the index, the selection (mount.h) */
+    int check_files;         /* check each source file is unchanged once a blob is read */
     ckl_options opt;
     int device, ordinal;
     const backend *be;       /* the device's: owns the block and moves bytes into it */
@@ -102,9 +107,10 @@ struct ckl_load {
     unsigned char *block;    /* host or device, plan->block_size bytes (at least 1) */
     ck_plan *plan;           /* which tensors and blobs, and where they go (pack/plan.h) */
     atomic_int *landed;      /* per plan blob: in place */
-    uint64_t *stored_sums;   /* per plan blob, from the trailer; only with verify */
+    uint64_t *stored_sums;   /* per plan blob, from a pack's trailer; only with verify */
     ckl_tensor *tensors;     /* per plan tensor */
-    int direct_fd;           /* O_DIRECT descriptor when the data is cold, else -1 */
+    int *direct_fds;         /* per source file: O_DIRECT descriptor when its data is cold, else -1 */
+    int direct;              /* some file is read O_DIRECT */
     pthread_t *threads;
     unsigned nthreads;
     atomic_size_t next_blob;
@@ -152,6 +158,33 @@ void blob_landed(ckl_load *l, size_t b)
         l->opt.on_ready(l->opt.ctx, l->plan->blob_tensors[pb->first + k]);
 }
 
+/* Bytes [at, at+n) of a strided blob, gathered into buf element by element (ck_entry_read,
+ * through the page cache): bounded by the chunk, whatever the tensor's size. 0, or -errno. */
+static int gather_chunk(ckl_load *l, const ck_plan_blob *bl, uint64_t at, size_t n,
+                        unsigned char *buf)
+{
+    ssize_t got = ck_entry_read(l->ix, bl->gather, buf, n, at);
+    return got < 0 ? (int)got : (size_t)got == n ? 0 : -EIO;
+}
+
+/* An O_DIRECT read of the aligned range [start, start+len) that needs only its first `need`
+ * bytes: a source file's last tensor ends where the file does, not on a block boundary, so the
+ * read may stop at the end of the file once it has them. 0, or -errno (-EIO: the file ends
+ * before `need`). */
+static int direct_pread(int fd, unsigned char *buf, size_t len, uint64_t start, size_t need)
+{
+    size_t got = 0;
+    while (got < need) {
+        ssize_t r = pread(fd, buf + got, len - got, (off_t)(start + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? -errno : -EIO;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
 /* Reads blob bytes [at, at+n) into buf and returns where they are, or NULL (error set). With
  * O_DIRECT the read covers the enclosing 4096-byte-aligned range (buf has DIRECT_SLACK bytes
  * to spare), and the bytes start inside buf. Verify hashes them in order. */
@@ -160,11 +193,13 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
 {
     uint64_t off = bl->file_off + at, start = off;
     size_t len = n;
-    int rc;
-    if (l->direct_fd >= 0) {
+    int rc, dfd = bl->gather ? -1 : l->direct_fds[bl->file];
+    if (bl->gather) {
+        rc = gather_chunk(l, bl, at, n, buf);
+    } else if (dfd >= 0) {
         start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
         len = (size_t)ck_align_up(off + n - start, DIRECT_ALIGN);
-        rc = ck_pread(l->direct_fd, buf, len, start);
+        rc = direct_pread(dfd, buf, len, start, (size_t)(off + n - start));
     } else {
         rc = ck_file_pread(l->ix, bl->file, buf, len, start);
     }
@@ -180,12 +215,31 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
     return p;
 }
 
+/* Whether source file f is still the file the index opened, unchanged: same device and inode,
+ * size and modification time. All that verify can check of a source without stored checksums. */
+static int source_unchanged(const ck_index *ix, uint32_t f)
+{
+    const ck_file *cf = &ix->files[f];
+    struct stat st;
+    return fstat(cf->fd, &st) == 0 && st.st_dev == cf->dev && st.st_ino == cf->ino &&
+           (uint64_t)st.st_size == cf->size && st.st_mtim.tv_sec == cf->mtime.tv_sec &&
+           st.st_mtim.tv_nsec == cf->mtime.tv_nsec;
+}
+
+/* After blob b's last byte: with verify, a pack's blob against its stored checksum (st hashed
+ * it); with verify for any other source, and always when bypassing a mount, the file against
+ * what it was when opened (and, for the bypass, when mounted). */
 static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
 {
     const ck_plan_blob *bl = &l->plan->blobs[b];
     if (st && XXH3_64bits_digest(st) != l->stored_sums[b]) {
         set_error(l, "tensor '%s': checksum mismatch (data at byte %llu)", bl->name,
                   (unsigned long long)bl->file_off);
+        return -1;
+    }
+    if (l->check_files && !source_unchanged(l->ix, bl->file)) {
+        set_error(l, "tensor '%s': %s changed while it was read", bl->name,
+                  l->ix->files[bl->file].path);
         return -1;
     }
     return 0;
@@ -197,7 +251,7 @@ static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
 static int direct_in_place(const ckl_load *l, const ck_plan_blob *bl)
 {
     uintptr_t dst = (uintptr_t)(l->block + bl->dest_off);
-    return l->direct_fd >= 0 && l->be->in_place &&
+    return !bl->gather && l->direct_fds[bl->file] >= 0 && l->be->in_place &&
            (dst - (uintptr_t)bl->file_off) % DIRECT_ALIGN == 0;
 }
 
@@ -261,12 +315,13 @@ static void *worker(void *arg)
 {
     ckl_load *l = arg;
     announce_empty_tensors(l);
-    XXH3_state_t *st = l->opt.verify ? XXH3_createState() : NULL;
-    if (l->opt.verify && !st)
+    int hash = l->opt.verify && l->plan->stored_sums;
+    XXH3_state_t *st = hash ? XXH3_createState() : NULL;
+    if (hash && !st)
         set_error(l, "out of memory");
     reader_setup s = {.load = l, .pool = l->pool, .buffers = l->opt.buffers,
                       .buffer_size = l->opt.buffer_size + DIRECT_SLACK,
-                      .ordinal = l->ordinal, .direct = l->direct_fd >= 0};
+                      .ordinal = l->ordinal, .direct = l->direct};
     char why[256];
     reader *r = l->be->open(&s, why, sizeof why);
     if (!r)
@@ -309,21 +364,24 @@ void ckl_default_options(ckl_options *o)
     o->buffers = DEFAULT_STAGES;
 }
 
-/* The plan (pack/plan.h: the layout as the pack reader checked it), each tensor's view of the
- * block-to-be, per-blob readiness, and with verify the stored checksums. */
+/* The plan (pack/plan.h: a pack's layout as its reader checked it, or any other source's as its
+ * virtual pack), each tensor's view of the block-to-be, per-blob readiness, and with verify a
+ * pack's stored checksums. */
 static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
-    if (ck_plan_make(l->ix, l->opt.only, &l->plan, &e) != 0) {
+    if (ck_plan_make(l->ix, l->opt.only, l->src.keep, &l->plan, &e) != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;
     }
     const ck_plan *p = l->plan;
     l->tensors = calloc(p->ntensors ? p->ntensors : 1, sizeof *l->tensors);
     l->landed = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->landed);
-    l->stored_sums = l->opt.verify ? calloc(p->nblobs ? p->nblobs : 1, sizeof *l->stored_sums)
-                                   : NULL;
-    if (!l->tensors || !l->landed || (l->opt.verify && !l->stored_sums)) {
+    int sums = l->opt.verify && p->stored_sums;
+    l->check_files = (l->opt.verify && !p->stored_sums) ||
+                     (l->src.read_path && strcmp(l->src.read_path, "bypass") == 0);
+    l->stored_sums = sums ? calloc(p->nblobs ? p->nblobs : 1, sizeof *l->stored_sums) : NULL;
+    if (!l->tensors || !l->landed || (sums && !l->stored_sums)) {
         snprintf(err, errlen, "%s: out of memory", l->path);
         return -1;
     }
@@ -333,7 +391,7 @@ static int plan(ckl_load *l, char *err, size_t errlen)
                                      .shape = x->shape, .nbytes = x->nbytes, .rank = x->rank,
                                      .dtype_code = x->dtype};
     }
-    if (l->opt.verify && ck_plan_sums(l->ix, p, l->stored_sums, &e) != 0) {
+    if (sums && ck_plan_sums(l->ix, p, l->stored_sums, &e) != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;
     }
@@ -363,9 +421,11 @@ static void free_load(ckl_load *l)
         l->be->free(l->block, block_size(l));
     if (l->own_pool)
         ckl_pool_free(l->pool);
-    if (l->direct_fd >= 0)
-        close(l->direct_fd);
-    ck_index_free(l->ix);
+    for (uint32_t f = 0; l->direct_fds && f < l->ix->nfiles; f++)
+        if (l->direct_fds[f] >= 0)
+            close(l->direct_fds[f]);
+    free(l->direct_fds);
+    load_source_close(&l->src);
     ck_plan_free(l->plan);
     free(l->landed);
     free(l->stored_sums);
@@ -383,6 +443,7 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
     enum { WINDOW = 4 << 20, SAMPLES = 64 };
     unsigned char *vec = malloc(WINDOW / 4096);
     uint64_t resident = 0, pages = 0, step = len / SAMPLES > WINDOW ? len / SAMPLES : WINDOW;
+    step = ck_align_up(step, DIRECT_ALIGN); /* mmap offsets must be page-aligned (else EINVAL) */
     int ok = vec != NULL;
     for (uint64_t at = off & ~(uint64_t)(DIRECT_ALIGN - 1); ok && at < off + len; at += step) {
         size_t n = off + len - at < WINDOW ? (size_t)(off + len - at) : WINDOW;
@@ -397,22 +458,43 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
     return ok && pages ? (double)resident / (double)pages : 1;
 }
 
-/* An O_DIRECT descriptor when most of the data is not in the page cache (reading it through the
- * cache would only copy it twice), else -1; also -1 where O_DIRECT is refused (FUSE, tmpfs).
- * CKLOAD_DIRECT=0 or 1 overrides the choice. */
-static int open_direct(ckl_load *l, const char *path)
+/* An O_DIRECT descriptor for source file f when most of its data that the plan reads in place
+ * (not gathered) is not in the page cache (reading it through the cache would only copy it
+ * twice), else -1; also -1 where O_DIRECT is refused (tmpfs; a ckptfs mount takes it) or the path is no longer
+ * the file the index opened. CKLOAD_DIRECT=0 or 1 overrides the choice. */
+static int open_direct(const ckl_load *l, uint32_t f)
 {
     const char *force = getenv("CKLOAD_DIRECT");
     const ck_plan *p = l->plan;
-    if (force ? strcmp(force, "1") != 0 : p->nblobs == 0)
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t b = 0; b < p->nblobs; b++)
+        if (p->blobs[b].file == f && !p->blobs[b].gather) {
+            lo = p->blobs[b].file_off < lo ? p->blobs[b].file_off : lo;
+            hi = p->blobs[b].file_off + p->blobs[b].len > hi ? p->blobs[b].file_off + p->blobs[b].len : hi;
+        }
+    const ck_file *cf = &l->ix->files[f];
+    if (force ? strcmp(force, "1") != 0 : lo >= hi || cached_fraction(cf->fd, lo, hi - lo) >= 0.5)
         return -1;
-    if (!force) {
-        const ck_plan_blob *first = &p->blobs[0], *last = &p->blobs[p->nblobs - 1];
-        uint64_t lo = first->file_off, hi = last->file_off + last->len;
-        if (cached_fraction(l->ix->files[first->file].fd, lo, hi - lo) >= 0.5)
-            return -1;
+    int fd = open(cf->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != cf->dev || st.st_ino != cf->ino)) {
+        close(fd);
+        fd = -1;
     }
-    return open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    return fd;
+}
+
+/* Each source file's O_DIRECT descriptor or -1 (open_direct). 0, or -1 when memory runs out. */
+static int open_direct_all(ckl_load *l)
+{
+    l->direct_fds = malloc((l->ix->nfiles ? l->ix->nfiles : 1) * sizeof *l->direct_fds);
+    if (!l->direct_fds)
+        return -1;
+    for (uint32_t f = 0; f < l->ix->nfiles; f++) {
+        l->direct_fds[f] = open_direct(l, f);
+        l->direct |= l->direct_fds[f] >= 0;
+    }
+    return 0;
 }
 
 /* Which device, and so which backend: CUDA when asked for (and there), or when auto finds one. */
@@ -444,7 +526,6 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     l->err = l->path + plen;
     l->errcap = errcap;
     atomic_init(&l->refs, 1);
-    l->direct_fd = -1;
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->cond, NULL);
     l->opt = *o;
@@ -460,12 +541,11 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         free_load(l);
         return -1;
     }
-    ck_error e;
-    if (ck_open(path, &l->ix, &e) != 0) {
-        snprintf(err, errlen, "%s", e.msg);
+    if (load_source_open(path, &l->src, err, errlen) != 0) {
         free_load(l);
         return -1;
     }
+    l->ix = l->src.ix;
     l->pool = o->pool ? o->pool : ckl_pool_new();
     l->own_pool = !o->pool;
     if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0 ||
@@ -475,7 +555,11 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         free_load(l);
         return -1;
     }
-    l->direct_fd = open_direct(l, path);
+    if (open_direct_all(l) != 0) {
+        snprintf(err, errlen, "%s: out of memory", path);
+        free_load(l);
+        return -1;
+    }
     const ck_plan *p = l->plan;
     for (size_t i = 0; i < p->ntensors; i++)
         l->tensors[i].data = l->block + (p->tensors[i].blob == CK_PLAN_NONE
@@ -540,6 +624,11 @@ uint64_t ckl_total_bytes(const ckl_load *l)
     for (size_t b = 0; b < l->plan->nblobs; b++)
         n += l->plan->blobs[b].len;
     return n;
+}
+
+const char *ckl_read_path(const ckl_load *l)
+{
+    return l->src.read_path ? l->src.read_path : l->plan->stored_sums ? "pack" : "source";
 }
 
 uint64_t ckl_done_bytes(const ckl_load *l)

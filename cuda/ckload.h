@@ -1,14 +1,29 @@
-/* ckload.h — libckload: stream a pack (pack/FORMAT.md) into device or host memory.
+/* ckload.h — libckload: stream a checkpoint (any source ckptfs mounts) into device or host memory.
  *
  * Build against it with `pkg-config --cflags --libs ckload` once `make install` has run; only the
  * ckl_ functions below are exported. ckl_to_dlpack's result is dlpack.h's DLManagedTensor
  * (libdlpack-dev, DLPack 0.6 or later), a header the caller includes itself.
  *
  * Contract:
- *  - ckl_load opens a pack (a file, or a mount's .ckptfs/checkpoint.pack), allocates one
- *    destination block for the selected tensors (device memory for CUDA, page-aligned host
- *    memory for the CPU) and starts reader threads at once; it returns before the data is in.
- *    Tensors are views into the block: name, dtype, shape, pointer.
+ *  - ckl_load opens any source ckptfs mounts — a pack (a file, or a mount's
+ *    .ckptfs/checkpoint.pack), a safetensors file, a directory of shards, a PyTorch zip or
+ *    legacy file — with no conversion: every source is laid out as its pack would be
+ *    (pack/synth.c), natural name order, tied tensors loaded once and shared, values left out,
+ *    strided PyTorch tensors gathered chunk by chunk on the way (into the staging buffer for
+ *    CUDA, into the block for the host). It allocates one destination block for the selected
+ *    tensors (device memory for CUDA, page-aligned host memory for the CPU) and starts reader
+ *    threads at once; it returns before the data is in. Tensors are views into the block:
+ *    name, dtype, shape, pointer. ckl_read_path tells where the bytes are read from.
+ *  - A path inside a ckptfs mount (its root, .ckptfs/checkpoint.pack, a directory: the tensors
+ *    under it, a tensor file: that tensor) is read from the mount's source files directly, with
+ *    the caller's own credentials, when they are visible, readable and the very files the mount
+ *    parsed (device, inode, size, mtime); else, or with CKLOAD_BYPASS=0, through the mount's
+ *    .ckptfs/checkpoint.pack with the same selection (cuda/mount.h). A source file changed
+ *    after mounting is never read as if it were the old one: the bypass checks each file after
+ *    reading from it, and the mount checks its sources on every read.
+ *  - verify: a pack stores an XXH3 per blob, checked as its bytes stream. Other sources store
+ *    no checksums: there verify checks only that each source file is still the file opened,
+ *    unchanged (device, inode, size, mtime) once a tensor's bytes are read from it.
  *  - CUDA pipeline: each reader thread owns a CUDA stream and `buffers` pinned staging buffers
  *    from the pool (cudaHostAlloc), used round-robin: pread into one while the others'
  *    cudaMemcpyAsync run; a buffer is refilled only after its event completes. Threads take
@@ -49,7 +64,8 @@ typedef struct ckl_options {
     size_t buffer_size;      /* bytes per staging buffer; 0: default (16 MiB) */
     unsigned buffers;        /* pinned staging buffers per reader thread (CUDA); 0: default (2) */
     const char *only;        /* NULL, or a prefix / glob over names (as ckpt pack --only) */
-    int verify;              /* check every blob's XXH3 as its bytes stream */
+    int verify;              /* a pack: check every blob's XXH3 as its bytes stream; other
+                              * sources: check each file is unchanged after its reads */
     void (*on_ready)(void *ctx, size_t tensor); /* may be NULL */
     void *ctx;
     ckl_pool *pool;          /* NULL: a pool private to this load */
@@ -89,6 +105,11 @@ int ckl_cuda_ordinal(const ckl_load *l);
 uint64_t ckl_total_bytes(const ckl_load *l);
 /* Bytes landed so far (for progress). */
 uint64_t ckl_done_bytes(const ckl_load *l);
+/* Where the bytes are read from, a static string: "pack" (a pack file, whose checksums verify
+ * checks), "source" (a safetensors or PyTorch file or a shard directory, read in place),
+ * "bypass" (a path inside a ckptfs mount, read from the mount's source files directly) or
+ * "mount" (a path inside a mount, read through it: the bypass was refused or CKLOAD_BYPASS=0). */
+const char *ckl_read_path(const ckl_load *l);
 
 /* Waits for tensor i / for everything. 0, or -1 with the load's error in err. */
 int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen);

@@ -22,23 +22,93 @@ enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_COUNT };
 
 /* --- building the view ------------------------------------------------------------------- */
 
+/* p made absolute (malloc'ed) against the working directory, or NULL with err set. */
+static char *absolute(const char *p, const char *src, ck_error *err)
+{
+    char cwd[PATH_MAX], *out = NULL;
+    if (p[0] != '/' && !getcwd(cwd, sizeof cwd))
+        return ck_fail(err, src, "cannot name the working directory: %s", strerror(errno)), NULL;
+    if (p[0] == '/' ? (out = strdup(p)) == NULL : asprintf(&out, "%s/%s", cwd, p) < 0)
+        return ck_fail(err, src, "out of memory"), NULL; /* asprintf leaves out undefined */
+    return out;
+}
+
 /* Each source file's path made absolute, for the source checks: the daemon changes to "/".
  * Symlinks stay unresolved, so a link repointed at another file counts as a replacement. */
 static int absolute_paths(ck_fs *fs, const char *src, ck_error *err)
 {
-    char cwd[PATH_MAX];
-    if (!getcwd(cwd, sizeof cwd))
-        return ck_fail(err, src, "cannot name the working directory: %s", strerror(errno));
     if (!(fs->src_path = calloc(fs->ix->nfiles ? fs->ix->nfiles : 1, sizeof *fs->src_path)))
         return ck_fail(err, src, "out of memory");
-    for (uint32_t i = 0; i < fs->ix->nfiles; i++) {
-        const char *p = fs->ix->files[i].path;
-        if (p[0] == '/' ? (fs->src_path[i] = strdup(p)) == NULL
-                        : asprintf(&fs->src_path[i], "%s/%s", cwd, p) < 0) {
-            fs->src_path[i] = NULL; /* asprintf leaves it undefined */
-            return ck_fail(err, src, "out of memory");
+    for (uint32_t i = 0; i < fs->ix->nfiles; i++)
+        if (!(fs->src_path[i] = absolute(fs->ix->files[i].path, src, err)))
+            return -1;
+    return 0;
+}
+
+int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err)
+{
+    const char *src = ck_index_source(fs->ix);
+    char *abs = absolute(source, src, err), *v = NULL;
+    size_t len = 0;
+    FILE *f = abs ? open_memstream(&v, &len) : NULL;
+    if (f) {
+        fprintf(f, "%s%c", abs, 0);
+        for (uint32_t i = 0; i < fs->ix->nfiles; i++) {
+            const ck_file *cf = &fs->ix->files[i];
+            fprintf(f, "%llu %llu %llu %lld.%09ld %s%c", (unsigned long long)cf->dev,
+                    (unsigned long long)cf->ino, (unsigned long long)cf->size,
+                    (long long)cf->mtime.tv_sec, cf->mtime.tv_nsec, fs->src_path[i], 0);
         }
     }
+    int bad = !f || ferror(f);
+    if (f)
+        bad |= fclose(f) != 0;
+    free(abs);
+    if (bad) {
+        free(v);
+        return abs ? ck_fail(err, src, "out of memory") : -1;
+    }
+    free(fs->sources);
+    fs->sources = v;
+    fs->sources_len = len;
+    return 0;
+}
+
+/* One "DEV INO SIZE SEC.NSEC PATH" record of user.ckptfs.sources. */
+static int parse_source_file(char *s, ck_source_file *f)
+{
+    unsigned long long dev, ino, size;
+    long long sec;
+    long nsec;
+    int at = -1;
+    if (sscanf(s, "%llu %llu %llu %lld.%9ld %n", &dev, &ino, &size, &sec, &nsec, &at) != 5 ||
+        at < 1 || s[at - 1] != ' ' || s[at] != '/' || nsec < 0)
+        return -1;
+    *f = (ck_source_file){.path = s + at, .dev = dev, .ino = ino, .size = size,
+                          .mtime = {.tv_sec = (time_t)sec, .tv_nsec = nsec}};
+    return 0;
+}
+
+int ck_fs_parse_sources(char *v, size_t len, const char **source, ck_source_file **files,
+                        size_t *nfiles)
+{
+    *files = NULL;
+    *nfiles = 0;
+    if (len == 0 || v[len - 1] != 0 || v[0] != '/')
+        return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        n += v[i] == 0;
+    *source = v;
+    if (!(*files = calloc(n, sizeof **files)))
+        return -1;
+    for (char *s = v + strlen(v) + 1; s < v + len; s += strlen(s) + 1)
+        if (parse_source_file(s, &(*files)[(*nfiles)++]) != 0) {
+            free(*files);
+            *files = NULL;
+            *nfiles = 0;
+            return -1;
+        }
     return 0;
 }
 
@@ -69,6 +139,7 @@ void ck_fs_free(ck_fs *fs)
     for (uint32_t i = 0; fs->src_path && i < fs->ix->nfiles; i++)
         free(fs->src_path[i]);
     free(fs->src_path);
+    free(fs->sources);
     for (int k = 0; k < CK_VFILE_COUNT; k++) {
         free(fs->vfile[k].data);
         ck_synth_free(fs->vfile[k].synth);
@@ -217,6 +288,12 @@ static int source_check(const ck_fs *fs, uint32_t file)
     return 0;
 }
 
+/* source_check as ck_synth_each_source calls it. */
+static int source_check_cb(void *fs, uint32_t file)
+{
+    return source_check(fs, file);
+}
+
 static int all_sources_check(const ck_fs *fs)
 {
     int rc = 0;
@@ -274,7 +351,11 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
         if (!sy)
             return -EIO;
         n = ck_synth_read(sy, buf, size, (uint64_t)off);
-        changed = all_sources_check(fs); /* it reads from all of them */
+        /* Only the files these bytes came from: checking every shard on every read costs two
+         * syscalls per shard per request. A failed read checks its whole range, so that a
+         * source cut short answers as changed rather than short. */
+        changed = ck_synth_each_source(sy, (uint64_t)off, n < 0 ? size : (size_t)n,
+                                       source_check_cb, fs);
     }
     }
     return changed ? changed : n;
@@ -304,6 +385,8 @@ ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *bu
     const ck_node *nd = node_of(fs, ino);
     if (!nd)
         return -ENOENT;
+    if (ino == CK_ROOT_INO && fs->sources && strcmp(name, CK_SOURCES_XATTR) == 0)
+        return xattr_answer(fs->sources, fs->sources_len, buf, size);
     int k = 0;
     while (k < XA_COUNT && strcmp(name, xattr_names[k]) != 0)
         k++;
@@ -331,6 +414,10 @@ ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size)
         return -ENOENT;
     char list[128];
     size_t n = 0;
+    if (ino == CK_ROOT_INO && fs->sources) {
+        memcpy(list, CK_SOURCES_XATTR, sizeof CK_SOURCES_XATTR);
+        n = sizeof CK_SOURCES_XATTR;
+    }
     for (int k = 0; k < XA_COUNT; k++)
         if (has_xattr(nd, k)) {
             size_t l = strlen(xattr_names[k]) + 1;

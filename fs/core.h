@@ -49,6 +49,8 @@ typedef struct ck_fs {
     gid_t gid;
     struct timespec mtime;     /* directories, values and the mount's files: the source's */
     char **src_path;           /* ix->files[i] as an absolute path: the daemon runs in "/" */
+    char *sources;             /* the root's user.ckptfs.sources (ck_fs_publish_sources) */
+    size_t sources_len;
     ck_fs_log log;
 } ck_fs;
 
@@ -56,6 +58,27 @@ typedef struct ck_fs {
  * absolute source paths. Every file is owned by uid:gid; log receives messages (NULL: none).
  * 0, or -1 with err set (out of memory, two entries with one path). */
 int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_error *err);
+/* Publishes SOURCE (as mounted) and each source file's identity on the root, as the xattr
+ * user.ckptfs.sources, so that a loader can read the sources itself rather than through FUSE
+ * (README "The mount"): a list of NUL-terminated strings, SOURCE made absolute, then one per
+ * file of the index, in its order, "DEV INO SIZE SEC.NSEC PATH" (decimal; the device, inode,
+ * size and mtime recorded when the file was parsed; PATH absolute). 0, or -1 with err set. */
+#define CK_SOURCES_XATTR "user.ckptfs.sources"
+int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err);
+
+/* One source file as user.ckptfs.sources tells it. */
+typedef struct ck_source_file {
+    const char *path;
+    uint64_t dev, ino, size;
+    struct timespec mtime;
+} ck_source_file;
+
+/* Parses a user.ckptfs.sources value of len bytes in place: *source and the paths of
+ * (*files)[0 .. *nfiles) (malloc'ed; the caller frees it) point into v. 0, or -1 when the value
+ * is malformed or memory runs out. */
+int ck_fs_parse_sources(char *v, size_t len, const char **source, ck_source_file **files,
+                        size_t *nfiles);
+
 /* Frees everything, the index included. A zeroed ck_fs is fine. */
 void ck_fs_free(ck_fs *fs);
 
@@ -89,7 +112,8 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off);
 
 /* The attribute name of ino, as getxattr(2) answers: its length, copied into buf when size is
  * not 0; -ERANGE when size is too small, -ENODATA when ino has no such attribute, -ENOENT.
- * A tensor has user.ckptfs.name, .dtype and .shape (JSON), a value .name and .type. */
+ * A tensor has user.ckptfs.name, .dtype and .shape (JSON), a value .name and .type, the root
+ * user.ckptfs.sources once published. */
 ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *buf, size_t size);
 /* The attribute names of ino, each NUL-terminated, as listxattr(2) answers (same rules). */
 ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size);

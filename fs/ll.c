@@ -4,6 +4,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <syslog.h>
+#include <sys/mman.h>
+
+#include "../pack/bytes.h"
 
 static ck_mount *mount_of(fuse_req_t req)
 {
@@ -97,17 +100,25 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fuse_reply_open(req, fi);
 }
 
-/* This thread's read buffer, at least size bytes. */
+enum { HUGE_PAGE = 2 << 20 };
+
+/* This thread's read buffer, at least size bytes. In whole huge pages: the reply's writev pins
+ * the buffer's pages, and pinning one 2 MiB page instead of 256 small ones halved that share
+ * of the daemon's time (9% to 4% under perf, 1 MiB reads). */
 static char *read_buffer(ck_mount *m, size_t size)
 {
     size_t *b = pthread_getspecific(m->read_buf);
     if (!b || *b < size) {
         free(b);
-        b = malloc(sizeof(size_t) + size);
+        size_t cap = (size_t)ck_align_up(sizeof(size_t) + size, HUGE_PAGE);
+        void *p = NULL;
+        if (posix_memalign(&p, HUGE_PAGE, cap) == 0)
+            madvise(p, cap, MADV_HUGEPAGE); /* a hint: small pages work too */
+        b = p;
         pthread_setspecific(m->read_buf, b);
         if (!b)
             return NULL;
-        *b = size;
+        *b = cap - sizeof(size_t);
     }
     return (char *)(b + 1);
 }

@@ -203,7 +203,8 @@ static int build_view(ck_mount *m, const char *source, const struct ck_opts *o)
     ck_index *ix;
     if (ck_open(source, &ix, &err) != 0 ||
         ck_fs_init(&m->fs, ix, o->uid_set ? o->uid : getuid(), o->gid_set ? o->gid : getgid(),
-                   ck_ll_log, &err) != 0) {
+                   ck_ll_log, &err) != 0 ||
+        ck_fs_publish_sources(&m->fs, source, &err) != 0) {
         fprintf(stderr, "ckptfs: %s\n", err.msg);
         return -1;
     }

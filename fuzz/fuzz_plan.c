@@ -87,7 +87,7 @@ static void plan_and_check(const ck_index *ix, const char *only)
     const pack_layout *pl = pack_layout_of(ix, 0);
     ck_plan *p = NULL;
     ck_error err = {{0}};
-    int rc = ck_plan_make(ix, only, &p, &err);
+    int rc = ck_plan_make(ix, only, NULL, &p, &err);
     fuzz_check(rc, NULL, &err);
     FUZZ_REQUIRE((rc == 0) == (p != NULL));
     if (!p)

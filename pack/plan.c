@@ -1,4 +1,5 @@
-/* plan.c — a load's plan from the pack's checked layout (see plan.h). */
+/* plan.c — a load's plan: from a pack's checked layout, or from the virtual pack's grouping of
+ * any other source (see plan.h). */
 #include "plan.h"
 #include "bytes.h"
 #include "packfile.h"
@@ -24,34 +25,60 @@ void ck_plan_free(ck_plan *p)
     free(p);
 }
 
-static int selected(const ck_entry *e, const char *only)
+static int selected(const ck_index *ix, const ck_entry *e, const char *only,
+                    const unsigned char *keep)
 {
-    return e->kind == CK_TENSOR && ck_name_selected(e->name, e->name_len, only);
+    return e->kind == CK_TENSOR && ck_name_selected(e->name, e->name_len, only) &&
+           (!keep || keep[e - ix->entries]);
 }
 
-/* Tensors in pack order; blobs in the order their first selected tensor comes, which is file
- * order, since the pack numbers its blobs by first use and lays them out by number. picked maps
- * a pack blob to its plan blob + 1. Each blob's count is its number of tensors. */
-static void pick(ck_plan *p, const ck_index *ix, const pack_layout *pl, const char *only,
-                 uint32_t *picked)
+/* Tensor e, whose bytes are pack blob b (src says where they come from), joins the plan; the
+ * blob joins at its first tensor, so blobs come in the order their first selected tensor does.
+ * picked maps a pack blob to its plan blob + 1. Each blob's count is its number of tensors. */
+static void add_tensor(ck_plan *p, const ck_entry *e, uint32_t b, ck_plan_blob src,
+                       uint32_t *picked)
+{
+    uint32_t blob = CK_PLAN_NONE;
+    if (e->nbytes > 0) {
+        if (!picked[b]) {
+            src.pack_blob = b;
+            src.name = e->name;
+            p->blobs[p->nblobs] = src;
+            picked[b] = (uint32_t)++p->nblobs;
+        }
+        blob = picked[b] - 1;
+        p->blobs[blob].count++;
+    }
+    p->tensors[p->ntensors++] = (ck_plan_tensor){.entry = e, .blob = blob};
+}
+
+/* A pack: its blobs as its layout says, in file order (the pack numbers its blobs by first use
+ * and lays them out by number). */
+static void pick_pack(ck_plan *p, const ck_index *ix, const pack_layout *pl, const char *only,
+                      const unsigned char *keep, uint32_t *picked)
 {
     for (uint32_t k = 0; k < pl->nentries; k++) {
         const ck_entry *e = &ix->entries[pl->first_entry + k];
-        if (!selected(e, only))
+        if (!selected(ix, e, only, keep))
             continue;
-        uint32_t b = pl->entry_blob[k], blob = CK_PLAN_NONE;
-        if (e->nbytes > 0) {
-            if (!picked[b]) {
-                const pack_blob *pb = &pl->blobs[b];
-                p->blobs[p->nblobs] = (ck_plan_blob){.file_off = pb->offset, .len = pb->length,
-                                                     .file = pl->file, .pack_blob = b,
-                                                     .name = e->name};
-                picked[b] = (uint32_t)++p->nblobs;
-            }
-            blob = picked[b] - 1;
-            p->blobs[blob].count++;
-        }
-        p->tensors[p->ntensors++] = (ck_plan_tensor){.entry = e, .blob = blob};
+        const pack_blob *pb = &pl->blobs[pl->entry_blob[k]];
+        add_tensor(p, e, pl->entry_blob[k],
+                   (ck_plan_blob){.file_off = pb->offset, .len = pb->length, .file = pl->file},
+                   picked);
+    }
+}
+
+/* Any other source: the virtual pack's grouping (synth.h); a blob's bytes are one extent of a
+ * source file, or a strided tensor gathered through ck_entry_read. */
+static void pick_groups(ck_plan *p, const ck_index *ix, const ck_pack_groups *g,
+                        uint32_t *picked)
+{
+    for (uint32_t k = 0; k < g->ntensors; k++) {
+        const ck_entry *s = &ix->entries[g->blob_entry[g->blob_of[k]]];
+        add_tensor(p, &ix->entries[g->tensors[k]], g->blob_of[k],
+                   (ck_plan_blob){.file_off = s->ext.offset, .len = s->nbytes, .file = s->ext.file,
+                                  .gather = s->layout == CK_STRIDED ? s : NULL},
+                   picked);
     }
 }
 
@@ -80,36 +107,74 @@ static void group(ck_plan *p)
     }
 }
 
-int ck_plan_make(const ck_index *ix, const char *only, ck_plan **out, ck_error *err)
+/* A plan with room for nt tensors and nb blobs, or NULL. */
+static ck_plan *plan_new(size_t nt, size_t nb)
 {
-    *out = NULL;
-    const pack_layout *pl = pack_of(ix);
-    if (!pl)
-        return ck_fail(err, ck_index_source(ix), "not a pack (it is %s)", ix->format);
-    size_t nt = 0;
-    for (uint32_t k = 0; k < pl->nentries; k++)
-        nt += (size_t)selected(&ix->entries[pl->first_entry + k], only);
-    if (nt == 0 && only)
-        return ck_fail(err, ck_index_source(ix), "--only '%s' selects nothing", only);
-    /* A blob needs a tensor: never more blobs than tensors. */
-    size_t nb = nt < pl->nblobs ? nt : pl->nblobs;
     ck_plan *p = calloc(1, sizeof *p);
-    uint32_t *picked = calloc((size_t)pl->nblobs + 1, sizeof *picked);
     if (p) {
         p->tensors = malloc((nt ? nt : 1) * sizeof *p->tensors);
         p->blobs = calloc(nb ? nb : 1, sizeof *p->blobs);
         p->blob_tensors = malloc((nt ? nt : 1) * sizeof *p->blob_tensors);
     }
-    if (!p || !picked || !p->tensors || !p->blobs || !p->blob_tensors) {
+    if (p && (!p->tensors || !p->blobs || !p->blob_tensors)) {
+        ck_plan_free(p);
+        p = NULL;
+    }
+    return p;
+}
+
+static int plan_pack(const ck_index *ix, const pack_layout *pl, const char *only,
+                     const unsigned char *keep, ck_plan **out, ck_error *err)
+{
+    size_t nt = 0;
+    for (uint32_t k = 0; k < pl->nentries; k++)
+        nt += (size_t)selected(ix, &ix->entries[pl->first_entry + k], only, keep);
+    if (nt == 0 && only)
+        return ck_fail(err, ck_index_source(ix), "--only '%s' selects nothing", only);
+    /* A blob needs a tensor: never more blobs than tensors. */
+    ck_plan *p = plan_new(nt, nt < pl->nblobs ? nt : pl->nblobs);
+    uint32_t *picked = calloc((size_t)pl->nblobs + 1, sizeof *picked);
+    if (!p || !picked) {
         free(picked);
         ck_plan_free(p);
         return ck_fail(err, ck_index_source(ix), "out of memory");
     }
-    pick(p, ix, pl, only, picked);
+    p->stored_sums = 1;
+    pick_pack(p, ix, pl, only, keep, picked);
     free(picked);
-    place(p);
-    group(p);
     *out = p;
+    return 0;
+}
+
+static int plan_source(const ck_index *ix, const char *only, const unsigned char *keep,
+                       ck_plan **out, ck_error *err)
+{
+    ck_pack_groups g;
+    if (ck_synth_groups(ix, only, keep, &g, err) != 0)
+        return -1;
+    ck_plan *p = plan_new(g.ntensors, g.nblobs);
+    uint32_t *picked = calloc((size_t)g.nblobs + 1, sizeof *picked);
+    if (p && picked)
+        pick_groups(p, ix, &g, picked);
+    free(picked);
+    ck_pack_groups_free(&g);
+    if (!p || !picked) {
+        ck_plan_free(p);
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    }
+    *out = p;
+    return 0;
+}
+
+int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep, ck_plan **out,
+                 ck_error *err)
+{
+    *out = NULL;
+    const pack_layout *pl = pack_of(ix);
+    if ((pl ? plan_pack(ix, pl, only, keep, out, err) : plan_source(ix, only, keep, out, err)) != 0)
+        return -1;
+    place(*out);
+    group(*out);
     return 0;
 }
 

@@ -1,19 +1,25 @@
-/* plan.h — where a load puts a pack's tensors: the planning step of libckload, without I/O.
+/* plan.h — where a load puts a checkpoint's tensors: the planning step of libckload, without I/O.
  *
- * Contract: ck_plan_make takes an index of one pack (ck_open of a pack file) and `only` (NULL,
- * or a prefix or glob as ck_name_selected says) and returns:
+ * Contract: ck_plan_make takes an index of any source ck_open reads (a pack, a safetensors file,
+ * a shard directory, a PyTorch file), `only` (NULL, or a prefix or glob as ck_name_selected
+ * says) and `keep` (NULL, or one flag per index entry: a subtree of a mount) and returns:
  *  - the selected tensors in pack order (natural name order), each with its entry and its blob
  *    in the plan (CK_PLAN_NONE for an empty tensor: it needs no bytes);
- *  - the blobs those tensors need, in file order, each once however many tensors share it: its
- *    file and file offset and length, its number in the pack (its place in the checksum
- *    trailer), its place in one destination block (a multiple of CK_PLAN_ALIGN, in file order,
- *    each at the first such place after the one before), its first tensor's name for messages,
- *    and its tensors (blob_tensors[first .. first + count), ascending): telling the tensors of
- *    a landed blob costs the number of those tensors, not a scan of all of them;
- *  - the block's size.
- * The layout comes only from the reader (pack_layout_of), which checked it against FORMAT.md:
- * nothing here re-derives it. Building a plan reads no file. Errors are one line "FILE: what is
- * wrong": not a pack, `only` selects nothing, out of memory. No CUDA, no FUSE.
+ *  - the blobs those tensors need, in pack order, each once however many tensors share it (tied
+ *    tensors are one blob): where its bytes come from (len bytes of one source file at
+ *    file_off, or, for a strided PyTorch tensor, its entry, read through ck_entry_read), its
+ *    number in the pack (for a pack file: its checksum's place in the trailer), its place in
+ *    one destination block (a multiple of CK_PLAN_ALIGN, in plan order, each at the first such
+ *    place after the one before), its first tensor's name for messages, and its tensors
+ *    (blob_tensors[first .. first + count), ascending): telling the tensors of a landed blob
+ *    costs the number of those tensors, not a scan of all of them;
+ *  - the block's size, and whether the source stores checksums (a pack does; nothing else).
+ * For a pack the layout comes only from the reader (pack_layout_of), which checked it against
+ * FORMAT.md; for any other source the grouping and order come from the virtual pack
+ * (ck_synth_groups), so a load from the source and one from its mount's checkpoint.pack give
+ * the same block. Nothing here re-derives either. Building a plan reads no file. Errors are one
+ * line "FILE: what is wrong": `only` selects nothing, two entries with one name, out of memory.
+ * No CUDA, no FUSE.
  */
 #ifndef CK_PLAN_H
 #define CK_PLAN_H
@@ -27,10 +33,12 @@
 #define CK_PLAN_NONE UINT32_MAX /* the blob of an empty tensor */
 
 typedef struct ck_plan_blob {
-    uint64_t file_off, len;  /* where its bytes are in the pack file */
+    uint64_t file_off, len;  /* where its bytes are in file (unless gathered) */
     uint64_t dest_off;       /* where they go in the block */
-    uint32_t file;           /* the pack's file id in the index */
-    uint32_t pack_blob;      /* its number in the pack: its checksum's place in the trailer */
+    uint32_t file;           /* the source file's id in the index */
+    uint32_t pack_blob;      /* its number in the (virtual) pack: a pack file's trailer place */
+    const ck_entry *gather;  /* NULL: the bytes are contiguous in file; else read them with
+                              * ck_entry_read of this entry (strided: gathered element-wise) */
     const char *name;        /* its first tensor's name, owned by the index */
     uint32_t first, count;   /* its tensors: blob_tensors[first .. first + count) */
 } ck_plan_blob;
@@ -47,17 +55,20 @@ typedef struct ck_plan {
     size_t nblobs;
     uint32_t *blob_tensors;  /* tensor numbers grouped by blob (see ck_plan_blob.first) */
     uint64_t block_size;     /* the end of the last blob in the block; 0 when there is none */
+    int stored_sums;         /* the source is a pack: ck_plan_sums can tell its checksums */
 } ck_plan;
 
-/* The plan of ix's selected tensors into *out (ck_plan_free frees it). 0, or -1 with err set
- * and *out NULL. */
-int ck_plan_make(const ck_index *ix, const char *only, ck_plan **out, ck_error *err);
+/* The plan of ix's tensors selected by only and keep into *out (ck_plan_free frees it). 0, or -1
+ * with err set and *out NULL. */
+int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep, ck_plan **out,
+                 ck_error *err);
 
 void ck_plan_free(ck_plan *p);
 
-/* The checksums the pack's trailer stores for p's blobs (after checking the trailer's own):
+/* The checksums a pack's trailer stores for p's blobs (after checking the trailer's own):
  * sums[b] for p->blobs[b]. Reads the trailer (8 bytes a blob of the whole pack). 0, or -1 with
- * err set: "FILE: the checksum table is corrupt", a read error, out of memory. */
+ * err set: "FILE: not a pack (it is FORMAT)" (no stored_sums), "FILE: the checksum table is
+ * corrupt", a read error, out of memory. */
 int ck_plan_sums(const ck_index *ix, const ck_plan *p, uint64_t *sums, ck_error *err);
 
 #endif

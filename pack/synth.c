@@ -156,9 +156,10 @@ int ck_name_selected(const char *name, size_t len, const char *only)
     return fnmatch(only, name, 0) == 0;
 }
 
-/* The selected entries in natural order; NULL with err set on failure. */
-static uint32_t *ordered_entries(const ck_index *ix, const char *only, int tensors_only,
-                                 uint32_t *count, ck_error *err)
+/* The selected entries (by only, and by keep unless it is NULL) in natural order; NULL with err
+ * set on failure. */
+static uint32_t *ordered_entries(const ck_index *ix, const char *only, const unsigned char *keep,
+                                 int tensors_only, uint32_t *count, ck_error *err)
 {
     const char *src = ck_index_source(ix);
     uint32_t *order = malloc((ix->nentries ? ix->nentries : 1) * sizeof *order), n = 0;
@@ -166,7 +167,7 @@ static uint32_t *ordered_entries(const ck_index *ix, const char *only, int tenso
         return ck_fail(err, src, "out of memory"), NULL;
     for (size_t i = 0; i < ix->nentries; i++)
         if (ck_name_selected(ix->entries[i].name, ix->entries[i].name_len, only) &&
-            (!tensors_only || ix->entries[i].kind == CK_TENSOR))
+            (!tensors_only || ix->entries[i].kind == CK_TENSOR) && (!keep || keep[i]))
             order[n++] = (uint32_t)i;
     if (n == 0 && only) {
         free(order);
@@ -208,16 +209,18 @@ static int by_source(const void *x, const void *y, void *ixp)
     return memcmp(a->shape, b->shape, 2 * (size_t)a->rank * sizeof *a->shape);
 }
 
-/* blob_of[k] for the k-th ordered tensor; blobs are numbered by first appearance in `order`. */
-static int assign_blobs(ck_synth *sy, const uint32_t *order, uint32_t n, uint32_t *blob_of)
+/* blob_of[k] for the k-th ordered tensor; blobs are numbered by first appearance in `order`,
+ * and (*blob_entry)[b] is the entry that supplies blob b's bytes (*nblobs of them). */
+static int assign_blobs(const ck_index *ix, const uint32_t *order, uint32_t n, uint32_t *blob_of,
+                        uint32_t **blob_entry, uint32_t *nblobs)
 {
-    const ck_index *ix = sy->ix;
     size_t m = n ? n : 1;
     uint32_t *ents = malloc(m * sizeof *ents);  /* the tensors, sorted by source */
     uint32_t *group = malloc((ix->nentries ? ix->nentries : 1) * sizeof *group); /* entry -> group */
     uint32_t *blob = malloc(m * sizeof *blob);  /* group (its first place in ents) -> blob */
-    sy->blob_entry = malloc(m * sizeof *sy->blob_entry);
-    int rc = ents && group && blob && sy->blob_entry ? 0 : -1;
+    *blob_entry = malloc(m * sizeof **blob_entry);
+    *nblobs = 0;
+    int rc = ents && group && blob && *blob_entry ? 0 : -1;
     if (rc == 0) {
         memcpy(ents, order, n * sizeof *ents);
         qsort_r(ents, n, sizeof *ents, by_source, (void *)ix);
@@ -231,8 +234,8 @@ static int assign_blobs(ck_synth *sy, const uint32_t *order, uint32_t n, uint32_
         for (uint32_t k = 0; k < n; k++) {
             uint32_t g = group[order[k]];
             if (blob[g] == UINT32_MAX) {
-                blob[g] = sy->nblobs;
-                sy->blob_entry[sy->nblobs++] = order[k];
+                blob[g] = *nblobs;
+                (*blob_entry)[(*nblobs)++] = order[k];
             }
             blob_of[k] = blob[g];
         }
@@ -241,6 +244,30 @@ static int assign_blobs(ck_synth *sy, const uint32_t *order, uint32_t n, uint32_
     free(group);
     free(blob);
     return rc;
+}
+
+void ck_pack_groups_free(ck_pack_groups *g)
+{
+    free(g->tensors);
+    free(g->blob_of);
+    free(g->blob_entry);
+    *g = (ck_pack_groups){0};
+}
+
+int ck_synth_groups(const ck_index *ix, const char *only, const unsigned char *keep,
+                    ck_pack_groups *out, ck_error *err)
+{
+    *out = (ck_pack_groups){0};
+    out->tensors = ordered_entries(ix, only, keep, 1, &out->ntensors, err);
+    if (!out->tensors)
+        return -1;
+    out->blob_of = malloc((out->ntensors ? out->ntensors : 1) * sizeof *out->blob_of);
+    if (!out->blob_of || assign_blobs(ix, out->tensors, out->ntensors, out->blob_of,
+                                      &out->blob_entry, &out->nblobs) != 0) {
+        ck_pack_groups_free(out);
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    }
+    return 0;
 }
 
 /* --- the pack's header and index ------------------------------------------------------------ */
@@ -341,7 +368,7 @@ static int build_pack(ck_synth *sy, const uint32_t *order, uint32_t n)
         if (ix->entries[order[k]].kind == CK_TENSOR)
             tensors[nt++] = order[k];
     blob_of = malloc((nt ? nt : 1) * sizeof *blob_of);
-    if (!blob_of || assign_blobs(sy, tensors, nt, blob_of) != 0)
+    if (!blob_of || assign_blobs(ix, tensors, nt, blob_of, &sy->blob_entry, &sy->nblobs) != 0)
         goto out;
     blob_off = malloc((sy->nblobs ? sy->nblobs : 1) * sizeof *blob_off);
     if (!blob_off)
@@ -388,7 +415,7 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
     const char *src = ck_index_source(ix);
     uint32_t n;
     *out = NULL;
-    uint32_t *order = ordered_entries(ix, only, 0, &n, err);
+    uint32_t *order = ordered_entries(ix, only, NULL, 0, &n, err);
     if (!order)
         return -1;
     /* FORMAT.md allows the empty name only for a pack's one entry, and the reader enforces it:
@@ -523,6 +550,29 @@ ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off)
         done += n;
     }
     return (ssize_t)done;
+}
+
+int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
+                         int (*fn)(void *ctx, uint32_t file), void *ctx)
+{
+    if (off >= sy->size)
+        return 0;
+    uint64_t end = len > sy->size - off ? sy->size : off + len;
+    uint32_t last = UINT32_MAX; /* the file just named: a run of one file's tensors names it once */
+    int rc = 0;
+    for (size_t i = find_seg(sy, off); rc == 0 && i < sy->nsegs && sy->segs[i].off < end; i++) {
+        const seg *s = &sy->segs[i];
+        if (s->kind == SEG_ENTRY) {
+            uint32_t f = sy->ix->entries[s->entry].ext.file;
+            rc = f == last ? 0 : fn(ctx, f);
+            last = f;
+        } else if (s->kind != SEG_ZERO) {
+            for (uint32_t f = 0; rc == 0 && f < sy->ix->nfiles; f++)
+                rc = fn(ctx, f);
+            last = UINT32_MAX;
+        }
+    }
+    return rc;
 }
 
 static int write_all(int fd, const unsigned char *p, size_t n)
@@ -670,7 +720,7 @@ int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err)
 {
     uint32_t n;
     *out = NULL;
-    uint32_t *order = ordered_entries(ix, NULL, 1, &n, err);
+    uint32_t *order = ordered_entries(ix, NULL, NULL, 1, &n, err);
     if (!order)
         return -1;
     return synth_build(ix, order, n, build_safetensors, out, err);

@@ -29,6 +29,25 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
  * names are listed in __metadata__ "ckptfs.omitted"), natural name order, tied tensors copied. */
 int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err);
 
+/* How the pack of ix's tensors selected by only (and by keep[entry] unless keep is NULL) groups
+ * their bytes, as ck_synth_pack lays them
+ * out (values left out): the tensors in pack order (natural name order) and each one's blob;
+ * blobs are numbered by first use, and the tensors of one blob have the same bytes (tied, or
+ * one storage range seen twice); blob_entry[b] is the entry whose bytes blob b holds. The
+ * loader's plan (plan.h) takes this for every source but a pack, so a load from the source and
+ * one from its virtual pack place the same bytes in the same order. Fails as ck_synth_pack
+ * does (only selects no tensor, two entries with one name, out of memory). */
+typedef struct ck_pack_groups {
+    uint32_t *tensors;    /* entry numbers, in pack order */
+    uint32_t *blob_of;    /* per tensor: its blob */
+    uint32_t *blob_entry; /* per blob: the entry that supplies its bytes */
+    uint32_t ntensors, nblobs;
+} ck_pack_groups;
+
+int ck_synth_groups(const ck_index *ix, const char *only, const unsigned char *keep,
+                    ck_pack_groups *out, ck_error *err);
+void ck_pack_groups_free(ck_pack_groups *g);
+
 void ck_synth_free(ck_synth *sy);
 
 uint64_t ck_synth_size(const ck_synth *sy);
@@ -36,6 +55,14 @@ uint64_t ck_synth_size(const ck_synth *sy);
 /* Copies up to len bytes at off; returns the count (0 at the end) or -errno (-EIO when the
  * source is shorter than its index says). */
 ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off);
+
+/* Calls fn(ctx, file) for each source file (an index of ix->files) that bytes [off, off+len)
+ * are made from, and returns the first non-zero answer, else 0: an entry's bytes come from its
+ * file; the bytes held in memory (made by parsing every file) and the pack's trailer (hashed
+ * from every file) from all of them; padding from none. A file may be named more than once.
+ * So a reader can check only the sources a read depended on. */
+int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
+                         int (*fn)(void *ctx, uint32_t file), void *ctx);
 
 /* Progress: called now and then with bytes written so far; a non-zero return stops the write
  * (it fails with -ECANCELED). */

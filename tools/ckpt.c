@@ -441,6 +441,15 @@ static int finish_load(ckl_load *l)
     return rc ? -1 : 0;
 }
 
+/* ckl_read_path in words. */
+static const char *read_path_words(const char *rp)
+{
+    return strcmp(rp, "bypass") == 0  ? "read from the sources, bypassing the mount"
+           : strcmp(rp, "mount") == 0 ? "read through the mount"
+           : strcmp(rp, "pack") == 0  ? "read from the pack"
+                                      : "read from the source";
+}
+
 static int cmd_load(int argc, char **argv)
 {
     ckl_options o;
@@ -469,7 +478,7 @@ static int cmd_load(int argc, char **argv)
         else if (opt[0] == '-' && opt[1])
             return usage_error("load", "unknown option or value out of range");
         else if (path)
-            return usage_error("load", "one PACK only");
+            return usage_error("load", "one SOURCE only");
         else {
             path = opt;
             continue;
@@ -477,7 +486,7 @@ static int cmd_load(int argc, char **argv)
         i++;
     }
     if (!path)
-        return usage_error("load", "missing PACK");
+        return usage_error("load", "missing SOURCE");
     char err[PATH_MAX + 512];
     ckl_load *l;
     double t0 = seconds_now();
@@ -493,9 +502,12 @@ static int cmd_load(int argc, char **argv)
         char dev[32] = "cpu";
         if (ckl_device_of(l) == CKL_CUDA)
             snprintf(dev, sizeof dev, "cuda:%d", ckl_cuda_ordinal(l));
-        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s)%s\n", path,
+        const char *rp = ckl_read_path(l);
+        int sums = strcmp(rp, "pack") == 0 || strcmp(rp, "mount") == 0; /* the pack read */
+        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), %s%s\n", path,
                ckl_count(l), (unsigned long long)bytes, dev, dt,
-               dt > 0 ? (double)bytes / dt / 1e9 : 0.0, o.verify ? ", checksums match" : "");
+               dt > 0 ? (double)bytes / dt / 1e9 : 0.0, read_path_words(rp),
+               !o.verify ? "" : sums ? ", checksums match" : ", sources unchanged");
     }
     ckl_release(l);
     return rc != 0;
@@ -525,14 +537,17 @@ static const ck_command commands[] = {
      "Recomputes every tensor's checksum. Names the first tensor that does not match and exits\n"
      "1; prints a summary and exits 0 when all match.",
      cmd_verify},
-    {"load", "ckpt load PACK [--device D] [--threads T] [--buffers N] [--buffer-size S] "
+    {"load", "ckpt load SOURCE [--device D] [--threads T] [--buffers N] [--buffer-size S] "
              "[--only P] [--verify]",
-     "Loads PACK (a pack file or a mount's .ckptfs/checkpoint.pack) with libckload into memory\n"
-     "on D (cpu, cuda, cuda:N or auto: CUDA when a device is usable; default auto), then prints\n"
-     "bytes, time and GB/s and frees it. T reader threads (default 4), each with N pinned\n"
-     "staging buffers (default 2) of S bytes (default 16M; K, M, G suffixes) for CUDA. --only\n"
-     "loads the entries whose name is P or starts with P., or matches the glob. --verify\n"
-     "checks every checksum as the bytes stream. A progress bar is drawn when stderr is a\n"
+     "Loads SOURCE (a pack file, a mount's .ckptfs/checkpoint.pack, or any source ckptfs mounts,\n"
+     "read in place as its pack would lay it out) with libckload into memory on D (cpu, cuda,\n"
+     "cuda:N or auto: CUDA when a device is usable; default auto), then prints bytes, time,\n"
+     "GB/s and where it read from (the pack, or the source) and frees it. T reader threads\n"
+     "(default 4), each with N pinned staging buffers (default 2) of S bytes (default 16M; K,\n"
+     "M, G suffixes) for CUDA. --only loads the entries whose name is P or starts with P., or\n"
+     "matches the glob. --verify checks a pack's checksums as the bytes stream; other sources\n"
+     "store none, so for them it checks only that each source file is unchanged (device,\n"
+     "inode, size, mtime) after its bytes are read. A progress bar is drawn when stderr is a\n"
      "terminal.",
      cmd_load},
     {"help", "ckpt help [COMMAND]", "Shows what a command does.", cmd_help},

@@ -1,4 +1,4 @@
-"""ckload — a pack (pack/FORMAT.md) straight into torch tensors, through libckload.
+"""ckload — a checkpoint straight into torch tensors, through libckload.
 
 Pure ctypes, no compile step. The library is found through the environment variable
 CKLOAD_LIB, else next to this package as built: build/python/ckload.py uses build/libckload.so.
@@ -7,6 +7,11 @@ the ABI version) against what the library reports, and refuses a library that di
 
     import ckload
     sd = ckload.load("model.pack", device="cuda:0")     # {name: torch.Tensor}, in pack order
+    sd = ckload.load("model.safetensors", device="cpu") # any source ckptfs mounts, as it is
+
+A source is whatever ckptfs mounts: a pack, a safetensors file, a directory of shards, a
+PyTorch zip or legacy file. It is read in place, laid out as its pack would be: natural name
+order, tied tensors once, values left out, strided tensors gathered on the way.
 
 Every tensor is a view into the one block libckload allocated (device memory for CUDA,
 page-aligned host memory for the CPU), handed to torch through DLPack: nothing is copied, and
@@ -157,6 +162,7 @@ def library():
                 "ckl_cuda_ordinal": (_c.c_int, [load_p]),
                 "ckl_total_bytes": (_c.c_uint64, [load_p]),
                 "ckl_done_bytes": (_c.c_uint64, [load_p]),
+                "ckl_read_path": (_c.c_char_p, [load_p]),
                 "ckl_wait": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
                 "ckl_wait_all": (_c.c_int, [load_p, _c.c_char_p, _c.c_size_t]),
                 "ckl_release": (None, [load_p]),
@@ -380,6 +386,15 @@ class Load:
             return f"cuda:{self._lib.ckl_cuda_ordinal(h)}"
         return "cpu"
 
+    @property
+    def read_path(self):
+        """Where the bytes are read from: "pack" (a pack file; verify checks its checksums),
+        "source" (a safetensors or PyTorch file or a shard directory, read in place; verify
+        checks only that each file is unchanged: such sources store no checksums), "bypass" (a
+        path inside a ckptfs mount, read from the mount's source files directly) or "mount"
+        (through the mount: the bypass was refused, or CKLOAD_BYPASS=0)."""
+        return self._lib.ckl_read_path(self._handle()).decode()
+
     def total_bytes(self):
         return self._lib.ckl_total_bytes(self._handle())
 
@@ -428,10 +443,12 @@ class Load:
 
 
 def load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0):
-    """Loads the pack at path (a file, or a mount's .ckptfs/checkpoint.pack) and returns
-    {name: torch.Tensor} in pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA
-    when libckload can use a device). only: a prefix or glob over names (as ckpt pack --only);
-    verify: check every tensor's checksum as it streams. threads, buffer_size: 0 for the
+    """Loads the checkpoint at path (a pack file, a mount's .ckptfs/checkpoint.pack, a
+    safetensors file, a shard directory, a PyTorch file) and returns {name: torch.Tensor} in
+    pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA when libckload can use a
+    device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
+    checksums, checked as the bytes stream; for other sources, which store none, only that each
+    source file is unchanged while it is read. threads, buffer_size: 0 for the
     defaults. Raises RuntimeError ("ckload: FILE: what is wrong") on any failure; then no
     tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,

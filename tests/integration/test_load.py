@@ -317,13 +317,6 @@ def test_missing_file(tmp_path):
     one_line(ckpt_load(tmp_path / "none.pack"))
 
 
-@pytest.mark.parametrize("make", [safetensors_source, torch_source, sharded_source])
-def test_not_a_pack(tmp_path, make):
-    src = make(tmp_path)
-    assert "not a pack" in load_error(src, device="cpu")
-    assert "not a pack" in one_line(ckpt_load(src, "--device", "cpu"))
-
-
 @pytest.mark.parametrize("cut", ["data", "trailer", "index"])
 def test_truncated_pack(tmp_path, cut):
     out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
@@ -407,7 +400,9 @@ def test_ckpt_load_errors_carry_its_own_name_only(tmp_path):
     victim = tmp_path / "flipped.pack"
     victim.write_bytes(out.read_bytes())
     flip_byte(victim, pack_header(victim)["data_offset"] + 3)
-    for path, extra in [(missing, []), (src, []), (victim, ["--verify"])]:
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(src.read_bytes()[:-10])
+    for path, extra in [(missing, []), (short, []), (victim, ["--verify"])]:
         err = one_line(ckpt_load(path, "--device", "cpu", *extra))
         assert err.startswith(f"ckpt: {path}: ") and "ckload:" not in err, err
         msg = load_error(path, device="cpu", verify=bool(extra))
@@ -500,6 +495,7 @@ def test_ckpt_load_reports_bytes_and_rate(tmp_path):
         line = p.stdout.decode()
         assert line.startswith(f"{out}: {len(expected_tensors(src))} tensors, {total} bytes "
                                f"into cpu in "), line
-        assert line.rstrip().endswith("GB/s)" if not extra else "checksums match"), line
+        assert line.rstrip().endswith("read from the pack" if not extra
+                                      else "read from the pack, checksums match"), line
     p = ckpt_load(out, "--device", "cpu", "--only", "layers.1")
     assert p.returncode == 0 and " 1 tensors, " in p.stdout.decode()

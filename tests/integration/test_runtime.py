@@ -84,6 +84,43 @@ def test_source_changed_while_mounted(tmp_path, mount, kind):
             os.close(fd)
 
 
+def read_direct(fd, n, off):
+    """n bytes at off through an O_DIRECT descriptor, into a page-aligned buffer."""
+    import mmap
+    buf = mmap.mmap(-1, n)
+    got = os.preadv(fd, [buf], off)
+    return buf[:got]
+
+
+@pytest.mark.parametrize("kind", ["modified", "truncated", "replaced", "removed"])
+def test_shard_changed_under_the_virtual_pack(tmp_path, mount, kind):
+    """A read of the virtual pack checks the shards its bytes come from: after one shard
+    changes, the other's tensors still read whole and exact (O_DIRECT, as libckload reads: every
+    read reaches the daemon), while the changed shard's bytes and the header fail."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    a, b = save_safetensors(d / "a.safetensors", n=2), tmp_path / "b.safetensors"
+    g = torch.Generator().manual_seed(4)
+    safetensors.torch.save_file({"other.w": torch.randn(50_000, generator=g)}, str(b))
+    os.rename(b, d / "b.safetensors")
+    lib, _ = library_view(d)
+    with mount(d) as m:
+        fd = os.open(m / ".ckptfs/checkpoint.pack", os.O_RDONLY | os.O_DIRECT)
+        try:
+            whole = read_direct(fd, os.fstat(fd).st_size, 0)
+            at_a, at_b = whole.find(lib["layer.0.w"][2]), whole.find(lib["other.w"][2])
+            assert at_a > 0 and at_b > 0
+            change(kind, a, tmp_path)
+            n = len(lib["other.w"][2])
+            assert read_direct(fd, n, at_b) == lib["other.w"][2]
+            for off in (at_a, 0):
+                with pytest.raises(OSError) as e:
+                    read_direct(fd, 4096, off)
+                assert e.value.errno in FAILED_READ, (off, e.value)
+        finally:
+            os.close(fd)
+
+
 @pytest.mark.parametrize("kind", ["modified", "replaced"])
 def test_torch_source_changed_while_mounted(tmp_path, mount, kind):
     """A strided tensor (gathered from its storage at read time) fails the same way."""

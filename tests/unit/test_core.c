@@ -617,6 +617,46 @@ Test(core, replaced_or_removed_source_is_estale)
     ck_fs_free(fs);
 }
 
+/* Where needle (n bytes) starts in hay, which must hold it. */
+static size_t offset_of(const unsigned char *hay, size_t len, const unsigned char *needle, size_t n)
+{
+    const unsigned char *at = memmem(hay, len, needle, n);
+    cr_assert_not_null(at);
+    return (size_t)(at - hay);
+}
+
+Test(core, synthesized_read_checks_the_sources_it_reads)
+{
+    /* Two shards: once one changes, pack bytes from the other still read (whole and exact),
+     * while its own bytes, and the header made from both, fail. */
+    const char *dir = tmp_dir();
+    unsigned char da[8192], db[8192];
+    fill_bytes(da, sizeof da, 11);
+    fill_bytes(db, sizeof db, 12);
+    const char *pa = st_file_in(dir, "a.safetensors",
+                                strf("{%s}", st_tensor("a", "U8", "[8192]", 0, 8192)), da, 8192);
+    st_file_in(dir, "b.safetensors", strf("{%s}", st_tensor("b", "U8", "[8192]", 0, 8192)), db,
+               8192);
+    ck_fs fs;
+    init_ok(&fs, open_ok(dir));
+    uint64_t pack = ino_at(&fs, ".ckptfs/checkpoint.pack");
+    size_t len;
+    unsigned char *whole = read_all(&fs, pack, 1 << 20, &len);
+    size_t at_a = offset_of(whole, len, da, sizeof da), at_b = offset_of(whole, len, db, sizeof db);
+    unsigned char other[1] = {0};
+    tmp_rewrite(pa, other, sizeof other);
+    unsigned char buf[8192];
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, sizeof buf, (off_t)at_b), 8192);
+    cr_assert_arr_eq(buf, db, sizeof db);
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 100, (off_t)at_a + 100), -EIO);
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 64, 0), -EIO);
+    /* The trailer is hashed from every file. */
+    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 8, (off_t)len - 8), -EIO);
+    cr_assert_eq(ck_fs_open(&fs, pack, O_RDONLY), -ESTALE);
+    free(whole);
+    ck_fs_free(&fs);
+}
+
 Test(core, relative_source_checked_from_anywhere)
 {
     /* A SOURCE given relative to the working directory is still found after a chdir("/"), as
@@ -671,4 +711,84 @@ Test(core, mount_files_table)
     cr_assert_eq(ck_vfiles[CK_VFILE_PACK].kind, CK_NODE_SYNTH);
     cr_assert_str_eq(ck_vfiles[CK_VFILE_SAFETENSORS].name, "checkpoint.safetensors");
     cr_assert_eq(ck_vfiles[CK_VFILE_SAFETENSORS].kind, CK_NODE_SYNTH);
+}
+
+/* --- the sources, published on the root for loaders ---------------------------------------- */
+
+Test(core, sources_xattr)
+{
+    ck_fs *fs = sample_fs();
+    char buf[8192];
+    cr_assert_eq(ck_fs_getxattr(fs, CK_ROOT_INO, CK_SOURCES_XATTR, buf, sizeof buf), -ENODATA);
+    cr_assert_eq(ck_fs_listxattr(fs, CK_ROOT_INO, buf, sizeof buf), 0);
+    ck_error err = {""};
+    cr_assert_eq(ck_fs_publish_sources(fs, "some/source", &err), 0, "%s", err.msg);
+    ssize_t n = ck_fs_getxattr(fs, CK_ROOT_INO, CK_SOURCES_XATTR, NULL, 0);
+    cr_assert_gt(n, 0);
+    cr_assert_eq(ck_fs_getxattr(fs, CK_ROOT_INO, CK_SOURCES_XATTR, buf, (size_t)n - 1), -ERANGE);
+    cr_assert_eq(ck_fs_getxattr(fs, CK_ROOT_INO, CK_SOURCES_XATTR, buf, sizeof buf), n);
+    cr_assert_eq(ck_fs_listxattr(fs, CK_ROOT_INO, buf + n, sizeof buf - (size_t)n),
+                 (ssize_t)sizeof CK_SOURCES_XATTR);
+    cr_assert_str_eq(buf + n, CK_SOURCES_XATTR);
+    /* Only the root has it. */
+    cr_assert_eq(ck_fs_getxattr(fs, ino_at(fs, "w/a"), CK_SOURCES_XATTR, NULL, 0), -ENODATA);
+    cr_assert_eq(ck_fs_getxattr(fs, ino_at(fs, ".ckptfs"), CK_SOURCES_XATTR, NULL, 0), -ENODATA);
+    /* SOURCE made absolute, then each file's identity as stat(2) tells it now. */
+    char cwd[4096];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    const char *source;
+    ck_source_file *files;
+    size_t nfiles;
+    cr_assert_eq(ck_fs_parse_sources(buf, (size_t)n, &source, &files, &nfiles), 0);
+    cr_assert_str_eq(source, strf("%s/some/source", cwd));
+    cr_assert_eq(nfiles, fs->ix->nfiles);
+    struct stat st;
+    cr_assert_eq(stat(fs->ix->files[0].path, &st), 0);
+    cr_assert_str_eq(files[0].path, fs->ix->files[0].path);
+    cr_assert_eq(files[0].dev, st.st_dev);
+    cr_assert_eq(files[0].ino, st.st_ino);
+    cr_assert_eq(files[0].size, (uint64_t)st.st_size);
+    cr_assert_eq(files[0].mtime.tv_sec, st.st_mtim.tv_sec);
+    cr_assert_eq(files[0].mtime.tv_nsec, st.st_mtim.tv_nsec);
+    free(files);
+    ck_fs_free(fs);
+}
+
+Test(core, sources_xattr_malformed)
+{
+    static const struct {
+        const char *v;
+        size_t len;
+    } bad[] = {
+        {"", 0},
+        {"/src", 4},                           /* not NUL-terminated */
+        {"src\0", 4},                          /* not absolute */
+        {"/src\0" "1 2 3 4.5 rel\0", 19},      /* a relative file */
+        {"/src\0" "1 2 3 4 /f\0", 16},         /* no nanoseconds */
+        {"/src\0" "1 2 x 4.5 /f\0", 18},       /* not a number */
+        {"/src\0" "1 2 3 4.5/f\0", 17},        /* no space before the path */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char v[64];
+        memcpy(v, bad[i].v, bad[i].len);
+        const char *source;
+        ck_source_file *files = (ck_source_file *)v;
+        size_t nfiles = 7;
+        cr_assert_eq(ck_fs_parse_sources(v, bad[i].len, &source, &files, &nfiles), -1, "%zu", i);
+        cr_assert_null(files);
+        cr_assert_eq(nfiles, 0);
+    }
+    char ok[] = "/src\0" "1 2 3 4.000000005 /a b\0" "6 7 8 9.000000010 /c\0";
+    const char *source;
+    ck_source_file *files;
+    size_t nfiles;
+    cr_assert_eq(ck_fs_parse_sources(ok, sizeof ok - 1, &source, &files, &nfiles), 0);
+    cr_assert_str_eq(source, "/src");
+    cr_assert_eq(nfiles, 2);
+    cr_assert_str_eq(files[0].path, "/a b");
+    cr_assert_eq(files[0].mtime.tv_nsec, 5);
+    cr_assert_eq(files[1].dev, 6);
+    cr_assert_eq(files[1].size, 8);
+    cr_assert_str_eq(files[1].path, "/c");
+    free(files);
 }

@@ -1,11 +1,14 @@
 /* The load plan (pack/plan.h) over packs built byte by byte by the helpers: which tensors,
- * which blobs, where in the block, the tensors of each blob, the stored sums, and the errors. */
+ * which blobs, where in the block, the tensors of each blob, the stored sums, and the errors;
+ * and over other sources, whose plan must be the plan of their virtual pack (synth.h). */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "../../pack/plan.h"
+#include "../../pack/synth.h"
 #include "helpers.h"
 
 TestSuite(plan, .fini = tmp_cleanup);
@@ -44,7 +47,7 @@ static ck_plan *plan_ok(const ck_index *ix, const char *only)
 {
     ck_plan *p = NULL;
     ck_error err = {""};
-    cr_assert_eq(ck_plan_make(ix, only, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(ck_plan_make(ix, only, NULL, &p, &err), 0, "%s", err.msg);
     cr_assert_not_null(p);
     return p;
 }
@@ -53,7 +56,7 @@ static void plan_fails(const ck_index *ix, const char *only, const char *what)
 {
     ck_plan *p = (ck_plan *)&p;
     ck_error err = {""};
-    cr_assert_eq(ck_plan_make(ix, only, &p, &err), -1);
+    cr_assert_eq(ck_plan_make(ix, only, NULL, &p, &err), -1);
     cr_assert_null(p);
     assert_error(&err, ix->files[0].path, what);
 }
@@ -168,8 +171,16 @@ Test(plan, errors)
     plan_fails(ix, "zzz", "--only 'zzz' selects nothing");
     plan_fails(ix, "e", "--only 'e' selects nothing"); /* a value is not loaded */
     ck_index_free(ix);
+    /* Any source is planned; only a pack has checksums to tell. */
     ix = open_ok(st_file("{}", NULL, 0));
-    plan_fails(ix, NULL, "not a pack (it is safetensors)");
+    ck_plan *p = plan_ok(ix, NULL);
+    cr_assert_eq(p->ntensors, 0);
+    cr_assert_eq(p->stored_sums, 0);
+    ck_error err = {""};
+    cr_assert_eq(ck_plan_sums(ix, p, (uint64_t[1]){0}, &err), -1);
+    assert_error(&err, ix->files[0].path, "not a pack (it is safetensors)");
+    ck_plan_free(p);
+    plan_fails(ix, "zzz", "--only 'zzz' selects nothing");
     ck_index_free(ix);
 }
 
@@ -212,5 +223,140 @@ Test(plan, stored_sums)
     cr_assert_eq(ck_plan_sums(ix, p, (uint64_t[3]){0}, &err), -1);
     assert_error(&err, path, "the checksum table is corrupt");
     ck_plan_free(p);
+    ck_index_free(ix);
+}
+
+/* Blob b's bytes as the plan says to read them: gathered through its entry, or from its file. */
+static unsigned char *blob_bytes(const ck_index *ix, const ck_plan_blob *b)
+{
+    unsigned char *got = malloc(b->len ? b->len : 1);
+    if (b->gather)
+        cr_assert_eq(ck_entry_read(ix, b->gather, got, b->len, 0), (ssize_t)b->len);
+    else
+        cr_assert_eq(ck_file_pread(ix, b->file, got, b->len, b->file_off), 0);
+    return got;
+}
+
+/* The plan of src and the plan of its virtual pack written to a file (ck_synth_pack), both
+ * with `only`: the same tensors in the same order, the same blobs (tied tensors sharing one) in
+ * the same places of the block, with the same bytes. */
+static void assert_planned_as_its_pack(const char *src, const char *only, size_t want_gathered)
+{
+    ck_index *ix = open_ok(src);
+    ck_synth *sy;
+    ck_error err = {""};
+    cr_assert_eq(ck_synth_pack(ix, only, &sy, &err), 0, "%s", err.msg);
+    const char *packed = tmp_file("", 0);
+    FILE *f = fopen(packed, "wb");
+    cr_assert_eq(ck_synth_write(sy, fileno(f), NULL, NULL), 0);
+    fclose(f);
+    ck_synth_free(sy);
+    ck_index *px = open_ok(packed);
+    ck_plan *p = plan_ok(ix, only), *q = plan_ok(px, only);
+    cr_assert_eq(p->stored_sums, 0);
+    cr_assert_eq(q->stored_sums, 1);
+    cr_assert_eq(p->ntensors, q->ntensors);
+    for (size_t t = 0; t < p->ntensors; t++) {
+        cr_assert_str_eq(p->tensors[t].entry->name, q->tensors[t].entry->name);
+        cr_assert_eq(p->tensors[t].blob, q->tensors[t].blob, "%s", p->tensors[t].entry->name);
+    }
+    cr_assert_eq(p->nblobs, q->nblobs);
+    cr_assert_eq(p->block_size, q->block_size);
+    size_t gathered = 0;
+    for (size_t b = 0; b < p->nblobs; b++) {
+        const ck_plan_blob *x = &p->blobs[b], *y = &q->blobs[b];
+        cr_assert_eq(x->len, y->len);
+        cr_assert_eq(x->dest_off, y->dest_off);
+        cr_assert_eq(x->pack_blob, y->pack_blob);
+        cr_assert_eq(x->count, y->count);
+        cr_assert_eq(memcmp(&p->blob_tensors[x->first], &q->blob_tensors[y->first],
+                            x->count * sizeof *p->blob_tensors), 0);
+        unsigned char *a = blob_bytes(ix, x), *c = blob_bytes(px, y);
+        cr_assert_eq(memcmp(a, c, x->len), 0, "blob %zu (%s)", b, x->name);
+        free(a);
+        free(c);
+        gathered += x->gather != NULL;
+    }
+    cr_assert_eq(gathered, want_gathered);
+    ck_plan_free(p);
+    ck_plan_free(q);
+    ck_index_free(px);
+    ck_index_free(ix);
+}
+
+/* A PyTorch zip with a transposed and a sliced tensor (gathered), tied tensors (one blob),
+ * an empty one, a value, and names whose natural order is not their byte order. */
+static const char *torch_sample(void)
+{
+    const char *path = tmp_path_in(tmp_dir(), "m.pt");
+    run_python("import sys, torch\n"
+               "a = torch.arange(24, dtype=torch.float32).reshape(4, 6)\n"
+               "torch.save({'w.t': a.t(), 'w.slice': a[:, 1:3], 'tied.0': a, 'tied.1': a,\n"
+               "            'layers.10.x': torch.ones(3, dtype=torch.int16),\n"
+               "            'layers.2.x': torch.zeros(5, dtype=torch.bfloat16),\n"
+               "            'empty': torch.empty(0), 'step': 7}, sys.argv[1])\n",
+               path, NULL);
+    return path;
+}
+
+Test(plan, torch_source_is_planned_as_its_virtual_pack)
+{
+    const char *src = torch_sample();
+    assert_planned_as_its_pack(src, NULL, 2);
+    assert_planned_as_its_pack(src, "layers", 0);
+    assert_planned_as_its_pack(src, "w.*", 2);
+}
+
+Test(plan, safetensors_source_is_planned_as_its_virtual_pack)
+{
+    unsigned char data[64];
+    fill_bytes(data, sizeof data, 4);
+    const char *src = st_file(strf("{%s,%s,%s}", st_tensor("b", "F32", "[4]", 0, 16),
+                                   st_tensor("a.10", "U8", "[40]", 16, 56),
+                                   st_tensor("a.2", "I16", "[4]", 56, 64)),
+                              data, sizeof data);
+    assert_planned_as_its_pack(src, NULL, 0);
+    assert_planned_as_its_pack(src, "a", 0);
+    ck_index *ix = open_ok(src);
+    ck_plan *p = plan_ok(ix, NULL);
+    cr_assert_str_eq(p->tensors[0].entry->name, "a.2");
+    cr_assert_eq(p->blobs[0].file_off, ix->entries[2].ext.offset);
+    ck_plan_free(p);
+    ck_index_free(ix);
+}
+
+/* keep (one flag per entry: a mount's subtree) selects as well as only, for a pack and for any
+ * other source alike. */
+Test(plan, keep_selects_entries)
+{
+    uint64_t data_offset;
+    pk_blob blobs[4];
+    ck_index *ix = open_ok(sample_pack(&data_offset, blobs));
+    unsigned char keep[6] = {0};
+    keep[ck_index_find(ix, "d.tied") - ix->entries] = 1;
+    keep[ck_index_find(ix, "f") - ix->entries] = 1;
+    keep[ck_index_find(ix, "e") - ix->entries] = 1; /* a value: never loaded */
+    ck_plan *p = NULL;
+    ck_error err = {""};
+    cr_assert_eq(ck_plan_make(ix, NULL, keep, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(p->ntensors, 2);
+    cr_assert_str_eq(p->tensors[0].entry->name, "d.tied");
+    cr_assert_str_eq(p->tensors[1].entry->name, "f");
+    assert_bytes(ix, p, (const unsigned char *[]){data_a, data_f});
+    ck_plan_free(p);
+    cr_assert_eq(ck_plan_make(ix, "f", keep, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(p->ntensors, 1);
+    ck_plan_free(p);
+    ck_index_free(ix);
+    ix = open_ok(torch_sample());
+    unsigned char *k2 = calloc(ix->nentries, 1);
+    k2[ck_index_find(ix, "w.t") - ix->entries] = 1;
+    cr_assert_eq(ck_plan_make(ix, NULL, k2, &p, &err), 0, "%s", err.msg);
+    cr_assert_eq(p->ntensors, 1);
+    cr_assert_not_null(p->blobs[0].gather);
+    ck_plan_free(p);
+    cr_assert_eq(ck_plan_make(ix, "layers", k2, &p, &err), -1);
+    assert_error(&err, ix->files[0].path, "--only 'layers' selects nothing");
+    free(k2);
     ck_index_free(ix);
 }
