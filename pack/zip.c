@@ -343,7 +343,7 @@ static int parse_directory(unsigned char *cd, const zip_end *end, zip_archive *z
  * apart, and one pread each cost more than all the rest of reading the directory. A gap of a
  * page or less costs a read no more than the page it shares with a header would; the tensor
  * data between headers further apart is never read. */
-enum { LOCAL_GAP = 4096, LOCAL_WINDOW = 1 << 20 };
+enum { LOCAL_GAP = 4096, LOCAL_WINDOW = 64 << 10 };
 
 /* The fields of a local header that read_local checks and uses. */
 typedef struct local_head {
