@@ -75,10 +75,15 @@ static void put_uint(jtext *j, uint64_t v)
 static void put_string(jtext *j, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
+    /* 1 for the bytes that need an escape: one look-up a byte in the scan over plain runs. */
+    static const unsigned char special[256] = {
+        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x00-0x1f */
+        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ['"'] = 1, ['\\'] = 1,
+    };
     PUT_LIT(j, "\"");
     for (size_t i = 0; i < n;) {
         size_t run = i;
-        while (run < n && (unsigned char)s[run] >= 0x20 && s[run] != '"' && s[run] != '\\')
+        while (run < n && !special[(unsigned char)s[run]])
             run++;
         put(j, s + i, run - i);
         if (run == n)
