@@ -194,7 +194,7 @@ __attribute__((noinline)) static const unsigned char *short_input(vm *v, uint64_
     return NULL;
 }
 
-static const unsigned char *take(vm *v, uint64_t n, const char *what)
+static inline const unsigned char *take(vm *v, uint64_t n, const char *what)
 {
     if (n > v->len - v->pos)
         return short_input(v, n, what);
@@ -204,7 +204,7 @@ static const unsigned char *take(vm *v, uint64_t n, const char *what)
 }
 
 /* An n-byte little-endian unsigned integer, n 1, 2, 4 or 8. */
-static int take_uint(vm *v, unsigned n, const char *what, uint64_t *out)
+static inline int take_uint(vm *v, unsigned n, const char *what, uint64_t *out)
 {
     const unsigned char *p = take(v, n, what);
     if (!p)
@@ -310,7 +310,7 @@ static int charge_copy(vm *v, uint64_t n, const char *what)
 }
 
 /* Adds child to b (the caller has made room), enforcing what the top comment promises. */
-static int adopt(vm *v, pk_box *b, pk_obj *child)
+static inline int adopt(vm *v, pk_box *b, pk_obj *child)
 {
     if (b->frozen)
         return fail(v, "%s changes a %s that is already inside another container (that could "
