@@ -117,16 +117,13 @@ int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_
     const char *src = ck_index_source(ix);
     ck_tree *tree = NULL;
     *fs = (ck_fs){.ix = ix, .uid = uid, .gid = gid, .log = log};
-    pthread_mutex_init(&fs->synth_lock, NULL);
+    pthread_mutex_init(&fs->vfile_lock, NULL);
     if (ix->nfiles)
         fs->mtime = ix->files[0].mtime;
     /* Each part goes into fs as soon as it exists, so that on any failure ck_fs_free releases
      * all there is, the index included. */
     int rc = ck_tree_build(ix, CK_VDIR, ck_vfiles, CK_VFILE_COUNT, &tree, err);
     fs->tree = tree;
-    if (rc == 0 && !(fs->vfile[CK_VFILE_INDEX_JSON].data = ck_view_index_json(
-                         ix, tree, 0, &fs->vfile[CK_VFILE_INDEX_JSON].len)))
-        rc = ck_fail(err, src, "out of memory");
     if (rc == 0)
         rc = absolute_paths(fs, src, err);
     if (rc)
@@ -145,7 +142,7 @@ void ck_fs_free(ck_fs *fs)
         ck_synth_free(fs->vfile[k].synth);
     }
     if (fs->ix)
-        pthread_mutex_destroy(&fs->synth_lock);
+        pthread_mutex_destroy(&fs->vfile_lock);
     ck_tree_free((ck_tree *)fs->tree);
     ck_index_free((ck_index *)fs->ix);
     *fs = (ck_fs){0};
@@ -170,29 +167,42 @@ static const ck_entry *entry_of(const ck_fs *fs, const ck_node *nd)
     return &fs->ix->entries[nd->id];
 }
 
-/* The synthesized file k, built the first time anyone looks at it: its header costs memory and
- * time that a mount used only for its tensors should not pay. NULL if it cannot be built; the
- * reason is logged by the one call that found out. */
-static ck_synth *synth_of(ck_fs *fs, uint32_t k)
+/* Makes the mount's own file k: index.json's text, or a synthesized file's layout. */
+static int make_vfile(ck_fs *fs, uint32_t k, ck_error *err)
 {
-    pthread_mutex_lock(&fs->synth_lock);
-    if (!fs->vfile[k].synth && !fs->vfile[k].failed) {
+    if (k == CK_VFILE_INDEX_JSON) {
+        fs->vfile[k].data = ck_view_index_json(fs->ix, fs->tree, 0, &fs->vfile[k].len);
+        return fs->vfile[k].data ? 0 : ck_fail(err, ck_index_source(fs->ix), "out of memory");
+    }
+    return k == CK_VFILE_PACK ? ck_synth_pack(fs->ix, NULL, &fs->vfile[k].synth, err)
+                              : ck_synth_safetensors(fs->ix, &fs->vfile[k].synth, err);
+}
+
+/* Whether the mount's own file k is there, made the first time anyone looks at it: it costs
+ * memory and time that a mount used only for its tensors should not pay, and index.json of a
+ * large checkpoint cost more than the rest of mounting it. 0 if it cannot be made; the reason
+ * is logged by the one call that found out. */
+static int vfile_ready(ck_fs *fs, uint32_t k)
+{
+    pthread_mutex_lock(&fs->vfile_lock);
+    if (!fs->vfile[k].made && !fs->vfile[k].failed) {
         ck_error err;
-        int rc = k == CK_VFILE_PACK ? ck_synth_pack(fs->ix, NULL, &fs->vfile[k].synth, &err)
-                                    : ck_synth_safetensors(fs->ix, &fs->vfile[k].synth, &err);
-        if (rc != 0) {
+        if (make_vfile(fs, k, &err) != 0) {
             char line[sizeof err.msg + 16];
             snprintf(line, sizeof line, "ckptfs: %s", err.msg);
             if (fs->log)
                 fs->log(line);
             fs->vfile[k].failed = 1;
+        } else {
+            fs->vfile[k].made = 1;
         }
     }
-    pthread_mutex_unlock(&fs->synth_lock);
-    return fs->vfile[k].synth;
+    int made = fs->vfile[k].made;
+    pthread_mutex_unlock(&fs->vfile_lock);
+    return made;
 }
 
-/* A file's size: -EIO for a synthesized file that cannot be built. */
+/* A file's size: -EIO for one of the mount's own files that cannot be made. */
 static int64_t node_size(ck_fs *fs, const ck_node *nd)
 {
     switch (nd->kind) {
@@ -202,11 +212,9 @@ static int64_t node_size(ck_fs *fs, const ck_node *nd)
     case CK_NODE_VALUE:
         return (int64_t)entry_of(fs, nd)->nbytes;
     case CK_NODE_MEMFILE:
-        return (int64_t)fs->vfile[nd->id].len;
-    default: { /* CK_NODE_SYNTH */
-        ck_synth *sy = synth_of(fs, nd->id);
-        return sy ? (int64_t)ck_synth_size(sy) : -EIO;
-    }
+        return vfile_ready(fs, nd->id) ? (int64_t)fs->vfile[nd->id].len : -EIO;
+    default: /* CK_NODE_SYNTH */
+        return vfile_ready(fs, nd->id) ? (int64_t)ck_synth_size(fs->vfile[nd->id].synth) : -EIO;
     }
 }
 
@@ -311,7 +319,7 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
         return -EISDIR;
     if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC))
         return -EROFS;
-    if (nd->kind == CK_NODE_SYNTH && !synth_of(fs, nd->id))
+    if ((nd->kind == CK_NODE_SYNTH || nd->kind == CK_NODE_MEMFILE) && !vfile_ready(fs, nd->id))
         return -EIO;
     /* Every source, not just this file's: an open is rare next to reads. Refusing here also
      * keeps new opens away from pages the kernel cached before the change. */
@@ -331,6 +339,8 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
     case CK_NODE_DIR:
         return -EISDIR;
     case CK_NODE_MEMFILE: {
+        if (!vfile_ready(fs, nd->id))
+            return -EIO;
         size_t len = fs->vfile[nd->id].len, left = (uint64_t)off >= len ? 0 : len - (size_t)off;
         if (left > size)
             left = size;
@@ -347,9 +357,9 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
         changed = source_check(fs, entry_of(fs, nd)->ext.file);
         break;
     default: { /* CK_NODE_SYNTH */
-        ck_synth *sy = synth_of(fs, nd->id);
-        if (!sy)
+        if (!vfile_ready(fs, nd->id))
             return -EIO;
+        ck_synth *sy = fs->vfile[nd->id].synth;
         n = ck_synth_read(sy, buf, size, (uint64_t)off);
         /* Only the files these bytes came from: checking every shard on every read costs two
          * syscalls per shard per request. A failed read checks its whole range, so that a
@@ -427,9 +437,10 @@ ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size)
     return xattr_answer(list, n, buf, size);
 }
 
-void ck_fs_statfs(const ck_fs *fs, struct statvfs *sv)
+void ck_fs_statfs(ck_fs *fs, struct statvfs *sv)
 {
-    uint64_t bytes = fs->vfile[CK_VFILE_INDEX_JSON].len;
+    int json = vfile_ready(fs, CK_VFILE_INDEX_JSON);
+    uint64_t bytes = json ? fs->vfile[CK_VFILE_INDEX_JSON].len : 0;
     for (size_t i = 0; i < fs->ix->nentries; i++)
         bytes += fs->ix->entries[i].nbytes;
     *sv = (struct statvfs){

@@ -10,10 +10,11 @@
  *    recorded when they were parsed, and fail rather than serve bytes the index no longer
  *    describes (a modified or truncated file gives -EIO, a replaced or removed one -ESTALE;
  *    open answers -ESTALE for either).
- *  - A synthesized file (.ckptfs/checkpoint.pack, checkpoint.safetensors) is built the first
- *    time anyone looks at it. If it cannot be built, every lookup, stat, open and read of it
- *    answers -EIO, never a short or empty file, and the reason goes to the log once, as the
- *    line `ckpt pack` would print ("ckptfs: SOURCE: what is wrong").
+ *  - The mount's own files (.ckptfs/index.json, and the synthesized checkpoint.pack and
+ *    checkpoint.safetensors) are made the first time anyone looks at them, once, whatever the
+ *    threads. If one cannot be made, every lookup, stat, open and read of it answers -EIO,
+ *    never a short or empty file, and the reason goes to the log once, as the line `ckpt pack`
+ *    would print ("ckptfs: SOURCE: what is wrong").
  */
 #ifndef CK_CORE_H
 #define CK_CORE_H
@@ -39,12 +40,13 @@ typedef struct ck_fs {
     const ck_index *ix;
     const ck_tree *tree;
     struct {
-        char *data;            /* CK_NODE_MEMFILE: its bytes, made at init */
+        char *data;            /* CK_NODE_MEMFILE: its bytes */
         size_t len;
-        ck_synth *synth;       /* CK_NODE_SYNTH: built on first use */
-        int failed;            /* CK_NODE_SYNTH: could not be built (and was logged) */
+        ck_synth *synth;       /* CK_NODE_SYNTH: its layout */
+        int made;              /* made on first use (under vfile_lock) */
+        int failed;            /* could not be made (and was logged) */
     } vfile[CK_VFILE_COUNT];
-    pthread_mutex_t synth_lock;
+    pthread_mutex_t vfile_lock;
     uid_t uid;
     gid_t gid;
     struct timespec mtime;     /* directories, values and the mount's files: the source's */
@@ -54,8 +56,9 @@ typedef struct ck_fs {
     ck_fs_log log;
 } ck_fs;
 
-/* Makes the view of ix (which it takes over, and frees on failure too): tree, index.json,
- * absolute source paths. Every file is owned by uid:gid; log receives messages (NULL: none).
+/* Makes the view of ix (which it takes over, and frees on failure too): tree and absolute
+ * source paths; the mount's own files wait for their first use. Every file is owned by
+ * uid:gid; log receives messages (NULL: none).
  * 0, or -1 with err set (out of memory, two entries with one path). */
 int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_error *err);
 /* Publishes SOURCE (as mounted) and each source file's identity on the root, as the xattr
@@ -82,7 +85,8 @@ int ck_fs_parse_sources(char *v, size_t len, const char **source, ck_source_file
 /* Frees everything, the index included. A zeroed ck_fs is fine. */
 void ck_fs_free(ck_fs *fs);
 
-/* The attributes of an inode. -ENOENT, -EIO (a synthesized file that cannot be built). */
+/* The attributes of an inode. -ENOENT, -EIO (one of the mount's own files that cannot be
+ * made). */
 int ck_fs_getattr(ck_fs *fs, uint64_t ino, struct stat *st);
 /* The child name of directory parent, and its attributes. -ENOENT (no such child), -ENOTDIR,
  * -EIO as getattr. */
@@ -103,8 +107,8 @@ typedef struct ck_dirent {
 int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d);
 
 /* Whether ino may be opened with open(2) flags: 0, or -ENOENT, -EISDIR, -EROFS (for writing
- * or truncating), -EIO (a synthesized file that cannot be built), -ESTALE (a source file
- * changed: every one is checked, as a changed source makes the whole view suspect). */
+ * or truncating), -EIO (one of the mount's own files that cannot be made), -ESTALE (a source
+ * file changed: every one is checked, as a changed source makes the whole view suspect). */
 int ck_fs_open(ck_fs *fs, uint64_t ino, int flags);
 /* Up to size bytes of file ino at off into buf: the count (0 at or past the end), or -ENOENT,
  * -EINVAL (off < 0), -EISDIR, -EIO, -ESTALE (the sources were checked after reading). */
@@ -118,8 +122,8 @@ ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *bu
 /* The attribute names of ino, each NUL-terminated, as listxattr(2) answers (same rules). */
 ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size);
 
-/* Blocks of 4096 bytes for the entries and index.json (counting the synthesized files would
- * build them), one file per node, read-only. */
-void ck_fs_statfs(const ck_fs *fs, struct statvfs *sv);
+/* Blocks of 4096 bytes for the entries and index.json (made now if it was not; counting the
+ * synthesized files would build them), one file per node, read-only. */
+void ck_fs_statfs(ck_fs *fs, struct statvfs *sv);
 
 #endif

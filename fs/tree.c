@@ -23,6 +23,11 @@ static size_t escape(const char *s, size_t len, char *out, size_t limit)
     size_t full = 0;
     for (size_t i = 0; i < len; i++)
         full += needs_escape((unsigned char)s[i]) ? 3 : 1;
+    if (full == len && len <= limit) { /* nothing to escape or cut: most components */
+        memcpy(out, s, len);
+        out[len] = 0;
+        return len;
+    }
     size_t max = full <= limit ? limit : HASH_CUT, n = 0;
     /* Copy whole units only (an escape, or a character with its UTF-8 continuation bytes), so a
      * cut never splits one. */
@@ -93,9 +98,8 @@ static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t l
     return at;
 }
 
-/* The directory that holds name's last piece, created as needed; *last_start is where that
- * piece begins in name. */
-static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, size_t *last_start)
+/* The directory that holds name's last piece (after its last '.'), created as needed. */
+static uint32_t make_dirs(ck_tree *t, const char *name, size_t len)
 {
     uint32_t dir = 0;
     size_t start = 0;
@@ -110,7 +114,6 @@ static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, size_t *last
         dir = id;
         start = i + 1;
     }
-    *last_start = start;
     return dir;
 }
 
@@ -180,10 +183,11 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
     char esc[CK_NAME_MAX + 2];
     for (size_t i = 0; i < ix->nentries; i++) {
         const ck_entry *e = &ix->entries[i];
-        size_t start, n;
-        uint32_t dir = make_dirs(t, e->name, e->name_len, &start);
-        if (dir == CK_NO_NODE)
-            return ck_fail(err, src, "out of memory");
+        /* ck_tree_build left the entry's directory in entry_node[i]; its last piece follows
+         * the last '.'. */
+        uint32_t dir = t->entry_node[i];
+        const char *dot = memrchr(e->name, '.', e->name_len);
+        size_t start = dot ? (size_t)(dot - e->name) + 1 : 0, n;
         n = ck_escape_component(e->name + start, e->name_len - start, esc);
         uint32_t other = ck_tree_lookup(t, dir, esc, n);
         if (other != CK_NO_NODE && t->nodes[other].kind == CK_NODE_DIR) {
@@ -238,8 +242,8 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfi
     t->nnodes = 1;
     int rc = (vdir && add_virtual(t, vdir, vfiles, nvirtual)) ? ck_fail(err, src, "out of memory") : 0;
     for (size_t i = 0; i < ix->nentries && rc == 0; i++) {
-        size_t start;
-        if (make_dirs(t, ix->entries[i].name, ix->entries[i].name_len, &start) == CK_NO_NODE)
+        t->entry_node[i] = make_dirs(t, ix->entries[i].name, ix->entries[i].name_len);
+        if (t->entry_node[i] == CK_NO_NODE)
             rc = ck_fail(err, src, "out of memory");
     }
     if (rc == 0)

@@ -29,7 +29,7 @@ enum ck_node_kind {
     CK_NODE_DIR,     /* a directory (id unused) */
     CK_NODE_TENSOR,  /* index entry id, a tensor: its bytes are in the source files */
     CK_NODE_VALUE,   /* index entry id, a value: its text is in memory */
-    CK_NODE_MEMFILE, /* the mount's own file id, whose bytes are made at mount (index.json) */
+    CK_NODE_MEMFILE, /* the mount's own file id, whose bytes are made in memory (index.json) */
     CK_NODE_SYNTH,   /* the mount's own file id, synthesized from the index on first use */
 };
 

@@ -1,104 +1,251 @@
+/* view.c — the text of the mount's own files (see view.h).
+ *
+ * index.json is written straight into one growing buffer rather than built as a cJSON tree and
+ * printed: for a checkpoint of many small tensors the tree cost more than everything else the
+ * mount does (BENCHMARKS.md, "Issue 13: mount latency"). The text is the one
+ * cJSON_PrintUnformatted gave: the same members in the same order, strings escaped the same way.
+ */
 #include "view.h"
-#include "../pack/json.h"
 
-#include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-size_t ck_view_shape_json(const ck_entry *e, char *buf, size_t cap)
+/* --- text ------------------------------------------------------------------------------- */
+
+/* A text that grows as it is written; oom is set once memory runs out, after which every write
+ * is dropped, so a writer checks only at the end. */
+typedef struct jtext {
+    char *s;
+    size_t len, cap;
+    int oom;
+} jtext;
+
+/* Room for n more bytes at s + len, or NULL (and oom). */
+static char *room(jtext *j, size_t n)
 {
-    size_t n = 0;
-    char tmp[24];
-    /* Like snprintf: what fits of each piece is copied, so a short buffer holds a prefix. */
-#define PUT(s) do { size_t l_ = strlen(s); \
-                    if (n < cap) memcpy(buf + n, s, n + l_ < cap ? l_ : cap - 1 - n); \
-                    n += l_; } while (0)
-    PUT("[");
-    for (unsigned d = 0; d < e->rank; d++) {
-        snprintf(tmp, sizeof tmp, "%s%lld", d ? "," : "", (long long)e->shape[d]);
-        PUT(tmp);
+    if (j->oom)
+        return NULL;
+    if (j->cap - j->len < n) {
+        size_t cap = j->cap ? j->cap : 4096;
+        while (cap - j->len < n && cap <= SIZE_MAX / 2)
+            cap *= 2;
+        char *p = cap - j->len >= n ? realloc(j->s, cap) : NULL;
+        if (!p) {
+            j->oom = 1;
+            return NULL;
+        }
+        j->s = p;
+        j->cap = cap;
     }
-    PUT("]");
-#undef PUT
-    if (cap)
-        buf[n < cap ? n : cap - 1] = 0;
+    return j->s + j->len;
+}
+
+static void put(jtext *j, const char *s, size_t n)
+{
+    char *p = room(j, n);
+    if (p) {
+        memcpy(p, s, n);
+        j->len += n;
+    }
+}
+
+#define PUT_LIT(j, lit) put(j, lit, sizeof lit - 1)
+
+/* v in decimal into out (20 bytes at least), ending at out + the returned length. */
+static size_t uint_text(uint64_t v, char *out)
+{
+    char tmp[20];
+    size_t n = 0;
+    do
+        tmp[sizeof tmp - ++n] = (char)('0' + v % 10);
+    while (v /= 10);
+    memcpy(out, tmp + sizeof tmp - n, n);
     return n;
 }
 
-/* {"name", "path"} of entry i: what tensors and values both start with. */
-static cJSON *entry_json(const ck_index *ix, const ck_tree *t, size_t i)
+static void put_uint(jtext *j, uint64_t v)
 {
-    char path[4096];
-    size_t plen = ck_tree_path(t, t->entry_node[i], path, sizeof path);
-    cJSON *o = cJSON_CreateObject();
-    if (!o)
-        return NULL;
-    cJSON_AddItemToObject(o, "name", cJSON_CreateString(ix->entries[i].name));
-    if (plen < sizeof path)
-        cJSON_AddItemToObject(o, "path", cJSON_CreateString(path));
-    else { /* deeper than PATH_MAX: build it in full */
-        char *p = malloc(plen + 1);
-        ck_tree_path(t, t->entry_node[i], p, p ? plen + 1 : 0);
-        cJSON_AddItemToObject(o, "path", cJSON_CreateString(p ? p : ""));
-        free(p);
-    }
-    return o;
+    char buf[20];
+    put(j, buf, uint_text(v, buf));
 }
 
-static cJSON *tensor_json(const ck_index *ix, const ck_tree *t, size_t i, int with_locations)
+/* s (n bytes of UTF-8) as a JSON string, escaped as cJSON escapes: '"', '\\' and the control
+ * bytes below 0x20 (\b \f \n \r \t by name, the rest as \u00XX); everything else as it is. */
+static void put_string(jtext *j, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    /* 1 for the bytes that need an escape: one look-up a byte in the scan over plain runs. */
+    static const unsigned char special[256] = {
+        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x00-0x1f */
+        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ['"'] = 1, ['\\'] = 1,
+    };
+    PUT_LIT(j, "\"");
+    for (size_t i = 0; i < n;) {
+        size_t run = i;
+        while (run < n && !special[(unsigned char)s[run]])
+            run++;
+        put(j, s + i, run - i);
+        if (run == n)
+            break;
+        unsigned char c = (unsigned char)s[run];
+        const char *named = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b"
+                          : c == '\f' ? "\\f" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
+                          : c == '\t' ? "\\t" : NULL;
+        if (named) {
+            put(j, named, 2);
+        } else {
+            char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+            put(j, u, sizeof u);
+        }
+        i = run + 1;
+    }
+    PUT_LIT(j, "\"");
+}
+
+static void put_cstring(jtext *j, const char *s)
+{
+    put_string(j, s, strlen(s));
+}
+
+/* --- shapes ----------------------------------------------------------------------------- */
+
+size_t ck_view_shape_json(const ck_entry *e, char *buf, size_t cap)
+{
+    char text[2 + CK_MAX_RANK * 21]; /* brackets; each dim a sign, 19 digits and a comma */
+    size_t n = 0;
+    text[n++] = '[';
+    for (unsigned d = 0; d < e->rank; d++) {
+        if (d)
+            text[n++] = ',';
+        int64_t v = e->shape[d];
+        if (v < 0)
+            text[n++] = '-';
+        n += uint_text(v < 0 ? -(uint64_t)v : (uint64_t)v, text + n);
+    }
+    text[n++] = ']';
+    /* Like snprintf: a short buffer holds a NUL-terminated prefix. */
+    if (cap) {
+        size_t kept = n < cap ? n : cap - 1;
+        memcpy(buf, text, kept);
+        buf[kept] = 0;
+    }
+    return n;
+}
+
+/* --- index.json ------------------------------------------------------------------------- */
+
+/* "name":...,"path":... of entry i: what tensors and values both start with. */
+static void put_name_path(jtext *j, const ck_index *ix, const ck_tree *t, size_t i)
+{
+    PUT_LIT(j, "\"name\":");
+    put_string(j, ix->entries[i].name, ix->entries[i].name_len);
+    PUT_LIT(j, ",\"path\":");
+    char path[4096];
+    size_t plen = ck_tree_path(t, t->entry_node[i], path, sizeof path);
+    if (plen < sizeof path) {
+        put_string(j, path, plen);
+        return;
+    }
+    char *p = malloc(plen + 1); /* deeper than PATH_MAX: build it in full */
+    if (!p) {
+        j->oom = 1;
+        return;
+    }
+    ck_tree_path(t, t->entry_node[i], p, plen + 1);
+    put_string(j, p, plen);
+    free(p);
+}
+
+static void put_tensor(jtext *j, const ck_index *ix, const ck_tree *t, size_t i,
+                       int with_locations)
 {
     const ck_entry *e = &ix->entries[i];
-    cJSON *o = entry_json(ix, t, i), *shape = cJSON_CreateArray();
-    if (!o || !shape) {
-        cJSON_Delete(o);
-        cJSON_Delete(shape);
-        return NULL;
-    }
-    cJSON_AddItemToObject(o, "dtype", cJSON_CreateString(ck_dtype_name(e->dtype)));
-    for (unsigned d = 0; d < e->rank; d++)
-        cJSON_AddItemToArray(shape, ck_json_uint((uint64_t)e->shape[d]));
-    cJSON_AddItemToObject(o, "shape", shape);
-    cJSON_AddItemToObject(o, "nbytes", ck_json_uint(e->nbytes));
+    PUT_LIT(j, "{");
+    put_name_path(j, ix, t, i);
+    PUT_LIT(j, ",\"dtype\":");
+    put_cstring(j, ck_dtype_name(e->dtype));
+    PUT_LIT(j, ",\"shape\":");
+    char *shape = room(j, 2 + CK_MAX_RANK * 21 + 1);
+    if (shape)
+        j->len += ck_view_shape_json(e, shape, 2 + CK_MAX_RANK * 21 + 1);
+    PUT_LIT(j, ",\"nbytes\":");
+    put_uint(j, e->nbytes);
     if (with_locations) {
-        const ck_file *f = &ix->files[e->ext.file];
-        cJSON_AddItemToObject(o, "file", cJSON_CreateString(f->path));
-        cJSON_AddItemToObject(o, "offset", e->layout == CK_CONTIGUOUS
-                                               ? ck_json_uint(e->ext.offset) : cJSON_CreateNull());
+        PUT_LIT(j, ",\"file\":");
+        put_cstring(j, ix->files[e->ext.file].path);
+        PUT_LIT(j, ",\"offset\":");
+        if (e->layout == CK_CONTIGUOUS)
+            put_uint(j, e->ext.offset);
+        else
+            PUT_LIT(j, "null");
     }
-    return o;
+    PUT_LIT(j, "}");
+}
+
+static void put_value(jtext *j, const ck_index *ix, const ck_tree *t, size_t i)
+{
+    PUT_LIT(j, "{");
+    put_name_path(j, ix, t, i);
+    PUT_LIT(j, ",\"type\":");
+    put_cstring(j, ck_value_type_name(ix->entries[i].dtype));
+    PUT_LIT(j, "}");
+}
+
+/* The entries of one kind, in index order, as the members of a JSON array. */
+static void put_entries(jtext *j, const ck_index *ix, const ck_tree *t, uint8_t kind,
+                        int with_locations)
+{
+    int first = 1;
+    for (size_t i = 0; i < ix->nentries && !j->oom; i++) {
+        if (ix->entries[i].kind != kind)
+            continue;
+        if (!first)
+            PUT_LIT(j, ",");
+        first = 0;
+        if (kind == CK_TENSOR)
+            put_tensor(j, ix, t, i, with_locations);
+        else
+            put_value(j, ix, t, i);
+    }
+}
+
+static int has_values(const ck_index *ix)
+{
+    for (size_t i = 0; i < ix->nentries; i++)
+        if (ix->entries[i].kind != CK_TENSOR)
+            return 1;
+    return 0;
 }
 
 char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_locations, size_t *len)
 {
-    cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *list = cJSON_CreateArray();
-    char *text = NULL;
-    if (!root || !meta || !list) {
-        cJSON_Delete(meta);
-        cJSON_Delete(list);
-        goto out;
+    jtext j = {0};
+    PUT_LIT(&j, "{\"format\":");
+    put_cstring(&j, ix->format);
+    PUT_LIT(&j, ",\"metadata\":{");
+    for (size_t i = 0; i < ix->nmeta; i++) {
+        if (i)
+            PUT_LIT(&j, ",");
+        put_cstring(&j, ix->meta[i].key);
+        PUT_LIT(&j, ":");
+        put_cstring(&j, ix->meta[i].value);
     }
-    cJSON_AddItemToObject(root, "format", cJSON_CreateString(ix->format));
-    cJSON_AddItemToObject(root, "metadata", meta);
-    cJSON_AddItemToObject(root, "tensors", list);
-    for (size_t i = 0; i < ix->nmeta; i++)
-        cJSON_AddItemToObject(meta, ix->meta[i].key, cJSON_CreateString(ix->meta[i].value));
-    cJSON *values = NULL;
-    for (size_t i = 0; i < ix->nentries; i++) {
-        int tensor = ix->entries[i].kind == CK_TENSOR;
-        if (!tensor && !values && !(values = cJSON_AddArrayToObject(root, "values")))
-            goto out;
-        cJSON *o = tensor ? tensor_json(ix, t, i, with_locations) : entry_json(ix, t, i);
-        if (!o)
-            goto out;
-        if (!tensor)
-            cJSON_AddItemToObject(o, "type", cJSON_CreateString(
-                                                 ck_value_type_name(ix->entries[i].dtype)));
-        cJSON_AddItemToArray(tensor ? list : values, o);
+    PUT_LIT(&j, "},\"tensors\":[");
+    put_entries(&j, ix, t, CK_TENSOR, with_locations);
+    PUT_LIT(&j, "]");
+    if (has_values(ix)) {
+        PUT_LIT(&j, ",\"values\":[");
+        put_entries(&j, ix, t, CK_VALUE, with_locations);
+        PUT_LIT(&j, "]");
     }
-    text = cJSON_PrintUnformatted(root);
-out:
-    cJSON_Delete(root);
-    if (text)
-        *len = strlen(text);
-    return text;
+    PUT_LIT(&j, "}");
+    char *end = room(&j, 1);
+    if (!end) {
+        free(j.s);
+        return NULL;
+    }
+    *end = 0;
+    *len = j.len;
+    return j.s;
 }

@@ -58,16 +58,22 @@ const pk_limits pk_default_limits = {
 
 enum { BOX_SET = 1, BOX_FROZENSET = 2 };
 
-/* A tuple, list or dict. The pk_obj comes first, so a container's pk_obj * is its pk_box *. */
+/* A tuple, list or dict. The pk_obj comes first, so a container's pk_obj * is its pk_box *.
+ * Kept small (80 bytes): a checkpoint makes five per tensor, and the memory they take is much
+ * of what parsing one costs. */
 typedef struct pk_box {
     pk_obj o;
-    size_t cap;           /* items allocated */
-    size_t depth;         /* 1 + the deepest child's depth */
     uint64_t walk;        /* values a walk visits, shared containers expanded: 1 + children's */
     const int64_t *ints;  /* a tuple of ints, converted once (sizes and strides are reused) */
+    uint32_t cap;         /* items allocated (BOX_MAX_ITEMS at most) */
+    uint32_t depth;       /* 1 + the deepest child's depth (max_depth bounds it) */
     uint8_t frozen;       /* inside another container: no more changes (see the top) */
     uint8_t flags;        /* BOX_SET, BOX_FROZENSET: a set shown as a list */
 } pk_box;
+
+/* No container holds more items than this: cap fits in 32 bits (and no real pickle comes
+ * near: that is 32 GiB of item pointers). */
+#define BOX_MAX_ITEMS UINT32_MAX
 
 static int is_container(const pk_obj *o)
 {
@@ -177,21 +183,28 @@ static int oom(vm *v)
 
 /* --- input ----------------------------------------------------------------------------- */
 
-static const unsigned char *take(vm *v, uint64_t n, const char *what)
+/* The hot paths (take, push, need) stay small enough to inline; what they say when they fail
+ * is out of line. */
+__attribute__((noinline)) static const unsigned char *short_input(vm *v, uint64_t n,
+                                                                  const char *what)
 {
-    if (n > v->len - v->pos) {
-        v->truncated = 1;
-        fail(v, "truncated pickle: %s %s needs %llu bytes, %zu remain", opname(v), what,
-             (unsigned long long)n, v->len - v->pos);
-        return NULL;
-    }
+    v->truncated = 1;
+    fail(v, "truncated pickle: %s %s needs %llu bytes, %zu remain", opname(v), what,
+         (unsigned long long)n, v->len - v->pos);
+    return NULL;
+}
+
+static inline const unsigned char *take(vm *v, uint64_t n, const char *what)
+{
+    if (n > v->len - v->pos)
+        return short_input(v, n, what);
     const unsigned char *p = v->in + v->pos;
     v->pos += (size_t)n;
     return p;
 }
 
 /* An n-byte little-endian unsigned integer, n 1, 2, 4 or 8. */
-static int take_uint(vm *v, unsigned n, const char *what, uint64_t *out)
+static inline int take_uint(vm *v, unsigned n, const char *what, uint64_t *out)
 {
     const unsigned char *p = take(v, n, what);
     if (!p)
@@ -253,16 +266,18 @@ static int reserve(vm *v, pk_box *b, size_t extra)
     size_t n = b->o.u.seq.n;
     if (b->cap - n >= extra)
         return 0;
-    if (extra > SIZE_MAX / sizeof(pk_obj *) / 2 - n)
+    if (extra > BOX_MAX_ITEMS - n)
         return oom(v);
-    size_t cap = b->cap * 2 > n + extra ? b->cap * 2 : n + extra;
+    size_t cap = (size_t)b->cap * 2 > n + extra ? (size_t)b->cap * 2 : n + extra;
+    if (cap > BOX_MAX_ITEMS)
+        cap = BOX_MAX_ITEMS;
     pk_obj **items = alloc(v, cap * sizeof *items);
     if (!items)
         return -1;
     if (n)
         memcpy(items, b->o.u.seq.items, n * sizeof *items);
     b->o.u.seq.items = items;
-    b->cap = cap;
+    b->cap = (uint32_t)cap;
     return 0;
 }
 
@@ -273,14 +288,15 @@ static pk_box *new_box(vm *v, enum pk_type t, size_t cap)
                NULL;
     if (count_object(v))
         return NULL;
-    pk_box *b = alloc(v, sizeof *b);
+    if (cap > BOX_MAX_ITEMS)
+        return oom(v), NULL;
+    /* The items a container starts with live right behind it: one allocation, not two. */
+    pk_box *b = alloc(v, sizeof *b + cap * sizeof(pk_obj *));
     if (!b)
         return NULL;
-    memset(b, 0, sizeof *b);
-    b->o.type = (uint8_t)t;
-    b->depth = 1;
-    b->walk = 1;
-    return reserve(v, b, cap) ? NULL : b;
+    *b = (pk_box){.o.type = (uint8_t)t, .o.u.seq.items = (pk_obj **)(b + 1), .depth = 1,
+                  .walk = 1, .cap = (uint32_t)cap};
+    return b;
 }
 
 /* Bytes a REDUCE is about to copy out of values it already has. */
@@ -294,14 +310,13 @@ static int charge_copy(vm *v, uint64_t n, const char *what)
 }
 
 /* Adds child to b (the caller has made room), enforcing what the top comment promises. */
-static int adopt(vm *v, pk_box *b, pk_obj *child)
+static inline int adopt(vm *v, pk_box *b, pk_obj *child)
 {
-    const char *tn = pk_type_name(b->o.type);
     if (b->frozen)
         return fail(v, "%s changes a %s that is already inside another container (that could "
-                    "make a cycle)", opname(v), tn);
+                    "make a cycle)", opname(v), pk_type_name(b->o.type));
     if (child == &b->o)
-        return fail(v, "%s puts a %s inside itself", opname(v), tn);
+        return fail(v, "%s puts a %s inside itself", opname(v), pk_type_name(b->o.type));
     size_t d = depth_of(child) + 1;
     if (d > v->lim.max_depth)
         return fail(v, "%s: containers nested deeper than %zu", opname(v), v->lim.max_depth);
@@ -311,7 +326,7 @@ static int adopt(vm *v, pk_box *b, pk_obj *child)
                     "containers)", opname(v), v->lim.max_objects);
     b->o.u.seq.items[b->o.u.seq.n++] = child;
     if (d > b->depth)
-        b->depth = d;
+        b->depth = (uint32_t)d;
     b->walk = w;
     if (is_container(child))
         box(child)->frozen = 1;
@@ -329,12 +344,16 @@ static int adopt_key(vm *v, pk_box *d, pk_obj *key)
 
 static pk_obj *new_str(vm *v, enum pk_type t, const void *s, size_t len)
 {
-    if (len == SIZE_MAX)
+    if (len > SIZE_MAX - sizeof(pk_obj) - 1)
         return oom(v), NULL;
-    pk_obj *o = new_obj(v, t);
-    char *copy = o ? alloc(v, len + 1) : NULL;
-    if (!copy)
+    if (count_object(v))
         return NULL;
+    /* The bytes live right behind the object: one allocation, not two. */
+    pk_obj *o = alloc(v, sizeof *o + len + 1);
+    if (!o)
+        return NULL;
+    *o = (pk_obj){.type = (uint8_t)t};
+    char *copy = (char *)(o + 1);
     if (len)
         memcpy(copy, s, len);
     copy[len] = 0;
@@ -371,34 +390,40 @@ static size_t floor_of(const vm *v)
     return v->nmarks ? v->marks[v->nmarks - 1] : 0;
 }
 
+__attribute__((noinline)) static int grow_stack(vm *v)
+{
+    if (v->sp >= v->lim.max_stack)
+        return fail(v, "%s: more than %zu values on the stack", opname(v), v->lim.max_stack);
+    size_t cap = v->cap_stack ? 2 * v->cap_stack : 64;
+    if (cap > v->lim.max_stack)
+        cap = v->lim.max_stack;
+    pk_obj **s = realloc(v->stack, cap * sizeof *s);
+    if (!s)
+        return oom(v);
+    v->stack = s;
+    v->cap_stack = cap;
+    return 0;
+}
+
 static int push(vm *v, pk_obj *o)
 {
-    if (!o)
+    if (!o || (v->sp == v->cap_stack && grow_stack(v)))
         return -1;
-    if (v->sp == v->cap_stack) {
-        if (v->sp >= v->lim.max_stack)
-            return fail(v, "%s: more than %zu values on the stack", opname(v), v->lim.max_stack);
-        size_t cap = v->cap_stack ? 2 * v->cap_stack : 64;
-        if (cap > v->lim.max_stack)
-            cap = v->lim.max_stack;
-        pk_obj **s = realloc(v->stack, cap * sizeof *s);
-        if (!s)
-            return oom(v);
-        v->stack = s;
-        v->cap_stack = cap;
-    }
     v->stack[v->sp++] = o;
     return 0;
+}
+
+__attribute__((noinline)) static int underflow(vm *v, size_t n)
+{
+    size_t have = v->sp - floor_of(v);
+    return fail(v, "stack underflow: %s needs %zu value%s above the mark, %zu there", opname(v),
+                n, n == 1 ? "" : "s", have);
 }
 
 /* Checks that n values lie above the innermost MARK. */
 static int need(vm *v, size_t n)
 {
-    size_t have = v->sp - floor_of(v);
-    if (have < n)
-        return fail(v, "stack underflow: %s needs %zu value%s above the mark, %zu there",
-                    opname(v), n, n == 1 ? "" : "s", have);
-    return 0;
+    return v->sp - floor_of(v) < n ? underflow(v, n) : 0;
 }
 
 static pk_obj *pop(vm *v)
@@ -527,6 +552,10 @@ static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
 static pk_obj *new_utf8(vm *v, const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
+        if (s[i] < 0x80) { /* ASCII, nearly every name in a checkpoint: nothing to decode */
+            i++;
+            continue;
+        }
         size_t bad = i;
         if (ck_utf8_next(s, n, &i, CK_UTF8_SURROGATES) < 0)
             return fail(v, "%s: string is not valid UTF-8 (its byte %zu)", opname(v), bad), NULL;

@@ -229,6 +229,23 @@ static const pt_place *legacy_place(const pt_reader *r, const char *key)
     return bsearch(&probe, r->places, r->nplaces, sizeof probe, place_by_key);
 }
 
+/* The zip record called prefix + dir + name into out (cap bytes) as snprintf would write it: as
+ * much as fits, NUL-terminated; returns the full length. Not snprintf itself: it ran once per
+ * tensor and cost more than finding the record. */
+static size_t record_name(const pt_reader *r, const char *dir, const char *name, char *out,
+                          size_t cap)
+{
+    const char *part[3] = {r->prefix, dir, name};
+    size_t len[3] = {r->prefix_len, strlen(dir), strlen(name)}, n = 0;
+    for (int k = 0; k < 3; k++) {
+        if (n + 1 < cap)
+            memcpy(out + n, part[k], len[k] < cap - 1 - n ? len[k] : cap - 1 - n);
+        n += len[k];
+    }
+    out[n < cap ? n : cap - 1] = 0;
+    return n;
+}
+
 /* Where storage s is, checked against the size the pickle gives it. */
 static int storage_place(pt_reader *r, const pk_obj *s, pt_place *out)
 {
@@ -245,9 +262,8 @@ static int storage_place(pt_reader *r, const pk_obj *s, pt_place *out)
         return 0;
     }
     char rec[512];
-    int n = snprintf(rec, sizeof rec, "%.*sdata/%s", (int)r->prefix_len, r->prefix,
-                     s->u.storage.key);
-    const zip_entry *e = n > 0 && (size_t)n < sizeof rec ? zip_find(r->zip, rec, (size_t)n) : NULL;
+    size_t n = record_name(r, "data/", s->u.storage.key, rec, sizeof rec);
+    const zip_entry *e = n < sizeof rec ? zip_find(r->zip, rec, n) : NULL;
     if (!e)
         return ck_fail(r->err, r->path, "storage '%s': no record '%s'", s->u.storage.key, rec);
     if (e->method != 0)
@@ -560,8 +576,8 @@ static int find_prefix(pt_reader *r, const zip_archive *z)
 static const zip_entry *record(const pt_reader *r, const char *name)
 {
     char full[512];
-    int n = snprintf(full, sizeof full, "%.*s%s", (int)r->prefix_len, r->prefix, name);
-    return n > 0 && (size_t)n < sizeof full ? zip_find(r->zip, full, (size_t)n) : NULL;
+    size_t n = record_name(r, "", name, full, sizeof full);
+    return n < sizeof full ? zip_find(r->zip, full, n) : NULL;
 }
 
 /* A small stored record's bytes, NUL-terminated, into buf. */

@@ -1,9 +1,9 @@
 /* zip.c — the central directory of a zip archive (PKZIP APPNOTE 6.3); see zip.h.
  *
  * Order of work: find the end-of-central-directory record (and the ZIP64 one it may point to),
- * read the whole central directory in one pread, parse every header, then read each local
- * header (30 bytes) for the data offset, then sort the names. Every number the archive gives is
- * checked against the bytes that are really there before it is used.
+ * read the whole central directory in one pread, parse every header, then fetch the local
+ * headers (30 bytes each) in a few large reads for the data offsets, then sort the names. Every
+ * number the archive gives is checked against the bytes that are really there before it is used.
  */
 #include "zip.h"
 
@@ -338,36 +338,140 @@ static int parse_directory(unsigned char *cd, const zip_end *end, zip_archive *z
 
 /* --- local headers --------------------------------------------------------------------- */
 
+/* Local headers lying at most LOCAL_GAP bytes apart are fetched together, in reads of at most
+ * LOCAL_WINDOW bytes: a checkpoint of many small tensors has its headers a few dozen bytes
+ * apart, and one pread each cost more than all the rest of reading the directory. A gap of a
+ * page or less costs a read no more than the page it shares with a header would; the tensor
+ * data between headers further apart is never read. */
+enum { LOCAL_GAP = 4096, LOCAL_WINDOW = 64 << 10 };
+
+/* The fields of a local header that read_local checks and uses. */
+typedef struct local_head {
+    uint32_t sig;
+    uint16_t name_len, extra_len;
+    uint8_t got;         /* 0: not fetched in a batch; read_local reads it alone */
+} local_head;
+
+static local_head decode_local(const unsigned char *h)
+{
+    return (local_head){.sig = get_le32(h), .name_len = get_le16(h + 26),
+                        .extra_len = get_le16(h + 28), .got = 1};
+}
+
+/* Whether entry e's local header can be read at all: it must lie before the central directory
+ * (read_local says so when it does not). */
+static int local_in_bounds(const zip_entry *e, const zip_end *end)
+{
+    return e->data_offset <= end->cd_offset && end->cd_offset - e->data_offset >= LOCAL_LEN;
+}
+
+static int by_local(const void *x, const void *y, void *ctx)
+{
+    uint64_t a = ((const zip_entry *)ctx)[*(const uint32_t *)x].data_offset;
+    uint64_t b = ((const zip_entry *)ctx)[*(const uint32_t *)y].data_offset;
+    return (a > b) - (a < b);
+}
+
+/* Fetches the local headers of the entries in order[0..n) (indices sorted by local header
+ * offset) in as few reads as LOCAL_GAP and LOCAL_WINDOW allow, into head[]. A batch whose read
+ * fails is left unfetched: read_local then reads its headers one by one and reports the first
+ * failure with its own entry and offset, as if there had been no batching. */
+static void fetch_locals(int fd, const zip_entry *entries, const uint32_t *order, size_t n,
+                         local_head *head, unsigned char *buf)
+{
+    for (size_t first = 0, last; first < n; first = last + 1) {
+        uint64_t start = entries[order[first]].data_offset, stop = start + LOCAL_LEN;
+        for (last = first; last + 1 < n; last++) {
+            uint64_t next = entries[order[last + 1]].data_offset;
+            if ((next > stop && next - stop > LOCAL_GAP) ||
+                next + LOCAL_LEN - start > LOCAL_WINDOW)
+                break;
+            if (next + LOCAL_LEN > stop)
+                stop = next + LOCAL_LEN;
+        }
+        if (ck_pread(fd, buf, (size_t)(stop - start), start) != 0)
+            continue;
+        for (size_t k = first; k <= last; k++)
+            head[order[k]] = decode_local(buf + (entries[order[k]].data_offset - start));
+    }
+}
+
+/* Fetches every readable local header in batches (see fetch_locals). order has room for one
+ * index per entry and is only scratch here. Returns -1 when memory runs out. */
+static int fetch_all_locals(int fd, const zip_archive *z, const zip_end *end, uint32_t *order,
+                            local_head *head)
+{
+    size_t n = 0;
+    int sorted = 1;
+    for (size_t i = 0; i < z->nentries; i++) {
+        if (!local_in_bounds(&z->entries[i], end))
+            continue;
+        sorted &= n == 0 || z->entries[order[n - 1]].data_offset <= z->entries[i].data_offset;
+        order[n++] = (uint32_t)i;
+    }
+    if (!sorted) /* torch writes its records in order; another writer may not */
+        qsort_r(order, n, sizeof *order, by_local, z->entries);
+    unsigned char *buf = malloc(LOCAL_WINDOW);
+    if (!buf)
+        return -1;
+    fetch_locals(fd, z->entries, order, n, head, buf);
+    free(buf);
+    return 0;
+}
+
 /* Turns e->data_offset from the local header offset into the data offset: the local header's
  * own name and extra lengths count (torch pads its local extra field for alignment, which the
- * central directory does not repeat). The data must end by the central directory. */
-static int read_local(int fd, const zip_end *end, size_t i, zip_entry *e, const char *path,
-                      ck_error *err)
+ * central directory does not repeat). The data must end by the central directory. h is the
+ * header as fetched in a batch, or not fetched (then it is read here). */
+static int read_local(int fd, const zip_end *end, size_t i, zip_entry *e, local_head h,
+                      const char *path, ck_error *err)
 {
     uint64_t local = e->data_offset, cd = end->cd_offset;
-    if (local > cd || cd - local < LOCAL_LEN)
+    if (!local_in_bounds(e, end))
         return ck_fail(err, path, "entry '%.*s': local header at offset %llu does not lie "
                        "before the central directory at offset %llu (central directory entry "
                        "%zu)", SHOWN(e), (ull)local, (ull)cd, i);
-    unsigned char h[LOCAL_LEN];
-    int rc = ck_pread(fd, h, sizeof h, local);
-    if (rc)
-        return ck_fail(err, path, "entry '%.*s': cannot read the local header: %s (offset "
-                       "%llu)", SHOWN(e), strerror(-rc), (ull)local);
-    if (get_le32(h) != SIG_LOCAL)
+    if (!h.got) {
+        unsigned char raw[LOCAL_LEN];
+        int rc = ck_pread(fd, raw, sizeof raw, local);
+        if (rc)
+            return ck_fail(err, path, "entry '%.*s': cannot read the local header: %s (offset "
+                           "%llu)", SHOWN(e), strerror(-rc), (ull)local);
+        h = decode_local(raw);
+    }
+    if (h.sig != SIG_LOCAL)
         return ck_fail(err, path, "entry '%.*s': local header has signature 0x%08x, not 0x%08x "
-                       "(offset %llu)", SHOWN(e), get_le32(h), SIG_LOCAL, (ull)local);
-    if (get_le16(h + 26) != e->name_len)
+                       "(offset %llu)", SHOWN(e), h.sig, SIG_LOCAL, (ull)local);
+    if (h.name_len != e->name_len)
         return ck_fail(err, path, "entry '%.*s': local header names %u bytes, the central "
-                       "directory %u (offset %llu)", SHOWN(e), get_le16(h + 26), e->name_len,
+                       "directory %u (offset %llu)", SHOWN(e), h.name_len, e->name_len,
                        (ull)local);
-    uint64_t data = local + LOCAL_LEN + get_le16(h + 26) + get_le16(h + 28);
+    uint64_t data = local + LOCAL_LEN + h.name_len + h.extra_len;
     if (data > cd || e->csize > cd - data)
         return ck_fail(err, path, "entry '%.*s': data (%llu bytes at offset %llu) runs past the "
                        "central directory at offset %llu (local header at offset %llu)",
                        SHOWN(e), (ull)e->csize, (ull)data, (ull)cd, (ull)local);
     e->data_offset = data;
     return 0;
+}
+
+/* Every entry's data offset from its local header, checked in central directory order (the
+ * first bad entry is the one reported, however the headers were fetched). */
+static int read_locals(int fd, const zip_end *end, zip_archive *z, const char *path,
+                       ck_error *err)
+{
+    local_head *head = calloc(z->nentries ? z->nentries : 1, sizeof *head);
+    /* by_name is free until the names are sorted: it holds the fetch order meanwhile. */
+    if (!head || fetch_all_locals(fd, z, end, z->by_name, head) != 0) {
+        free(head);
+        return ck_fail(err, path, "out of memory for the local headers of %zu entries",
+                       z->nentries);
+    }
+    int rc = 0;
+    for (size_t i = 0; i < z->nentries && rc == 0; i++)
+        rc = read_local(fd, end, i, &z->entries[i], head[i], path, err);
+    free(head);
+    return rc;
 }
 
 /* --- names ----------------------------------------------------------------------------- */
@@ -456,9 +560,8 @@ int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive
         z->entries[i].name = z->names + at;
         at += z->entries[i].name_len + 1;
     }
-    for (size_t i = 0; i < n; i++)
-        if (read_local(fd, &end, i, &z->entries[i], path, err))
-            goto fail;
+    if (read_locals(fd, &end, z, path, err))
+        goto fail;
     if (sort_names(z, path, err))
         goto fail;
     return 0;

@@ -4,7 +4,9 @@
  * for the list of entries, never the order of local headers. ZIP64 (the end-of-central-directory
  * 64 record and its locator, zip64 extra fields) is supported. An entry's data offset is its
  * local header offset + 30 + the LOCAL header's name and extra lengths (torch pads with an extra
- * field the central directory does not have), so zip_read_directory reads each local header once.
+ * field the central directory does not have), so zip_read_directory reads each local header once:
+ * headers at most a page apart in one read (a checkpoint of small tensors needs a few reads, not
+ * one per tensor), never the tensor data between headers further apart.
  * Every count, size and offset is checked against the file size; a lie is an error naming the
  * entry. CRCs are not checked (torch may write 0). The archive and its names are only data.
  */

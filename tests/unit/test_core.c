@@ -1,9 +1,11 @@
 /* The filesystem core (fs/core.h) without a mount: every operation on every kind of node,
- * inode numbering, readdir offsets, xattrs, statfs, the errors each one answers, a synthesized
- * file that cannot be built (EIO, logged once), and source files that change under the view. */
+ * inode numbering, readdir offsets, xattrs, statfs, the errors each one answers, index.json made
+ * on first use (once, whatever the threads), a synthesized file that cannot be built (EIO,
+ * logged once), and source files that change under the view. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -343,6 +345,131 @@ Test(core, read_index_json)
     cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, (off_t)want_len + 100), 0);
     cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, -1), -EINVAL);
     free(want);
+    ck_fs_free(fs);
+}
+
+/* --- index.json, made on first use -------------------------------------------------------- */
+
+/* index.json's bytes as a fresh ck_fs makes them, checked to hold every entry by name. */
+static char *index_json_of(ck_fs *fs, size_t *len)
+{
+    char *text = ck_view_index_json(fs->ix, fs->tree, 0, len);
+    cr_assert_not_null(text);
+    for (size_t i = 0; i < fs->ix->nentries; i++)
+        cr_assert_not_null(strstr(text, strf("\"name\":\"%s\"", fs->ix->entries[i].name)));
+    return text;
+}
+
+Test(core, index_json_is_made_on_first_use)
+{
+    /* Whichever operation reaches it first makes it; nothing else does. */
+    for (int first = 0; first < 4; first++) {
+        ck_fs *fs = sample_fs();
+        uint32_t node = tree_find(fs->tree, ".ckptfs/index.json");
+        uint64_t ino = node + 1, dir = ino_at(fs, ".ckptfs");
+        struct stat st;
+        ck_dirent d;
+        for (off_t off = 0; ck_fs_readdir(fs, dir, off, &d) == 1; off = d.next)
+            ;
+        ino_at(fs, "w/a");
+        cr_assert_not(fs->vfile[CK_VFILE_INDEX_JSON].made, "made before anyone looked");
+        cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].data);
+        char buf[16];
+        switch (first) {
+        case 0: cr_assert_eq(ck_fs_lookup(fs, dir, "index.json", &st), 0); break;
+        case 1: cr_assert_eq(ck_fs_getattr(fs, ino, &st), 0); break;
+        case 2: cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), 0); break;
+        default: cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), (ssize_t)sizeof buf);
+        }
+        cr_assert(fs->vfile[CK_VFILE_INDEX_JSON].made, "operation %d did not make it", first);
+        size_t want_len = 0, len = 0;
+        char *want = index_json_of(fs, &want_len);
+        cr_assert_eq(ck_fs_getattr(fs, ino, &st), 0);
+        cr_assert_eq((size_t)st.st_size, want_len);
+        unsigned char *got = read_all(fs, ino, 1000, &len);
+        cr_assert_eq(len, want_len);
+        cr_assert_arr_eq(got, want, len);
+        cr_assert_eq(nlogged, 0);
+        free(got);
+        free(want);
+        ck_fs_free(fs);
+    }
+}
+
+enum { RACERS = 8 };
+
+typedef struct racer {
+    ck_fs *fs;
+    uint64_t ino;
+    pthread_barrier_t *start;
+    char *got;
+    size_t len;
+    off_t size;
+} racer;
+
+/* Stats index.json and reads it whole, starting with the other racers. */
+static void *race(void *arg)
+{
+    racer *r = arg;
+    pthread_barrier_wait(r->start);
+    struct stat st;
+    if (ck_fs_getattr(r->fs, r->ino, &st) != 0)
+        return NULL;
+    r->size = st.st_size;
+    r->got = malloc((size_t)st.st_size + 1);
+    ssize_t n = r->got ? ck_fs_read(r->fs, r->ino, r->got, (size_t)st.st_size + 1, 0) : -1;
+    r->len = n < 0 ? 0 : (size_t)n;
+    return NULL;
+}
+
+Test(core, index_json_is_made_once_by_racing_threads)
+{
+    ck_fs *fs = sample_fs();
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, RACERS);
+    pthread_t t[RACERS];
+    racer r[RACERS];
+    uint64_t ino = tree_find(fs->tree, ".ckptfs/index.json") + 1;
+    for (int i = 0; i < RACERS; i++) {
+        r[i] = (racer){.fs = fs, .ino = ino, .start = &start};
+        cr_assert_eq(pthread_create(&t[i], NULL, race, &r[i]), 0);
+    }
+    for (int i = 0; i < RACERS; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&start);
+    size_t want_len = 0;
+    char *want = index_json_of(fs, &want_len);
+    for (int i = 0; i < RACERS; i++) {
+        cr_assert_eq((size_t)r[i].size, want_len, "racer %d saw size %lld", i,
+                     (long long)r[i].size);
+        cr_assert_eq(r[i].len, want_len, "racer %d read %zu", i, r[i].len);
+        cr_assert_arr_eq(r[i].got, want, want_len, "racer %d", i);
+        free(r[i].got);
+    }
+    cr_assert_eq(nlogged, 0);
+    free(want);
+    ck_fs_free(fs);
+}
+
+Test(core, index_json_that_could_not_be_made_is_eio)
+{
+    /* Only memory can run out making it; the state that leaves is set here by hand. */
+    ck_fs *fs = sample_fs();
+    fs->vfile[CK_VFILE_INDEX_JSON].failed = 1;
+    uint64_t dir = ino_at(fs, ".ckptfs"), ino = tree_find(fs->tree, ".ckptfs/index.json") + 1;
+    struct stat st;
+    char buf[16];
+    cr_assert_eq(ck_fs_lookup(fs, dir, "index.json", &st), -EIO);
+    cr_assert_eq(ck_fs_getattr(fs, ino, &st), -EIO);
+    cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), -EIO);
+    cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), -EIO);
+    cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].data, "made after all");
+    /* statfs counts the entries alone; everything else still serves. */
+    struct statvfs sv;
+    ck_fs_statfs(fs, &sv);
+    cr_assert_eq(sv.f_blocks, 1);
+    cr_assert_eq(ck_fs_read(fs, ino_at(fs, "w/a"), buf, sizeof buf, 0), 16);
+    cr_assert_arr_eq(buf, src, 16);
     ck_fs_free(fs);
 }
 

@@ -228,6 +228,31 @@ Test(index_json, empty_index)
     ck_index_free(ix);
 }
 
+Test(index_json, every_byte_a_name_may_hold_reads_back)
+{
+    /* Names are UTF-8 without NUL: every other control byte, quotes, backslashes, DEL and
+     * multibyte characters must come back from a JSON parser as they went in. */
+    char name[128];
+    size_t n = 0;
+    for (int c = 1; c < 0x20; c++)
+        name[n++] = (char)c;
+    memcpy(name + n, "\"\\/\x7f\xc3\xa9\xe2\x98\x83", 10);
+    name[n + 10] = 0;
+    unsigned char data[1] = {0};
+    ck_index *ix = index_over(data, sizeof data);
+    add_contig(ix, name, CK_U8, 0, NULL, 0, 1);
+    ck_error err = {""};
+    cr_assert_eq(ck_index_add_meta(ix, name, name, &err), 0);
+    const char *text;
+    cJSON *root = index_json(ix, 1, &text);
+    expect_string(member(root, "metadata"), name, name);
+    const cJSON *t = cJSON_GetArrayItem(member(root, "tensors"), 0);
+    expect_string(t, "name", name);
+    cr_assert_null(strpbrk(text, "\x01\x1f\n\t"), "raw control bytes in %s", text);
+    cJSON_Delete(root);
+    ck_index_free(ix);
+}
+
 /* --- ck_view_shape_json ----------------------------------------------------------------- */
 
 /* An entry of this shape, in an index of its own (freed by the caller). */

@@ -1130,6 +1130,91 @@ Test(zip_local, file_shorter_than_the_caller_says)
     read_fails_sized(path, (long long)len + 100, "cannot read the last");
 }
 
+/* Local headers are fetched in batches (headers a page or less apart in one read, at most
+ * 1 MiB a read); each must still be checked against its own central directory entry. This
+ * archive, written by Python, has 3,000 small records (all in batches), records after gaps of
+ * 5,000 bytes (each read alone) and of 1.5 MiB (past a read's window), and its central
+ * directory in reverse file order. */
+static const char *many_headers(void)
+{
+    return py_zip("    for i in range(3000):\n"
+                  "        zf.writestr('archive/data/%d' % i, bytes(64))\n"
+                  "        if i % 1000 == 500:\n"
+                  "            zf.writestr('archive/gap/%d' % i, bytes(5000))\n"
+                  "        if i % 1000 == 999:\n"
+                  "            zf.writestr('archive/big/%d' % i, bytes(3 << 19))\n"
+                  "    zf.filelist.reverse()\n");
+}
+
+/* name's local header offset in the archive at path, as Python's zipfile reads it. */
+static size_t local_offset(const char *path, const char *name)
+{
+    const char *out = run_python("import sys, zipfile\n"
+                                 "print(zipfile.ZipFile(sys.argv[1]).getinfo(sys.argv[2])"
+                                 ".header_offset)\n", path, name, NULL);
+    return (size_t)strtoull(out, NULL, 10);
+}
+
+/* A copy of the archive at path with the 2-byte field at offset at + rel set to v. */
+static const char *patched_copy(const char *path, size_t at, size_t rel, uint16_t v)
+{
+    size_t len;
+    unsigned char *b = read_whole(path, &len);
+    cr_assert_lt(at + rel + 2, len);
+    b[at + rel] = (unsigned char)v;
+    b[at + rel + 1] = (unsigned char)(v >> 8);
+    const char *copy = tmp_file(b, len);
+    free(b);
+    return copy;
+}
+
+Test(zip_local, batched_headers_read_like_python, .timeout = 60)
+{
+    cr_assert_eq(check_like_python(many_headers()), 3000 + 3 + 3);
+}
+
+Test(zip_local, batched_headers_are_each_checked, .timeout = 60)
+{
+    const char *path = many_headers();
+    /* The first and last record, one inside a batch, the ones after each gap, and the record
+     * on each side of a big one. */
+    static const char *const names[] = {
+        "archive/data/0", "archive/data/1234", "archive/gap/500", "archive/data/501",
+        "archive/data/999", "archive/big/999", "archive/data/1000", "archive/data/2999",
+    };
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        size_t at = local_offset(path, names[k]), len = strlen(names[k]);
+        read_fails(patched_copy(path, at, 26, (uint16_t)(len + 1)),
+                   strf("entry '%s': local header names %zu bytes, the central directory %zu "
+                        "(offset %zu)", names[k], len + 1, len, at));
+        read_fails(patched_copy(path, at, 0, 0x4b51),
+                   strf("entry '%s': local header has signature 0x04034b51, not 0x04034b50 "
+                        "(offset %zu)", names[k], at));
+    }
+    /* The last record: a longer local extra field pushes its data into the directory. */
+    size_t at = local_offset(path, "archive/big/2999");
+    read_fails(patched_copy(path, at, 28, 0xFFFF), "entry 'archive/big/2999': data (1572864 "
+               "bytes at offset");
+}
+
+Test(zip_local, first_bad_header_in_directory_order_is_reported, .timeout = 60)
+{
+    /* The central directory runs backwards: of two bad headers, the one later in the file is
+     * the first entry, whichever batch was read first. */
+    const char *path = many_headers();
+    size_t early = local_offset(path, "archive/data/10"), late = local_offset(path,
+                                                                             "archive/data/20");
+    const char *one = patched_copy(path, early, 26, 1);
+    size_t len;
+    unsigned char *b = read_whole(one, &len);
+    b[late + 26] = 2;
+    b[late + 27] = 0;
+    const char *two = tmp_file(b, len);
+    free(b);
+    read_fails(two, strf("entry 'archive/data/20': local header names 2 bytes, the central "
+                         "directory 15 (offset %zu)", late));
+}
+
 /* --- truncated, mutated and random files --------------------------------------------- */
 
 /* Every prefix of the archive at path must be refused: each cut, one file rewritten. */
