@@ -458,22 +458,37 @@ static double cached_fraction(int fd, uint64_t off, uint64_t len)
     return ok && pages ? (double)resident / (double)pages : 1;
 }
 
-/* An O_DIRECT descriptor for source file f when most of its data that the plan reads in place
- * (not gathered) is not in the page cache (reading it through the cache would only copy it
- * twice), else -1; also -1 where O_DIRECT is refused (tmpfs; a ckptfs mount takes it) or the path is no longer
- * the file the index opened. CKLOAD_DIRECT=0 or 1 overrides the choice. */
+/* Whether O_DIRECT pays for source file f: most of the bytes the plan reads from it in place (not
+ * gathered) are not in the page cache (reading them through the cache would only copy them
+ * twice), and, with a backend that reads into the block itself, most of them can land there
+ * (in phase with their page: out of phase they need a bounce and a copy, which measured slower
+ * than the page cache: 0.7-1.0 against 1.7 GB/s cold for a safetensors file, BENCHMARKS.md). */
+static int direct_pays(const ckl_load *l, uint32_t f)
+{
+    const ck_plan *p = l->plan;
+    uint64_t lo = UINT64_MAX, hi = 0, bytes = 0, in_phase = 0;
+    for (size_t b = 0; b < p->nblobs; b++) {
+        const ck_plan_blob *bl = &p->blobs[b];
+        if (bl->file != f || bl->gather)
+            continue;
+        lo = bl->file_off < lo ? bl->file_off : lo;
+        hi = bl->file_off + bl->len > hi ? bl->file_off + bl->len : hi;
+        bytes += bl->len;
+        in_phase += (bl->dest_off - bl->file_off) % DIRECT_ALIGN == 0 ? bl->len : 0;
+    }
+    if (lo >= hi || (l->be->in_place && 2 * in_phase < bytes))
+        return 0;
+    return cached_fraction(l->ix->files[f].fd, lo, hi - lo) < 0.5;
+}
+
+/* An O_DIRECT descriptor for source file f when direct_pays, else -1; also -1 where O_DIRECT is
+ * refused (tmpfs; a ckptfs mount takes it) or the path is no longer the file the index opened.
+ * CKLOAD_DIRECT=0 or 1 overrides the choice. */
 static int open_direct(const ckl_load *l, uint32_t f)
 {
     const char *force = getenv("CKLOAD_DIRECT");
-    const ck_plan *p = l->plan;
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (size_t b = 0; b < p->nblobs; b++)
-        if (p->blobs[b].file == f && !p->blobs[b].gather) {
-            lo = p->blobs[b].file_off < lo ? p->blobs[b].file_off : lo;
-            hi = p->blobs[b].file_off + p->blobs[b].len > hi ? p->blobs[b].file_off + p->blobs[b].len : hi;
-        }
     const ck_file *cf = &l->ix->files[f];
-    if (force ? strcmp(force, "1") != 0 : lo >= hi || cached_fraction(cf->fd, lo, hi - lo) >= 0.5)
+    if (force ? strcmp(force, "1") != 0 : !direct_pays(l, f))
         return -1;
     int fd = open(cf->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
     struct stat st;
