@@ -219,11 +219,8 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
  * size and modification time. All that verify can check of a source without stored checksums. */
 static int source_unchanged(const ck_index *ix, uint32_t f)
 {
-    const ck_file *cf = &ix->files[f];
     struct stat st;
-    return fstat(cf->fd, &st) == 0 && st.st_dev == cf->dev && st.st_ino == cf->ino &&
-           (uint64_t)st.st_size == cf->size && st.st_mtim.tv_sec == cf->mtime.tv_sec &&
-           st.st_mtim.tv_nsec == cf->mtime.tv_nsec;
+    return fstat(ix->files[f].fd, &st) == 0 && ck_file_unchanged(&ix->files[f], &st);
 }
 
 /* After blob b's last byte: with verify, a pack's blob against its stored checksum (st hashed
@@ -492,7 +489,7 @@ static int open_direct(const ckl_load *l, uint32_t f)
         return -1;
     int fd = open(cf->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
     struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != cf->dev || st.st_ino != cf->ino)) {
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !ck_file_unchanged(cf, &st))) {
         close(fd);
         fd = -1;
     }

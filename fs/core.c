@@ -286,12 +286,11 @@ static int source_check(const ck_fs *fs, uint32_t file)
     const ck_file *f = &fs->ix->files[file];
     struct stat st;
     /* The open descriptor first: a write or truncate changes its size or mtime. */
-    if (fstat(f->fd, &st) != 0 || (uint64_t)st.st_size != f->size ||
-        st.st_mtim.tv_sec != f->mtime.tv_sec || st.st_mtim.tv_nsec != f->mtime.tv_nsec)
+    if (fstat(f->fd, &st) != 0 || !ck_file_unchanged(f, &st))
         return -EIO;
     /* Then the path: a file renamed over it leaves our descriptor on the old, intact inode,
-     * whose bytes are no longer what SOURCE holds. */
-    if (stat(fs->src_path[file], &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)
+     * whose bytes are no longer what SOURCE holds (the same inode passed the check above). */
+    if (stat(fs->src_path[file], &st) != 0 || !ck_file_unchanged(f, &st))
         return -ESTALE;
     return 0;
 }

@@ -207,6 +207,12 @@ int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint
     return ck_pread(ix->files[file].fd, buf, len, off);
 }
 
+int ck_file_unchanged(const ck_file *f, const struct stat *st)
+{
+    return st->st_dev == f->dev && st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&
+           st->st_mtim.tv_sec == f->mtime.tv_sec && st->st_mtim.tv_nsec == f->mtime.tv_nsec;
+}
+
 /* Strided tensors. The elements a request covers are gathered in batches: each element's source
  * offset is computed, the batch is sorted by offset, and elements that lie close together in the
  * source are fetched with one pread of the span between them (at most GATHER_SPAN bytes, gaps

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -104,6 +105,9 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
 int ck_pread(int fd, void *buf, size_t len, uint64_t off);
 /* ck_pread from source file `file` of ix: how the index's users read a source's bytes. */
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off);
+/* Whether st (an fstat or stat) describes f as it was when opened: same device and inode, size
+ * and modification time. How the mount and the loader tell a changed source. */
+int ck_file_unchanged(const ck_file *f, const struct stat *st);
 
 /* Looks an entry up by exact name; NULL if absent. Linear: for tools, not for hot paths. */
 const ck_entry *ck_index_find(const ck_index *ix, const char *name);
