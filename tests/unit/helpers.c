@@ -492,3 +492,15 @@ uint32_t tree_find(const ck_tree *t, const char *path)
     }
     return node;
 }
+
+#ifdef __SANITIZE_ADDRESS__
+/* LeakSanitizer asks this at exit. Criterion runs each test in a child that it starts with
+ * BXFI_MAP set; the runner itself (no BXFI_MAP) runs only criterion, whose timer for a test with
+ * .timeout now and then leaks one 48-byte entry when the test ends first (criterion 2.4.1, about
+ * every other run with --jobs 2). So leaks are checked in every test process and not in the runner. */
+int __lsan_is_turned_off(void);
+int __lsan_is_turned_off(void)
+{
+    return getenv("BXFI_MAP") == NULL;
+}
+#endif
