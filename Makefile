@@ -3,7 +3,7 @@ CC      ?= cc
 PREFIX  ?= /usr/local
 DESTDIR ?=
 SANITIZE ?=
-BUILD   ?= $(if $(SANITIZE),build/san,build)
+BUILD   ?= $(if $(SANITIZE),build/san,$(if $(COVERAGE),build/cov,build))
 PYTHON  ?= /usr/bin/python3
 PYDEPS  := $(CURDIR)/.deps/python
 
@@ -92,6 +92,7 @@ test: setup
 	test "$$(cat $(BUILD)/test_unit.rc)" = 0 && ! grep -q 'ERROR: LeakSanitizer' $(BUILD)/test_unit.log
 	$(MAKE) fuzz-replay
 	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	$(if $(HAVE_CUDA),$(MAKE) test-cuda-fake)
 
 # The unit tests under valgrind (memcheck, full leak check). Criterion re-executes the binary
 # for each test, so children are traced (not python, which the pickle tests run) and each
@@ -138,6 +139,41 @@ install: all
 
 clean:
 	rm -rf build
+
+# --- libckload's CUDA branch without a GPU (tests/fakecuda/README.md) ---------------------------
+# The stand-in for libcudart, under the toolkit's soname, with its symbol version. The CUDA tests
+# run in a python of their own whose LD_LIBRARY_PATH finds it first (libckload's path to the
+# toolkit is a RUNPATH, which LD_LIBRARY_PATH overrides; the tests check which one was loaded).
+# FAKECUDA_RUNS seeded runs of the pipeline test (more with `make cuda-fake-soak`); each run's
+# seed is printed when it fails, FAKECUDA_SEED=N replays it.
+ifneq ($(HAVE_CUDA),)
+CUDART_SONAME := $(shell objdump -p $(CUDA_HOME)/lib64/libcudart.so 2>/dev/null | sed -n 's/^ *SONAME *//p')
+FAKECUDA      := $(BUILD)/fakecuda/$(CUDART_SONAME)
+FAKECUDA_RUNS ?= 4
+$(FAKECUDA): tests/fakecuda/fakecuda.c tests/fakecuda/fakecuda.h
+	@mkdir -p $(dir $@)
+	printf '%s { global: cuda*; fakecuda_*; local: *; };\n' $(CUDART_SONAME) >$@.map
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(LDFLAGS) -shared -Wl,-soname,$(CUDART_SONAME) -Wl,-z,defs \
+	    -Wl,--version-script=$@.map $< -lpthread -o $@
+test-cuda-fake: all $(FAKECUDA)
+	$(SAN_PYTHON_ENV) LD_LIBRARY_PATH=$(CURDIR)/$(dir $(FAKECUDA)) \
+	    CKPTFS_FAKECUDA=$(CURDIR)/$(FAKECUDA) FAKECUDA_RUNS=$(FAKECUDA_RUNS) \
+	    CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_cuda_fake.py
+cuda-fake-soak:
+	$(MAKE) test-cuda-fake FAKECUDA_RUNS=$(or $(RUNS),200) PYTEST_ADDOPTS="-k seeded_pipeline"
+# Line coverage of cuda/ (gcov) by the tests under the stand-in, in build/cov.
+cuda-coverage: setup
+	find build/cov -name '*.gcda' -delete 2>/dev/null || true
+	$(MAKE) COVERAGE=1 test-cuda-fake
+	cd build/cov/obj/cuda && gcov -n $(CURDIR)/cuda/*.c 2>/dev/null | \
+	    awk '/^File/ {f=$$2} /^Lines/ && f ~ /cuda\// {print f, $$0}'
+endif
+ifneq ($(COVERAGE),)
+CFLAGS  += --coverage -O0
+LDFLAGS += --coverage
+endif
+.PHONY: test-cuda-fake cuda-fake-soak cuda-coverage
 
 include fuzz/fuzz.mk
 
