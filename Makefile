@@ -166,8 +166,7 @@ cuda-fake-soak:
 cuda-coverage: setup
 	find build/cov -name '*.gcda' -delete 2>/dev/null || true
 	$(MAKE) COVERAGE=1 test-cuda-fake
-	cd build/cov/obj/cuda && gcov -n $(CURDIR)/cuda/*.c 2>/dev/null | \
-	    awk '/^File/ {f=$$2} /^Lines/ && f ~ /cuda\// {print f, $$0}'
+	gcov -n -o build/cov/obj/cuda cuda/*.c | awk '/^File/ {f=$$2} /^Lines/ && f ~ /^.cuda\// {print f, $$0}'
 endif
 ifneq ($(COVERAGE),)
 CFLAGS  += --coverage -O0

@@ -5,13 +5,21 @@
  * load's pool across loads: pinning costs about 0.5 s per GB), used in turn: the thread preads
  * into one while the copies out of the others run, and refills a buffer only after the event
  * recorded behind its copy has completed. A blob has landed when a host function queued on the
- * stream behind its last copy runs.
+ * stream behind its last copy runs. tests/fakecuda runs all of this against a stand-in for the
+ * runtime that is stricter than the hardware.
  */
 #include "backend.h"
 
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* A host function's argument: which blob has landed. */
+typedef struct landing {
+    struct landing *next;
+    ckl_load *load;
+    size_t blob;
+} landing;
 
 typedef struct stage {
     unsigned char *buf;
@@ -27,6 +35,9 @@ struct reader {
     cudaStream_t stream;
     unsigned nstages, turn;
     stage *current;      /* the buffer stage() handed out last, for put() */
+    /* Every landing queued, freed by close() rather than by its host function: in a lost
+     * context the runtime drops host functions without running them (cuLaunchHostFunc). */
+    landing *landings;
     stage stages[];
 };
 
@@ -41,12 +52,23 @@ static int cuda_check(int ordinal, char *why, size_t len)
     return -1;
 }
 
+/* The block is allocated with ordinal current, and the caller's current device put back after:
+ * it is per host thread, and the caller's own (torch's current device, say) must not move. */
 static void *cuda_alloc(int ordinal, size_t n, char *why, size_t len)
 {
     void *block = NULL;
-    cudaError_t e = cudaSetDevice(ordinal);
+    int was = 0;
+    cudaError_t e = cudaGetDevice(&was);
     if (e == cudaSuccess)
+        e = cudaSetDevice(ordinal);
+    if (e == cudaSuccess) {
         e = cudaMalloc(&block, n);
+        cudaError_t back = cudaSetDevice(was);
+        if (e == cudaSuccess && back != cudaSuccess) {
+            cudaFree(block);
+            e = back;
+        }
+    }
     if (e == cudaSuccess)
         return block;
     cudaGetLastError(); /* so that the caller's next CUDA check does not see it */
@@ -80,6 +102,10 @@ static void cuda_close(reader *r)
     }
     if (r->stream)
         cudaStreamDestroy(r->stream);
+    for (landing *c = r->landings, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
     free(r);
 }
 
@@ -140,28 +166,28 @@ static int cuda_put(reader *r, unsigned char *dst, const unsigned char *p, size_
     return 0;
 }
 
-typedef struct landing {
-    ckl_load *load;
-    size_t blob;
-} landing;
-
 static void CUDART_CB on_copied(void *p)
 {
-    landing *c = p;
+    const landing *c = p;
     blob_landed(c->load, c->blob);
-    free(c);
 }
 
 static int cuda_landed(reader *r, size_t blob, char *why, size_t len)
 {
     landing *c = malloc(sizeof *c);
-    if (c)
-        *c = (landing){.load = r->load, .blob = blob};
-    if (c && cudaLaunchHostFunc(r->stream, on_copied, c) == cudaSuccess)
-        return 0;
-    free(c);
-    snprintf(why, len, "cannot track it on its CUDA stream");
-    return -1;
+    if (!c) {
+        snprintf(why, len, "out of memory");
+        return -1;
+    }
+    *c = (landing){.next = r->landings, .load = r->load, .blob = blob};
+    cudaError_t e = cudaLaunchHostFunc(r->stream, on_copied, c);
+    if (e != cudaSuccess) {
+        free(c);
+        snprintf(why, len, "cannot track it on its CUDA stream: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    r->landings = c;
+    return 0;
 }
 
 static const backend cuda = {

@@ -172,7 +172,8 @@ static int parse_rule(const char *v, int is_sticky, struct rule *r)
     snprintf(r->fn, sizeof r->fn, "%s", c->fn);
     r->nth = strtoul(colon + 1, &end, 10);
     r->code = is_sticky ? cudaErrorIllegalAddress : c->usual;
-    r->sticky = is_sticky;
+    /* What a synchronize call fails with is an asynchronous error, which loses the context. */
+    r->sticky = is_sticky || strstr(c->fn, "Synchronize") != NULL;
     if (*end == ':' && !is_sticky)
         r->code = (cudaError_t)strtol(end + 1, &end, 10);
     return r->nth && !*end ? 0 : -1;

@@ -16,7 +16,9 @@
  *      capacity=BYTES        device memory per device, K/M/G suffixes (default 1G)
  *      delay=MIN-MAX         each queued operation waits MIN..MAX microseconds (default 0-200)
  *      seed=N                seeds those delays (default 1)
- *      fail=FUNC:N[:CODE]    the Nth call of FUNC fails with CODE (default: FUNC's usual one)
+ *      fail=FUNC:N[:CODE]    the Nth call of FUNC fails with CODE (default: FUNC's usual one);
+ *                            for the synchronize calls, whose errors are asynchronous ones,
+ *                            the error is sticky
  *      sticky=FUNC:N         the Nth call of FUNC fails with cudaErrorIllegalAddress, and so
  *                            does every call after it (a lost context)
  *      fault=N               the Nth queued copy faults when it runs: the same sticky error,

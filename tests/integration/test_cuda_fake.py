@@ -280,8 +280,8 @@ def test_second_of_two_devices(tmp_path):
     with ckload.Load(pack(src, tmp_path / "o.pack"), device="cuda:1", threads=3,
                      buffer_size=8192) as ld:
         assert ld.device == "cuda:1"
+        assert stat("current_device") == 0  # regression: it was left at 1
         check(read_all(ld), expected_tensors(src))
-        assert stat("current_device") == 0
         m = lib.ckl_to_dlpack(ld._handle(), 0)
         dev = m.contents.dl_tensor.device
         assert (dev.device_type, dev.device_id) == (kDLCUDA, 1)
@@ -405,6 +405,37 @@ def test_dlpack_capsule_says_cuda(tmp_path):
             ckload.load(out, device="cuda")
 
 
+# What DLPack 0.6 calls each dtype (its own header's codes), with the bits it takes.
+DL_CODES = {"U8": (1, 8), "U16": (1, 16), "U32": (1, 32), "U64": (1, 64), "I8": (0, 8),
+            "I16": (0, 16), "I32": (0, 32), "I64": (0, 64), "F16": (2, 16), "F32": (2, 32),
+            "F64": (2, 64), "BF16": (4, 16), "C64": (5, 64), "C128": (5, 128)}
+
+
+def test_dlpack_of_every_dtype(tmp_path):
+    """Each tensor's export: on the device it is on, its dtype as DLPack names it and its
+    shape, or raw bytes (kDLUInt 8, [nbytes]) for the types DLPack 0.6 has no code for; the
+    bytes it points at are the tensor's. A failed load exports nothing."""
+    src = SOURCES["every-dtype"](tmp_path)
+    expected = expected_tensors(src)
+    with ckload.Load(src, device="cuda") as ld:
+        ld.wait_all()
+        for i in range(len(ld)):
+            name, dtype, shape, nbytes = ld.info(i)
+            m = lib.ckl_to_dlpack(ld._handle(), i)
+            t = m.contents.dl_tensor
+            code, bits = DL_CODES.get(dtype, (1, 8))
+            dims = list(shape) if dtype in DL_CODES else [nbytes]
+            assert (t.device.device_type, t.device.device_id) == (kDLCUDA, 0), name
+            assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (code, bits, 1), name
+            assert [t.shape[k] for k in range(t.ndim)] == dims, name
+            assert read_device(t.data, nbytes, 0) == expected[name][2], name
+            m.contents.deleter(m)
+        assert not lib.ckl_to_dlpack(ld._handle(), len(ld))
+    configure("fail=cudaMemcpyAsync:1")
+    with ckload.Load(src, device="cuda") as ld:
+        assert not lib.ckl_to_dlpack(ld._handle(), 0)
+
+
 def test_ckpt_load_to_cuda(tmp_path, seeded):
     src = many_tensors(tmp_path, n=6)
     out = pack(src, tmp_path / "o.pack")
@@ -424,3 +455,33 @@ def test_ckpt_load_to_cuda(tmp_path, seeded):
         left = dict(line.split() for line in stats.read_text().splitlines())
         assert all(left[k] == "0" for k in LIVE + ("violations",)), (args, spec, left)
         assert code or int(left["copies"]) > 0
+
+
+# --- regressions: what the stand-in found ------------------------------------------------------------
+
+def leak_checked(cmd):
+    """(cmd, env) that run cmd under a leak checker: ASan's where the build has it, else
+    valgrind's memcheck."""
+    env = dict(os.environ)
+    syms = subprocess.run(["nm", str(cmd[0])], capture_output=True).stdout
+    if b"__asan_init" in syms:
+        env["ASAN_OPTIONS"] = "detect_leaks=1"
+        return cmd, env
+    return ["valgrind", "-q", "--leak-check=full", "--errors-for-leak-kinds=definite",
+            "--show-leak-kinds=definite", "--error-exitcode=99", *cmd], env
+
+
+@pytest.mark.parametrize("spec", ["fault=2", "sticky=cudaEventSynchronize:2",
+                                  "fail=cudaStreamSynchronize:1"])
+def test_a_lost_context_leaks_nothing(tmp_path, spec):
+    """In a lost context the runtime drops the host functions queued behind the copies instead
+    of running them (cuLaunchHostFunc's documentation says so), so what they were to free must
+    be freed by whoever queued them: `ckpt load` under a leak checker, one clean line."""
+    out = pack(many_tensors(tmp_path, n=6), tmp_path / "o.pack")
+    cmd, env = leak_checked([ckpt_bin(), "load", out, "--device", "cuda", "--threads", "2",
+                             "--buffer-size", "16K"])
+    env["FAKECUDA"] = spec + " delay=100-1000"
+    p = run(cmd, env=env, timeout=300)
+    err = p.stderr.decode()
+    assert p.returncode in (0, 1) and "LeakSanitizer" not in err and "definitely lost" not in err, err
+    assert p.returncode == 0 or (err.startswith("ckpt: ") and err.count("\n") == 1), err
