@@ -29,10 +29,13 @@ LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 # The tests load build/san/libckload.so into an uninstrumented python: the ASan runtime must be
 # loaded first, so it is preloaded. Python itself leaks by design at exit, hence no leak check
-# there (children inherit both; the unit tests and fuzz-replay keep leak checking).
+# there (children inherit both; the unit tests and fuzz-replay keep leak checking). libstdc++ is
+# preloaded too: ASan finds the __cxa_throw it wraps only in what is loaded when it starts, and
+# a C++ exception that torch throws (refusing a CUDA capsule) would abort python otherwise.
 comma := ,
 ifneq ($(filter address,$(subst $(comma), ,$(SANITIZE))),)
-SAN_PYTHON_ENV := LD_PRELOAD=$(shell $(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0
+SAN_PYTHON_ENV := LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so) \
+                  $(shell $(CC) -print-file-name=libstdc++.so.6)" ASAN_OPTIONS=detect_leaks=0
 endif
 
 CORE_SRC := $(wildcard pack/*.c)

@@ -158,9 +158,11 @@ class Raw:
 
 # --- the stand-in is what runs -------------------------------------------------------------------
 
-def test_libckload_runs_on_the_stand_in():
+def test_libckload_runs_on_the_stand_in(tmp_path):
     assert loaded_libcudart() == {str(Path(FAKE_PATH).resolve())}
     assert ckload.cuda_built() and ckload.cuda_available()
+    with ckload.Load(pack(safetensors_source(tmp_path), tmp_path / "o.pack")) as ld:
+        assert ld.device == "cuda:0"  # auto finds the device
 
 
 def test_the_stand_in_defines_every_cuda_function_libckload_needs():
@@ -174,6 +176,11 @@ def test_the_stand_in_defines_every_cuda_function_libckload_needs():
     assert need <= symbols(FAKE_PATH, "T")
 
 
+def crashed(p):
+    """Whether child p died of a segmentation fault (ASan, where preloaded, reports it itself)."""
+    return p.returncode == -signal.SIGSEGV or b"AddressSanitizer: SEGV" in p.stderr
+
+
 def test_device_memory_cannot_be_touched_by_the_host(tmp_path):
     """A host dereference of a device pointer crashes (the stand-in maps it PROT_NONE), and so
     does refilling a pinned buffer whose copy is still queued: both are run in a child."""
@@ -182,7 +189,7 @@ def test_device_memory_cannot_be_touched_by_the_host(tmp_path):
              "ld = ckload.Load(sys.argv[1], device='cuda'); ld.wait_all()\n"
              "ctypes.string_at(ld.pointer(0), 1)\n")
     p = subprocess.run([sys.executable, "-c", child, out], capture_output=True, timeout=60)
-    assert p.returncode == -signal.SIGSEGV, p.stderr.decode()
+    assert crashed(p), p.stderr.decode()
     child = ("import ctypes, sys\n"
              "f = ctypes.CDLL(sys.argv[1]); v = ctypes.c_void_p\n"
              "d, h, s = v(), v(), v()\n"
@@ -193,7 +200,7 @@ def test_device_memory_cannot_be_touched_by_the_host(tmp_path):
              "assert f.cudaMemcpyAsync(d, h, ctypes.c_size_t(4096), 1, s) == 0\n"
              "ctypes.memset(h, 1, 4096)\n")
     p = subprocess.run([sys.executable, "-c", child, FAKE_PATH], capture_output=True, timeout=60)
-    assert p.returncode == -signal.SIGSEGV, p.stderr.decode()
+    assert crashed(p), p.stderr.decode()
 
 
 # --- byte-exact loads -------------------------------------------------------------------------------
