@@ -152,7 +152,7 @@ clean:
 ifneq ($(HAVE_CUDA),)
 CUDART_SONAME := $(shell objdump -p $(CUDA_HOME)/lib64/libcudart.so 2>/dev/null | sed -n 's/^ *SONAME *//p')
 FAKECUDA      := $(BUILD)/fakecuda/$(CUDART_SONAME)
-FAKECUDA_RUNS ?= 4
+FAKECUDA_RUNS ?= 10
 $(FAKECUDA): tests/fakecuda/fakecuda.c tests/fakecuda/fakecuda.h
 	@mkdir -p $(dir $@)
 	printf '%s { global: cuda*; fakecuda_*; local: *; };\n' $(CUDART_SONAME) >$@.map
@@ -169,7 +169,8 @@ cuda-fake-soak:
 cuda-coverage: setup
 	find build/cov -name '*.gcda' -delete 2>/dev/null || true
 	$(MAKE) COVERAGE=1 test-cuda-fake
-	gcov -n -o build/cov/obj/cuda cuda/*.c | awk '/^File/ {f=$$2} /^Lines/ && f ~ /^.cuda\// {print f, $$0}'
+	gcov -n -o build/cov/obj/cuda $(LOAD_SRC) 2>/dev/null | \
+	    awk '/^File/ {f=$$2} /^Lines/ && f !~ /\.h.$$/ {print (f ? f : "libckload"), $$0; f=""}'
 endif
 ifneq ($(COVERAGE),)
 CFLAGS  += --coverage -O0

@@ -35,7 +35,7 @@ if not FAKE_PATH:
 cudaMemcpyDeviceToHost = 2
 kDLCUDA = 2
 LIVE = ("device_allocs", "pinned_allocs", "streams", "events")
-RUNS = int(os.environ.get("FAKECUDA_RUNS", "4"))
+RUNS = int(os.environ.get("FAKECUDA_RUNS", "10"))
 
 lib = ckload.library()
 fake = ctypes.CDLL(FAKE_PATH)
@@ -128,6 +128,7 @@ class Raw:
     (buffers) and with a pool of its own."""
 
     def __init__(self, path, **opts):
+        self.ordinal = opts.get("cuda_device", 0)
         self.pool = lib.ckl_pool_new()
         o = ckload.Options()
         lib.ckl_default_options(ctypes.byref(o))
@@ -147,7 +148,7 @@ class Raw:
         for i in range(lib.ckl_count(self.h)):
             t = lib.ckl_get(self.h, i).contents
             out[t.name.decode()] = (t.dtype.decode(), [t.shape[k] for k in range(t.rank)],
-                                    read_device(t.data, t.nbytes, 0))
+                                    read_device(t.data, t.nbytes, self.ordinal))
         return out
 
     def release(self):
@@ -256,18 +257,22 @@ def test_staging_variants(tmp_path, threads, buffers, size):
 
 @pytest.mark.parametrize("run", range(RUNS))
 def test_seeded_pipeline(tmp_path, seeded, run):
-    """The pipeline under a seed's delays and shape: threads, buffers, chunk size, tensor sizes
-    and source kind all drawn from it (make cuda-fake-soak runs hundreds)."""
+    """The pipeline under a seed's delays and shape: threads, buffers, chunk size, tensor sizes,
+    source kind (strided PyTorch views are gathered through the staging buffers), pack or
+    source, device 0 or 1 of 2, all drawn from it (make cuda-fake-soak runs hundreds)."""
     r = random.Random(seeded)
     g = torch.Generator().manual_seed(seeded)
     src = tmp_path / "s.safetensors"
-    save_file({f"t.{i}": torch.randn(r.randrange(1, 40000), generator=g)
-               for i in range(r.randrange(1, 30))}, str(src))
+    if r.random() < 0.25:
+        src = strided_source(tmp_path, n=r.randrange(20, 300))
+    else:
+        save_file({f"t.{i}": torch.randn(r.randrange(1, 40000), generator=g)
+                   for i in range(r.randrange(1, 30))}, str(src))
     path = pack(src, tmp_path / "o.pack") if r.random() < 0.5 else src
-    threads, buffers = r.randrange(1, 9), r.randrange(1, 5)
-    configure(f"seed={seeded} delay=0-{r.choice([0, 50, 500, 3000])}")
+    threads, buffers, ordinal = r.randrange(1, 9), r.randrange(1, 5), r.randrange(2)
+    configure(f"seed={seeded} devices=2 delay=0-{r.choice([0, 50, 500, 3000])}")
     ld = Raw(path, threads=threads, buffers=buffers, buffer_size=r.choice([4096, 5000, 65536]),
-             verify=r.randrange(2))
+             verify=r.randrange(2), cuda_device=ordinal)
     try:
         assert ld.rc == 0 and ld.wait_all() == 0, ld.err.value
         check(ld.read(), expected_tensors(src))
@@ -345,9 +350,11 @@ def test_verify_catches_a_flipped_byte_and_leaves_nothing(tmp_path):
 # --- failures ----------------------------------------------------------------------------------------
 
 # (spec, whether the load must fail). Each names the nth call of a function this load makes:
-# cudaSetDevice 1 is the block's, 2.. the readers'; copies and records come per chunk.
+# cudaSetDevice 1 selects the block's device, 2 puts the caller's back, 3.. are the readers';
+# copies and records come per chunk.
 FAULTS = [
-    ("fail=cudaGetDeviceCount:1", True), ("fail=cudaSetDevice:1", True),
+    ("fail=cudaGetDeviceCount:1", True), ("fail=cudaGetDevice:1", True),
+    ("fail=cudaSetDevice:1", True), ("fail=cudaSetDevice:2", True),
     ("fail=cudaSetDevice:3", True), ("fail=cudaMalloc:1", True),
     ("fail=cudaStreamCreateWithFlags:1", True), ("fail=cudaStreamCreateWithFlags:2", True),
     ("fail=cudaHostAlloc:1", True), ("fail=cudaHostAlloc:4", True),
