@@ -36,7 +36,8 @@ struct reader {
     unsigned nstages, turn;
     stage *current;      /* the buffer stage() handed out last, for put() */
     /* Every landing queued, freed by close() rather than by its host function: in a lost
-     * context the runtime drops host functions without running them (cuLaunchHostFunc). */
+     * context the runtime drops host functions without running them (cuLaunchHostFunc). Once
+     * close() has synchronized the stream, each has run or (the synchronize failed) never will. */
     landing *landings;
     stage stages[];
 };
