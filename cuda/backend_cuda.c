@@ -5,20 +5,24 @@
  * load's pool across loads: pinning costs about 0.5 s per GB), used in turn: the thread preads
  * into one while the copies out of the others run, and refills a buffer only after the event
  * recorded behind its copy has completed. A blob has landed when a host function queued on the
- * stream behind its last copy runs. tests/fakecuda runs all of this against a stand-in for the
- * runtime that is stricter than the hardware.
+ * stream behind its last copy runs; that function only marks it, and the reader thread reports
+ * it (blob_landed, so on_ready) at its next chunk or when it closes: the runtime forbids CUDA
+ * calls inside a host function, and on_ready may well make some (start work on an early layer).
+ * tests/fakecuda runs all of this against a stand-in for the runtime that is stricter than the
+ * hardware.
  */
 #include "backend.h"
 
 #include <cuda_runtime_api.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-/* A host function's argument: which blob has landed. */
+/* A blob whose last copy is queued; its host function sets copied. */
 typedef struct landing {
     struct landing *next;
-    ckl_load *load;
     size_t blob;
+    atomic_int copied;
 } landing;
 
 typedef struct stage {
@@ -35,10 +39,11 @@ struct reader {
     cudaStream_t stream;
     unsigned nstages, turn;
     stage *current;      /* the buffer stage() handed out last, for put() */
-    /* Every landing queued, freed by close() rather than by its host function: in a lost
-     * context the runtime drops host functions without running them (cuLaunchHostFunc). Once
-     * close() has synchronized the stream, each has run or (the synchronize failed) never will. */
-    landing *landings;
+    /* The landings not reported yet, in stream order, so they are copied in this order. The
+     * reader frees them, not their host functions: in a lost context the runtime drops host
+     * functions without running them (cuLaunchHostFunc). Once close() has synchronized the
+     * stream, each has run or (the synchronize failed) never will. */
+    landing *first, *last;
     stage stages[];
 };
 
@@ -91,10 +96,23 @@ static void free_pinned(void *b)
     cudaFreeHost(b);
 }
 
+/* blob_landed for the blobs at the front of the queue whose host function has run. */
+static void report_landed(reader *r)
+{
+    while (r->first && atomic_load(&r->first->copied)) {
+        landing *c = r->first;
+        r->first = c->next;
+        r->last = r->first ? r->last : NULL;
+        blob_landed(r->load, c->blob);
+        free(c);
+    }
+}
+
 static void cuda_close(reader *r)
 {
     if (r->stream)
         cudaStreamSynchronize(r->stream);
+    report_landed(r);
     for (unsigned k = 0; k < r->nstages; k++) {
         if (r->stages[k].event)
             cudaEventDestroy(r->stages[k].event);
@@ -103,7 +121,7 @@ static void cuda_close(reader *r)
     }
     if (r->stream)
         cudaStreamDestroy(r->stream);
-    for (landing *c = r->landings, *next; c; c = next) {
+    for (landing *c = r->first, *next; c; c = next) { /* dropped by a lost context */
         next = c->next;
         free(c);
     }
@@ -150,6 +168,7 @@ static unsigned char *cuda_stage(reader *r, unsigned char *dst, char *why, size_
         snprintf(why, len, "copying to cuda:%d: %s", r->ordinal, cudaGetErrorString(e));
         return NULL;
     }
+    report_landed(r);
     return s->buf;
 }
 
@@ -167,10 +186,10 @@ static int cuda_put(reader *r, unsigned char *dst, const unsigned char *p, size_
     return 0;
 }
 
+/* No CUDA here, nor anything that may call it: only the mark the reader looks for. */
 static void CUDART_CB on_copied(void *p)
 {
-    const landing *c = p;
-    blob_landed(c->load, c->blob);
+    atomic_store(&((landing *)p)->copied, 1);
 }
 
 static int cuda_landed(reader *r, size_t blob, char *why, size_t len)
@@ -180,14 +199,20 @@ static int cuda_landed(reader *r, size_t blob, char *why, size_t len)
         snprintf(why, len, "out of memory");
         return -1;
     }
-    *c = (landing){.next = r->landings, .load = r->load, .blob = blob};
+    c->next = NULL;
+    c->blob = blob;
+    atomic_init(&c->copied, 0);
     cudaError_t e = cudaLaunchHostFunc(r->stream, on_copied, c);
     if (e != cudaSuccess) {
         free(c);
         snprintf(why, len, "cannot track it on its CUDA stream: %s", cudaGetErrorString(e));
         return -1;
     }
-    r->landings = c;
+    if (r->last)
+        r->last->next = c;
+    else
+        r->first = c;
+    r->last = c;
     return 0;
 }
 
