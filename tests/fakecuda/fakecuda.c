@@ -223,9 +223,10 @@ static int parse_spec(const char *spec, struct config *c)
     return rc;
 }
 
+/* Handles the caller holds (a destroyed stream may still be draining: it holds none). */
 static int anything_live(void)
 {
-    return allocs || streams || events;
+    return st.device_allocs || st.pinned_allocs || st.streams || st.events;
 }
 
 int fakecuda_configure(const char *spec)

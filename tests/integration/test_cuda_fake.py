@@ -206,6 +206,47 @@ def test_device_memory_cannot_be_touched_by_the_host(tmp_path):
     assert crashed(p), p.stderr.decode()
 
 
+def test_the_stand_in_counts_and_refuses():
+    """Its own checks, each provoked once: a pageable async copy is counted; a copy into device
+    1's memory from a thread whose current device is 0, an event recorded on another device's
+    stream, memory freed while a copy into it is queued, are refused or counted as violations;
+    an injected failure returns the function's real error code once; a sticky one every time."""
+    v, size = ctypes.c_void_p, ctypes.c_size_t
+    configure("devices=2 delay=20000-20000")
+    d0, d1, s0, s1, ev1 = v(), v(), v(), v(), v()
+    host = ctypes.create_string_buffer(b"x" * 4096)
+    assert fake.cudaMalloc(ctypes.byref(d0), size(4096)) == 0
+    assert fake.cudaStreamCreateWithFlags(ctypes.byref(s0), 1) == 0
+    assert fake.cudaSetDevice(1) == 0
+    assert fake.cudaMalloc(ctypes.byref(d1), size(4096)) == 0
+    assert fake.cudaStreamCreateWithFlags(ctypes.byref(s1), 1) == 0
+    assert fake.cudaEventCreateWithFlags(ctypes.byref(ev1), 2) == 0
+    assert fake.cudaSetDevice(0) == 0
+    assert fake.cudaMemcpyAsync(d1, host, size(4096), 1, s1) == 101  # cudaErrorInvalidDevice
+    assert fake.cudaMemcpyAsync(d1, host, size(4096), 1, s0) == 1  # not device 0's memory
+    assert fake.cudaEventRecord(ev1, s0) == 400  # cudaErrorInvalidResourceHandle
+    assert stat("violations") == 3
+    assert fake.cudaMemcpyAsync(d0, host, size(4096), 1, s0) == 0
+    assert fake.cudaMemcpyAsync(d0, host, size(4096), 1, s0) == 0
+    assert stat("pageable_copies") == 2 and stat("max_in_flight") == 2
+    assert fake.cudaFree(d0) == 0  # waits for the copies, but counts the misuse
+    assert stat("violations") == 4 and stat("copies") == 2
+    for h in (ev1,):
+        assert fake.cudaEventDestroy(h) == 0
+    for h in (s0, s1):
+        assert fake.cudaStreamDestroy(h) == 0
+    assert fake.cudaFree(d1) == 0
+    configure("fail=cudaMalloc:2 sticky=cudaSetDevice:2")
+    assert fake.cudaMalloc(ctypes.byref(d0), size(64)) == 0
+    assert fake.cudaMalloc(ctypes.byref(d1), size(64)) == 2  # cudaErrorMemoryAllocation
+    assert (fake.cudaGetLastError(), fake.cudaGetLastError()) == (2, 0)
+    assert fake.cudaSetDevice(0) == 0
+    assert [fake.cudaSetDevice(0), fake.cudaGetLastError(),
+            fake.cudaMalloc(ctypes.byref(d1), size(64))] == [700] * 3  # an illegal address
+    assert fake.cudaFree(d0) == 700  # the lost context's error; the stand-in frees it still
+    configure("")  # the violations were the point
+
+
 # --- byte-exact loads -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["pack", "source"])
