@@ -150,7 +150,8 @@ clean:
 # FAKECUDA_RUNS seeded runs of the pipeline test (more with `make cuda-fake-soak`); each run's
 # seed is printed when it fails, FAKECUDA_SEED=N replays it.
 ifneq ($(HAVE_CUDA),)
-CUDART_SONAME := $(shell objdump -p $(CUDA_HOME)/lib64/libcudart.so 2>/dev/null | sed -n 's/^ *SONAME *//p')
+CUDART_SONAME := $(shell objdump -p $(CUDA_HOME)/lib64/libcudart.so 2>/dev/null | \
+                   sed -n 's/^ *SONAME *//p')
 FAKECUDA      := $(BUILD)/fakecuda/$(CUDART_SONAME)
 FAKECUDA_RUNS ?= 10
 $(FAKECUDA): tests/fakecuda/fakecuda.c tests/fakecuda/fakecuda.h

@@ -140,7 +140,7 @@ static void violation(const char *fmt, ...)
     st.violations++;
 }
 
-/* --- configuration ---------------------------------------------------------------------------- */
+/* --- configuration --------------------------------------------------------------------------- */
 
 static struct call_count *call_named(const char *fn, size_t len)
 {
@@ -300,7 +300,7 @@ __attribute__((constructor)) static void configure_from_env(void)
     atexit(dump_stats);
 }
 
-/* --- every call ------------------------------------------------------------------------------- */
+/* --- every call ------------------------------------------------------------------------------ */
 
 static cudaError_t fail(cudaError_t e)
 {
@@ -338,7 +338,7 @@ static cudaError_t enter(const char *fn)
     return fail(e);
 }
 
-/* --- memory ----------------------------------------------------------------------------------- */
+/* --- memory ---------------------------------------------------------------------------------- */
 
 static size_t page_round(size_t n)
 {
@@ -513,7 +513,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
     return cudaSuccess;
 }
 
-/* --- devices ---------------------------------------------------------------------------------- */
+/* --- devices --------------------------------------------------------------------------------- */
 
 cudaError_t cudaGetDeviceCount(int *count)
 {
@@ -583,7 +583,7 @@ const char *cudaGetErrorString(cudaError_t error)
     return "unrecognized error code";
 }
 
-/* --- streams and their workers ------------------------------------------------------------------ */
+/* --- streams and their workers --------------------------------------------------------------- */
 
 static int live_stream(const fstream *s)
 {
@@ -878,7 +878,7 @@ cudaError_t cudaDeviceSynchronize(void)
     return fail(e);
 }
 
-/* --- events ------------------------------------------------------------------------------------- */
+/* --- events ---------------------------------------------------------------------------------- */
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags)
 {
@@ -886,7 +886,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags)
     if (e)
         return e;
     if (!ev ||
-        (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess)))
+        (flags &
+         ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess)))
         return fail(cudaErrorInvalidValue);
     event *x = calloc(1, sizeof *x);
     if (!x)

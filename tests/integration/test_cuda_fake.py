@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 import ckload
 from ckptfs_testlib import ckpt_bin, run
-from test_load import SOURCES, expected_tensors, flip_byte, sparse_safetensors
+from test_load import SOURCES, expected_tensors, flip_byte
 from test_load_source import strided_source
 from test_pack import pack, pack_header, safetensors_source
 
@@ -86,7 +86,7 @@ def seeded():
     assert left == dict.fromkeys(left, 0), f"left behind with seed {seed}: {left}"
 
 
-# --- reading device memory back -------------------------------------------------------------------
+# --- reading device memory back ------------------------------------------------------------------
 
 def read_device(ptr, n, ordinal):
     """n bytes at device pointer ptr, by cudaMemcpy device-to-host on device ordinal (the
@@ -247,7 +247,7 @@ def test_the_stand_in_counts_and_refuses():
     configure("")  # the violations were the point
 
 
-# --- byte-exact loads -------------------------------------------------------------------------------
+# --- byte-exact loads ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["pack", "source"])
 @pytest.mark.parametrize("kind", SOURCES)
@@ -325,7 +325,7 @@ def test_seeded_pipeline(tmp_path, seeded, run):
         ld.release()
 
 
-# --- devices ----------------------------------------------------------------------------------------
+# --- devices -------------------------------------------------------------------------------------
 
 def test_second_of_two_devices(tmp_path):
     """cuda:1 of 2: the block, the streams and every copy on device 1, from reader threads that
@@ -356,7 +356,7 @@ def test_no_device_and_no_driver(tmp_path):
         ckload.Load(out, device="cuda:2")
 
 
-# --- readiness --------------------------------------------------------------------------------------
+# --- readiness -----------------------------------------------------------------------------------
 
 def test_only_and_readiness_in_order(tmp_path):
     """on_ready fires once per tensor; once ckl_wait(i) returns, tensor i's bytes are on the
@@ -390,7 +390,7 @@ def test_verify_catches_a_flipped_byte_and_leaves_nothing(tmp_path):
         load_cuda(out)
 
 
-# --- failures ----------------------------------------------------------------------------------------
+# --- failures ------------------------------------------------------------------------------------
 
 # (spec, whether the load must fail). Each names the nth call of a function this load makes:
 # cudaSetDevice 1 selects the block's device, 2 puts the caller's back, 3.. are the readers';
@@ -454,7 +454,7 @@ def test_on_ready_may_use_cuda(tmp_path, device):
     check(got, expected)
 
 
-# --- DLPack, the module, the tool --------------------------------------------------------------------
+# --- DLPack, the module, the tool ----------------------------------------------------------------
 
 def test_dlpack_capsule_says_cuda(tmp_path):
     out = pack(safetensors_source(tmp_path), tmp_path / "o.pack")
@@ -525,7 +525,7 @@ def test_ckpt_load_to_cuda(tmp_path, seeded):
         assert code or int(left["copies"]) > 0
 
 
-# --- regressions: what the stand-in found ------------------------------------------------------------
+# --- regressions: what the stand-in found --------------------------------------------------------
 
 def leak_checked(cmd):
     """(cmd, env) that run cmd under a leak checker: ASan's where the build has it, else
@@ -551,5 +551,6 @@ def test_a_lost_context_leaks_nothing(tmp_path, spec):
     env["FAKECUDA"] = spec + " delay=100-1000"
     p = run(cmd, env=env, timeout=300)
     err = p.stderr.decode()
-    assert p.returncode in (0, 1) and "LeakSanitizer" not in err and "definitely lost" not in err, err
+    assert p.returncode in (0, 1), err
+    assert "LeakSanitizer" not in err and "definitely lost" not in err, err
     assert p.returncode == 0 or (err.startswith("ckpt: ") and err.count("\n") == 1), err
