@@ -30,7 +30,8 @@
  *    tensors in pack order (natural name order), so early layers arrive first.
  *    CPU pipeline: reader threads pread straight into the destination (no staging needed).
  *  - Readiness: ckl_wait(l, i) blocks until tensor i is in place; the on_ready callback runs
- *    (on a loader thread) as each tensor lands, for empty tensors as soon as the load starts.
+ *    (on a loader thread, never inside a CUDA host function: it may call CUDA) as each tensor
+ *    lands, for empty tensors as soon as the load starts.
  *    ckl_wait_all waits for everything.
  *  - Errors (no driver or device, out of memory, truncated or corrupt pack, checksum mismatch
  *    with verify) are reported as one line "FILE: what is wrong", FILE as the caller spelled it,
