@@ -121,6 +121,29 @@ def test_direct_io_on_unaligned_source_offsets(tmp_path, monkeypatch, direct):
                expected_tensors(tmp_path / "strided.pt"))
 
 
+def evict(path):
+    """Drops path from the page cache (written back first: dirty pages cannot be dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "strided"])
+def test_cold_source_by_default(tmp_path, monkeypatch, kind):
+    """With the source out of the page cache and no CKLOAD_DIRECT, the loader picks O_DIRECT
+    where the filesystem takes it, although the tensors are out of phase with their places in
+    the block (through the bounce): the same bytes as the page cache, with any chunk size."""
+    src = safetensors_source(tmp_path) if kind == "safetensors" else strided_source(tmp_path, 100)
+    monkeypatch.delenv("CKLOAD_DIRECT", raising=False)
+    expected = expected_tensors(src)
+    for threads, buffer_size in [(1, 4096), (3, 12288), (4, 0)]:
+        evict(src)
+        check_load(load_direct(src, threads=threads, buffer_size=buffer_size), expected)
+
+
 def test_truncated_source(tmp_path):
     src = safetensors_source(tmp_path)
     os.truncate(src, os.path.getsize(src) - 10)
