@@ -28,14 +28,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
 #include <xxhash.h>
 
 #include "bytes.h"
 #include "index.h" /* CK_MAX_RANK */
 #include "pickle_policy.h"
 #include "pickle_text.h"
+#include "seed.h"
 #include "utf8.h"
 
 const pk_limits pk_default_limits = {
@@ -1498,14 +1497,6 @@ static int step(vm *v)
     }
 }
 
-static uint64_t make_seed(void)
-{
-    uint64_t seed;
-    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == (ssize_t)sizeof seed)
-        return seed;
-    return (uint64_t)(uintptr_t)&seed ^ (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
-}
-
 static int run(vm *v, pk_obj **root)
 {
     for (;;) {
@@ -1534,7 +1525,7 @@ int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const c
         .in = data, .len = len, .path = path, .base = base,
         .lim = lim ? *lim : pk_default_limits, .err = err,
         .copy_left = (uint64_t)len * COPY_PER_INPUT_BYTE + COPY_SLACK,
-        .seed = make_seed(),
+        .seed = ck_hash_seed(),
     };
     pk_obj *root = NULL;
     int rc = run(&v, &root);
