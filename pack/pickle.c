@@ -515,7 +515,8 @@ static int memo_put(vm *v, uint64_t key, pk_obj *o)
     }
     if (key < v->cap_dense) {
         if (key >= v->dense_init) { /* clears only up to the key: pages are touched as used */
-            memset(v->dense + v->dense_init, 0, (key - v->dense_init) * sizeof *v->dense);
+            if (key > v->dense_init) /* not the next index, as it nearly always is */
+                memset(v->dense + v->dense_init, 0, (key - v->dense_init) * sizeof *v->dense);
             v->dense_init = (size_t)key + 1;
         }
         v->dense[key] = o;
@@ -598,7 +599,12 @@ static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
 static pk_obj *new_utf8(vm *v, const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) { /* ASCII, nearly every name in a checkpoint: nothing to decode */
+        uint64_t w;
+        if (n - i >= sizeof w && (memcpy(&w, s + i, sizeof w), !(w & 0x8080808080808080ull))) {
+            i += sizeof w; /* eight ASCII bytes: nearly every name in a checkpoint is ASCII */
+            continue;
+        }
+        if (s[i] < 0x80) {
             i++;
             continue;
         }
