@@ -230,9 +230,23 @@ static int has_values(const ck_index *ix)
     return 0;
 }
 
+/* About what index.json of ix takes, so that the text is not copied as it grows (each copy
+ * touches fresh pages, which cost more here than writing the text): a name appears twice, as
+ * name and path, and the rest of an entry is a hundred bytes or so. Space not written is not
+ * touched, so costs nothing. */
+static size_t expected_size(const ck_index *ix)
+{
+    size_t n = 4096;
+    for (size_t i = 0; i < ix->nentries; i++)
+        n += 2 * (size_t)ix->entries[i].name_len + 128 + 8 * ix->entries[i].rank;
+    return n;
+}
+
 char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_locations, size_t *len)
 {
     jtext j = {0};
+    if (!room(&j, expected_size(ix)))
+        return NULL;
     PUT_LIT(&j, "{\"format\":");
     put_cstring(&j, ix->format);
     PUT_LIT(&j, ",\"metadata\":{");
