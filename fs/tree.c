@@ -235,6 +235,14 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
     return 0;
 }
 
+static size_t count_dots(const char *s, size_t n)
+{
+    size_t dots = 0;
+    for (const char *end = s + n; (s = memchr(s, '.', (size_t)(end - s))) != NULL; s++)
+        dots++;
+    return dots;
+}
+
 int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                   unsigned nvirtual, ck_tree **out, ck_error *err)
 {
@@ -242,11 +250,8 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfi
     *out = NULL;
     /* Worst case: every piece of every name is a node of its own, plus a directory for each. */
     size_t bound = 2 + nvirtual;
-    for (size_t i = 0; i < ix->nentries; i++) {
-        bound++;
-        for (uint32_t k = 0; k < ix->entries[i].name_len; k++)
-            bound += ix->entries[i].name[k] == '.';
-    }
+    for (size_t i = 0; i < ix->nentries; i++)
+        bound += 1 + count_dots(ix->entries[i].name, ix->entries[i].name_len);
     if (bound >= CK_NO_NODE / 2)
         return ck_fail(err, src, "too many tensors for one tree (%zu nodes)", bound);
     ck_tree *t = calloc(1, sizeof *t);
