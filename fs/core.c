@@ -325,6 +325,22 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
     return all_sources_check(fs) ? -ESTALE : 0;
 }
 
+ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, const char **data)
+{
+    const ck_node *nd = node_of(fs, ino);
+    if (!nd)
+        return -ENOENT;
+    if (nd->kind != CK_NODE_MEMFILE)
+        return -ENOTSUP;
+    if (off < 0)
+        return -EINVAL;
+    if (!vfile_ready(fs, nd->id))
+        return -EIO;
+    size_t len = fs->vfile[nd->id].len, left = (uint64_t)off >= len ? 0 : len - (size_t)off;
+    *data = fs->vfile[nd->id].data + (left ? off : 0);
+    return (ssize_t)(left > size ? size : left);
+}
+
 ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
 {
     const ck_node *nd = node_of(fs, ino);
@@ -338,14 +354,11 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
     case CK_NODE_DIR:
         return -EISDIR;
     case CK_NODE_MEMFILE: {
-        if (!vfile_ready(fs, nd->id))
-            return -EIO;
-        size_t len = fs->vfile[nd->id].len, left = (uint64_t)off >= len ? 0 : len - (size_t)off;
-        if (left > size)
-            left = size;
-        if (left)
-            memcpy(buf, fs->vfile[nd->id].data + off, left);
-        return (ssize_t)left;
+        const char *data;
+        n = ck_fs_read_in_place(fs, ino, size, off, &data);
+        if (n > 0)
+            memcpy(buf, data, (size_t)n);
+        return n;
     }
     case CK_NODE_VALUE: /* its text is in memory */
         return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);

@@ -1,16 +1,20 @@
 /* main.c — `ckptfs [options] SOURCE MOUNTPOINT`: parse SOURCE completely, then mount its view.
  *
  * Order matters: everything that can fail because of the checkpoint fails before the mount
- * exists, so a bad SOURCE never leaves a mountpoint behind; the process daemonizes only after
- * the kernel has accepted the mount, so `ckptfs ... && ls MOUNTPOINT` works.
+ * exists, so a bad SOURCE never leaves a mountpoint behind; the command returns only once the
+ * kernel has accepted the mount and its first request is answered, so `ckptfs ... && ls
+ * MOUNTPOINT` works, and its exit status and message are the mount's.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ll.h"
@@ -231,6 +235,57 @@ static int serve_init(struct fuse_session *se)
     return rc > 0 ? 0 : -1;
 }
 
+/* Forks the daemon while this process is still small, and returns in it with *ready the pipe
+ * to tell the command it may end (daemon_ready); the command itself waits here and exits with
+ * the daemon's verdict: 0 once it is ready, else its exit status, after it has printed why.
+ * Forking before the checkpoint is parsed rather than after (as fuse_daemonize would): the
+ * daemon then owns every page it touches, instead of copying each on first write, and the
+ * command exits with nothing to tear down. -1 when the fork fails. */
+static int daemon_fork(int *ready)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(p[0]);
+        *ready = p[1];
+        return 0;
+    }
+    close(p[1]);
+    char ok;
+    ssize_t n;
+    while ((n = read(p[0], &ok, 1)) < 0 && errno == EINTR)
+        ;
+    if (n == 1)
+        _exit(0);
+    int st; /* the daemon ended without being ready: its status is ours */
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    _exit(WIFEXITED(st) && WEXITSTATUS(st) ? WEXITSTATUS(st) : 1);
+}
+
+/* Detaches the daemon (its own session, "/" as its directory, /dev/null as stdin, stdout and
+ * stderr) and lets the waiting command end. */
+static int daemon_ready(int ready)
+{
+    int null = open("/dev/null", O_RDWR);
+    int rc = setsid() < 0 || chdir("/") != 0 || null < 0 || dup2(null, 0) < 0 ||
+             dup2(null, 1) < 0 || dup2(null, 2) < 0;
+    if (null > 2)
+        close(null);
+    if (rc)
+        return -1;
+    rc = write(ready, "", 1) == 1 ? 0 : -1;
+    close(ready);
+    return rc;
+}
+
 static int serve(struct fuse_session *se, const struct fuse_cmdline_opts *co)
 {
     if (co->singlethread)
@@ -247,14 +302,29 @@ static int serve(struct fuse_session *se, const struct fuse_cmdline_opts *co)
     return rc;
 }
 
+/* Memory the parse frees is what the tree, index.json and the serving threads then use: on
+ * this kind of machine a page the process touches for the first time costs microseconds (a
+ * 5,000-tensor checkpoint's mount was half page faults), so blocks up to HEAP_REUSE stay in
+ * the one heap that every thread shares, and are not handed back to the kernel between uses.
+ * What stays is bounded: blocks above it still come from and go back to the kernel. */
+enum { HEAP_REUSE = 32 << 20 };
+
+static void keep_freed_memory(void)
+{
+    mallopt(M_MMAP_THRESHOLD, HEAP_REUSE);
+    mallopt(M_TRIM_THRESHOLD, HEAP_REUSE);
+    mallopt(M_ARENA_MAX, 1);
+}
+
 int main(int argc, char **argv)
 {
+    keep_freed_memory();
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     struct ck_opts o = {.timeout = 86400, .readahead_kb = ~0u};
     struct fuse_cmdline_opts co = {0};
     ck_mount m = {0};
     struct fuse_session *se = NULL;
-    int status = 1, mounted = 0;
+    int status = 1, mounted = 0, ready = -1;
 
     if (fuse_opt_parse(&args, &o, ck_opt_spec, opt_proc) != 0 ||
         fuse_parse_cmdline(&args, &co) != 0)
@@ -282,6 +352,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
+    if (!co.foreground && daemon_fork(&ready) != 0) {
+        fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
+        goto out;
+    }
     if (build_view(&m, o.source, &o) != 0)
         goto out;
     char abs[PATH_MAX];
@@ -301,10 +375,13 @@ int main(int argc, char **argv)
     if (!by_fd) /* a mount made by someone else: its path is not ours to know */
         set_readahead(co.mountpoint, o.readahead_kb == ~0u ? 4096 : o.readahead_kb,
                       o.readahead_kb != ~0u);
-    if (fuse_daemonize(co.foreground) != 0)
-        goto out;
-    if (!co.foreground) /* stderr is /dev/null now */
-        ck_ll_log_to_syslog();
+    if (!co.foreground) {
+        if (daemon_ready(ready) != 0) {
+            fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));
+            goto out;
+        }
+        ck_ll_log_to_syslog(); /* stderr is /dev/null now */
+    }
     status = serve(se, &co) < 0;
 out:
     if (se) {

@@ -98,13 +98,32 @@ static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t l
     return at;
 }
 
+/* The directories of the name before, by depth: a module's entries come together (a layer's
+ * tensors), so a name shares its first directories with the one before, and those need no
+ * escaping or lookup. Deeper directories than DIRS_CACHED are looked up every time. */
+enum { DIRS_CACHED = 32 };
+
+typedef struct dir_cache {
+    const char *name;            /* the name before (NULL at first) */
+    size_t len;
+    unsigned depth;              /* its directories in dir[0 .. depth) */
+    uint32_t dir[DIRS_CACHED];   /* dir[k]: the directory of its first k + 1 pieces */
+    size_t end[DIRS_CACHED];     /* end[k]: where the '.' after piece k is in it */
+} dir_cache;
+
 /* The directory that holds name's last piece (after its last '.'), created as needed. */
-static uint32_t make_dirs(ck_tree *t, const char *name, size_t len)
+static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, dir_cache *c)
 {
-    uint32_t dir = 0;
-    size_t start = 0;
+    size_t same = 0, common = len < c->len ? len : c->len;
+    while (same < common && name[same] == c->name[same])
+        same++;
+    unsigned k = 0; /* the pieces, with their '.', that both names begin with */
+    while (k < c->depth && c->end[k] < same)
+        k++;
+    uint32_t dir = k ? c->dir[k - 1] : 0;
+    size_t start = k ? c->end[k - 1] + 1 : 0;
     char esc[CK_NAME_MAX + 1];
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = start; i < len; i++) {
         if (name[i] != '.')
             continue;
         size_t n = ck_escape_component(name + start, i - start, esc);
@@ -113,7 +132,14 @@ static uint32_t make_dirs(ck_tree *t, const char *name, size_t len)
             return CK_NO_NODE;
         dir = id;
         start = i + 1;
+        if (k < DIRS_CACHED) {
+            c->dir[k] = dir;
+            c->end[k++] = i;
+        }
     }
+    c->name = name;
+    c->len = len;
+    c->depth = k;
     return dir;
 }
 
@@ -209,6 +235,14 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
     return 0;
 }
 
+static size_t count_dots(const char *s, size_t n)
+{
+    size_t dots = 0;
+    for (const char *end = s + n; (s = memchr(s, '.', (size_t)(end - s))) != NULL; s++)
+        dots++;
+    return dots;
+}
+
 int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                   unsigned nvirtual, ck_tree **out, ck_error *err)
 {
@@ -216,11 +250,8 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfi
     *out = NULL;
     /* Worst case: every piece of every name is a node of its own, plus a directory for each. */
     size_t bound = 2 + nvirtual;
-    for (size_t i = 0; i < ix->nentries; i++) {
-        bound++;
-        for (uint32_t k = 0; k < ix->entries[i].name_len; k++)
-            bound += ix->entries[i].name[k] == '.';
-    }
+    for (size_t i = 0; i < ix->nentries; i++)
+        bound += 1 + count_dots(ix->entries[i].name, ix->entries[i].name_len);
     if (bound >= CK_NO_NODE / 2)
         return ck_fail(err, src, "too many tensors for one tree (%zu nodes)", bound);
     ck_tree *t = calloc(1, sizeof *t);
@@ -241,8 +272,9 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfi
     t->nodes[0] = (ck_node){.name = "", .parent = 0, .kind = CK_NODE_DIR};
     t->nnodes = 1;
     int rc = (vdir && add_virtual(t, vdir, vfiles, nvirtual)) ? ck_fail(err, src, "out of memory") : 0;
+    dir_cache dirs = {0};
     for (size_t i = 0; i < ix->nentries && rc == 0; i++) {
-        t->entry_node[i] = make_dirs(t, ix->entries[i].name, ix->entries[i].name_len);
+        t->entry_node[i] = make_dirs(t, ix->entries[i].name, ix->entries[i].name_len, &dirs);
         if (t->entry_node[i] == CK_NO_NODE)
             rc = ck_fail(err, src, "out of memory");
     }

@@ -70,6 +70,15 @@ static void put_uint(jtext *j, uint64_t v)
     put(j, buf, uint_text(v, buf));
 }
 
+/* Whether any of the 8 bytes in w is below 0x20, '"' or '\\' (a byte that needs an escape).
+ * The usual bit tricks: a zero byte of w - 0x01.., where w's byte had no high bit. */
+static int word_has_special(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
+    return ((((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((b - ones) & ~b)) & highs) != 0;
+}
+
 /* s (n bytes of UTF-8) as a JSON string, escaped as cJSON escapes: '"', '\\' and the control
  * bytes below 0x20 (\b \f \n \r \t by name, the rest as \u00XX); everything else as it is. */
 static void put_string(jtext *j, const char *s, size_t n)
@@ -83,6 +92,9 @@ static void put_string(jtext *j, const char *s, size_t n)
     PUT_LIT(j, "\"");
     for (size_t i = 0; i < n;) {
         size_t run = i;
+        uint64_t w; /* eight plain bytes at a time, then one */
+        while (n - run >= sizeof w && (memcpy(&w, s + run, sizeof w), !word_has_special(w)))
+            run += sizeof w;
         while (run < n && !special[(unsigned char)s[run]])
             run++;
         put(j, s + i, run - i);
@@ -218,9 +230,23 @@ static int has_values(const ck_index *ix)
     return 0;
 }
 
+/* About what index.json of ix takes, so that the text is not copied as it grows (each copy
+ * touches fresh pages, which cost more here than writing the text): a name appears twice, as
+ * name and path, and the rest of an entry is a hundred bytes or so. Space not written is not
+ * touched, so costs nothing. */
+static size_t expected_size(const ck_index *ix)
+{
+    size_t n = 4096;
+    for (size_t i = 0; i < ix->nentries; i++)
+        n += 2 * (size_t)ix->entries[i].name_len + 128 + 8 * ix->entries[i].rank;
+    return n;
+}
+
 char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_locations, size_t *len)
 {
     jtext j = {0};
+    if (!room(&j, expected_size(ix)))
+        return NULL;
     PUT_LIT(&j, "{\"format\":");
     put_cstring(&j, ix->format);
     PUT_LIT(&j, ",\"metadata\":{");

@@ -28,14 +28,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
 #include <xxhash.h>
 
 #include "bytes.h"
 #include "index.h" /* CK_MAX_RANK */
 #include "pickle_policy.h"
 #include "pickle_text.h"
+#include "seed.h"
 #include "utf8.h"
 
 const pk_limits pk_default_limits = {
@@ -113,11 +112,12 @@ typedef struct memo_slot {
     pk_obj *val;              /* NULL: empty */
 } memo_slot;
 
-typedef struct store_slot {
-    uint64_t hash;
-    size_t len;
-    pk_obj *storage;          /* NULL: empty */
-} store_slot;
+/* Objects found by their value: open addressing over pointers alone, with a hash computed from
+ * the value (slots of 24 bytes for 5,000 storages touched 0.7 MB of fresh memory). */
+typedef struct obj_set {
+    pk_obj **slot;            /* NULL: empty */
+    size_t cap, n;
+} obj_set;
 
 typedef struct vm {
     const unsigned char *in;
@@ -143,15 +143,16 @@ typedef struct vm {
     size_t nmarks, cap_marks;
 
     /* The memo. Python numbers it densely from 0, so most indices live in an array; an index
-     * far beyond what has been stored goes to a hash table, so a huge index costs one slot. */
+     * far beyond what has been stored goes to a hash table, so a huge index costs one slot.
+     * dense[0 .. dense_init) are set or NULL; the rest is not even touched yet. */
     pk_obj **dense;
-    size_t cap_dense;
+    size_t cap_dense, dense_init;
     memo_slot *sparse;
     size_t cap_sparse, nsparse;
     size_t nmemo;             /* distinct indices set: MEMOIZE's next index */
 
-    store_slot *stores;       /* storage key -> its one PK_STORAGE */
-    size_t cap_stores, nstores;
+    obj_set stores;           /* storage key -> its one PK_STORAGE */
+    obj_set int_tuples;       /* the tuples of ints made so far, by value (see build_seq) */
 } vm;
 
 static unsigned long long at(const vm *v)
@@ -463,7 +464,7 @@ static memo_slot *sparse_slot(const vm *v, uint64_t key)
 
 static pk_obj *memo_get(const vm *v, uint64_t key)
 {
-    if (key < v->cap_dense && v->dense[key])
+    if (key < v->dense_init && v->dense[key])
         return v->dense[key];
     /* An index stored in the table before the array grew over it is still found here. */
     return v->nsparse ? sparse_slot(v, key)->val : NULL;
@@ -496,24 +497,32 @@ static int memo_put(vm *v, uint64_t key, pk_obj *o)
         return fail(v, "%s: memo index %llu is beyond the limit of %zu", opname(v),
                     (unsigned long long)key, v->lim.max_memo);
     int fresh = memo_get(v, key) == NULL;
-    /* The array grows to cover key only while it stays at least about half full. */
-    if (key >= v->cap_dense && key < 2 * v->nmemo + 1024) {
-        size_t cap = v->cap_dense ? 2 * v->cap_dense : 1024;
-        if (cap <= key)
+    /* The array is first sized from the input, so that it need not be copied as it grows:
+     * torch's pickles spend 15 bytes or more per memo index, and what is not used is not
+     * touched, so costs no memory. It grows to cover a key beyond only while it stays at least
+     * about half full. */
+    if (!v->dense || (key >= v->cap_dense && key < 2 * v->nmemo + 1024)) {
+        size_t cap = v->dense ? 2 * v->cap_dense : v->len / 8 + 1024;
+        if (v->dense && cap <= key)
             cap = (size_t)key + 1;
         if (cap > v->lim.max_memo)
             cap = v->lim.max_memo;
         pk_obj **d = realloc(v->dense, cap * sizeof *d);
         if (!d)
             return oom(v);
-        memset(d + v->cap_dense, 0, (cap - v->cap_dense) * sizeof *d);
         v->dense = d;
         v->cap_dense = cap;
     }
-    if (key < v->cap_dense)
+    if (key < v->cap_dense) {
+        if (key >= v->dense_init) { /* clears only up to the key: pages are touched as used */
+            if (key > v->dense_init) /* not the next index, as it nearly always is */
+                memset(v->dense + v->dense_init, 0, (key - v->dense_init) * sizeof *v->dense);
+            v->dense_init = (size_t)key + 1;
+        }
         v->dense[key] = o;
-    else if (sparse_put(v, key, o))
+    } else if (sparse_put(v, key, o)) {
         return -1;
+    }
     v->nmemo += fresh;
     return 0;
 }
@@ -534,6 +543,44 @@ static int memo_store_top(vm *v, uint64_t key)
     return memo_put(v, key, top(v));
 }
 
+/* --- objects found by value ----------------------------------------------------------- */
+
+typedef uint64_t (*obj_hash)(const vm *v, const pk_obj *o);
+
+/* The slot of the member that same() finds equal to probe (whose hash is h), or the empty slot
+ * where it would go. */
+static pk_obj **set_find(const obj_set *s, uint64_t h, int (*same)(const pk_obj *, const void *),
+                         const void *probe)
+{
+    size_t mask = s->cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask)
+        if (!s->slot[i] || same(s->slot[i], probe))
+            return &s->slot[i];
+}
+
+/* Room for one more member (a quarter of the slots stay empty); hash rehashes the members. */
+static int set_reserve(vm *v, obj_set *s, obj_hash hash)
+{
+    if (4 * (s->n + 1) <= 3 * s->cap)
+        return 0;
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    pk_obj **slot = calloc(cap, sizeof *slot);
+    if (!slot)
+        return oom(v);
+    for (size_t i = 0; i < s->cap; i++) {
+        if (!s->slot[i])
+            continue;
+        size_t j = hash(v, s->slot[i]) & (cap - 1);
+        while (slot[j])
+            j = (j + 1) & (cap - 1);
+        slot[j] = s->slot[i];
+    }
+    free(s->slot);
+    s->slot = slot;
+    s->cap = cap;
+    return 0;
+}
+
 /* --- strings and text arguments -------------------------------------------------------- */
 
 static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
@@ -552,7 +599,12 @@ static int text_int(vm *v, const unsigned char *s, size_t n, int64_t *out)
 static pk_obj *new_utf8(vm *v, const unsigned char *s, size_t n)
 {
     for (size_t i = 0; i < n;) {
-        if (s[i] < 0x80) { /* ASCII, nearly every name in a checkpoint: nothing to decode */
+        uint64_t w;
+        if (n - i >= sizeof w && (memcpy(&w, s + i, sizeof w), !(w & 0x8080808080808080ull))) {
+            i += sizeof w; /* eight ASCII bytes: nearly every name in a checkpoint is ASCII */
+            continue;
+        }
+        if (s[i] < 0x80) {
             i++;
             continue;
         }
@@ -692,9 +744,66 @@ static int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signed_len)
 
 /* --- containers ------------------------------------------------------------------------ */
 
+/* Tuples of up to INT_TUPLE_MAX ints are made once per value and then shared: a checkpoint
+ * repeats its sizes and strides, (4096, 4096) and (4096, 1), in tensor after tensor, and a
+ * tuple never changes, so nothing can tell the copies apart (and they were a third of the
+ * memory a small-tensor checkpoint's parse touched). */
+#define INT_TUPLE_MAX 8
+
+typedef struct int_key {
+    int64_t i[INT_TUPLE_MAX];
+    size_t n;
+} int_key;
+
+static uint64_t ints_hash(const vm *v, const int_key *k)
+{
+    return XXH3_64bits_withSeed(k->i, k->n * sizeof *k->i, v->seed);
+}
+
+static int same_ints(const pk_obj *o, const void *probe)
+{
+    const int_key *k = probe;
+    if (o->u.seq.n != k->n)
+        return 0;
+    for (size_t j = 0; j < k->n; j++)
+        if (o->u.seq.items[j]->u.i != k->i[j])
+            return 0;
+    return 1;
+}
+
+/* The values of the n ints in items, or 0 when one is not an int. */
+static int ints_of(pk_obj *const *items, size_t n, int_key *k)
+{
+    k->n = n;
+    for (size_t j = 0; j < n; j++) {
+        if (items[j]->type != PK_INT)
+            return 0;
+        k->i[j] = items[j]->u.i;
+    }
+    return 1;
+}
+
+static uint64_t int_tuple_hash(const vm *v, const pk_obj *o)
+{
+    int_key k;
+    ints_of(o->u.seq.items, o->u.seq.n, &k);
+    return ints_hash(v, &k);
+}
+
 /* A tuple, list or set of the n values on top of the stack, which it pops. */
 static int build_seq(vm *v, enum pk_type t, size_t n, uint8_t flags)
 {
+    pk_obj **shared = NULL;
+    int_key k;
+    if (t == PK_TUPLE && n && n <= INT_TUPLE_MAX && ints_of(v->stack + v->sp - n, n, &k)) {
+        if (set_reserve(v, &v->int_tuples, int_tuple_hash))
+            return -1;
+        shared = set_find(&v->int_tuples, ints_hash(v, &k), same_ints, &k);
+        if (*shared) {
+            v->sp -= n;
+            return push(v, *shared);
+        }
+    }
     pk_box *b = new_box(v, t, n);
     if (!b)
         return -1;
@@ -706,6 +815,10 @@ static int build_seq(vm *v, enum pk_type t, size_t n, uint8_t flags)
     v->sp = start;
     if (flags & BOX_FROZENSET)
         b->frozen = 1;
+    if (shared) {
+        *shared = &b->o;
+        v->int_tuples.n++;
+    }
     return push(v, &b->o);
 }
 
@@ -843,30 +956,20 @@ static int op_stack_global(vm *v)
 
 /* --- persistent ids: storages ---------------------------------------------------------- */
 
-static store_slot *store_find(const vm *v, uint64_t hash, const char *key, size_t len)
+typedef struct store_key {
+    const char *s;
+    size_t len;
+} store_key;
+
+static int same_store(const pk_obj *o, const void *probe)
 {
-    size_t mask = v->cap_stores - 1;
-    for (size_t i = hash & mask;; i = (i + 1) & mask) {
-        store_slot *s = &v->stores[i];
-        if (!s->storage || (s->hash == hash && s->len == len &&
-                            memcmp(s->storage->u.storage.key, key, len) == 0))
-            return s;
-    }
+    const store_key *k = probe;
+    return memcmp(o->u.storage.key, k->s, k->len) == 0 && o->u.storage.key[k->len] == 0;
 }
 
-static int store_grow(vm *v)
+static uint64_t store_hash(const vm *v, const pk_obj *o)
 {
-    size_t cap = v->cap_stores ? 2 * v->cap_stores : 64, oldcap = v->cap_stores;
-    store_slot *old = v->stores, *s = calloc(cap, sizeof *s);
-    if (!s)
-        return oom(v);
-    v->stores = s;
-    v->cap_stores = cap;
-    for (size_t i = 0; i < oldcap; i++)
-        if (old[i].storage)
-            *store_find(v, old[i].hash, old[i].storage->u.storage.key, old[i].len) = old[i];
-    free(old);
-    return 0;
+    return XXH3_64bits_withSeed(o->u.storage.key, strlen(o->u.storage.key), v->seed);
 }
 
 static const char *dtype_name(uint8_t dt)
@@ -911,18 +1014,19 @@ static int persistent_load(vm *v, pk_obj *pid)
     uint8_t dt = a[1]->u.global.dtype;
     uint64_t numel = (uint64_t)a[4]->u.i;
 
-    if (2 * (v->nstores + 1) > v->cap_stores && store_grow(v))
+    if (set_reserve(v, &v->stores, store_hash))
         return -1;
-    uint64_t hash = XXH3_64bits_withSeed(key, len, v->seed);
-    store_slot *slot = store_find(v, hash, key, len);
-    if (slot->storage) {
-        const pk_obj *s = slot->storage;
+    store_key probe = {key, len};
+    pk_obj **slot = set_find(&v->stores, XXH3_64bits_withSeed(key, len, v->seed), same_store,
+                             &probe);
+    if (*slot) {
+        const pk_obj *s = *slot;
         if (s->u.storage.dtype != dt || s->u.storage.numel != numel)
             return fail(v, "%s: storage '%.*s' is %s × %llu here but %s × %llu before",
                         opname(v), MAX_QUOTE, key, dtype_name(dt), (unsigned long long)numel,
                         dtype_name(s->u.storage.dtype),
                         (unsigned long long)s->u.storage.numel);
-        return push(v, slot->storage);
+        return push(v, *slot);
     }
     pk_obj *s = new_obj(v, PK_STORAGE);
     if (!s)
@@ -930,8 +1034,8 @@ static int persistent_load(vm *v, pk_obj *pid)
     s->u.storage.key = key; /* the str's copy already lives in the arena */
     s->u.storage.numel = numel;
     s->u.storage.dtype = dt;
-    *slot = (store_slot){hash, len, s};
-    v->nstores++;
+    *slot = s;
+    v->stores.n++;
     return push(v, s);
 }
 
@@ -1399,14 +1503,6 @@ static int step(vm *v)
     }
 }
 
-static uint64_t make_seed(void)
-{
-    uint64_t seed;
-    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == (ssize_t)sizeof seed)
-        return seed;
-    return (uint64_t)(uintptr_t)&seed ^ (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull;
-}
-
 static int run(vm *v, pk_obj **root)
 {
     for (;;) {
@@ -1435,7 +1531,7 @@ int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const c
         .in = data, .len = len, .path = path, .base = base,
         .lim = lim ? *lim : pk_default_limits, .err = err,
         .copy_left = (uint64_t)len * COPY_PER_INPUT_BYTE + COPY_SLACK,
-        .seed = make_seed(),
+        .seed = ck_hash_seed(),
     };
     pk_obj *root = NULL;
     int rc = run(&v, &root);
@@ -1443,7 +1539,8 @@ int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const c
     free(v.marks);
     free(v.dense);
     free(v.sparse);
-    free(v.stores);
+    free(v.stores.slot);
+    free(v.int_tuples.slot);
     if (rc) {
         ck_arena_free(v.arena);
         return v.truncated ? PK_TRUNCATED : PK_ERROR;

@@ -2,7 +2,7 @@
  *
  * Order of work: find the end-of-central-directory record (and the ZIP64 one it may point to),
  * read the whole central directory in one pread, parse every header, then fetch the local
- * headers (30 bytes each) in a few large reads for the data offsets, then sort the names. Every
+ * headers (30 bytes each) in a few large reads for the data offsets, then hash the names. Every
  * number the archive gives is checked against the bytes that are really there before it is used.
  */
 #include "zip.h"
@@ -10,9 +10,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "bytes.h"
 #include "index.h" /* ck_pread */
+#include "seed.h"
 
 #define SIG_LOCAL 0x04034b50u   /* local file header */
 #define SIG_CENTRAL 0x02014b50u /* central directory header */
@@ -461,8 +463,8 @@ static int read_locals(int fd, const zip_end *end, zip_archive *z, const char *p
                        ck_error *err)
 {
     local_head *head = calloc(z->nentries ? z->nentries : 1, sizeof *head);
-    /* by_name is free until the names are sorted: it holds the fetch order meanwhile. */
-    if (!head || fetch_all_locals(fd, z, end, z->by_name, head) != 0) {
+    /* The slots are free until the names are hashed: they hold the fetch order meanwhile. */
+    if (!head || fetch_all_locals(fd, z, end, z->slots, head) != 0) {
         free(head);
         return ck_fail(err, path, "out of memory for the local headers of %zu entries",
                        z->nentries);
@@ -476,49 +478,37 @@ static int read_locals(int fd, const zip_end *end, zip_archive *z, const char *p
 
 /* --- names ----------------------------------------------------------------------------- */
 
-static int name_cmp(const char *a, size_t an, const char *b, size_t bn)
+static uint32_t *name_slot(const zip_archive *z, const char *name, size_t len)
 {
-    int c = memcmp(a, b, an < bn ? an : bn);
-    return c ? c : (an > bn) - (an < bn);
+    size_t mask = z->nslots - 1;
+    for (size_t i = XXH3_64bits_withSeed(name, len, z->seed) & mask;; i = (i + 1) & mask) {
+        uint32_t k = z->slots[i];
+        if (k == ZIP_NO_SLOT ||
+            (z->entries[k].name_len == len && memcmp(z->entries[k].name, name, len) == 0))
+            return &z->slots[i];
+    }
 }
 
-static int by_name(const void *x, const void *y, void *ctx)
+static int hash_names(zip_archive *z, const char *path, ck_error *err)
 {
-    const zip_entry *a = (const zip_entry *)ctx + *(const uint32_t *)x;
-    const zip_entry *b = (const zip_entry *)ctx + *(const uint32_t *)y;
-    return name_cmp(a->name, a->name_len, b->name, b->name_len);
-}
-
-static int sort_names(zip_archive *z, const char *path, ck_error *err)
-{
-    for (size_t i = 0; i < z->nentries; i++)
-        z->by_name[i] = (uint32_t)i;
-    qsort_r(z->by_name, z->nentries, sizeof *z->by_name, by_name, z->entries);
-    for (size_t i = 1; i < z->nentries; i++) {
-        uint32_t a = z->by_name[i - 1], b = z->by_name[i];
-        const zip_entry *e = &z->entries[b];
-        if (by_name(&a, &b, z->entries) == 0)
+    memset(z->slots, 0xff, z->nslots * sizeof *z->slots);
+    for (size_t i = 0; i < z->nentries; i++) {
+        const zip_entry *e = &z->entries[i];
+        uint32_t *slot = name_slot(z, e->name, e->name_len);
+        if (*slot != ZIP_NO_SLOT)
             return ck_fail(err, path, "duplicate entry name '%.*s' (central directory entries "
-                           "%u and %u)", SHOWN(e), a < b ? a : b, a < b ? b : a);
+                           "%u and %zu)", SHOWN(e), *slot, i);
+        *slot = (uint32_t)i;
     }
     return 0;
 }
 
 const zip_entry *zip_find(const zip_archive *z, const char *name, size_t len)
 {
-    size_t lo = 0, hi = z->nentries;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        const zip_entry *e = &z->entries[z->by_name[mid]];
-        int c = name_cmp(e->name, e->name_len, name, len);
-        if (c == 0)
-            return e;
-        if (c < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return NULL;
+    if (z->nentries == 0)
+        return NULL;
+    uint32_t k = *name_slot(z, name, len);
+    return k == ZIP_NO_SLOT ? NULL : &z->entries[k];
 }
 
 /* --- the whole ------------------------------------------------------------------------- */
@@ -534,9 +524,13 @@ int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive
     size_t n = (size_t)end.count;
     unsigned char *cd = malloc(end.cd_size ? (size_t)end.cd_size : 1);
     z->entries = malloc((n ? n : 1) * sizeof *z->entries);
-    z->by_name = malloc((n ? n : 1) * sizeof *z->by_name);
+    z->nslots = 4;
+    while (z->nslots < n + n / 3 + 1) /* n <= ZIP_MAX_ENTRIES: no overflow */
+        z->nslots *= 2;
+    z->slots = malloc(z->nslots * sizeof *z->slots);
+    z->seed = ck_hash_seed();
     z->nentries = n;
-    if (!cd || !z->entries || !z->by_name) {
+    if (!cd || !z->entries || !z->slots) {
         ck_fail(err, path, "out of memory for a central directory of %llu bytes and %zu "
                 "entries", (ull)end.cd_size, n);
         goto fail;
@@ -562,7 +556,7 @@ int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive
     }
     if (read_locals(fd, &end, z, path, err))
         goto fail;
-    if (sort_names(z, path, err))
+    if (hash_names(z, path, err))
         goto fail;
     return 0;
 fail:
@@ -575,6 +569,6 @@ void zip_free(zip_archive *z)
 {
     free(z->entries);
     free(z->names);
-    free(z->by_name);
+    free(z->slots);
     *z = (zip_archive){0};
 }

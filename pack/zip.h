@@ -34,8 +34,13 @@ typedef struct zip_archive {
     zip_entry *entries;    /* in central directory order */
     size_t nentries;
     char *names;           /* storage for every name */
-    uint32_t *by_name;     /* entry indices sorted bytewise by name; duplicates are rejected */
+    uint32_t *slots;       /* entry indices by a seeded hash of their names (ZIP_NO_SLOT:
+                            * empty); duplicate names are rejected */
+    size_t nslots;         /* a power of two, over 4/3 of nentries */
+    uint64_t seed;
 } zip_archive;
+
+#define ZIP_NO_SLOT UINT32_MAX
 
 /* True when head (the first n bytes of a file) can start a zip archive ("PK\3\4"). */
 int zip_probe(const unsigned char *head, size_t n);
@@ -45,8 +50,9 @@ int zip_probe(const unsigned char *head, size_t n);
 int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive *z,
                        ck_error *err);
 
-/* The entry called name (len bytes), or NULL. O(log n): the directory is kept sorted by name
- * on the side, so finding every storage of a large checkpoint stays fast. */
+/* The entry called name (len bytes), or NULL. O(1): the names are hashed on the side, so
+ * finding every storage of a large checkpoint stays fast (sorting them cost more than reading
+ * the directory). */
 const zip_entry *zip_find(const zip_archive *z, const char *name, size_t len);
 
 void zip_free(zip_archive *z);
