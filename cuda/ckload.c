@@ -516,8 +516,9 @@ static int open_direct_all(ckl_load *l)
  * or .pt file is out of phase with its place in a host block: each chunk is read O_DIRECT into
  * its thread's bounce, then copied, and a thread's next read waits for its copy. More threads
  * with smaller chunks keep the disk busy while others copy: a cold 1.5 GiB safetensors file
- * loaded at 0.74-0.77x its pack with 4 x 16 MiB, 0.86-0.92x with 8 x 4 MiB (noisy, 2 cores).
- * Whole pages read in place (a pack) keep the usual 4 x 16 MiB. */
+ * loaded at 0.74-0.77x its pack with 4 x 16 MiB, 0.86-0.91x with 8 x 4 MiB (medians, 2 shared
+ * cores, 4 runs of 9-15 rounds; no gain when the cores were saturated, when the copies cannot
+ * overlap anything). Whole pages read in place (a pack) keep the usual 4 x 16 MiB. */
 static void choose_readers(ckl_load *l)
 {
     const ck_plan *p = l->plan;
