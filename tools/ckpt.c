@@ -543,12 +543,13 @@ static const ck_command commands[] = {
      "read in place as its pack would lay it out) with libckload into memory on D (cpu, cuda,\n"
      "cuda:N or auto: CUDA when a device is usable; default auto), then prints bytes, time,\n"
      "GB/s and where it read from (the pack, or the source) and frees it. T reader threads\n"
-     "(default 4), each with N pinned staging buffers (default 2) of S bytes (default 16M; K,\n"
-     "M, G suffixes) for CUDA. --only loads the entries whose name is P or starts with P., or\n"
-     "matches the glob. --verify checks a pack's checksums as the bytes stream; other sources\n"
-     "store none, so for them it checks only that each source file is unchanged (device,\n"
-     "inode, size, mtime) after its bytes are read. A progress bar is drawn when stderr is a\n"
-     "terminal.",
+     "reading S bytes at a time (K, M, G suffixes; by default 4 and 16M, or 8 and 4M for a\n"
+     "cold source loaded on cpu whose tensors mostly sit out of page phase), each with N\n"
+     "pinned staging buffers (default 2) of S bytes for CUDA. --only loads the entries whose\n"
+     "name is P or starts with P., or matches the glob. --verify checks a pack's checksums as\n"
+     "the bytes stream; other sources store none, so for them it checks only that each source\n"
+     "file is unchanged (device, inode, size, mtime) after its bytes are read. A progress bar\n"
+     "is drawn when stderr is a terminal.",
      cmd_load},
     {"help", "ckpt help [COMMAND]", "Shows what a command does.", cmd_help},
 };

@@ -448,8 +448,8 @@ def load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0)
     pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA when libckload can use a
     device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
     checksums, checked as the bytes stream; for other sources, which store none, only that each
-    source file is unchanged while it is read. threads, buffer_size: 0 for the
-    defaults. Raises RuntimeError ("ckload: FILE: what is wrong") on any failure; then no
+    source file is unchanged while it is read. threads, buffer_size: 0 to let
+    libckload choose per load (ckload.h). Raises RuntimeError ("ckload: FILE: what is wrong") on any failure; then no
     tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
               buffer_size=buffer_size) as ld:

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import ckload
 from ckptfs_testlib import torch_bytes
@@ -142,6 +143,22 @@ def test_cold_source_by_default(tmp_path, monkeypatch, kind):
     for threads, buffer_size in [(1, 4096), (3, 12288), (4, 0)]:
         evict(src)
         check_load(load_direct(src, threads=threads, buffer_size=buffer_size), expected)
+
+
+def test_cold_large_source_chosen_per_load(tmp_path, monkeypatch):
+    """A cold safetensors file, mostly out of page phase, with threads and chunk size left to
+    libckload (which picks more readers and smaller chunks for it: ckload.h): tensors of
+    several chunks each, of odd lengths, so that chunks and tensors end mid-page."""
+    g = torch.Generator().manual_seed(13)
+    t = {f"layers.{i}.w": torch.randint(-2**31, 2**31 - 1, ((i % 4 + 1) * 500_003 + i,),
+                                        dtype=torch.int32, generator=g) for i in range(10)}
+    t["head"] = torch.randn(3, 1_000_001, generator=g).to(torch.bfloat16)
+    src = tmp_path / "large.safetensors"
+    save_file(t, str(src))
+    monkeypatch.delenv("CKLOAD_DIRECT", raising=False)
+    expected = expected_tensors(src)
+    evict(src)
+    check_load(load_direct(src, threads=0, buffer_size=0), expected)
 
 
 def test_truncated_source(tmp_path):
