@@ -523,7 +523,7 @@ static int sparse_put(vm *v, uint64_t key, pk_obj *o)
     return 0;
 }
 
-static int memo_put(vm *v, uint64_t key, pk_obj *o)
+__attribute__((noinline)) static int memo_put(vm *v, uint64_t key, pk_obj *o)
 {
     if (key >= v->lim.max_memo)
         return fail(v, "%s: memo index %llu is beyond the limit of %zu", opname(v),
@@ -568,7 +568,7 @@ static int memo_push(vm *v, uint64_t key)
     return push(v, o);
 }
 
-static int memo_store_top(vm *v, uint64_t key)
+static inline int memo_store_top(vm *v, uint64_t key)
 {
     if (need(v, 1))
         return -1;
