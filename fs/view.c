@@ -21,27 +21,32 @@ typedef struct jtext {
     int oom;
 } jtext;
 
-/* Room for n more bytes at s + len, or NULL (and oom). */
-static char *room(jtext *j, size_t n)
+/* room's slow path: grows s to hold n more bytes, or sets oom. Out of line, so that room, the
+ * check that index.json's writes make tens of thousands of times, stays a compare. */
+__attribute__((noinline)) static char *grow(jtext *j, size_t n)
 {
     if (j->oom)
         return NULL;
-    if (j->cap - j->len < n) {
-        size_t cap = j->cap ? j->cap : 4096;
-        while (cap - j->len < n && cap <= SIZE_MAX / 2)
-            cap *= 2;
-        char *p = cap - j->len >= n ? realloc(j->s, cap) : NULL;
-        if (!p) {
-            j->oom = 1;
-            return NULL;
-        }
-        j->s = p;
-        j->cap = cap;
+    size_t cap = j->cap ? j->cap : 4096;
+    while (cap - j->len < n && cap <= SIZE_MAX / 2)
+        cap *= 2;
+    char *p = cap - j->len >= n ? realloc(j->s, cap) : NULL;
+    if (!p) {
+        j->oom = 1;
+        return NULL;
     }
+    j->s = p;
+    j->cap = cap;
     return j->s + j->len;
 }
 
-static void put(jtext *j, const char *s, size_t n)
+/* Room for n more bytes at s + len, or NULL (and oom). */
+static inline char *room(jtext *j, size_t n)
+{
+    return !j->oom && j->cap - j->len >= n ? j->s + j->len : grow(j, n);
+}
+
+static inline void put(jtext *j, const char *s, size_t n)
 {
     char *p = room(j, n);
     if (p) {

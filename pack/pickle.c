@@ -57,18 +57,30 @@ const pk_limits pk_default_limits = {
 
 enum { BOX_SET = 1, BOX_FROZENSET = 2 };
 
-/* A tuple, list or dict. The pk_obj comes first, so a container's pk_obj * is its pk_box *.
- * Kept small (80 bytes): a checkpoint makes five per tensor, and the memory they take is much
- * of what parsing one costs. */
+/* A tuple, list or dict: a pk_obj of which only type and u.seq are used, with the container's
+ * own fields in the bytes that u's larger members would take. 48 bytes, not 80 as a pk_obj
+ * followed by them: a checkpoint makes three per tensor, and the fresh memory they take is
+ * much of what parsing one costs. It lays out type and seq as pk_obj does (checked below), so
+ * a container's pk_obj * is its pk_box * (the build has no strict aliasing). */
 typedef struct pk_box {
-    pk_obj o;
-    uint64_t walk;        /* values a walk visits, shared containers expanded: 1 + children's */
-    const int64_t *ints;  /* a tuple of ints, converted once (sizes and strides are reused) */
-    uint32_t cap;         /* items allocated (BOX_MAX_ITEMS at most) */
-    uint32_t depth;       /* 1 + the deepest child's depth (max_depth bounds it) */
+    uint8_t type;         /* pk_obj.type */
     uint8_t frozen;       /* inside another container: no more changes (see the top) */
     uint8_t flags;        /* BOX_SET, BOX_FROZENSET: a set shown as a list */
+    uint32_t cap;         /* items allocated (BOX_MAX_ITEMS at most) */
+    struct {              /* pk_obj.u.seq */
+        pk_obj **items;
+        size_t n;
+    } seq;
+    uint64_t walk;        /* values a walk visits, shared containers expanded: 1 + children's */
+    const int64_t *ints;  /* a tuple of ints, converted once (sizes and strides are reused) */
+    uint32_t depth;       /* 1 + the deepest child's depth (max_depth bounds it) */
 } pk_box;
+
+_Static_assert(offsetof(pk_box, type) == offsetof(pk_obj, type) &&
+               offsetof(pk_box, seq.items) == offsetof(pk_obj, u.seq.items) &&
+               offsetof(pk_box, seq.n) == offsetof(pk_obj, u.seq.n) &&
+               sizeof(pk_box) <= sizeof(pk_obj),
+               "a pk_box is read as a pk_obj");
 
 /* No container holds more items than this: cap fits in 32 bits (and no real pickle comes
  * near: that is 32 GiB of item pointers). */
@@ -82,6 +94,11 @@ static int is_container(const pk_obj *o)
 static pk_box *box(pk_obj *o)
 {
     return (pk_box *)o;
+}
+
+static pk_obj *obj(pk_box *b)
+{
+    return (pk_obj *)b;
 }
 
 static size_t depth_of(const pk_obj *o)
@@ -248,13 +265,28 @@ static int count_object(vm *v)
     return 0;
 }
 
+/* The bytes an object of type t takes: its type and its own member of the union, not the
+ * largest member (a tensor's). A checkpoint makes a storage and two strs per tensor, and the
+ * fresh memory they take is much of what parsing costs (pickle.h: only a tensor is ever
+ * copied whole). */
+#define OBJ_SIZE(member) (offsetof(pk_obj, u) + sizeof(((pk_obj *)0)->u.member))
+
+static const uint8_t obj_size[] = {
+    [PK_NONE] = OBJ_SIZE(i),  [PK_BOOL] = OBJ_SIZE(i),    [PK_INT] = OBJ_SIZE(i),
+    [PK_FLOAT] = OBJ_SIZE(f), [PK_STR] = OBJ_SIZE(str),   [PK_BYTES] = OBJ_SIZE(str),
+    [PK_TUPLE] = sizeof(pk_obj), [PK_LIST] = sizeof(pk_obj), [PK_DICT] = sizeof(pk_obj),
+    [PK_GLOBAL] = OBJ_SIZE(global), [PK_STORAGE] = OBJ_SIZE(storage),
+    [PK_TENSOR] = sizeof(pk_obj),
+};
+
 static pk_obj *new_obj(vm *v, enum pk_type t)
 {
     if (count_object(v))
         return NULL;
-    pk_obj *o = alloc(v, sizeof *o);
+    size_t size = obj_size[t];
+    pk_obj *o = alloc(v, size);
     if (o) {
-        memset(o, 0, sizeof *o);
+        memset(o, 0, size);
         o->type = (uint8_t)t;
     }
     return o;
@@ -264,7 +296,7 @@ static pk_obj *new_obj(vm *v, enum pk_type t)
  * the final array holds. */
 static int reserve(vm *v, pk_box *b, size_t extra)
 {
-    size_t n = b->o.u.seq.n;
+    size_t n = b->seq.n;
     if (b->cap - n >= extra)
         return 0;
     if (extra > BOX_MAX_ITEMS - n)
@@ -276,8 +308,8 @@ static int reserve(vm *v, pk_box *b, size_t extra)
     if (!items)
         return -1;
     if (n)
-        memcpy(items, b->o.u.seq.items, n * sizeof *items);
-    b->o.u.seq.items = items;
+        memcpy(items, b->seq.items, n * sizeof *items);
+    b->seq.items = items;
     b->cap = (uint32_t)cap;
     return 0;
 }
@@ -295,7 +327,7 @@ static pk_box *new_box(vm *v, enum pk_type t, size_t cap)
     pk_box *b = alloc(v, sizeof *b + cap * sizeof(pk_obj *));
     if (!b)
         return NULL;
-    *b = (pk_box){.o.type = (uint8_t)t, .o.u.seq.items = (pk_obj **)(b + 1), .depth = 1,
+    *b = (pk_box){.type = (uint8_t)t, .seq.items = (pk_obj **)(b + 1), .depth = 1,
                   .walk = 1, .cap = (uint32_t)cap};
     return b;
 }
@@ -315,9 +347,9 @@ static inline int adopt(vm *v, pk_box *b, pk_obj *child)
 {
     if (b->frozen)
         return fail(v, "%s changes a %s that is already inside another container (that could "
-                    "make a cycle)", opname(v), pk_type_name(b->o.type));
-    if (child == &b->o)
-        return fail(v, "%s puts a %s inside itself", opname(v), pk_type_name(b->o.type));
+                    "make a cycle)", opname(v), pk_type_name(b->type));
+    if (child == obj(b))
+        return fail(v, "%s puts a %s inside itself", opname(v), pk_type_name(b->type));
     size_t d = depth_of(child) + 1;
     if (d > v->lim.max_depth)
         return fail(v, "%s: containers nested deeper than %zu", opname(v), v->lim.max_depth);
@@ -325,7 +357,7 @@ static inline int adopt(vm *v, pk_box *b, pk_obj *child)
     if (w > v->lim.max_objects)
         return fail(v, "%s: a walk of the result would visit more than %zu values (shared "
                     "containers)", opname(v), v->lim.max_objects);
-    b->o.u.seq.items[b->o.u.seq.n++] = child;
+    b->seq.items[b->seq.n++] = child;
     if (d > b->depth)
         b->depth = (uint32_t)d;
     b->walk = w;
@@ -345,16 +377,16 @@ static int adopt_key(vm *v, pk_box *d, pk_obj *key)
 
 static pk_obj *new_str(vm *v, enum pk_type t, const void *s, size_t len)
 {
-    if (len > SIZE_MAX - sizeof(pk_obj) - 1)
+    if (len > SIZE_MAX - OBJ_SIZE(str) - 1)
         return oom(v), NULL;
     if (count_object(v))
         return NULL;
     /* The bytes live right behind the object: one allocation, not two. */
-    pk_obj *o = alloc(v, sizeof *o + len + 1);
+    pk_obj *o = alloc(v, OBJ_SIZE(str) + len + 1);
     if (!o)
         return NULL;
-    *o = (pk_obj){.type = (uint8_t)t};
-    char *copy = (char *)(o + 1);
+    o->type = (uint8_t)t;
+    char *copy = (char *)o + OBJ_SIZE(str);
     if (len)
         memcpy(copy, s, len);
     copy[len] = 0;
@@ -491,7 +523,7 @@ static int sparse_put(vm *v, uint64_t key, pk_obj *o)
     return 0;
 }
 
-static int memo_put(vm *v, uint64_t key, pk_obj *o)
+__attribute__((noinline)) static int memo_put(vm *v, uint64_t key, pk_obj *o)
 {
     if (key >= v->lim.max_memo)
         return fail(v, "%s: memo index %llu is beyond the limit of %zu", opname(v),
@@ -536,10 +568,17 @@ static int memo_push(vm *v, uint64_t key)
     return push(v, o);
 }
 
-static int memo_store_top(vm *v, uint64_t key)
+static inline int memo_store_top(vm *v, uint64_t key)
 {
     if (need(v, 1))
         return -1;
+    /* The next index with room for it in the array, as nearly every PUT is: nothing to grow,
+     * clear or look up (cap_dense <= max_memo bounds it, and a sparse key is ruled out). */
+    if (key == v->dense_init && key < v->cap_dense && !v->nsparse) {
+        v->dense[v->dense_init++] = top(v);
+        v->nmemo++;
+        return 0;
+    }
     return memo_put(v, key, top(v));
 }
 
@@ -719,7 +758,7 @@ static int op_int_text(vm *v, int is_long)
     return text_int(v, s, n, &i) ? -1 : push(v, new_int(v, i));
 }
 
-static int op_binint(vm *v, unsigned nbytes)
+static inline int op_binint(vm *v, unsigned nbytes)
 {
     uint64_t u;
     if (take_uint(v, nbytes, "integer", &u))
@@ -729,7 +768,7 @@ static int op_binint(vm *v, unsigned nbytes)
 }
 
 /* BINSTRING, BINUNICODE, BINBYTES, ...: a length of lenbytes bytes, then the data. */
-static int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signed_len)
+static inline int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signed_len)
 {
     uint64_t n;
     if (take_uint(v, lenbytes, "length", &n))
@@ -816,10 +855,10 @@ static int build_seq(vm *v, enum pk_type t, size_t n, uint8_t flags)
     if (flags & BOX_FROZENSET)
         b->frozen = 1;
     if (shared) {
-        *shared = &b->o;
+        *shared = obj(b);
         v->int_tuples.n++;
     }
-    return push(v, &b->o);
+    return push(v, obj(b));
 }
 
 static int op_tuple_n(vm *v, size_t n)
@@ -864,7 +903,7 @@ static int op_dict(vm *v)
     pk_box *d = new_box(v, PK_DICT, 0);
     if (!d || set_pairs(v, d, start))
         return -1;
-    return push(v, &d->o);
+    return push(v, obj(d));
 }
 
 static const char *kind_of(const pk_obj *o)
@@ -1175,7 +1214,7 @@ static int make_ordered_dict(vm *v, const pk_obj *fn, pk_obj *args)
         if (adopt_key(v, d, kv[0]) || adopt(v, d, kv[1]))
             return -1;
     }
-    v->stack[v->sp - 1] = &d->o;
+    v->stack[v->sp - 1] = obj(d);
     return 0;
 }
 
@@ -1200,7 +1239,7 @@ static int make_size(vm *v, const pk_obj *fn, pk_obj *args)
     for (size_t i = 0; i < m; i++)
         if (adopt(v, t, src->u.seq.items[i]))
             return -1;
-    v->stack[v->sp - 1] = &t->o;
+    v->stack[v->sp - 1] = obj(t);
     return 0;
 }
 
@@ -1317,7 +1356,7 @@ static int op_newobj(vm *v, int ex)
     if (args->type != PK_TUPLE || (kwargs && kwargs->type != PK_DICT))
         return fail(v, "%s: arguments are not a tuple%s", opname(v), ex ? " and a dict" : "");
     pk_box *d = new_box(v, PK_DICT, 0);
-    return d ? push(v, &d->o) : -1;
+    return d ? push(v, obj(d)) : -1;
 }
 
 static int is_state_dict(const pk_obj *o)
@@ -1377,7 +1416,7 @@ static int op_pop(vm *v)
     return need(v, 1);
 }
 
-static int op_get_put(vm *v, unsigned nbytes, int put)
+static inline int op_get_put(vm *v, unsigned nbytes, int put)
 {
     uint64_t key;
     if (nbytes == 0) {
@@ -1405,6 +1444,9 @@ static int op_proto(vm *v)
     return 0;
 }
 
+/* Runs one opcode. The handlers it passes a constant width (op_binint, op_counted, op_get_put)
+ * are inline, so each opcode gets its own copy without the tests on the width and without a
+ * call: a checkpoint runs tens of thousands of them. */
 static int step(vm *v)
 {
     switch (v->opcode) {
@@ -1433,17 +1475,17 @@ static int step(vm *v)
     case OP_DUP: return need(v, 1) ? -1 : push(v, top(v));
     case OP_EMPTY_DICT: {
         pk_box *d = new_box(v, PK_DICT, 0);
-        return d ? push(v, &d->o) : -1;
+        return d ? push(v, obj(d)) : -1;
     }
     case OP_EMPTY_LIST: {
         pk_box *l = new_box(v, PK_LIST, 0);
-        return l ? push(v, &l->o) : -1;
+        return l ? push(v, obj(l)) : -1;
     }
     case OP_EMPTY_SET: {
         pk_box *s = new_box(v, PK_LIST, 0);
         if (s)
             s->flags = BOX_SET;
-        return s ? push(v, &s->o) : -1;
+        return s ? push(v, obj(s)) : -1;
     }
     case OP_EMPTY_TUPLE: return op_tuple_n(v, 0);
     case OP_TUPLE1: return op_tuple_n(v, 1);

@@ -57,6 +57,8 @@ enum pk_global {
  * it carry their own dtype (_rebuild_tensor_v3). Every other dtype is an enum ck_dtype. */
 #define PK_DTYPE_BYTES 255
 
+/* An object takes only the bytes its type's member of u needs, so one is read through its own
+ * member and never copied whole (`*a = *b`), except a TENSOR, which is full size. */
 typedef struct pk_obj pk_obj;
 struct pk_obj {
     uint8_t type;                  /* enum pk_type */
