@@ -6,6 +6,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "../pack/seed.h"
+
 enum { HASH_CUT = 236 }; /* bytes kept from an over-long component, before "%~" + 16 hex */
 
 static int needs_escape(unsigned char c)
@@ -62,15 +64,17 @@ size_t ck_escape_component(const char *s, size_t len, char *out)
     return escape(s, len, out, CK_NAME_MAX);
 }
 
-static uint64_t slot_hash(uint32_t parent, const char *name, size_t len)
+/* Seeded at random, as the zip's and the pickle VM's tables are: a checkpoint cannot be made of
+ * names that all land in one run of slots and so make its mount quadratic. */
+static uint64_t slot_hash(const ck_tree *t, uint32_t parent, const char *name, size_t len)
 {
-    return XXH3_64bits_withSeed(name, len, parent);
+    return XXH3_64bits_withSeed(name, len, t->seed ^ parent);
 }
 
 uint32_t ck_tree_lookup(const ck_tree *t, uint32_t parent, const char *name, size_t len)
 {
     size_t mask = t->nslots - 1;
-    for (size_t i = slot_hash(parent, name, len) & mask;; i = (i + 1) & mask) {
+    for (size_t i = slot_hash(t, parent, name, len) & mask;; i = (i + 1) & mask) {
         uint32_t id = t->slots[i];
         if (id == CK_NO_NODE)
             return CK_NO_NODE;
@@ -92,7 +96,7 @@ static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t l
     uint32_t at = t->nnodes++;
     t->nodes[at] = (ck_node){.name = copy, .name_len = (uint32_t)len, .parent = parent,
                              .kind = kind, .id = id};
-    size_t mask = t->nslots - 1, i = slot_hash(parent, name, len) & mask;
+    size_t mask = t->nslots - 1, i = slot_hash(t, parent, name, len) & mask;
     while (t->slots[i] != CK_NO_NODE)
         i = (i + 1) & mask;
     t->slots[i] = at;
@@ -274,6 +278,7 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfi
         t->slots = malloc(nslots * sizeof *t->slots);
         t->entry_node = malloc((ix->nentries ? ix->nentries : 1) * sizeof *t->entry_node);
         t->nslots = nslots;
+        t->seed = ck_hash_seed();
     }
     if (!t || !t->nodes || !t->slots || !t->entry_node) {
         ck_tree_free(t);

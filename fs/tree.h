@@ -56,6 +56,7 @@ typedef struct ck_tree {
     uint32_t *entry_node; /* index entry -> its node */
     uint32_t *slots;      /* hash of (parent, name) -> node */
     size_t nslots;
+    uint64_t seed;        /* of that hash (ck_hash_seed): names come from the checkpoint */
     ck_arena *arena;
 } ck_tree;
 

@@ -1,4 +1,5 @@
-/* seed.h — seeds for the hash tables that index checkpoint data (pickle objects, zip names).
+/* seed.h — seeds for the hash tables that index checkpoint data (pickle objects, zip names, the
+ * tree's paths).
  * Contract: ck_hash_seed returns 64 random bits (getrandom, else a mix of the clock and an
  * address), so a checkpoint cannot be made of keys that all collide: a hash table over its data
  * stays linear in its size whatever the file holds.
