@@ -37,7 +37,7 @@ typedef struct reader_setup {
 
 typedef struct backend {
     /* The block is host memory that the core may read into itself, bypassing stage() and put():
-     * with O_DIRECT it does so for the chunks at the file's own 4096-byte phase in the block. */
+     * with O_DIRECT it does so for the chunks whose place in the block has the file's phase. */
     int in_place;
     /* 0 if device ordinal can take a load now. */
     int (*check)(int ordinal, char *why, size_t len);

@@ -113,6 +113,8 @@ struct ckl_load {
     uint64_t *stored_sums;   /* per plan blob, from a pack's trailer; only with verify */
     ckl_tensor *tensors;     /* per plan tensor */
     int *direct_fds;         /* per source file: O_DIRECT descriptor when its data is cold, else -1 */
+    uint32_t *phase;         /* per source file: the memory alignment its O_DIRECT reads need
+                              * (a power of two, at most DIRECT_ALIGN); 0 when not read so */
     int direct;              /* some file is read O_DIRECT */
     pthread_t *threads;
     unsigned nthreads;
@@ -252,13 +254,13 @@ static int read_direct(const ckl_load *l, const ck_plan_blob *bl)
 }
 
 /* Whether blob bl's O_DIRECT reads can land in the block itself: the block is host memory and
- * bl's place in it has the same 4096-byte phase as its bytes in the file (for a whole pack, every
- * blob: both the pack's data region and the block are page-aligned, blobs at the same offsets). */
+ * bl's place in it has its bytes' phase in the file modulo the alignment those reads need (every
+ * blob of a whole pack; any other blob that ck_plan_keep_phase kept in phase). */
 static int direct_in_place(const ckl_load *l, const ck_plan_blob *bl)
 {
     uintptr_t dst = (uintptr_t)(l->block + bl->dest_off);
     return read_direct(l, bl) && l->be->in_place &&
-           (dst - (uintptr_t)bl->file_off) % DIRECT_ALIGN == 0;
+           (dst - (uintptr_t)bl->file_off) % l->phase[bl->file] == 0;
 }
 
 /* The length of blob bl's chunk from byte at: at most buffer_size bytes. In place (above), the
@@ -429,6 +431,7 @@ static void free_load(ckl_load *l)
         if (l->direct_fds[f] >= 0)
             close(l->direct_fds[f]);
     free(l->direct_fds);
+    free(l->phase);
     load_source_close(&l->src);
     ck_plan_free(l->plan);
     free(l->landed);
@@ -481,6 +484,22 @@ static int direct_pays(const ckl_load *l, uint32_t f)
     return lo < hi && cached_fraction(l->ix->files[f].fd, lo, hi - lo) < 0.5;
 }
 
+/* The memory alignment O_DIRECT reads of fd need, as the kernel tells it (statx: 512 bytes on a
+ * disk of 512-byte sectors), or DIRECT_ALIGN where it does not tell or asks for more than the
+ * reads' own 4096-byte alignment gives. */
+static uint32_t direct_phase(int fd)
+{
+#ifdef STATX_DIOALIGN
+    struct statx sx;
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+        uint32_t m = sx.stx_dio_mem_align;
+        if (m && !(m & (m - 1)) && m <= DIRECT_ALIGN && sx.stx_dio_offset_align <= DIRECT_ALIGN)
+            return m;
+    }
+#endif
+    return DIRECT_ALIGN;
+}
+
 /* An O_DIRECT descriptor for source file f when direct_pays, else -1; also -1 where O_DIRECT is
  * refused (tmpfs; a ckptfs mount takes it) or the path is no longer the file the index opened.
  * CKLOAD_DIRECT=0 or 1 overrides the choice. */
@@ -499,26 +518,35 @@ static int open_direct(const ckl_load *l, uint32_t f)
     return fd;
 }
 
-/* Each source file's O_DIRECT descriptor or -1 (open_direct). 0, or -1 when memory runs out. */
+/* Each source file's O_DIRECT descriptor or -1 (open_direct), and its phase; then, for a host
+ * block, the blobs placed so that those reads land in place (ck_plan_keep_phase: a safetensors
+ * or .pt source's tensors are at any offset in their files, a pack's already in phase). 0, or
+ * -1 when memory runs out. */
 static int open_direct_all(ckl_load *l)
 {
-    l->direct_fds = malloc((l->ix->nfiles ? l->ix->nfiles : 1) * sizeof *l->direct_fds);
-    if (!l->direct_fds)
+    size_t n = l->ix->nfiles ? l->ix->nfiles : 1;
+    l->direct_fds = malloc(n * sizeof *l->direct_fds);
+    l->phase = calloc(n, sizeof *l->phase);
+    if (!l->direct_fds || !l->phase)
         return -1;
     for (uint32_t f = 0; f < l->ix->nfiles; f++) {
         l->direct_fds[f] = open_direct(l, f);
+        l->phase[f] = l->direct_fds[f] >= 0 ? direct_phase(l->direct_fds[f]) : 0;
         l->direct |= l->direct_fds[f] >= 0;
     }
+    if (l->direct && l->be->in_place)
+        ck_plan_keep_phase(l->plan, l->phase);
     return 0;
 }
 
-/* The reader threads and chunk size, where the caller left them 0. Most of a cold safetensors
- * or .pt file is out of phase with its place in a host block: each chunk is read O_DIRECT into
- * its thread's bounce, then copied, and a thread's next read waits for its copy. More threads
- * with smaller chunks keep the disk busy while others copy: a cold 1.5 GiB safetensors file
- * loaded at 0.74-0.77x its pack with 4 x 16 MiB, 0.86-0.91x with 8 x 4 MiB (medians, 2 shared
- * cores, 4 runs of 9-15 rounds; no gain when the cores were saturated, when the copies cannot
- * overlap anything). Whole pages read in place (a pack) keep the usual 4 x 16 MiB. */
+/* The reader threads and chunk size, where the caller left them 0. Where most of a cold host
+ * load cannot land in place (tensors shorter than CK_PLAN_PHASE_MIN pages or out of line with
+ * their elements in the file: ck_plan_keep_phase), each chunk is read O_DIRECT into its
+ * thread's bounce, then copied, and a thread's next read waits for its copy. More threads with
+ * smaller chunks keep the disk busy while others copy: measured before blobs kept their phase,
+ * a cold 1.5 GiB safetensors file, all through the bounce, loaded at 0.74-0.77x its pack with
+ * 4 x 16 MiB, 0.86-0.91x with 8 x 4 MiB (medians, 2 shared cores, 4 runs of 9-15 rounds).
+ * Whole pages read in place (a pack, most sources now) keep the usual 4 x 16 MiB. */
 static void choose_readers(ckl_load *l)
 {
     const ck_plan *p = l->plan;
@@ -583,8 +611,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     l->ix = l->src.ix;
     l->pool = o->pool ? o->pool : ckl_pool_new();
     l->own_pool = !o->pool;
-    if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0 ||
-        alloc_block(l, err, errlen) != 0) {
+    if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0) {
         if (!l->pool)
             snprintf(err, errlen, "%s: out of memory", path);
         free_load(l);
@@ -592,6 +619,10 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     }
     if (open_direct_all(l) != 0) {
         snprintf(err, errlen, "%s: out of memory", path);
+        free_load(l);
+        return -1;
+    }
+    if (alloc_block(l, err, errlen) != 0) {
         free_load(l);
         return -1;
     }

@@ -13,7 +13,11 @@
  *    CUDA, into the block for the host). It allocates one destination block for the selected
  *    tensors (device memory for CUDA, page-aligned host memory for the CPU) and starts reader
  *    threads at once; it returns before the data is in. Tensors are views into the block:
- *    name, dtype, shape, pointer. ckl_read_path tells where the bytes are read from.
+ *    name, dtype, shape, pointer. ckl_read_path tells where the bytes are read from. Each
+ *    tensor's pointer is 256-byte aligned, except where a host load reads a source O_DIRECT
+ *    straight into the block: there a tensor takes its file offset's phase (as an mmap of the
+ *    file would place it; pack/plan.h ck_plan_keep_phase) and is aligned at least to its
+ *    element (to 256 bytes where its file offset is: every tensor of a pack).
  *  - A path inside a ckptfs mount (its root, .ckptfs/checkpoint.pack, a directory: the tensors
  *    under it, a tensor file: that tensor) is read from the mount's source files directly, with
  *    the caller's own credentials, when they are visible, readable and the very files the mount

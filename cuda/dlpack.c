@@ -6,7 +6,7 @@
  * C32, F4, F6_E2M3, F6_E3M2) are exported as their bytes: kDLUInt 8 with shape [nbytes]; the
  * consumer reinterprets them (cuda/python/ckload.py views them as the torch dtype).
  * Strides are NULL (compact row-major), byte_offset is 0, and data is the tensor's pointer into
- * the load's block (256-byte aligned). The export holds a reference on the load, dropped by
+ * the load's block (aligned as ckload.h says). The export holds a reference on the load, dropped by
  * the deleter, so the block lives as long as the last exported tensor.
  */
 #include "ckload.h"

@@ -6,7 +6,8 @@
  * even: the name with its last byte turned into '*', a glob). Every plan must keep the promises
  * of plan.h against the index and the layout: blobs inside the data region and in file order,
  * each tensor's blob holding exactly its bytes, block places aligned and apart, and the tensors
- * of each blob listed once, under it. */
+ * of each blob listed once, under it; and again once blobs keep their file phase (a modulus of
+ * 512 to 4096 bytes, from the selector byte). */
 #include "../pack/packfile.h"
 #include "../pack/plan.h"
 #include "../pack/synth.h"
@@ -82,7 +83,32 @@ static void check_plan(const ck_index *ix, const pack_layout *pl, const ck_plan 
     check_blobs(ix, pl, p);
 }
 
-static void plan_and_check(const ck_index *ix, const char *only)
+/* The plan again with blobs kept in their file phase modulo m (ck_plan_keep_phase): blobs in
+ * order and apart, each in phase (padded by less than m) or on the next 256-byte boundary; a
+ * whole pack's blobs where they were. */
+static void check_kept_phase(ck_plan *p, uint32_t m, int whole)
+{
+    uint64_t *was = malloc((p->nblobs ? p->nblobs : 1) * sizeof *was);
+    FUZZ_REQUIRE(was != NULL);
+    for (size_t b = 0; b < p->nblobs; b++)
+        was[b] = p->blobs[b].dest_off;
+    ck_plan_keep_phase(p, &m);
+    uint64_t end = 0;
+    for (size_t b = 0; b < p->nblobs; b++) {
+        const ck_plan_blob *pb = &p->blobs[b];
+        FUZZ_REQUIRE(pb->dest_off >= end);
+        int kept = (pb->dest_off - pb->file_off) % m == 0 && pb->dest_off - end < m &&
+                   pb->len >= CK_PLAN_PHASE_MIN * m;
+        FUZZ_REQUIRE(kept || (pb->dest_off % CK_PLAN_ALIGN == 0 &&
+                              pb->dest_off - end < CK_PLAN_ALIGN));
+        FUZZ_REQUIRE(!whole || pb->dest_off == was[b]);
+        end = pb->dest_off + pb->len;
+    }
+    FUZZ_REQUIRE(p->block_size == end);
+    free(was);
+}
+
+static void plan_and_check(const ck_index *ix, const char *only, uint32_t m)
 {
     const pack_layout *pl = pack_layout_of(ix, 0);
     ck_plan *p = NULL;
@@ -93,6 +119,7 @@ static void plan_and_check(const ck_index *ix, const char *only)
     if (!p)
         return;
     check_plan(ix, pl, p, only);
+    check_kept_phase(p, m, only == NULL);
     uint64_t *sums = malloc((p->nblobs ? p->nblobs : 1) * sizeof *sums);
     FUZZ_REQUIRE(sums != NULL);
     fuzz_check(ck_plan_sums(ix, p, sums, &err), NULL, &err);
@@ -135,8 +162,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == 0) {
         char only[256];
         ix->format = "pack";
-        plan_and_check(ix, NULL);
-        plan_and_check(ix, pick_only(ix, data[0], only, sizeof only));
+        uint32_t m = 512u << (data[0] % 4); /* 512 to 4096: what statx says of disks */
+        plan_and_check(ix, NULL, m);
+        plan_and_check(ix, pick_only(ix, data[0], only, sizeof only), m);
     }
     ck_index_free(ix);
     free(copy);

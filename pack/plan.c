@@ -2,6 +2,7 @@
  * any other source (see plan.h). */
 #include "plan.h"
 #include "bytes.h"
+#include "dtype.h"
 #include "packfile.h"
 #include "synth.h"
 
@@ -82,17 +83,50 @@ static void pick_groups(ck_plan *p, const ck_index *ix, const ck_pack_groups *g,
     }
 }
 
-/* Each blob at the next CK_PLAN_ALIGN boundary of the block, and its slice of blob_tensors. */
-static void place(ck_plan *p)
+/* Each blob's slice of blob_tensors, from the counts add_tensor made (group() fills them). */
+static void slice(ck_plan *p)
 {
     uint32_t first = 0;
     for (size_t b = 0; b < p->nblobs; b++) {
         ck_plan_blob *pb = &p->blobs[b];
-        pb->dest_off = ck_align_up(p->block_size, CK_PLAN_ALIGN);
-        p->block_size = pb->dest_off + pb->len;
         pb->first = first;
         first += pb->count;
         pb->count = 0; /* counted again as group() fills the slice */
+    }
+}
+
+/* The largest element of blob pb's tensors, in bytes (1 for the sub-byte types): the alignment
+ * its address needs for each of them to be aligned to its own element. */
+static uint64_t element_align(const ck_plan *p, const ck_plan_blob *pb)
+{
+    uint64_t a = 1;
+    for (uint32_t k = 0; k < pb->count; k++) {
+        uint64_t bytes = ck_dtype_bits(p->tensors[p->blob_tensors[pb->first + k]].entry->dtype) / 8;
+        a = bytes > a ? bytes : a;
+    }
+    return a;
+}
+
+/* Whether blob pb keeps its file offset's phase modulo phase[file] (ck_plan_keep_phase). */
+static int keeps_phase(const ck_plan *p, const ck_plan_blob *pb, const uint32_t *phase)
+{
+    uint64_t m = phase ? phase[pb->file] : 0;
+    return m && !pb->gather && pb->len >= CK_PLAN_PHASE_MIN * m &&
+           pb->file_off % element_align(p, pb) == 0;
+}
+
+/* Each blob after the one before: at the next CK_PLAN_ALIGN boundary, or, where it keeps its
+ * phase, at the first place with its file offset's phase (m a power of two). */
+static void place(ck_plan *p, const uint32_t *phase)
+{
+    p->block_size = 0;
+    for (size_t b = 0; b < p->nblobs; b++) {
+        ck_plan_blob *pb = &p->blobs[b];
+        uint64_t end = p->block_size;
+        pb->dest_off = keeps_phase(p, pb, phase)
+                           ? end + ((pb->file_off - end) & (phase[pb->file] - 1))
+                           : ck_align_up(end, CK_PLAN_ALIGN);
+        p->block_size = pb->dest_off + pb->len;
     }
 }
 
@@ -173,9 +207,15 @@ int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep
     const pack_layout *pl = pack_of(ix);
     if ((pl ? plan_pack(ix, pl, only, keep, out, err) : plan_source(ix, only, keep, out, err)) != 0)
         return -1;
-    place(*out);
+    slice(*out);
     group(*out);
+    place(*out, NULL);
     return 0;
+}
+
+void ck_plan_keep_phase(ck_plan *p, const uint32_t *phase)
+{
+    place(p, phase);
 }
 
 int ck_plan_sums(const ck_index *ix, const ck_plan *p, uint64_t *sums, ck_error *err)

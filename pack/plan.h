@@ -17,7 +17,8 @@
  * For a pack the layout comes only from the reader (pack_layout_of), which checked it against
  * FORMAT.md; for any other source the grouping and order come from the virtual pack
  * (ck_synth_groups), so a load from the source and one from its mount's checkpoint.pack give
- * the same block. Nothing here re-derives either. Building a plan reads no file. Errors are one
+ * the same block (until ck_plan_keep_phase moves blobs for in-place O_DIRECT reads). Nothing
+ * here re-derives either. Building a plan reads no file. Errors are one
  * line "FILE: what is wrong": `only` selects nothing, two entries with one name, out of memory.
  * No CUDA, no FUSE.
  */
@@ -31,6 +32,8 @@
 
 #define CK_PLAN_ALIGN 256u      /* every tensor can be the target of an aligned GPU copy */
 #define CK_PLAN_NONE UINT32_MAX /* the blob of an empty tensor */
+#define CK_PLAN_PHASE_MIN 8u    /* a blob keeps its phase only if 8x its modulus: its padding
+                                 * (ck_plan_keep_phase) stays under 1/8 of it */
 
 typedef struct ck_plan_blob {
     uint64_t file_off, len;  /* where its bytes are in file (unless gathered) */
@@ -62,6 +65,19 @@ typedef struct ck_plan {
  * with err set and *out NULL. */
 int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep, ck_plan **out,
                  ck_error *err);
+
+/* Places p's blobs again for a host load that reads source file f with O_DIRECT straight into
+ * the block wherever a blob's place there has its file offset's phase modulo phase[f] (the
+ * memory alignment O_DIRECT needs, a power of two; 0: f is not read so). Each blob that is
+ * contiguous in its file, at least CK_PLAN_PHASE_MIN * phase[f] long, and at a file offset
+ * aligned to each of its tensors' elements goes to the first place after the blob before with
+ * that phase; every other blob to the next CK_PLAN_ALIGN boundary, as ck_plan_make placed it.
+ * A tensor moved so is aligned in the block as it is in its file (at least to its element, to
+ * 256 bytes where its file offset is), as an mmap of the file would give it; a pack's blobs are
+ * 256-aligned in its file, so they stay where ck_plan_make put them. The order, the blobs and
+ * their tensors do not change; block_size grows by less than phase[f] per blob moved. phase
+ * NULL places them as ck_plan_make did. */
+void ck_plan_keep_phase(ck_plan *p, const uint32_t *phase);
 
 void ck_plan_free(ck_plan *p);
 

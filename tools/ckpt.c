@@ -544,7 +544,7 @@ static const ck_command commands[] = {
      "cuda:N or auto: CUDA when a device is usable; default auto), then prints bytes, time,\n"
      "GB/s and where it read from (the pack, or the source) and frees it. T reader threads\n"
      "reading S bytes at a time (K, M, G suffixes; by default 4 and 16M, or 8 and 4M for a\n"
-     "cold source loaded on cpu whose tensors mostly sit out of page phase), each with N\n"
+     "cold source loaded on cpu whose tensors mostly cannot land in place), each with N\n"
      "pinned staging buffers (default 2) of S bytes for CUDA. --only loads the entries whose\n"
      "name is P or starts with P., or matches the glob. --verify checks a pack's checksums as\n"
      "the bytes stream; other sources store none, so for them it checks only that each source\n"

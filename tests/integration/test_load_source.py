@@ -3,7 +3,9 @@ a PyTorch zip (strided views, tied tensors) or legacy file, and real checkpoints
 load byte-exact against torch.load and the safetensors library, in the order and layout of the
 source's pack (tied tensors share memory), with `only`, readiness, thread and buffer variants,
 O_DIRECT, verify, and `ckpt load`."""
+import json
 import os
+import struct
 import threading
 
 import pytest
@@ -145,10 +147,63 @@ def test_cold_source_by_default(tmp_path, monkeypatch, kind):
         check_load(load_direct(src, threads=threads, buffer_size=buffer_size), expected)
 
 
+def odd_offsets_source(path):
+    """A safetensors file written by hand (the library's writer keeps every tensor in line): the
+    data starts 2 bytes past a multiple of 4, and tensors of 40-200 KiB follow one another at
+    offsets out of page phase, some F32s out of line with their elements. Returns
+    {name: file offset}."""
+    g = torch.Generator().manual_seed(17)
+    tensors = {"a.u8": torch.randint(0, 256, (40_002,), dtype=torch.uint8, generator=g),
+               "b.f32": torch.randn(50_000, generator=g),
+               "c.bf16": torch.randn(3, 33_335, generator=g).to(torch.bfloat16),
+               "d.f32": torch.randn(25, 2_001, generator=g),
+               "e.i64": torch.randint(-2**62, 2**62, (9_000,), dtype=torch.int64, generator=g)}
+    dtypes = {torch.uint8: "U8", torch.float32: "F32", torch.bfloat16: "BF16",
+              torch.int64: "I64"}
+    header, blobs, at = {}, [], 0
+    for name, t in tensors.items():
+        data = torch_bytes(t)
+        header[name] = {"dtype": dtypes[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [at, at + len(data)]}
+        blobs.append(data)
+        at += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * ((14 - (8 + len(text)) % 8) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    start = 8 + len(text)
+    return {name: start + h["data_offsets"][0] for name, h in header.items()}
+
+
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_in_place_direct_reads_keep_file_phase(tmp_path, monkeypatch, direct):
+    """Read O_DIRECT into host memory, a source's tensors are placed in the block with their
+    file offsets' phase modulo the disk's O_DIRECT alignment (512 or 4096 bytes), so their whole
+    pages land in place: each such tensor's address is its file offset's modulo 512, and every
+    tensor stays aligned to its element (one out of line in the file keeps a 256-byte place).
+    Without O_DIRECT the layout is the pack's. The bytes are the safetensors library's."""
+    src = tmp_path / "odd.safetensors"
+    offsets = odd_offsets_source(src)
+    monkeypatch.setenv("CKLOAD_DIRECT", direct)
+    expected = expected_tensors(src)
+    with ckload.Load(src, device="cpu") as ld:
+        ld.wait_all()
+        sd = {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+        check_load(sd, expected)
+        for name, t in sd.items():
+            ptr, size = t.data_ptr(), t.element_size()
+            assert ptr % size == 0, name
+            if direct == "1" and offsets[name] % size == 0:
+                assert (ptr - offsets[name]) % 512 == 0, name
+            else:
+                assert ptr % 256 == 0, name
+    in_line = {n for n, off in offsets.items() if off % sd[n].element_size() == 0}
+    assert in_line != set(offsets) and len(in_line) >= 3  # both kinds are tried
+
+
 def test_cold_large_source_chosen_per_load(tmp_path, monkeypatch):
-    """A cold safetensors file, mostly out of page phase, with threads and chunk size left to
-    libckload (which picks more readers and smaller chunks for it: ckload.h): tensors of
-    several chunks each, of odd lengths, so that chunks and tensors end mid-page."""
+    """A cold safetensors file with threads and chunk size left to libckload: tensors of several
+    chunks each, of odd lengths and at offsets out of page phase, so that chunks and tensors end
+    mid-page (read in place where their place keeps the phase, through the bounce else)."""
     g = torch.Generator().manual_seed(13)
     t = {f"layers.{i}.w": torch.randint(-2**31, 2**31 - 1, ((i % 4 + 1) * 500_003 + i,),
                                         dtype=torch.int32, generator=g) for i in range(10)}

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "../../pack/bytes.h"
 #include "../../pack/plan.h"
 #include "../../pack/synth.h"
 #include "helpers.h"
@@ -237,12 +238,9 @@ static unsigned char *blob_bytes(const ck_index *ix, const ck_plan_blob *b)
     return got;
 }
 
-/* The plan of src and the plan of its virtual pack written to a file (ck_synth_pack), both
- * with `only`: the same tensors in the same order, the same blobs (tied tensors sharing one) in
- * the same places of the block, with the same bytes. */
-static void assert_planned_as_its_pack(const char *src, const char *only, size_t want_gathered)
+/* ix's virtual pack of the tensors `only` selects, written to a file: its path. */
+static const char *virtual_pack(const ck_index *ix, const char *only)
 {
-    ck_index *ix = open_ok(src);
     ck_synth *sy;
     ck_error err = {""};
     cr_assert_eq(ck_synth_pack(ix, only, &sy, &err), 0, "%s", err.msg);
@@ -251,7 +249,16 @@ static void assert_planned_as_its_pack(const char *src, const char *only, size_t
     cr_assert_eq(ck_synth_write(sy, fileno(f), NULL, NULL), 0);
     fclose(f);
     ck_synth_free(sy);
-    ck_index *px = open_ok(packed);
+    return packed;
+}
+
+/* The plan of src and the plan of its virtual pack written to a file (ck_synth_pack), both
+ * with `only`: the same tensors in the same order, the same blobs (tied tensors sharing one) in
+ * the same places of the block, with the same bytes. */
+static void assert_planned_as_its_pack(const char *src, const char *only, size_t want_gathered)
+{
+    ck_index *ix = open_ok(src);
+    ck_index *px = open_ok(virtual_pack(ix, only));
     ck_plan *p = plan_ok(ix, only), *q = plan_ok(px, only);
     cr_assert_eq(p->stored_sums, 0);
     cr_assert_eq(q->stored_sums, 1);
@@ -359,4 +366,90 @@ Test(plan, keep_selects_entries)
     assert_error(&err, ix->files[0].path, "--only 'layers' selects nothing");
     free(k2);
     ck_index_free(ix);
+}
+
+/* Blob b of p is in phase: its place in the block has its file offset's phase modulo m. */
+static int in_phase(const ck_plan *p, size_t b, uint64_t m)
+{
+    return (p->blobs[b].dest_off - p->blobs[b].file_off) % m == 0;
+}
+
+/* ck_plan_keep_phase: blobs long enough and at element-aligned file offsets take their file
+ * offset's phase, the others stay on 256-byte boundaries; order, blobs and tensors unchanged,
+ * no two blobs overlap, each moved blob's padding under the modulus. */
+Test(plan, keep_phase_for_in_place_direct_reads)
+{
+    enum { M = 512 };
+    static unsigned char data[8 + 8192 + 8194 + 4096 + 2048];
+    fill_bytes(data, sizeof data, 5);
+    /* a: 8 bytes (short); b: F32, 8 KiB at data offset 8; c: U8, 8 KiB at 8200 (any offset
+     * suits it); d: F32, 4 KiB = 8 x M at 16394; e: I16, 2 KiB at 20490 (shorter than 8 x M).
+     * The header is padded so that the data starts 2 bytes past a multiple of 4: b's F32s are
+     * then out of line in the file, d's in line. */
+    const char *h = strf("{%s,%s,%s,%s,%s}", st_tensor("a", "U8", "[8]", 0, 8),
+                         st_tensor("b", "F32", "[2048]", 8, 8200),
+                         st_tensor("c", "U8", "[8194]", 8200, 16394),
+                         st_tensor("d", "F32", "[1024]", 16394, 20490),
+                         st_tensor("e", "I16", "[1024]", 20490, 22538));
+    const char *src = st_file(strf("%s%*s", h, (int)((14 - (8 + strlen(h)) % 8) % 8), ""), data,
+                              sizeof data);
+    ck_index *ix = open_ok(src);
+    ck_plan *p = plan_ok(ix, NULL), *q = plan_ok(ix, NULL);
+    cr_assert_eq(p->nblobs, 5);
+    cr_assert_eq(p->blobs[0].file_off % 4, 2); /* a, at data offset 0 */
+    uint32_t phase[1] = {M};
+    ck_plan_keep_phase(p, phase);
+    int keeps[5] = {0, 0, 1, 1, 0};
+    uint64_t end = 0;
+    for (size_t b = 0; b < p->nblobs; b++) {
+        const ck_plan_blob *x = &p->blobs[b], *y = &q->blobs[b];
+        cr_assert_eq(x->file_off, y->file_off);
+        cr_assert_eq(x->len, y->len);
+        cr_assert_eq(x->first, y->first);
+        cr_assert_eq(x->count, y->count);
+        cr_assert_geq(x->dest_off, end, "blob %zu overlaps the one before", b);
+        if (keeps[b]) {
+            cr_assert(in_phase(p, b, M), "blob %zu (%s) out of phase", b, x->name);
+            cr_assert_lt(x->dest_off - end, M);
+        } else {
+            cr_assert_eq(x->dest_off, ck_align_up(end, CK_PLAN_ALIGN), "blob %zu", b);
+        }
+        end = x->dest_off + x->len;
+    }
+    cr_assert_eq(p->block_size, end);
+    /* No phase: the places ck_plan_make gave. */
+    ck_plan_keep_phase(p, (uint32_t[]){0});
+    for (size_t b = 0; b < p->nblobs; b++)
+        cr_assert_eq(p->blobs[b].dest_off, q->blobs[b].dest_off);
+    cr_assert_eq(p->block_size, q->block_size);
+    ck_plan_free(p);
+    ck_plan_free(q);
+    ck_index_free(ix);
+}
+
+/* A whole pack's blobs are in phase where ck_plan_make put them: keeping the phase moves none
+ * (the pack of the source above, whose blobs are long enough to keep it). */
+Test(plan, keep_phase_moves_no_blob_of_a_whole_pack)
+{
+    static unsigned char data[3 * 8192 + 5];
+    fill_bytes(data, sizeof data, 6);
+    const char *src = st_file(strf("{%s,%s,%s}", st_tensor("a", "U8", "[8197]", 0, 8197),
+                                   st_tensor("b", "U8", "[8192]", 8197, 16389),
+                                   st_tensor("c", "I16", "[4096]", 16389, 24581)),
+                              data, 24581);
+    ck_index *sx = open_ok(src), *ix = open_ok(virtual_pack(sx, NULL));
+    ck_plan *r = plan_ok(ix, NULL);
+    for (uint32_t m = 512; m <= 4096; m *= 2) {
+        ck_plan *p = plan_ok(ix, NULL);
+        ck_plan_keep_phase(p, &m);
+        for (size_t b = 0; b < r->nblobs; b++) {
+            cr_assert(in_phase(r, b, 4096));
+            cr_assert_eq(p->blobs[b].dest_off, r->blobs[b].dest_off);
+        }
+        cr_assert_eq(p->block_size, r->block_size);
+        ck_plan_free(p);
+    }
+    ck_plan_free(r);
+    ck_index_free(ix);
+    ck_index_free(sx);
 }
