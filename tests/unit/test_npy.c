@@ -207,30 +207,31 @@ static void check_against_numpy(const char *path, size_t want_entries, const cha
     ck_index_free(ix);
 }
 
-Test(npy_open, npy_fortran_and_c)
+/* Two files of the same arrays (named a and b + ext) written by script, which gets their paths
+ * as argv[1] and argv[2]; each checked against numpy. */
+static void check_pair(const char *ext, const char *script, size_t entries, const char *format)
 {
     const char *dir = tmp_dir();
-    const char *c = tmp_path_in(dir, "c.npy"), *f = tmp_path_in(dir, "f.npy");
-    run_python("import sys, numpy as np\n"
-               "a = np.arange(4 * 5 * 6, dtype='<i2').reshape(4, 5, 6)\n"
+    const char *a = tmp_path_in(dir, strf("a%s", ext)), *b = tmp_path_in(dir, strf("b%s", ext));
+    run_python(strf("import sys, numpy as np\n%s", script), a, b, NULL);
+    check_against_numpy(a, entries, format);
+    check_against_numpy(b, entries, format);
+}
+
+Test(npy_open, npy_fortran_and_c)
+{
+    check_pair(".npy", "a = np.arange(4 * 5 * 6, dtype='<i2').reshape(4, 5, 6)\n"
                "np.save(sys.argv[1], a); np.save(sys.argv[2], np.asfortranarray(a))\n",
-               c, f, NULL);
-    check_against_numpy(c, 1, "npy");
-    check_against_numpy(f, 1, "npy");
+               1, "npy");
 }
 
 Test(npy_open, npz_stored_and_compressed)
 {
-    const char *dir = tmp_dir();
-    const char *s = tmp_path_in(dir, "s.npz"), *z = tmp_path_in(dir, "z.npz");
-    run_python("import sys, numpy as np\n"
-               "r = np.random.default_rng(1)\n"
+    check_pair(".npz", "r = np.random.default_rng(1)\n"
                "d = dict(a=r.standard_normal((300, 700)).astype('<f4'), "
                "b=np.arange(3_000_000, dtype='<u4'), c=np.float64(1.5), e=np.zeros((0, 3)))\n"
                "np.savez(sys.argv[1], **d); np.savez_compressed(sys.argv[2], **d)\n",
-               s, z, NULL);
-    check_against_numpy(s, 4, "npz");
-    check_against_numpy(z, 4, "npz");
+               4, "npz");
 }
 
 Test(npy_open, corpus)
