@@ -140,11 +140,12 @@ def torch_raw(t):
     return t.reshape(-1).numpy().tobytes() if t.numel() else b""
 
 
-def check_ckload(src, want):
+def check_ckload(src, want, read_path="source"):
     """ckload's host load: names, dtypes and shapes as Load.info says them (a dtype torch lacks
     comes as bytes, ckload.py), and the bytes."""
     with ckload.Load(str(src), device="cpu") as ld:
         ld.wait_all()
+        assert ld.read_path == read_path
         assert {ld.name(i) for i in range(len(ld))} == set(want)
         for i in range(len(ld)):
             name, dtype, shape, nbytes = ld.info(i)
@@ -228,6 +229,21 @@ def test_deflated_member_many_seek_points(tmp_path, mount):
         check_index_and_bytes(mnt, want, "npz")
         check_random_reads(mnt / "big", want["big"][2], n=150, seed=3)
     check_ckload(src, want)
+
+
+@pytest.mark.parametrize("bypass", ["1", "0"])
+def test_ckload_from_a_mount(tmp_path, mount, monkeypatch, bypass):
+    """A mount of an .npz loads whole: from its sources (the bypass) or through the mount, and
+    its virtual pack likewise."""
+    monkeypatch.setenv("CKLOAD_BYPASS", bypass)
+    src = tmp_path / "m.npz"
+    arr = {k: v for k, v in arrays().items() if k.startswith("c.")}
+    np.savez_compressed(src, **arr)
+    want = expected(src)
+    how = "bypass" if bypass == "1" else "mount"
+    with mount(src) as mnt:
+        check_ckload(mnt, want, how)
+        check_ckload(mnt / ".ckptfs" / "checkpoint.pack", want, how)
 
 
 def test_mixed_stored_and_deflated_members(tmp_path, mount):
