@@ -4,6 +4,8 @@
  * read the whole central directory in one pread, parse every header, then fetch the local
  * headers (30 bytes each) in a few large reads for the data offsets, then hash the names. Every
  * number the archive gives is checked against the bytes that are really there before it is used.
+ * Deflated entries (last section) are decoded on request only: one checking pass that keeps seek
+ * points, then reads from the nearest point.
  */
 #include "zip.h"
 
