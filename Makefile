@@ -7,7 +7,7 @@ BUILD   ?= $(if $(SANITIZE),build/san,$(if $(COVERAGE),build/cov,build))
 PYTHON  ?= /usr/bin/python3
 PYDEPS  := $(CURDIR)/.deps/python
 
-PKGS    := fuse3 libcjson libxxhash
+PKGS    := fuse3 libcjson libxxhash zlib
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wvla -fno-strict-aliasing -fPIC \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -117,6 +117,7 @@ bench: all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-fs
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-torch
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-pack
+	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-npy
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
 
 demo: setup all

@@ -18,12 +18,13 @@ import sys
 import tempfile
 import zipfile
 
+import numpy as np
 import torch
 from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_sharded.c splits its input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan"]
+           "source", "plan", "npy"]
 PLAN_SELECTORS = b"\x00\x01\x02\x07"  # fuzz_plan.c: no only, a prefix, a glob, another prefix
 
 
@@ -149,6 +150,22 @@ def main():
     for i, p in enumerate(plain_pickles()):
         add(["pickle"], f"plain_{i:03d}.pkl", p)
 
+    # numpy: .npy of each format version and order, .npz stored and compressed
+    arrays = {"f": np.arange(12, dtype="<f4").reshape(3, 4),
+              "F": np.asfortranarray(np.arange(24, dtype="<i2").reshape(2, 3, 4)),
+              "s": np.array(1.5), "e": np.zeros((0, 2), "|b1"), "c": np.ones(3, "<c16")}
+    for k, arr in arrays.items():
+        for version in ((1, 0), (2, 0), (3, 0)):
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, arr, version=version)
+            add(["npy", "source"], f"gen_{k}_v{version[0]}.npy", buf.getvalue())
+    for save in (np.savez, np.savez_compressed):  # compressed: C order (Fortran is refused)
+        buf = io.BytesIO()
+        save(buf, **{("a/" + k if k == "F" else k):
+                     v if save is np.savez else np.ascontiguousarray(v)
+                     for k, v in arrays.items()}, big=np.arange(70000, dtype="<i4") % 251)
+        add(["npy", "zip", "source"], f"gen_{save.__name__}.npz", buf.getvalue())
+
     # the real files
     if a.corpus and os.path.isdir(a.corpus):
         for name in sorted(os.listdir(a.corpus)):
@@ -157,7 +174,7 @@ def main():
                 continue
             with open(path, "rb") as f:
                 data = f.read()
-            targets = ["source"]
+            targets = ["source"] + (["npy"] if name.endswith((".npy", ".npz")) else [])
             if data[:4] == b"PK\3\4":
                 targets += ["zip", "torch_zip"]
                 try:

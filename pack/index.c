@@ -1,4 +1,5 @@
 #include "index.h"
+#include "zip.h" /* zip_inflate_read */
 
 #include <errno.h>
 #include <limits.h>
@@ -344,6 +345,10 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
         break;
     case CK_STRIDED:
         rc = read_strided(ix, e, buf, len, off);
+        break;
+    case CK_DEFLATED:
+        rc = zip_inflate_read(ix->files[e->ext.file].fd, e->deflated, buf, len,
+                              e->deflated->skip + off);
         break;
     default:
         return -EIO;

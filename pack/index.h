@@ -6,7 +6,8 @@
  *  - The index owns its source file descriptors and all strings; ck_index_free releases them.
  *  - An entry is a tensor (dtype, shape, bytes somewhere in the source files) or a non-tensor
  *    value (its text, e.g. JSON, held in memory). A tensor's bytes are described by a layout:
- *    one extent of one file, or a strided gather from a storage. Whatever the layout,
+ *    one extent of one file, a strided gather from a storage, or part of a deflated zip entry
+ *    (decoded from its seek points, zip.h). Whatever the layout,
  *    ck_entry_read returns the tensor's elements in row-major order, little-endian.
  *  - Nothing here knows about FUSE or CUDA.
  */
@@ -35,7 +36,11 @@ enum ck_value_type {
 enum ck_layout {
     CK_CONTIGUOUS, /* ext holds every byte, in order */
     CK_STRIDED,    /* ext.offset = first element; shape[rank..2*rank) = element strides */
+    CK_DEFLATED,   /* ext = a deflated zip entry's compressed bytes; `deflated` has its seek
+                    * points, and the tensor is its output from deflated->skip on */
 };
+
+struct zip_inflated;
 
 typedef struct ck_extent {
     uint64_t offset; /* byte offset in the source file */
@@ -46,8 +51,12 @@ typedef struct ck_extent {
 typedef struct ck_entry {
     const char *name;      /* UTF-8, name_len bytes, NUL-terminated, never contains NUL */
     const int64_t *shape;  /* rank dims; CK_STRIDED: followed by rank strides (elements) */
-    const char *text;      /* CK_VALUE: nbytes bytes */
-    ck_extent ext;         /* CK_CONTIGUOUS: the bytes; CK_STRIDED: file and first element */
+    union {
+        const char *text;                     /* CK_VALUE: nbytes bytes */
+        const struct zip_inflated *deflated;  /* CK_DEFLATED: how to decode it (zip.h) */
+    };
+    ck_extent ext;         /* CK_CONTIGUOUS: the bytes; CK_STRIDED: file and first element;
+                            * CK_DEFLATED: the compressed bytes */
     uint64_t nbytes;       /* size of what ck_entry_read yields */
     uint32_t name_len;
     uint8_t kind;          /* enum ck_entry_kind */

@@ -78,7 +78,7 @@ static void pick_groups(ck_plan *p, const ck_index *ix, const ck_pack_groups *g,
         const ck_entry *s = &ix->entries[g->blob_entry[g->blob_of[k]]];
         add_tensor(p, &ix->entries[g->tensors[k]], g->blob_of[k],
                    (ck_plan_blob){.file_off = s->ext.offset, .len = s->nbytes, .file = s->ext.file,
-                                  .gather = s->layout == CK_STRIDED ? s : NULL},
+                                  .gather = s->layout != CK_CONTIGUOUS ? s : NULL},
                    picked);
     }
 }

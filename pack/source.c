@@ -1,5 +1,6 @@
 /* source.c — ck_open: what kind of checkpoint a path holds, decided by content alone. */
 #include "index.h"
+#include "npy.h"
 #include "packfile.h"
 #include "safetensors.h"
 #include "torch.h"
@@ -12,9 +13,31 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* A zip is an .npz when its first member is an .npy file (np.savez writes nothing else), and a
+ * PyTorch checkpoint when its first record lies in a folder (torch.save's "archive/..."); any
+ * other is named for what it holds. */
+static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t n,
+                    ck_error *err)
+{
+    size_t len;
+    const char *first = zip_first_name(head, n, &len);
+    if (npz_probe(head, n)) {
+        ix->format = "npz";
+        return npz_read_file(ix, id, err);
+    }
+    if (!first || memchr(first, '/', len)) {
+        ix->format = "pytorch-zip";
+        return pt_read_zip(ix, id, err);
+    }
+    return ck_fail(err, ix->files[id].path, "a zip archive, but neither an .npz (its first "
+                   "member '%.*s' is not an .npy file) nor a PyTorch checkpoint (whose records "
+                   "lie in one folder)", (int)(len < 200 ? len : 200), first);
+}
+
 static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
 {
-    unsigned char head[PT_PROBE_BYTES];
+    /* Enough for every probe: a zip's first member name included. */
+    unsigned char head[NPY_PROBE_BYTES > PT_PROBE_BYTES ? NPY_PROBE_BYTES : PT_PROBE_BYTES];
     ck_index *ix = ck_index_new(NULL);
     if (!ix) {
         close(fd);
@@ -42,9 +65,11 @@ static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
     } else if (st_probe(head, n)) {
         ix->format = "safetensors";
         rc_read = st_read_file(ix, (uint32_t)id, err);
+    } else if (npy_probe(head, n)) {
+        ix->format = "npy";
+        rc_read = npy_read_file(ix, (uint32_t)id, err);
     } else if (zip_probe(head, n)) {
-        ix->format = "pytorch-zip";
-        rc_read = pt_read_zip(ix, (uint32_t)id, err);
+        rc_read = read_zip(ix, (uint32_t)id, head, n, err);
     } else if (pt_probe_legacy(head, n)) {
         ix->format = "pytorch-legacy";
         rc_read = pt_read_legacy(ix, (uint32_t)id, err);

@@ -4,13 +4,18 @@
  * read the whole central directory in one pread, parse every header, then fetch the local
  * headers (30 bytes each) in a few large reads for the data offsets, then hash the names. Every
  * number the archive gives is checked against the bytes that are really there before it is used.
+ * Deflated entries (last section) are decoded on request only: one checking pass that keeps seek
+ * points, then reads from the nearest point.
  */
 #include "zip.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#include <zlib.h>
 
 #include "bytes.h"
 #include "index.h" /* ck_pread */
@@ -44,6 +49,14 @@ int zip_probe(const unsigned char *head, size_t n)
 {
     /* A checkpoint always holds entries, so an empty archive ("PK\5\6" first) is not one. */
     return n >= 4 && get_le32(head) == SIG_LOCAL;
+}
+
+const char *zip_first_name(const unsigned char *head, size_t n, size_t *len)
+{
+    if (!zip_probe(head, n) || n < LOCAL_LEN)
+        return NULL;
+    *len = get_le16(head + 26);
+    return n - LOCAL_LEN >= *len ? (const char *)head + LOCAL_LEN : NULL;
 }
 
 /* --- the end of the archive ------------------------------------------------------------ */
@@ -315,7 +328,7 @@ static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, siz
                        "differ: %llu bytes, %llu in the archive (central directory entry %zu at "
                        "offset %llu)", shown, name, (ull)size, (ull)csize, i, at);
     *e = (zip_entry){.name_len = (uint32_t)nlen, .method = method, .flags = flags,
-                     .data_offset = local, .size = size, .csize = csize};
+                     .crc = get_le32(h + 16), .data_offset = local, .size = size, .csize = csize};
     memmove(cd + *names, name, nlen);
     cd[*names + nlen] = 0;
     *names += nlen + 1;
@@ -571,4 +584,238 @@ void zip_free(zip_archive *z)
     free(z->names);
     free(z->slots);
     *z = (zip_archive){0};
+}
+
+/* --- deflated entries ------------------------------------------------------------------ */
+
+enum { IN_CHUNK = 64 << 10 }; /* compressed bytes per pread */
+
+/* The compressed input of one entry, fed to a z_stream in IN_CHUNK preads, never past the
+ * entry's compressed size. */
+typedef struct zin {
+    int fd;
+    const zip_inflated *zi;
+    uint64_t next;         /* compressed bytes of the entry read so far */
+    unsigned char buf[IN_CHUNK];
+} zin;
+
+/* Refills s from in when it has run dry. 0; 1 when it has and the entry's bytes are all
+ * consumed; -errno. */
+static int feed(z_stream *s, zin *in)
+{
+    if (s->avail_in)
+        return 0;
+    uint64_t left = in->zi->csize - in->next;
+    if (left == 0)
+        return 1;
+    size_t n = left < IN_CHUNK ? (size_t)left : IN_CHUNK;
+    int rc = ck_pread(in->fd, in->buf, n, in->zi->data_offset + in->next);
+    if (rc)
+        return rc;
+    in->next += n;
+    s->next_in = in->buf;
+    s->avail_in = (uInt)n;
+    return 0;
+}
+
+/* A seek point at the current position of the pass: ring holds the last ZIP_WINDOW bytes of
+ * output, the oldest at ring[ZIP_WINDOW - avail_out]. */
+static int add_point(zip_inflated *zi, const z_stream *s, uint64_t in, uint64_t out,
+                     const unsigned char *ring, zip_alloc_fn alloc, void *ctx)
+{
+    unsigned char *w = alloc(ctx, ZIP_WINDOW);
+    if (!w)
+        return -1;
+    size_t old = s->avail_out, young = ZIP_WINDOW - old;
+    memcpy(w, ring + young, old);
+    memcpy(w + old, ring, young);
+    zi->points[zi->npoints++] = (zip_point){.out = out, .in = in, .window = w,
+                                            .bits = (uint8_t)(s->data_type & 7)};
+    return 0;
+}
+
+/* Whether inflate(Z_BLOCK) stopped at the end of a block that is not the stream's last: the
+ * only places a seek point can be (zlib.h, inflate: data_type bits 7 and 6). */
+static int at_block_end(const z_stream *s)
+{
+    return (s->data_type & 128) && !(s->data_type & 64);
+}
+
+/* The pass itself (see zip.h); s is initialized, ring is ZIP_WINDOW zeroed bytes. */
+static int index_pass(z_stream *s, zin *in, const zip_entry *e, uint64_t span,
+                      unsigned char *head, size_t head_cap, unsigned char *ring,
+                      zip_alloc_fn alloc, void *ctx, zip_inflated *zi, const char *path,
+                      ck_error *err)
+{
+    uint64_t in_total = 0, out = 0, last = 0;
+    uLong crc = crc32(0, NULL, 0);
+    int ret = Z_OK;
+    while (ret != Z_STREAM_END) {
+        int dry = feed(s, in); /* dry: no input left, but inflate may hold some output */
+        if (dry < 0)
+            return ck_fail(err, path, "entry '%s': cannot read its compressed data: %s (offset "
+                           "%llu)", e->name, strerror(-dry), (ull)(e->data_offset + in->next));
+        if (s->avail_out == 0) {
+            s->next_out = ring;
+            s->avail_out = ZIP_WINDOW;
+        }
+        unsigned char *from = s->next_out;
+        uInt avail_in = s->avail_in;
+        ret = inflate(s, Z_BLOCK);
+        if (ret == Z_BUF_ERROR && dry)
+            return ck_fail(err, path, "entry '%s': deflate stream is truncated: its %llu "
+                           "compressed bytes end after %llu of %llu output bytes (offset %llu)",
+                           e->name, (ull)e->csize, (ull)out, (ull)e->size,
+                           (ull)e->data_offset);
+        if (ret != Z_OK && ret != Z_STREAM_END) /* Z_BUF_ERROR with input: no progress */
+            return ck_fail(err, path, "entry '%s': deflate stream is corrupt: %s (compressed "
+                           "byte %llu, output byte %llu)", e->name,
+                           ret == Z_MEM_ERROR ? "out of memory" : s->msg ? s->msg : "bad data",
+                           (ull)in_total, (ull)out);
+        size_t made = (size_t)(s->next_out - from);
+        in_total += avail_in - s->avail_in;
+        if (made > e->size - out)
+            return ck_fail(err, path, "entry '%s': deflate stream inflates past the %llu bytes "
+                           "the central directory declares (offset %llu)", e->name,
+                           (ull)e->size, (ull)e->data_offset);
+        if (out < head_cap)
+            memcpy(head + out, from, made < head_cap - out ? made : (size_t)(head_cap - out));
+        crc = crc32(crc, from, (uInt)made);
+        out += made;
+        if (ret != Z_STREAM_END && at_block_end(s) && out - last >= span) {
+            if (add_point(zi, s, in_total, out, ring, alloc, ctx))
+                return ck_fail(err, path, "entry '%s': out of memory for its seek points",
+                               e->name);
+            last = out;
+        }
+    }
+    if (out != e->size)
+        return ck_fail(err, path, "entry '%s': deflate stream ends after %llu bytes, the central "
+                       "directory declares %llu (offset %llu)", e->name, (ull)out, (ull)e->size,
+                       (ull)e->data_offset);
+    if (in_total != e->csize)
+        return ck_fail(err, path, "entry '%s': deflate stream ends after %llu of its %llu "
+                       "compressed bytes (offset %llu)", e->name, (ull)in_total, (ull)e->csize,
+                       (ull)e->data_offset);
+    if ((uint32_t)crc != e->crc)
+        return ck_fail(err, path, "entry '%s': CRC-32 of the inflated bytes is 0x%08x, the "
+                       "central directory says 0x%08x (offset %llu)", e->name, (unsigned)crc,
+                       (unsigned)e->crc, (ull)e->data_offset);
+    return 0;
+}
+
+int zip_inflate_index(int fd, const zip_entry *e, uint64_t span, unsigned char *head,
+                      size_t head_cap, zip_alloc_fn alloc, void *ctx, zip_inflated *zi,
+                      const char *path, ck_error *err)
+{
+    uint64_t most;
+    if (!__builtin_mul_overflow(e->csize, (uint64_t)ZIP_MAX_RATIO, &most) && e->size > most)
+        return ck_fail(err, path, "entry '%s' declares %llu bytes from %llu compressed, more "
+                       "than deflate can produce (%u to 1): a zip bomb, or a lie (offset %llu)",
+                       e->name, (ull)e->size, (ull)e->csize, ZIP_MAX_RATIO,
+                       (ull)e->data_offset);
+    /* Points lie at least span output bytes apart, so this many always have room. */
+    size_t room = (size_t)(e->size / (span ? span : 1) + 1);
+    *zi = (zip_inflated){.data_offset = e->data_offset, .csize = e->csize, .size = e->size,
+                         .points = alloc(ctx, room * sizeof *zi->points)};
+    zin *in = malloc(sizeof *in);
+    unsigned char *ring = calloc(1, ZIP_WINDOW);
+    z_stream s = {0};
+    int zrc = in && ring && zi->points ? inflateInit2(&s, -15) : Z_MEM_ERROR;
+    int rc;
+    if (zrc != Z_OK) {
+        rc = ck_fail(err, path, "entry '%s': out of memory to inflate it", e->name);
+    } else {
+        *in = (zin){.fd = fd, .zi = zi};
+        zi->points[zi->npoints++] = (zip_point){0};
+        rc = index_pass(&s, in, e, span ? span : 1, head, head_cap, ring, alloc, ctx, zi, path,
+                        err);
+        inflateEnd(&s);
+    }
+    free(in);
+    free(ring);
+    return rc;
+}
+
+/* The last seek point at or before output offset off. */
+static const zip_point *point_before(const zip_inflated *zi, uint64_t off)
+{
+    size_t lo = 0, hi = zi->npoints; /* points[0].out == 0 <= off */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (zi->points[mid].out <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &zi->points[lo];
+}
+
+/* Positions s at point p: the partial byte's bits primed, the window as dictionary. */
+static int start_at(z_stream *s, zin *in, const zip_point *p)
+{
+    in->next = p->in - (p->bits ? 1 : 0);
+    if (p->bits) {
+        unsigned char c;
+        int rc = ck_pread(in->fd, &c, 1, in->zi->data_offset + in->next);
+        if (rc)
+            return rc;
+        in->next++;
+        if (inflatePrime(s, p->bits, c >> (8 - p->bits)) != Z_OK)
+            return -EIO;
+    }
+    if (p->window && inflateSetDictionary(s, p->window, ZIP_WINDOW) != Z_OK)
+        return -EIO;
+    return 0;
+}
+
+/* Decodes len bytes into out (NULL: thrown away, through scratch). 0 or -errno. */
+static int inflate_into(z_stream *s, zin *in, unsigned char *out, uint64_t len,
+                        unsigned char *scratch)
+{
+    while (len) {
+        int dry = feed(s, in);
+        if (dry < 0)
+            return dry;
+        uInt n = len < UINT_MAX ? (uInt)len : UINT_MAX;
+        if (!out && n > ZIP_WINDOW)
+            n = ZIP_WINDOW;
+        s->next_out = out ? out : scratch;
+        s->avail_out = n;
+        int ret = inflate(s, Z_NO_FLUSH);
+        uInt made = n - s->avail_out;
+        if (ret != Z_OK && !(ret == Z_STREAM_END && made == len))
+            return -EIO; /* corrupt, ended early, or cut short: not the stream the pass saw */
+        len -= made;
+        if (out)
+            out += made;
+    }
+    return 0;
+}
+
+int zip_inflate_read(int fd, const zip_inflated *zi, void *buf, size_t len, uint64_t off)
+{
+    if (off > zi->size || len > zi->size - off)
+        return -EIO;
+    if (len == 0)
+        return 0;
+    const zip_point *p = point_before(zi, off);
+    zin *in = malloc(sizeof *in);
+    unsigned char *scratch = malloc(ZIP_WINDOW);
+    z_stream s = {0};
+    if (!in || !scratch || inflateInit2(&s, -15) != Z_OK) {
+        free(in);
+        free(scratch);
+        return -ENOMEM;
+    }
+    *in = (zin){.fd = fd, .zi = zi};
+    int rc = start_at(&s, in, p);
+    if (rc == 0)
+        rc = inflate_into(&s, in, NULL, off - p->out, scratch);
+    if (rc == 0)
+        rc = inflate_into(&s, in, buf, len, scratch);
+    inflateEnd(&s);
+    free(in);
+    free(scratch);
+    return rc;
 }

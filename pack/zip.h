@@ -8,7 +8,8 @@
  * headers at most a page apart in one read (a checkpoint of small tensors needs a few reads, not
  * one per tensor), never the tensor data between headers further apart.
  * Every count, size and offset is checked against the file size; a lie is an error naming the
- * entry. CRCs are not checked (torch may write 0). The archive and its names are only data.
+ * entry. A stored entry's CRC is not checked (torch may write 0); a deflated entry's is, by the
+ * one pass zip_inflate_index makes over it. The archive and its names are only data.
  */
 #ifndef CK_ZIP_H
 #define CK_ZIP_H
@@ -25,6 +26,7 @@ typedef struct zip_entry {
     uint32_t name_len;
     uint16_t method;       /* 0 stored, 8 deflate, ... */
     uint16_t flags;        /* general purpose bit flags */
+    uint32_t crc;          /* CRC-32 of the uncompressed bytes, as the central directory says */
     uint64_t data_offset;  /* first byte of the entry's (possibly compressed) data */
     uint64_t size;         /* uncompressed bytes */
     uint64_t csize;        /* bytes in the archive */
@@ -45,6 +47,11 @@ typedef struct zip_archive {
 /* True when head (the first n bytes of a file) can start a zip archive ("PK\3\4"). */
 int zip_probe(const unsigned char *head, size_t n);
 
+/* The name of the first local header in head (the first n bytes of a file), *len bytes, not
+ * NUL-terminated; NULL when head does not start a zip archive or ends before the name does.
+ * Only a hint for telling kinds of archive apart: zip_read_directory is what is trusted. */
+const char *zip_first_name(const unsigned char *head, size_t n, size_t *len);
+
 /* Reads the directory of the archive open at fd (file_size bytes; path is for messages). On
  * failure returns -1 with err set and *z empty. */
 int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive *z,
@@ -56,5 +63,54 @@ int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive
 const zip_entry *zip_find(const zip_archive *z, const char *name, size_t len);
 
 void zip_free(zip_archive *z);
+
+/* --- deflated entries: random access through seek points --------------------------------- *
+ *
+ * A deflate stream can only be decoded from its start, unless the decoder's state at a block
+ * boundary is kept: the bit position in the compressed bytes and the last 32 KiB of output (the
+ * window back-references may reach). zip_inflate_index makes one pass over an entry's stream
+ * and keeps such a seek point at the first block boundary past every `span` bytes of output
+ * (and one at the start), the way zlib's examples/zran.c does; zip_inflate_read then decodes a
+ * range from the last seek point at or before it. So a read costs at most one span (plus the
+ * rest of one deflate block) of decoding before its first byte, and the points cost 32 KiB per
+ * span of output: ZIP_SEEK_SPAN = 1 MiB gives 32 MiB of windows per GiB of output.
+ *
+ * The pass checks the stream entirely: it must decode without error to exactly the size the
+ * central directory declares, end exactly at the entry's compressed size, and match its CRC-32.
+ * Its output is never kept (beyond the first head_cap bytes the caller asks for). An entry that
+ * declares more output than deflate can produce from its compressed size (ZIP_MAX_RATIO to 1)
+ * is refused before any decoding, so the pass's time and the points' memory are bounded by the
+ * compressed size: no zip bomb can make it run away. */
+#define ZIP_SEEK_SPAN (1u << 20)
+#define ZIP_WINDOW 32768u
+#define ZIP_MAX_RATIO 1032u /* deflate's limit: a 258-byte match costs at least 2 bits */
+
+typedef struct zip_point {
+    uint64_t out;                 /* output bytes before this point */
+    uint64_t in;                  /* compressed bytes consumed, partly when bits != 0 */
+    const unsigned char *window;  /* the ZIP_WINDOW bytes before `out`; NULL at the start */
+    uint8_t bits;                 /* bits of byte in-1 still unread */
+} zip_point;
+
+typedef struct zip_inflated {
+    uint64_t data_offset, csize, size; /* the entry's compressed bytes, its output size */
+    uint64_t skip;                     /* the caller's: output bytes before what it serves */
+    zip_point *points;                 /* by increasing out; points[0] is the start */
+    size_t npoints;
+} zip_inflated;
+
+/* Memory for the seek points, living as long as they are used (an index's arena). */
+typedef void *(*zip_alloc_fn)(void *ctx, size_t n);
+
+/* The seek points of deflated entry e (method 8) of the archive open at fd, every `span` output
+ * bytes, into *zi (memory from alloc), and the first min(head_cap, e->size) output bytes into
+ * head. On failure returns -1 with err naming the entry and what is wrong. */
+int zip_inflate_index(int fd, const zip_entry *e, uint64_t span, unsigned char *head,
+                      size_t head_cap, zip_alloc_fn alloc, void *ctx, zip_inflated *zi,
+                      const char *path, ck_error *err);
+
+/* Output bytes [off, off+len) of the entry zi describes, into buf (off + len <= zi->size).
+ * 0, or -errno: -EIO when the stream no longer decodes as the pass saw it (a changed file). */
+int zip_inflate_read(int fd, const zip_inflated *zi, void *buf, size_t len, uint64_t off);
 
 #endif

@@ -20,9 +20,11 @@ import shutil
 import struct
 import tempfile
 import zipfile
+import zlib
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -117,6 +119,141 @@ def assert_refused_everywhere(src, base, uid=None, bins=None):
         for d in (mnt, out, cwd):
             shutil.rmtree(d, ignore_errors=True)
     return lines
+
+
+# --- NumPy: .npy headers and .npz archives, by hand --------------------------------------------
+
+def npy_bytes(header_text=None, data=None, version=1, hlen=None):
+    """An .npy file: magic, version, header length (hlen: a lie), header text, data. The
+    defaults are a valid <f4 (2, 3) array, so each case changes one thing."""
+    if header_text is None:
+        header_text = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
+    text = header_text.encode()
+    pre = 10 if version == 1 else 12
+    text += b" " * (-(pre + len(text) + 1) % 64) + b"\n"
+    size = struct.pack("<H" if version == 1 else "<I", len(text) if hlen is None else hlen)
+    data = struct.pack("<6f", *range(6)) if data is None else data
+    return b"\x93NUMPY" + bytes([version, 0]) + size + text + data
+
+
+def zip_of(members):
+    """A zip of members [{name, raw (the bytes stored), method, size, crc, at}], every field
+    but name and raw defaulting to the honest value; `at` points the central directory at
+    another member's local header (an overlap)."""
+    out, central, offsets = bytearray(), bytearray(), []
+    for m in members:
+        name, raw = m["name"].encode(), m["raw"]
+        method, size = m.get("method", 0), m.get("size", len(raw))
+        crc = m.get("crc", zlib.crc32(m.get("plain", raw)))
+        offsets.append(len(out))
+        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0, crc, len(raw),
+                           size, len(name), 0) + name + raw
+        at = offsets[m["at"]] if "at" in m else offsets[-1]
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, method, 0, 0, crc,
+                               len(raw), size, len(name), 0, 0, 0, 0, 0, at) + name
+    cd_at = len(out)
+    out += central + struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(members), len(members),
+                                 len(central), cd_at, 0)
+    return bytes(out)
+
+
+def deflate(data):
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    return c.compress(data) + c.flush()
+
+
+def deflated_member(name, plain, **kw):
+    return dict(name=name, raw=deflate(plain), method=8, size=len(plain), plain=plain, **kw)
+
+
+BIG_NPY = npy_bytes("{'descr': '<i4', 'fortran_order': False, 'shape': (1000000,), }",
+                    struct.pack("<1000000i", *range(1000000)))
+BIG_DEFLATED = deflate(BIG_NPY)
+
+
+def numpy_file(data, name):
+    """A case: writes data to tmp/name and returns the path."""
+    def build(tmp):
+        (tmp / name).write_bytes(data)
+        return tmp / name
+    return build
+
+
+def npy_case(header=None, **kw):
+    return numpy_file(npy_bytes(header, **kw), "x.npy")
+
+
+def npz_case(*members):
+    return numpy_file(zip_of(list(members)), "x.npz")
+
+
+SHAPE = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }"
+NPY_CASES = {
+    "npy-truncated-data": npy_case(data=b"\0" * 20),
+    "npy-trailing-bytes": npy_case(data=b"\0" * 28),
+    "npy-header-length-past-end": npy_case(hlen=5000),
+    "npy-header-over-limit": npy_case(version=2, hlen=10 ** 6),
+    "npy-version-4": npy_case(version=4),
+    "npy-cut-in-preamble": numpy_file(b"\x93NUMPY\x01", "x.npy"),
+    "npy-keys-reordered": npy_case("{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4', }"),
+    "npy-extra-key": npy_case("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), "
+                              "'x': 1, }"),
+    "npy-no-newline": numpy_file(npy_bytes()[:-25] + b" " + npy_bytes()[-24:], "x.npy"),
+    "npy-negative-dim": npy_case(SHAPE % "(-2, 3)"),
+    "npy-leading-zero": npy_case(SHAPE % "(02, 3)"),
+    "npy-dim-over-int64": npy_case(SHAPE % "(9223372036854775808, 1)"),
+    "npy-shape-overflows": npy_case(SHAPE % "(4294967296, 4294967296, 4)"),
+    "npy-rank-65": npy_case(SHAPE % ("(" + ", ".join(["1"] * 65) + ")")),
+    "npy-one-dim-no-comma": npy_case(SHAPE % "(6)"),
+    "npy-fortran-maybe": npy_case("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2, 3), }"),
+    "npy-descr-unterminated": npy_case("{'descr': '<f4, 'fortran_order': False, 'shape': (6,), }"),
+    "npy-nul-in-header": npy_case("{'descr': '<f4', 'fortran_order': False,\0'shape': (6,), }"),
+    "npz-truncated-deflate": npz_case(dict(deflated_member("a.npy", BIG_NPY),
+                                           raw=BIG_DEFLATED[:len(BIG_DEFLATED) // 2])),
+    "npz-corrupt-deflate": npz_case(dict(deflated_member("a.npy", BIG_NPY), raw=(
+        BIG_DEFLATED[:len(BIG_DEFLATED) // 2] + b"\xff" * 64 +
+        BIG_DEFLATED[len(BIG_DEFLATED) // 2 + 64:]))),
+    "npz-bomb-declares-beyond-ratio": npz_case(dict(deflated_member("a.npy", npy_bytes()),
+                                                    size=0xFFFFFFF0)),
+    "npz-bomb-inflates-past-size": npz_case(dict(
+        deflated_member("a.npy", npy_bytes(data=b"\0" * 24) + b"\0" * (64 << 20)),
+        size=len(npy_bytes()))),
+    "npz-deflate-ends-early": npz_case(dict(deflated_member("a.npy", npy_bytes()),
+                                            size=len(npy_bytes()) + 24)),
+    "npz-deflate-bad-crc": npz_case(dict(deflated_member("a.npy", npy_bytes()), crc=1234)),
+    "npz-deflate-junk-after-stream": npz_case(dict(
+        deflated_member("a.npy", npy_bytes()), raw=deflate(npy_bytes()) + b"junk")),
+    "npz-stored-size-lies": npz_case(dict(name="a.npy", raw=npy_bytes(), size=10 ** 9)),
+    "npz-member-truncated-array": npz_case(dict(name="a.npy", raw=npy_bytes(data=b"\0" * 8))),
+    "npz-bad-header-in-member": npz_case(dict(name="a.npy", raw=npy_bytes(SHAPE % "(2,3)"))),
+    "npz-overlapping-members": npz_case(dict(name="a.npy", raw=npy_bytes()),
+                                        dict(name="b.npy", raw=npy_bytes(), at=0)),
+    "npz-method-bzip2": npz_case(dict(name="a.npy", raw=npy_bytes(), method=12)),
+    "npz-not-npy-member": npz_case(dict(name="a.npy", raw=npy_bytes()),
+                                   dict(name="b.txt", raw=b"hello")),
+    "npz-deflated-fortran": npz_case(deflated_member("a.npy", npy_bytes(
+        "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }"))),
+    "npz-member-is-pickle": npz_case(dict(name="a.npy", raw=npy_bytes(
+        "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", data=pickle.dumps([1])))),
+}
+
+
+def test_npz_builder_makes_valid_archives(tmp_path, mount):
+    """zip_of and npy_bytes are right: np.load and ckptfs read their honest output."""
+    src = numpy_file(zip_of([dict(name="a.npy", raw=npy_bytes()),
+                             deflated_member("b/c.npy", BIG_NPY)]), "ok.npz")(tmp_path)
+    with np.load(src) as z:
+        want = {k: np.ascontiguousarray(z[k]).tobytes() for k in z.files}
+    assert want["a"] == struct.pack("<6f", *range(6))
+    with mount(src) as m:
+        index = read_index(m)
+        assert {t["name"]: (m / t["path"]).read_bytes() for t in index["tensors"]} == want
+
+
+@pytest.mark.parametrize("case", sorted(NPY_CASES))
+def test_hostile_numpy(tmp_path, fuse, case):
+    src = NPY_CASES[case](tmp_path)
+    assert_refused_everywhere(src, tmp_path)
 
 
 # --- pickle bytes, by hand -------------------------------------------------------------------

@@ -1,0 +1,403 @@
+/* npy.c — NumPy .npy files and .npz archives; see npy.h.
+ *
+ * The header is a Python dict literal, but numpy writes it one way only (format.py,
+ * _wrap_header: the keys sorted, repr() of each value, ", " after each, then spaces and a
+ * newline), so it is matched as that text, byte by byte, not evaluated: whatever differs is
+ * refused with the offset where it does.
+ */
+#include "npy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytes.h"
+#include "zip.h"
+
+typedef unsigned long long ull;
+
+static const unsigned char MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+
+int npy_probe(const unsigned char *head, size_t n)
+{
+    return n >= sizeof MAGIC && memcmp(head, MAGIC, sizeof MAGIC) == 0;
+}
+
+/* Whether name (len bytes) is an .npy member's: what np.savez writes, "KEY.npy". */
+static int npy_member(const char *name, size_t len)
+{
+    return len >= 4 && memcmp(name + len - 4, ".npy", 4) == 0;
+}
+
+int npz_probe(const unsigned char *head, size_t n)
+{
+    size_t len;
+    const char *first = zip_first_name(head, n, &len);
+    return first && npy_member(first, len);
+}
+
+/* --- the header ------------------------------------------------------------------------ */
+
+/* The descrs numpy writes for the dtypes we have: '|' for one-byte types, '<' for the rest. */
+static const struct {
+    const char *descr;
+    enum ck_dtype dtype;
+} DESCRS[] = {
+    {"<f2", CK_F16}, {"<f4", CK_F32}, {"<f8", CK_F64}, {"|i1", CK_I8},   {"<i2", CK_I16},
+    {"<i4", CK_I32}, {"<i8", CK_I64}, {"|u1", CK_U8},  {"<u2", CK_U16},  {"<u4", CK_U32},
+    {"<u8", CK_U64}, {"|b1", CK_BOOL}, {"<c8", CK_C64}, {"<c16", CK_C128},
+};
+
+/* A cursor over the header text; every failure says where, as an offset in the file. */
+typedef struct hp {
+    const unsigned char *p;
+    size_t pos, end;
+    uint64_t at;       /* file offset of p[0] */
+    const char *path, *what;
+    ck_error *err;
+} hp;
+
+static int bad(hp *h, const char *expected)
+{
+    size_t n = h->end - h->pos < 16 ? h->end - h->pos : 16;
+    char seen[16 * 4 + 1];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = h->p[h->pos + i];
+        k += (size_t)(c >= 0x20 && c < 0x7f && c != '\\'
+                          ? snprintf(seen + k, sizeof seen - k, "%c", c)
+                          : snprintf(seen + k, sizeof seen - k, "\\x%02x", c));
+    }
+    seen[k] = 0;
+    return ck_fail(h->err, h->path, "%sheader: expected %s, found \"%s\"%s (offset %llu)",
+                   h->what, expected, seen, h->pos == h->end ? "(end of header)" : "",
+                   (ull)(h->at + h->pos));
+}
+
+/* Consumes the literal s, or fails saying it was expected. */
+static int lit(hp *h, const char *s)
+{
+    size_t n = strlen(s);
+    if (h->end - h->pos < n || memcmp(h->p + h->pos, s, n) != 0) {
+        char want[64];
+        snprintf(want, sizeof want, "\"%s\"", s);
+        return bad(h, want);
+    }
+    h->pos += n;
+    return 0;
+}
+
+static int refuse_descr(hp *h, const char *d, size_t n)
+{
+    const char *why;
+    char k = n > 1 ? d[1] : 0;
+    if (n == 2 && d[1] == 'O')
+        why = "is an object array: it holds pickled Python objects, which np.load refuses "
+              "without allow_pickle=True, and ckptfs never unpickles";
+    else if (d[0] == '>')
+        why = "is big-endian, which is not supported (save it as little-endian: "
+              "a.astype(a.dtype.newbyteorder('<')))";
+    else if (k == 'S' || k == 'U' || k == 'a')
+        why = "is a string dtype, not a tensor";
+    else if (k == 'M' || k == 'm')
+        why = "is a datetime or timedelta dtype, not a tensor";
+    else if (k == 'V')
+        why = "is a void (raw bytes) dtype, not a tensor";
+    else
+        why = "is not a dtype ckptfs knows";
+    return ck_fail(h->err, h->path, "%sdescr '%.*s' %s (offset %llu)", h->what, (int)n, d, why,
+                   (ull)(h->at + h->pos));
+}
+
+/* 'descr': a quoted simple type string. A list is a structured dtype. */
+static int parse_descr(hp *h, npy_header *out)
+{
+    if (h->pos < h->end && h->p[h->pos] == '[')
+        return ck_fail(h->err, h->path, "%sdescr is a list of fields: structured dtypes are "
+                       "not supported (offset %llu)", h->what, (ull)(h->at + h->pos));
+    if (lit(h, "'"))
+        return -1;
+    const char *d = (const char *)h->p + h->pos;
+    size_t n = 0;
+    while (h->pos + n < h->end && n <= 32 && d[n] != '\'' && d[n] >= 0x20 && d[n] < 0x7f)
+        n++;
+    if (h->pos + n == h->end || d[n] != '\'' || n == 0) {
+        h->pos += n;
+        return bad(h, "a quoted descr of at most 32 printable characters");
+    }
+    for (size_t i = 0; i < sizeof DESCRS / sizeof *DESCRS; i++)
+        if (strlen(DESCRS[i].descr) == n && memcmp(DESCRS[i].descr, d, n) == 0) {
+            out->dtype = (uint8_t)DESCRS[i].dtype;
+            h->pos += n + 1;
+            return 0;
+        }
+    return refuse_descr(h, d, n);
+}
+
+/* One dimension: decimal, no sign, no leading zero, at most INT64_MAX. */
+static int parse_dim(hp *h, int64_t *dim)
+{
+    size_t start = h->pos;
+    uint64_t v = 0;
+    while (h->pos < h->end && h->p[h->pos] >= '0' && h->p[h->pos] <= '9') {
+        if (h->pos > start && v == 0)
+            return h->pos = start, bad(h, "a dimension without leading zeros");
+        if (v > ((uint64_t)INT64_MAX - (h->p[h->pos] - '0')) / 10)
+            return h->pos = start, bad(h, "a dimension of at most 2^63-1");
+        v = v * 10 + (uint64_t)(h->p[h->pos++] - '0');
+    }
+    if (h->pos == start)
+        return bad(h, "a dimension");
+    *dim = (int64_t)v;
+    return 0;
+}
+
+/* 'shape': repr() of a tuple of ints: "()", "(5,)", "(2, 3)". */
+static int parse_shape(hp *h, npy_header *out)
+{
+    if (lit(h, "("))
+        return -1;
+    out->rank = 0;
+    if (h->pos < h->end && h->p[h->pos] == ')')
+        return h->pos++, 0;
+    for (;;) {
+        if (out->rank == CK_MAX_RANK)
+            return ck_fail(h->err, h->path, "%sshape has more than %d dimensions (offset %llu)",
+                           h->what, CK_MAX_RANK, (ull)(h->at + h->pos));
+        if (parse_dim(h, &out->shape[out->rank++]))
+            return -1;
+        if (out->rank == 1 ? lit(h, ",") : 0)
+            return -1;
+        if (h->pos < h->end && h->p[h->pos] == ')')
+            return h->pos++, 0;
+        if (lit(h, out->rank == 1 ? " " : ", "))
+            return -1;
+    }
+}
+
+/* The magic, the version and the header length: *text and *len locate the header text. */
+static int parse_preamble(const unsigned char *p, size_t n, npy_header *out, size_t *text,
+                          size_t *len, const char *path, const char *what, uint64_t at,
+                          ck_error *err)
+{
+    if (!npy_probe(p, n))
+        return ck_fail(err, path, "%snot an .npy file: no \\x93NUMPY magic (offset %llu)", what,
+                       (ull)at);
+    if (n < 10)
+        return ck_fail(err, path, "%s.npy header is cut short after %zu bytes (offset %llu)",
+                       what, n, (ull)at);
+    out->major = p[6];
+    if ((p[6] != 1 && p[6] != 2 && p[6] != 3) || p[7] != 0)
+        return ck_fail(err, path, "%s.npy format version %u.%u is not 1.0, 2.0 or 3.0 (offset "
+                       "%llu)", what, p[6], p[7], (ull)(at + 6));
+    if (p[6] > 1 && n < 12)
+        return ck_fail(err, path, "%s.npy header is cut short after %zu bytes (offset %llu)",
+                       what, n, (ull)at);
+    *text = p[6] == 1 ? 10 : 12;
+    uint64_t hl = p[6] == 1 ? get_le16(p + 8) : get_le32(p + 8);
+    if (hl > NPY_MAX_HEADER)
+        return ck_fail(err, path, "%s.npy header claims %llu bytes, more than the %u np.load "
+                       "accepts (offset %llu)", what, (ull)hl, NPY_MAX_HEADER, (ull)(at + 8));
+    if (hl > n - *text)
+        return ck_fail(err, path, "%s.npy header claims %llu bytes, but only %zu follow "
+                       "(offset %llu)", what, (ull)hl, n - *text, (ull)(at + 8));
+    *len = (size_t)hl;
+    return 0;
+}
+
+int npy_parse_header(const unsigned char *p, size_t n, npy_header *out, const char *path,
+                     const char *what, uint64_t at, ck_error *err)
+{
+    size_t text = 0, len = 0;
+    *out = (npy_header){0};
+    if (parse_preamble(p, n, out, &text, &len, path, what, at, err))
+        return -1;
+    hp h = {.p = p, .pos = text, .end = text + len, .at = at, .path = path, .what = what,
+            .err = err};
+    if (lit(&h, "{'descr': ") || parse_descr(&h, out) || lit(&h, ", 'fortran_order': "))
+        return -1;
+    if (h.end - h.pos >= 4 && memcmp(p + h.pos, "True", 4) == 0)
+        out->fortran = 1, h.pos += 4;
+    else if (lit(&h, "False"))
+        return -1;
+    if (lit(&h, ", 'shape': ") || parse_shape(&h, out) || lit(&h, ", }"))
+        return -1;
+    while (h.pos + 1 < h.end && p[h.pos] == ' ')
+        h.pos++;
+    if (h.pos + 1 != h.end || p[h.pos] != '\n')
+        return bad(&h, "spaces, then a newline ending the header");
+    if (ck_tensor_nbytes(out->rank, out->shape, out->dtype, &out->nbytes))
+        return ck_fail(err, path, "%sshape's size in bytes overflows 64 bits (offset %llu)",
+                       what, (ull)(at + text));
+    out->data_offset = text + len;
+    return 0;
+}
+
+/* --- entries --------------------------------------------------------------------------- */
+
+/* Appends the array h describes under name. Its bytes: at file offset `data` (contiguous, or
+ * gathered column-major when Fortran-ordered), or the output of zi past its header. */
+static int add_array(ck_index *ix, const char *name, size_t len, const npy_header *h,
+                     uint32_t file, uint64_t data, const zip_inflated *zi, ck_error *err)
+{
+    int64_t dims[2 * CK_MAX_RANK];
+    memcpy(dims, h->shape, h->rank * sizeof *dims);
+    /* A Fortran-ordered array of rank < 2 or no elements is laid out as a C-ordered one. */
+    int strided = h->fortran && h->rank > 1 && h->nbytes > 0;
+    uint8_t layout = zi ? CK_DEFLATED : strided ? CK_STRIDED : CK_CONTIGUOUS;
+    if (strided) { /* column-major: the first index varies fastest */
+        int64_t step = 1;
+        for (unsigned d = 0; d < h->rank; d++) {
+            dims[h->rank + d] = step;
+            step *= h->shape[d]; /* the product of all of them fits: nbytes did */
+        }
+    }
+    ck_entry *e = ck_index_add_entry(ix, name, len, layout, h->rank, dims, err);
+    if (!e)
+        return -1;
+    e->dtype = h->dtype;
+    e->nbytes = h->nbytes;
+    e->ext = (ck_extent){.offset = zi ? zi->data_offset : data,
+                         .length = zi ? zi->csize : h->nbytes, .file = file};
+    if (zi)
+        e->deflated = zi;
+    return 0;
+}
+
+/* The data must fill what follows the header exactly. */
+static int check_fill(const npy_header *h, uint64_t have, const char *path, const char *what,
+                      uint64_t at, ck_error *err)
+{
+    if (have - h->data_offset == h->nbytes)
+        return 0;
+    if (have - h->data_offset < h->nbytes)
+        return ck_fail(err, path, "%sthe header promises %llu bytes of data, only %llu follow "
+                       "it: truncated (offset %llu)", what, (ull)h->nbytes,
+                       (ull)(have - h->data_offset), (ull)(at + h->data_offset));
+    return ck_fail(err, path, "%s%llu bytes follow the %llu bytes of data the header promises "
+                   "(several arrays saved to one file?) (offset %llu)", what,
+                   (ull)(have - h->data_offset - h->nbytes), (ull)h->nbytes,
+                   (ull)(at + h->data_offset + h->nbytes));
+}
+
+/* Reads and parses the header of the .npy that starts at file offset at and is size bytes. */
+static int read_header(const ck_index *ix, uint32_t file, uint64_t at, uint64_t size,
+                       npy_header *h, const char *what, ck_error *err)
+{
+    unsigned char buf[NPY_PREAMBLE_MAX + NPY_MAX_HEADER];
+    const ck_file *f = &ix->files[file];
+    size_t n = size < sizeof buf ? (size_t)size : sizeof buf;
+    int rc = ck_pread(f->fd, buf, n, at);
+    if (rc)
+        return ck_fail(err, f->path, "%scannot read the header: %s (offset %llu)", what,
+                       strerror(-rc), (ull)at);
+    if (npy_parse_header(buf, n, h, f->path, what, at, err))
+        return -1;
+    return check_fill(h, size, f->path, what, at, err);
+}
+
+int npy_read_file(ck_index *ix, uint32_t file, ck_error *err)
+{
+    npy_header h;
+    if (read_header(ix, file, 0, ix->files[file].size, &h, "", err))
+        return -1;
+    return add_array(ix, "", 0, &h, file, h.data_offset, NULL, err);
+}
+
+/* --- .npz ------------------------------------------------------------------------------ */
+
+static void *arena_alloc(void *ix, size_t n)
+{
+    return ck_index_alloc(ix, n);
+}
+
+/* A deflated member: one pass for its seek points and its header, which must describe all
+ * of the member's output. */
+static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const char *what,
+                        ck_error *err)
+{
+    const ck_file *f = &ix->files[file];
+    unsigned char head[NPY_PREAMBLE_MAX + NPY_MAX_HEADER];
+    zip_inflated *zi = ck_index_alloc(ix, sizeof *zi);
+    if (!zi)
+        return ck_fail(err, f->path, "%sout of memory", what);
+    if (zip_inflate_index(f->fd, ze, ZIP_SEEK_SPAN, head, sizeof head, arena_alloc, ix, zi,
+                          f->path, err))
+        return -1;
+    npy_header h;
+    size_t n = ze->size < sizeof head ? (size_t)ze->size : sizeof head;
+    if (npy_parse_header(head, n, &h, f->path, what, 0, err) ||
+        check_fill(&h, ze->size, f->path, what, 0, err))
+        return -1;
+    if (h.fortran && h.rank > 1 && h.nbytes > 0)
+        return ck_fail(err, f->path, "%sa Fortran-ordered array in a compressed member is not "
+                       "supported (save it with np.savez, or as np.ascontiguousarray)", what);
+    zi->skip = h.data_offset;
+    return add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, err);
+}
+
+static int add_member(ck_index *ix, uint32_t file, const zip_entry *ze, ck_error *err)
+{
+    const char *path = ix->files[file].path;
+    char what[300];
+    snprintf(what, sizeof what, "member '%.*s': ", ze->name_len < 200 ? (int)ze->name_len : 200,
+             ze->name);
+    if (!npy_member(ze->name, ze->name_len))
+        return ck_fail(err, path, "%snot an .npy file: an .npz holds only KEY.npy members (as "
+                       "np.savez writes)", what);
+    size_t bad_at = ck_utf8_invalid_at((const unsigned char *)ze->name, ze->name_len);
+    if (bad_at < ze->name_len)
+        return ck_fail(err, path, "%sname is not valid UTF-8 (byte %zu)", what, bad_at);
+    if (ze->method == 8)
+        return add_deflated(ix, file, ze, what, err);
+    if (ze->method != 0)
+        return ck_fail(err, path, "%scompression method %u is not supported: only stored (0) "
+                       "and deflated (8) members are (offset %llu)", what, ze->method,
+                       (ull)ze->data_offset);
+    npy_header h;
+    if (read_header(ix, file, ze->data_offset, ze->size, &h, what, err))
+        return -1;
+    return add_array(ix, ze->name, ze->name_len - 4, &h, file, ze->data_offset + h.data_offset,
+                     NULL, err);
+}
+
+static int by_data(const void *x, const void *y)
+{
+    const zip_entry *a = *(const zip_entry *const *)x, *b = *(const zip_entry *const *)y;
+    return (a->data_offset > b->data_offset) - (a->data_offset < b->data_offset);
+}
+
+/* Members whose bytes overlap are refused: one compressed stream counted twice is how zip
+ * bombs multiply themselves, and a tensor is never another's bytes in np.savez's output. */
+static int check_overlaps(const zip_archive *z, const char *path, ck_error *err)
+{
+    const zip_entry **order = malloc(z->nentries * sizeof *order);
+    if (!order)
+        return ck_fail(err, path, "out of memory");
+    for (size_t i = 0; i < z->nentries; i++)
+        order[i] = &z->entries[i];
+    qsort(order, z->nentries, sizeof *order, by_data);
+    int rc = 0;
+    for (size_t i = 1; i < z->nentries && rc == 0; i++)
+        if (order[i]->data_offset - order[i - 1]->data_offset < order[i - 1]->csize ||
+            order[i]->data_offset == order[i - 1]->data_offset)
+            rc = ck_fail(err, path, "members '%s' and '%s' overlap (data at offsets %llu and "
+                         "%llu)", order[i - 1]->name, order[i]->name,
+                         (ull)order[i - 1]->data_offset, (ull)order[i]->data_offset);
+    free(order);
+    return rc;
+}
+
+int npz_read_file(ck_index *ix, uint32_t file, ck_error *err)
+{
+    const ck_file *f = &ix->files[file];
+    zip_archive z;
+    if (zip_read_directory(f->fd, f->size, f->path, &z, err) != 0)
+        return -1;
+    int rc = z.nentries ? check_overlaps(&z, f->path, err)
+                        : ck_fail(err, f->path, "empty zip archive");
+    for (size_t i = 0; i < z.nentries && rc == 0; i++)
+        rc = add_member(ix, file, &z.entries[i], err);
+    zip_free(&z);
+    return rc;
+}

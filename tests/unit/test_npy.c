@@ -1,0 +1,350 @@
+/* NumPy files: the .npy header parser on headers numpy itself writes (every dtype we share,
+ * every version, 0-d to rank 5, both orders) and on each way a header can differ from numpy's
+ * form; .npz archives opened whole and read back against numpy's bytes; and the deflated
+ * entries' seek points (zip.h) on streams zlib's own deflate writes, read at every kind of
+ * offset, with the points' count bounded by the span. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "../../pack/npy.h"
+#include "../../pack/zip.h"
+#include "helpers.h"
+
+TestSuite(npy_header, .fini = tmp_cleanup);
+TestSuite(npy_open, .fini = tmp_cleanup);
+TestSuite(npy_inflate, .fini = tmp_cleanup);
+
+/* --- headers ----------------------------------------------------------------------------- */
+
+/* The header numpy writes for np.zeros(shape, dtype, order), format version v. */
+static unsigned char *numpy_header(const char *dtype, const char *shape, int fortran, int v,
+                                   size_t *len)
+{
+    const char *path = tmp_file("", 0);
+    run_python("import sys, numpy as np\n"
+               "a = np.zeros(eval(sys.argv[2]), sys.argv[1], order='F' if sys.argv[3] == '1' "
+               "else 'C')\n"
+               "with open(sys.argv[4], 'wb') as f:\n"
+               "    np.lib.format._write_array_header(f, np.lib.format.header_data_from_array_1_0"
+               "(a), (int(sys.argv[5]), 0))\n",
+               dtype, shape, fortran ? "1" : "0", path, strf("%d", v), NULL);
+    return read_whole(path, len);
+}
+
+static npy_header parse_ok(const unsigned char *p, size_t n)
+{
+    npy_header h;
+    ck_error err = {""};
+    cr_assert_eq(npy_parse_header(p, n, &h, "x.npy", "", 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(h.data_offset, n, "the header is all of what numpy wrote");
+    return h;
+}
+
+Test(npy_header, every_dtype_as_numpy_writes_it)
+{
+    static const struct {
+        const char *numpy;
+        enum ck_dtype ours;
+        unsigned size;
+    } t[] = {{"float16", CK_F16, 2}, {"float32", CK_F32, 4}, {"float64", CK_F64, 8},
+             {"int8", CK_I8, 1},     {"int16", CK_I16, 2},   {"int32", CK_I32, 4},
+             {"int64", CK_I64, 8},   {"uint8", CK_U8, 1},    {"uint16", CK_U16, 2},
+             {"uint32", CK_U32, 4},  {"uint64", CK_U64, 8},  {"bool", CK_BOOL, 1},
+             {"complex64", CK_C64, 8}, {"complex128", CK_C128, 16}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        size_t n;
+        unsigned char *p = numpy_header(t[i].numpy, "(3, 7)", 0, 1, &n);
+        npy_header h = parse_ok(p, n);
+        cr_expect_eq(h.dtype, t[i].ours, "%s", t[i].numpy);
+        cr_expect_eq(h.nbytes, 21u * t[i].size, "%s", t[i].numpy);
+        free(p);
+    }
+}
+
+Test(npy_header, shapes_orders_and_versions)
+{
+    static const struct {
+        const char *shape;
+        unsigned rank;
+        int64_t dims[5];
+    } t[] = {{"()", 0, {0}}, {"(0,)", 1, {0}}, {"(5,)", 1, {5}}, {"(2, 0, 3)", 3, {2, 0, 3}},
+             {"(1, 2, 3, 4, 5)", 5, {1, 2, 3, 4, 5}}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+        for (int v = 1; v <= 3; v++)
+            for (int f = 0; f < 2; f++) {
+                size_t n;
+                unsigned char *p = numpy_header("float32", t[i].shape, f, v, &n);
+                npy_header h = parse_ok(p, n);
+                cr_expect_eq(h.major, v);
+                cr_expect_eq(h.rank, t[i].rank, "%s", t[i].shape);
+                cr_expect_arr_eq(h.shape, t[i].dims, t[i].rank * sizeof(int64_t));
+                /* numpy says fortran_order only of an array that is not also C-contiguous:
+                 * rank 2 or more, and not empty */
+                cr_expect_eq(h.fortran, f && t[i].rank > 1 && h.nbytes, "%s %d", t[i].shape, f);
+                free(p);
+            }
+}
+
+/* The valid header text with `from` replaced by `to`, as a v1.0 .npy preamble and header. */
+static unsigned char *edited(const char *from, const char *to, size_t *len)
+{
+    char text[256];
+    const char *base = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+    const char *at = strstr(base, from);
+    cr_assert(at);
+    int n = snprintf(text, sizeof text, "%.*s%s%s", (int)(at - base), base, to,
+                     at + strlen(from));
+    unsigned char *p = malloc(10 + (size_t)n + 1);
+    memcpy(p, "\x93NUMPY\x01\x00", 8);
+    p[8] = (unsigned char)((n + 1) & 0xff);
+    p[9] = (unsigned char)((n + 1) >> 8);
+    memcpy(p + 10, text, (size_t)n);
+    p[10 + n] = '\n';
+    *len = 10 + (size_t)n + 1;
+    return p;
+}
+
+static void refused(const char *from, const char *to, const char *what)
+{
+    size_t n;
+    unsigned char *p = edited(from, to, &n);
+    npy_header h;
+    ck_error err = {""};
+    cr_expect_eq(npy_parse_header(p, n, &h, "x.npy", "", 0, &err), -1, "%s -> %s", from, to);
+    cr_expect(strstr(err.msg, what), "'%s' -> '%s': %s", from, to, err.msg);
+    free(p);
+}
+
+Test(npy_header, anything_but_numpys_form_is_refused)
+{
+    size_t n; /* the base parses: each case below differs from it in one place */
+    unsigned char *p = edited("", "", &n);
+    parse_ok(p, n);
+    free(p);
+    refused("'<f4'", "'>f4'", "big-endian");
+    refused("'<f4'", "'|O'", "allow_pickle");
+    refused("'<f4'", "'<U3'", "string");
+    refused("'<f4'", "'<M8[s]'", "datetime");
+    refused("'<f4'", "'|V8'", "void");
+    refused("'<f4'", "[('a', '<f4')]", "structured");
+    refused("'<f4'", "'<f16'", "not a dtype ckptfs knows");
+    refused("'<f4'", "'<i1'", "'<i1'"); /* numpy writes '|i1' */
+    refused("'<f4'", "\"<f4\"", "expected \"'\"");
+    refused("False", "false", "expected \"False\"");
+    refused("(2, 3)", "(2,3)", "expected \" \"");
+    refused("(2, 3)", "(2, 3,)", "expected \", \"");
+    refused("(2, 3)", "(6)", "expected \",\"");
+    refused("(2, 3)", "(-6,)", "expected a dimension");
+    refused("(2, 3)", "(06,)", "leading zeros");
+    refused("(2, 3)", "(2L, 3L)", "expected \",\"");
+    refused("(2, 3)", "(99999999999999999999,)", "at most 2^63-1");
+    refused("(2, 3)", "(4611686018427387904, 2)", "overflows");
+    refused(", }", "}", "expected \", }\"");
+    refused("{'descr'", "{ 'descr'", "expected \"{'descr': \"");
+    refused(", }", ", } x", "newline");
+}
+
+Test(npy_header, preamble_lies)
+{
+    size_t n;
+    unsigned char *p = edited("", "", &n);
+    npy_header h;
+    ck_error err = {""};
+    cr_expect_eq(npy_parse_header(p, n - 1, &h, "x.npy", "", 0, &err), -1);
+    cr_expect(strstr(err.msg, "only"), "%s", err.msg);
+    p[6] = 4;
+    cr_expect_eq(npy_parse_header(p, n, &h, "x.npy", "", 0, &err), -1);
+    cr_expect(strstr(err.msg, "version 4.0"), "%s", err.msg);
+    p[6] = 1;
+    p[8] = 0x20, p[9] = 0x4e; /* 20000 */
+    cr_expect_eq(npy_parse_header(p, n, &h, "x.npy", "", 0, &err), -1);
+    cr_expect(strstr(err.msg, "10000"), "%s", err.msg);
+    cr_expect_eq(npy_parse_header(p, 9, &h, "x.npy", "", 0, &err), -1);
+    cr_expect(strstr(err.msg, "cut short"), "%s", err.msg);
+    memcpy(p, "\x93NUMPZ", 6);
+    cr_expect_eq(npy_parse_header(p, n, &h, "x.npy", "", 0, &err), -1);
+    cr_expect(strstr(err.msg, "magic"), "%s", err.msg);
+    free(p);
+}
+
+/* --- whole files, against numpy ----------------------------------------------------------- */
+
+/* Every tensor of the index at path, read through ck_entry_read in odd-sized pieces, against
+ * numpy's row-major bytes of the same key. */
+static void check_against_numpy(const char *path, size_t want_entries, const char *format)
+{
+    ck_index *ix;
+    ck_error err;
+    cr_assert_eq(ck_open(path, &ix, &err), 0, "%s", err.msg);
+    cr_expect_str_eq(ix->format, format);
+    cr_assert_eq(ix->nentries, want_entries);
+    for (size_t i = 0; i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        const char *out = tmp_file("", 0);
+        run_python("import sys, numpy as np\n"
+                   "p, k, out = sys.argv[1:4]\n"
+                   "a = np.load(p) if p.endswith('.npy') else np.load(p)[k]\n"
+                   "open(out, 'wb').write(np.ascontiguousarray(a).tobytes())\n",
+                   path, e->name, out, NULL);
+        size_t n;
+        unsigned char *want = read_whole(out, &n);
+        cr_assert_eq(e->nbytes, n, "%s", e->name);
+        unsigned char *got = malloc(n + 1);
+        for (size_t off = 0, step = 1; off < n; off += step, step = step * 3 + 7) {
+            size_t len = off + step < n ? step : n - off;
+            cr_assert_eq(ck_entry_read(ix, e, got + off, len, off), (ssize_t)len);
+        }
+        cr_expect(n == 0 || memcmp(got, want, n) == 0, "bytes of '%s' differ", e->name);
+        free(got);
+        free(want);
+    }
+    ck_index_free(ix);
+}
+
+/* Two files of the same arrays (named a and b + ext) written by script, which gets their paths
+ * as argv[1] and argv[2]; each checked against numpy. */
+static void check_pair(const char *ext, const char *script, size_t entries, const char *format)
+{
+    const char *dir = tmp_dir();
+    const char *a = tmp_path_in(dir, strf("a%s", ext)), *b = tmp_path_in(dir, strf("b%s", ext));
+    run_python(strf("import sys, numpy as np\n%s", script), a, b, NULL);
+    check_against_numpy(a, entries, format);
+    check_against_numpy(b, entries, format);
+}
+
+Test(npy_open, npy_fortran_and_c)
+{
+    check_pair(".npy", "a = np.arange(4 * 5 * 6, dtype='<i2').reshape(4, 5, 6)\n"
+               "np.save(sys.argv[1], a); np.save(sys.argv[2], np.asfortranarray(a))\n",
+               1, "npy");
+}
+
+Test(npy_open, npz_stored_and_compressed)
+{
+    check_pair(".npz", "r = np.random.default_rng(1)\n"
+               "d = dict(a=r.standard_normal((300, 700)).astype('<f4'), "
+               "b=np.arange(3_000_000, dtype='<u4'), c=np.float64(1.5), e=np.zeros((0, 3)))\n"
+               "np.savez(sys.argv[1], **d); np.savez_compressed(sys.argv[2], **d)\n",
+               4, "npz");
+}
+
+Test(npy_open, corpus)
+{
+    check_against_numpy("/work/shared/corpus/candle_test.npy", 1, "npy");
+    check_against_numpy("/work/shared/corpus/candle_test.npz", 2, "npz");
+    check_against_numpy("/work/shared/corpus/whisper_mel_filters.npz", 2, "npz");
+}
+
+/* --- seek points ------------------------------------------------------------------------- */
+
+static void *heap_alloc(void *ctx, size_t n)
+{
+    void **list = ctx; /* a chain of blocks, freed by free_chain */
+    void **b = malloc(sizeof(void *) + n);
+    *b = *list;
+    *list = b;
+    return b + 1;
+}
+
+static void free_chain(void *list)
+{
+    while (list) {
+        void *next = *(void **)list;
+        free(list);
+        list = next;
+    }
+}
+
+/* A raw deflate stream of data, as zlib writes it (level, strategy). */
+static unsigned char *deflate_raw(const unsigned char *data, size_t n, int level, size_t *out)
+{
+    z_stream s = {0};
+    cr_assert_eq(deflateInit2(&s, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    size_t cap = deflateBound(&s, n);
+    unsigned char *c = malloc(cap);
+    s.next_in = (unsigned char *)data;
+    s.avail_in = (uInt)n;
+    s.next_out = c;
+    s.avail_out = (uInt)cap;
+    cr_assert_eq(deflate(&s, Z_FINISH), Z_STREAM_END);
+    *out = cap - s.avail_out;
+    deflateEnd(&s);
+    return c;
+}
+
+Test(npy_inflate, random_reads_through_every_point)
+{
+    size_t n = 3 << 20, cn;
+    unsigned char *data = malloc(n);
+    fill_bytes(data, n, 9);
+    for (size_t i = 0; i < n; i++) /* compressible, with matches reaching back across points */
+        data[i] = (unsigned char)(i % 4096 < 2048 ? data[i] % 16 : data[i - i % 4096 + 7]);
+    for (int level = 1; level <= 9; level += 8) {
+        unsigned char *c = deflate_raw(data, n, level, &cn);
+        const char *path = tmp_file(c, cn);
+        int fd = open(path, O_RDONLY);
+        zip_entry e = {.name = "m", .name_len = 1, .method = 8, .data_offset = 0, .size = n,
+                       .csize = cn, .crc = (uint32_t)crc32(0, data, (uInt)n)};
+        zip_inflated zi;
+        void *chain = NULL;
+        unsigned char head[100];
+        ck_error err;
+        uint64_t span = 64 << 10;
+        cr_assert_eq(zip_inflate_index(fd, &e, span, head, sizeof head, heap_alloc, &chain, &zi,
+                                       path, &err), 0, "%s", err.msg);
+        cr_expect_arr_eq(head, data, sizeof head);
+        cr_expect_gt(zi.npoints, 10, "points: %zu", zi.npoints);
+        cr_expect_leq(zi.npoints, n / span + 1, "points: %zu", zi.npoints);
+        for (size_t k = 1; k < zi.npoints; k++)
+            cr_expect_geq(zi.points[k].out - zi.points[k - 1].out, span);
+        unsigned char *got = malloc(n);
+        uint32_t x = 12345;
+        for (int r = 0; r < 300; r++) {
+            x = x * 1103515245u + 12345u;
+            size_t off = (x >> 4) % n, len = (x >> 8) % 200000 + 1;
+            if (r % 3 == 0 && r / 3 < (int)zi.npoints) /* exactly at a point, and just before */
+                off = zi.points[r / 3].out - (r % 2 && zi.points[r / 3].out ? 1 : 0);
+            if (len > n - off)
+                len = n - off;
+            cr_assert_eq(zip_inflate_read(fd, &zi, got, len, off), 0);
+            cr_assert_arr_eq(got, data + off, len, "level %d off %zu len %zu", level, off, len);
+        }
+        cr_expect_eq(zip_inflate_read(fd, &zi, got, 2, n - 1), -EIO, "past the end");
+        free(got);
+        close(fd);
+        free_chain(chain);
+        free(c);
+    }
+    free(data);
+}
+
+Test(npy_inflate, a_changed_file_reads_eio)
+{
+    size_t n = 1 << 20, cn;
+    unsigned char *data = calloc(1, n);
+    unsigned char *c = deflate_raw(data, n, 6, &cn);
+    const char *path = tmp_file(c, cn);
+    int fd = open(path, O_RDONLY);
+    zip_entry e = {.name = "m", .name_len = 1, .method = 8, .size = n, .csize = cn,
+                   .crc = (uint32_t)crc32(0, data, (uInt)n)};
+    zip_inflated zi;
+    void *chain = NULL;
+    ck_error err;
+    cr_assert_eq(zip_inflate_index(fd, &e, 1 << 16, NULL, 0, heap_alloc, &chain, &zi, path,
+                                   &err), 0, "%s", err.msg);
+    memset(c, 0xff, cn);
+    tmp_rewrite(path, c, cn / 2); /* truncated and corrupt */
+    close(fd);
+    fd = open(path, O_RDONLY);
+    cr_expect_lt(zip_inflate_read(fd, &zi, data, n, 0), 0);
+    close(fd);
+    free_chain(chain);
+    free(c);
+    free(data);
+}
