@@ -1,4 +1,5 @@
 /* source.c — ck_open: what kind of checkpoint a path holds, decided by content alone. */
+#include "gguf.h"
 #include "index.h"
 #include "packfile.h"
 #include "safetensors.h"
@@ -42,6 +43,9 @@ static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
     } else if (st_probe(head, n)) {
         ix->format = "safetensors";
         rc_read = st_read_file(ix, (uint32_t)id, err);
+    } else if (gguf_probe(head, n)) {
+        ix->format = "gguf";
+        rc_read = gguf_read_file(ix, (uint32_t)id, err);
     } else if (zip_probe(head, n)) {
         ix->format = "pytorch-zip";
         rc_read = pt_read_zip(ix, (uint32_t)id, err);
@@ -79,7 +83,9 @@ int ck_open(const char *source, ck_index **out, ck_error *err)
     }
     if (S_ISDIR(st.st_mode)) {
         close(fd);
-        return st_open_dir(source, out, err);
+        /* The one place a directory's kind is decided: GGUF splits, else safetensors shards. */
+        return gguf_dir_probe(source) ? gguf_open_dir(source, out, err)
+                                      : st_open_dir(source, out, err);
     }
     return open_file(source, fd, out, err);
 }
