@@ -61,6 +61,9 @@ typedef struct rd {
  * ends first (what names the field being read). */
 static const unsigned char *take(rd *r, uint64_t n, const char *what)
 {
+    static const unsigned char nothing[1];
+    if (n == 0) /* an empty string: there may be no window at all */
+        return nothing;
     if (n > r->size - r->pos) {
         ck_fail(r->err, r->path, "%s runs past the end of the file (%llu bytes) (byte %llu)",
                 what, (unsigned long long)r->size, (unsigned long long)r->pos);
@@ -153,7 +156,8 @@ static void jput(jbuf *j, const void *s, size_t n)
 {
     char *p = jroom(j, n);
     if (p) {
-        memcpy(p, s, n);
+        if (n) /* s may be NULL then */
+            memcpy(p, s, n);
         j->len += n;
         p[n] = 0;
     }
