@@ -767,58 +767,32 @@ int gguf_read_file(ck_index *ix, uint32_t file, ck_error *err)
 
 /* --- directories ------------------------------------------------------------------------ */
 
-static int is_gguf_name(const char *s)
+/* scandir's filter: a *.gguf name, hidden files aside. */
+static int is_gguf_name(const struct dirent *de)
 {
-    size_t l = strlen(s);
-    return s[0] != '.' && l > 5 && strcmp(s + l - 5, ".gguf") == 0;
+    size_t l = strlen(de->d_name);
+    return de->d_name[0] != '.' && l > 5 && strcmp(de->d_name + l - 5, ".gguf") == 0;
 }
 
-/* The *.gguf names in dir, sorted; -1 with err set on failure. */
-static int list_gguf(const char *dir, char ***out, size_t *count, ck_error *err)
+static void free_names(struct dirent **names, int n)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return ck_fail(err, dir, "cannot list directory: %s", strerror(errno));
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
-        if (!is_gguf_name(de->d_name))
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 8;
-            char **p = realloc(names, cap * sizeof *p);
-            if (!p) {
-                rc = ck_fail(err, dir, "out of memory");
-                break;
-            }
-            names = p;
-        }
-        if (!(names[n++] = strdup(de->d_name)))
-            rc = ck_fail(err, dir, "out of memory");
-    }
-    closedir(d);
-    if (n > 1)
-        qsort(names, n, sizeof *names, by_cstr);
-    *out = names;
-    *count = n;
-    return rc;
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
 }
 
 int gguf_dir_probe(const char *dir)
 {
-    DIR *d = opendir(dir);
-    int found = 0;
-    for (struct dirent *de; d && !found && (de = readdir(d));)
-        found = is_gguf_name(de->d_name);
-    if (d)
-        closedir(d);
-    return found;
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, is_gguf_name, NULL);
+    free_names(names, n);
+    return n > 0;
 }
 
 /* The file to open: the only *.gguf, or the only -00001-of-N one when every *.gguf belongs to
  * its set. */
-static int pick_first(const char *dir, char **names, size_t n, size_t *pick, ck_error *err)
+static int pick_first(const char *dir, char *const *names, size_t n, size_t *pick,
+                      ck_error *err)
 {
     if (n == 1) {
         *pick = 0;
@@ -848,9 +822,15 @@ static int pick_first(const char *dir, char **names, size_t n, size_t *pick, ck_
 int gguf_open_dir(const char *dir, ck_index **out, ck_error *err)
 {
     *out = NULL;
-    char **names = NULL;
-    size_t n = 0, pick = 0;
-    int rc = list_gguf(dir, &names, &n, err);
+    struct dirent **ents = NULL;
+    int count = scandir(dir, &ents, is_gguf_name, alphasort);
+    if (count < 0)
+        return ck_fail(err, dir, "cannot list directory: %s", strerror(errno));
+    size_t n = (size_t)count, pick = 0;
+    char **names = malloc((n ? n : 1) * sizeof *names);
+    for (size_t i = 0; names && i < n; i++)
+        names[i] = ents[i]->d_name;
+    int rc = names ? 0 : ck_fail(err, dir, "out of memory");
     if (rc == 0 && n == 0)
         rc = ck_fail(err, dir, "directory holds no *.gguf file");
     if (rc == 0)
@@ -875,9 +855,8 @@ int gguf_open_dir(const char *dir, ck_index **out, ck_error *err)
             rc = ck_fail(err, dir, "holds %zu GGUF files, but the set of '%s' has %u",
                          n, names[pick], ix->nfiles);
     }
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
     free(names);
+    free_names(ents, count);
     if (rc) {
         ck_index_free(ix);
         return -1;

@@ -276,68 +276,38 @@ Test(gguf_kv, key_not_utf8)
     refused_kv(&kv, 1, "key 0 is not valid UTF-8");
 }
 
-Test(gguf_kv, unknown_type)
+/* Key 'k' of type `type` followed by the fields given (a u32 item type for an array, a u64
+ * count or length, a bool's byte), each one lying in its own way. */
+Test(gguf_kv, values_that_lie)
 {
-    bytebuf kv = {0};
-    g_str(&kv, "k");
-    buf_u32(&kv, 13);
-    refused_kv(&kv, 1, "key 'k': unknown value type 13 (byte 33)");
-}
-
-Test(gguf_kv, array_of_arrays)
-{
-    bytebuf kv = {0};
-    g_str(&kv, "k");
-    buf_u32(&kv, ARR);
-    buf_u32(&kv, ARR);
-    refused_kv(&kv, 1, "an array of arrays");
-}
-
-Test(gguf_kv, string_over_limit)
-{
-    bytebuf kv = {0};
-    g_str(&kv, "k");
-    buf_u32(&kv, STR);
-    buf_u64(&kv, GGUF_MAX_STRING + 1ull);
-    refused_kv(&kv, 1, "length 67108865 exceeds the limit of 67108864");
-}
-
-Test(gguf_kv, string_past_eof)
-{
-    bytebuf kv = {0};
-    g_str(&kv, "k");
-    buf_u32(&kv, STR);
-    buf_u64(&kv, 1000);
-    refused_kv(&kv, 1, "key 'k' runs past the end of the file");
-}
-
-Test(gguf_kv, array_count_lies)
-{
-    bytebuf kv = {0};
-    g_str(&kv, "k");
-    buf_u32(&kv, ARR);
-    buf_u32(&kv, U64);
-    buf_u64(&kv, 1u << 20);
-    refused_kv(&kv, 1, "array of 1048576 UINT64 items runs past the end of the file");
-}
-
-Test(gguf_kv, array_over_limit)
-{
-    bytebuf kv = {0};
-    g_str(&kv, "k");
-    buf_u32(&kv, ARR);
-    buf_u32(&kv, U8);
-    buf_u64(&kv, UINT64_MAX);
-    refused_kv(&kv, 1, "exceeds the limit of 67108864");
-}
-
-Test(gguf_kv, bool_not_0_or_1)
-{
-    bytebuf kv = {0};
-    g_str(&kv, "k");
-    buf_u32(&kv, BOOL);
-    buf_u8(&kv, 2);
-    refused_kv(&kv, 1, "key 'k': boolean byte is 2, not 0 or 1");
+    enum { NONE = -1 };
+    static const struct {
+        uint32_t type;
+        int64_t item;   /* an array's item type, or NONE */
+        uint64_t count; /* an array's count or a string's length */
+        int has_count;
+        const char *what;
+    } cases[] = {
+        {13, NONE, 0, 0, "key 'k': unknown value type 13 (byte 33)"},
+        {ARR, ARR, 0, 0, "an array of arrays"},
+        {STR, NONE, GGUF_MAX_STRING + 1ull, 1, "length 67108865 exceeds the limit of 67108864"},
+        {STR, NONE, 1000, 1, "key 'k' runs past the end of the file"},
+        {ARR, U64, 1u << 20, 1, "array of 1048576 UINT64 items runs past the end of the file"},
+        {ARR, U8, UINT64_MAX, 1, "exceeds the limit of 67108864"},
+        {BOOL, NONE, 2, 0, "key 'k': boolean byte is 2, not 0 or 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bytebuf kv = {0};
+        g_str(&kv, "k");
+        buf_u32(&kv, cases[i].type);
+        if (cases[i].item != NONE)
+            buf_u32(&kv, (uint32_t)cases[i].item);
+        if (cases[i].has_count)
+            buf_u64(&kv, cases[i].count);
+        if (cases[i].type == BOOL)
+            buf_u8(&kv, (uint8_t)cases[i].count);
+        refused_kv(&kv, 1, cases[i].what);
+    }
 }
 
 Test(gguf_kv, alignment_not_power_of_two)
