@@ -293,9 +293,10 @@ static int gather_batch(int fd, gather_item *items, size_t n, unsigned esize, un
 static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *buf, size_t len,
                         uint64_t off)
 {
-    unsigned esize = ck_dtype_bits(e->dtype) / 8;
+    uint64_t esize;
     int fd = ix->files[e->ext.file].fd;
-    if (esize == 0) /* sub-byte elements have no strided form */
+    /* Sub-byte elements and blocks have no strided form. */
+    if (ck_dtype_nbytes(e->dtype, 1, &esize))
         return -EIO;
     gather_item *items = malloc(GATHER_ITEMS * sizeof *items);
     unsigned char *scratch = malloc(GATHER_SPAN > GATHER_ITEMS * esize ? GATHER_SPAN
