@@ -475,3 +475,95 @@ Test(gguf_dtype, ggml_blocks)
     cr_assert_eq(ck_dtype_nbytes(CK_Q8_K, (UINT64_MAX / 256) * 256, &n), -1); /* overflows */
     cr_assert_eq(ck_dtype_nbytes(CK_DTYPE_COUNT, 1, &n), -1);
 }
+
+/* --- split sets -------------------------------------------------------------------------- */
+
+TestSuite(gguf_split, .fini = tmp_cleanup);
+
+/* Split no of count in dir, named as gguf-split names them, holding one F32 tensor 't<no>' of 4
+ * elements; the first split also says it has total tensors in all. */
+static const char *g_split(const char *dir, const char *prefix, unsigned no, unsigned count,
+                           int32_t total)
+{
+    bytebuf b = {0};
+    g_header(&b, 3, 1, no == 0 ? 3 : 2);
+    g_str(&b, "split.no");
+    buf_u32(&b, U16);
+    buf_u8(&b, (uint8_t)no), buf_u8(&b, 0);
+    g_str(&b, "split.count");
+    buf_u32(&b, U16);
+    buf_u8(&b, (uint8_t)count), buf_u8(&b, 0);
+    if (no == 0) {
+        g_str(&b, "split.tensors.count");
+        buf_u32(&b, I32);
+        buf_u32(&b, (uint32_t)total);
+    }
+    g_tensor(&b, strf("t%u", no), 1, (int64_t[]){4}, T_F32, 0);
+    while (b.len % 32)
+        buf_u8(&b, 0);
+    buf_put(&b, "0123456789abcdef", 16);
+    const char *path = tmp_file_in(dir, strf("%s-%05u-of-%05u.gguf", prefix, no + 1, count),
+                                   b.p, b.len);
+    free(b.p);
+    return path;
+}
+
+Test(gguf_split, first_file_and_directory)
+{
+    const char *dir = tmp_dir();
+    const char *first = g_split(dir, "m", 0, 3, 3);
+    const char *second = g_split(dir, "m", 1, 3, 0);
+    g_split(dir, "m", 2, 3, 0);
+    const char *sources[] = {first, dir};
+    for (size_t k = 0; k < 2; k++) {
+        ck_index *ix = open_ok(sources[k]);
+        cr_assert_str_eq(ix->format, "gguf-split");
+        cr_assert_eq(ix->nfiles, 3);
+        const ck_entry *t1 = ck_index_find(ix, "t1");
+        cr_assert_str_eq(ix->files[t1->ext.file].path, k ? strf("%s/m-00002-of-00003.gguf", dir)
+                                                          : second);
+        cr_assert_not_null(ck_index_find(ix, "__metadata__.split.tensors.count"));
+        cr_assert_eq(ix->nmeta, 3); /* the first split's keys; the later ones' are checked */
+        ck_index_free(ix);
+    }
+}
+
+Test(gguf_split, tensor_count_disagrees)
+{
+    const char *dir = tmp_dir();
+    const char *first = g_split(dir, "m", 0, 2, 5);
+    g_split(dir, "m", 1, 2, 0);
+    assert_open_fails(first, "split.tensors.count is 5, but the 2 splits hold 2 tensors");
+}
+
+Test(gguf_split, missing_split)
+{
+    const char *dir = tmp_dir();
+    const char *first = g_split(dir, "m", 0, 3, 3);
+    g_split(dir, "m", 2, 3, 0);
+    ck_index *ix = NULL;
+    ck_error err = {{0}};
+    cr_assert_eq(ck_open(first, &ix, &err), -1);
+    assert_error(&err, strf("%s/m-00002-of-00003.gguf", dir), "cannot open split 2 of 3");
+}
+
+Test(gguf_split, later_split_alone)
+{
+    const char *dir = tmp_dir();
+    g_split(dir, "m", 0, 2, 2);
+    assert_open_fails(g_split(dir, "m", 1, 2, 0),
+                      "is split 2 of 2: open the first split or the directory");
+}
+
+Test(gguf_split, foreign_file_in_the_directory)
+{
+    const char *dir = tmp_dir();
+    g_split(dir, "m", 0, 2, 2);
+    g_split(dir, "m", 1, 2, 0);
+    g_split(dir, "other", 1, 2, 0);
+    ck_index *ix = NULL;
+    ck_error err = {{0}};
+    cr_assert_eq(ck_open(dir, &ix, &err), -1);
+    assert_error(&err, dir, "'other-00002-of-00002.gguf' is not part of the split set of "
+                            "'m-00001-of-00002.gguf'");
+}
