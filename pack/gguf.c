@@ -286,51 +286,55 @@ static int take_type(rd *r, unsigned *t, int in_array, const char *what)
     return 0;
 }
 
-/* The value of one key as JSON into j, its value file's text into file, and its type's
- * JSON members into type ("\"type\":...,"). */
-static int read_value(rd *r, jbuf *type, jbuf *j, jbuf *file, unsigned *vt, const char *what)
+/* One key's value as its typed JSON into m, {"type":...,"value":...}, the value itself at
+ * [*vstart, m->len - 1) (before the closing brace); a string's raw bytes into raw. */
+static int read_value(rd *r, jbuf *m, jbuf *raw, unsigned *vt, size_t *vstart,
+                      const char *what)
 {
     if (take_type(r, vt, 0, what))
         return -1;
-    jputs(type, "\"type\":\"");
-    jputs(type, gv_types[*vt].name);
-    jputs(type, "\"");
-    if (*vt != GV_ARRAY) {
-        int rc = put_item(r, *vt, j, *vt == GV_STR ? file : NULL, what);
-        if (*vt != GV_STR)
-            jput(file, j->s, j->len);
-        return rc;
-    }
-    unsigned it;
-    uint64_t n, at;
-    if (take_type(r, &it, 1, what))
-        return -1;
-    at = r->pos;
-    if (take_u64(r, &n, what))
-        return -1;
-    if (n > GGUF_MAX_ARRAY || n * gv_types[it].size > r->size - r->pos)
-        return ck_fail(r->err, r->path, "%s: array of %llu %s items %s (byte %llu)", what,
-                       (unsigned long long)n, gv_types[it].name,
-                       n > GGUF_MAX_ARRAY ? "exceeds the limit of 67108864"
-                                          : "runs past the end of the file",
-                       (unsigned long long)at);
-    jputs(type, ",\"item_type\":\"");
-    jputs(type, gv_types[it].name);
-    jputs(type, "\"");
-    jput(j, "[", 1);
-    for (uint64_t k = 0; k < n; k++) {
-        if (k)
-            jput(j, ",", 1);
-        if (put_item(r, it, j, NULL, what))
+    jputs(m, "{\"type\":\"");
+    jputs(m, gv_types[*vt].name);
+    jputs(m, "\"");
+    unsigned it = *vt;
+    uint64_t n = 0, at;
+    if (*vt == GV_ARRAY) {
+        if (take_type(r, &it, 1, what))
             return -1;
+        at = r->pos;
+        if (take_u64(r, &n, what))
+            return -1;
+        if (n > GGUF_MAX_ARRAY || n * gv_types[it].size > r->size - r->pos)
+            return ck_fail(r->err, r->path, "%s: array of %llu %s items %s (byte %llu)", what,
+                           (unsigned long long)n, gv_types[it].name,
+                           n > GGUF_MAX_ARRAY ? "exceeds the limit of 67108864"
+                                              : "runs past the end of the file",
+                           (unsigned long long)at);
+        jputs(m, ",\"item_type\":\"");
+        jputs(m, gv_types[it].name);
+        jputs(m, "\"");
     }
-    jput(j, "]", 1);
-    jput(file, j->s, j->len);
+    jputs(m, ",\"value\":");
+    *vstart = m->len;
+    if (*vt != GV_ARRAY) {
+        if (put_item(r, *vt, m, raw, what))
+            return -1;
+    } else {
+        jput(m, "[", 1);
+        for (uint64_t k = 0; k < n; k++) {
+            if (k)
+                jput(m, ",", 1);
+            if (put_item(r, it, m, NULL, what))
+                return -1;
+        }
+        jput(m, "]", 1);
+    }
+    jputs(m, "}");
     return 0;
 }
 
 /* The numbers the reader itself needs: general.alignment and the split keys. */
-static int note_key(rd *r, const char *key, unsigned vt, const jbuf *j, kvinfo *kv,
+static int note_key(rd *r, const char *key, unsigned vt, const char *value, kvinfo *kv,
                     uint64_t at)
 {
     static const struct {
@@ -345,7 +349,7 @@ static int note_key(rd *r, const char *key, unsigned vt, const jbuf *j, kvinfo *
             return ck_fail(r->err, r->path, "key '%s' is a %s, not a %s (byte %llu)", key,
                            gv_types[vt].name, gv_types[known[k].type].name,
                            (unsigned long long)at);
-        long long v = strtoll(j->s, NULL, 10);
+        long long v = strtoll(value, NULL, 10);
         if (k == 0 && (v == 0 || (v & (v - 1)) || v > MAX_ALIGNMENT))
             return ck_fail(r->err, r->path, "general.alignment %lld is not a power of two up to "
                            "%d (byte %llu)", v, MAX_ALIGNMENT, (unsigned long long)at);
@@ -362,29 +366,28 @@ static int note_key(rd *r, const char *key, unsigned vt, const jbuf *j, kvinfo *
     return 0;
 }
 
-/* Adds key's metadata (its typed JSON) and value entry. */
-static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, jbuf *type,
-                   const jbuf *j, jbuf *file, ck_error *err)
+/* Adds key's metadata (its typed JSON, m) and value entry: the value and a newline, a string's
+ * raw bytes (raw) or else the value's JSON, which is m's text from vstart with a newline in
+ * place of the closing brace (the index copies it; m is put back). */
+static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, jbuf *m,
+                   size_t vstart, jbuf *raw, ck_error *err)
 {
-    jbuf meta = {0}, name = {0};
-    jputs(&meta, "{");
-    jput(&meta, type->s, type->len);
-    jputs(&meta, ",\"value\":");
-    jput(&meta, j->s, j->len);
-    jputs(&meta, "}");
+    jbuf name = {0};
     jputs(&name, GGUF_META_DIR ".");
     jput(&name, key, klen);
-    jput(file, "\n", 1);
-    int rc = meta.oom || name.oom || file->oom ? ck_fail(err, ck_index_source(ix), "out of memory")
-                                                : 0;
+    jput(raw, "\n", 1);
+    int rc = m->oom || name.oom || raw->oom ? ck_fail(err, ck_index_source(ix), "out of memory")
+                                             : 0;
     if (rc == 0)
-        rc = ck_index_add_meta(ix, key, meta.s, err);
+        rc = ck_index_add_meta(ix, key, m->s, err);
     if (rc == 0)
         ix->meta[ix->nmeta - 1].json = 1;
-    if (rc == 0 && !ck_index_add_value(ix, name.s, name.len, gv_types[vt].value, file->s,
-                                       file->len, err))
+    m->s[m->len - 1] = '\n';
+    const char *text = vt == GV_STR ? raw->s : m->s + vstart;
+    size_t len = vt == GV_STR ? raw->len : m->len - vstart;
+    if (rc == 0 && !ck_index_add_value(ix, name.s, name.len, gv_types[vt].value, text, len, err))
         rc = -1;
-    free(meta.s);
+    m->s[m->len - 1] = '}';
     free(name.s);
     return rc;
 }
@@ -442,7 +445,7 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
         return ck_fail(r->err, r->path, "out of memory for %llu keys", (unsigned long long)nkv);
     int rc = 0;
     size_t n = 0;
-    jbuf type = {0}, j = {0}, file = {0};
+    jbuf m = {0}, raw = {0};
     for (; n < nkv && rc == 0; n++) {
         uint64_t klen, at = r->pos;
         if (!(keys[n] = take_name(r, &klen, "key", n, 1))) {
@@ -452,21 +455,22 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
         char what[96];
         snprintf(what, sizeof what, "key '%.64s'", keys[n]);
         unsigned vt;
-        type.len = j.len = file.len = 0;
-        rc = read_value(r, &type, &j, &file, &vt, what);
-        if (rc == 0 && (j.oom || type.oom || file.oom))
+        size_t vstart = 0;
+        m.len = raw.len = 0;
+        rc = read_value(r, &m, &raw, &vt, &vstart, what);
+        if (rc == 0 && (m.oom || raw.oom))
             rc = ck_fail(r->err, r->path, "out of memory");
         if (rc == 0)
-            rc = note_key(r, keys[n], vt, &j, kv, at);
+            rc = note_key(r, keys[n], vt, m.s + vstart, kv, at);
         if (rc == 0 && add)
-            rc = add_key(ix, keys[n], (size_t)klen, vt, &type, &j, &file, r->err);
+            rc = add_key(ix, keys[n], (size_t)klen, vt, &m, vstart, &raw, r->err);
     }
     if (rc == 0)
         rc = check_unique_keys(r, keys, n);
     for (size_t i = 0; i < n; i++)
         free(keys[i]);
     free(keys);
-    free(type.s), free(j.s), free(file.s);
+    free(m.s), free(raw.s);
     return rc;
 }
 
