@@ -127,45 +127,50 @@ static const unsigned char *take_string(rd *r, uint64_t *len, const char *what)
 
 /* --- JSON text -------------------------------------------------------------------------- */
 
+/* Text grown in memory by libc (open_memstream). After jflush, s holds the len bytes written
+ * since jopen, NUL-terminated. */
 typedef struct jbuf {
+    FILE *f;
     char *s;
-    size_t len, cap;
-    int oom;
+    size_t len;
 } jbuf;
 
-static char *jroom(jbuf *j, size_t n)
+static int jopen(jbuf *j)
 {
-    if (j->oom)
-        return NULL;
-    if (j->cap - j->len < n + 1) {
-        size_t cap = j->cap ? j->cap : 256;
-        while (cap - j->len < n + 1)
-            cap *= 2;
-        char *p = realloc(j->s, cap);
-        if (!p) {
-            j->oom = 1;
-            return NULL;
-        }
-        j->s = p;
-        j->cap = cap;
-    }
-    return j->s + j->len;
+    *j = (jbuf){0};
+    j->f = open_memstream(&j->s, &j->len);
+    return j->f ? 0 : -1;
+}
+
+static void jclose(jbuf *j)
+{
+    if (j->f)
+        fclose(j->f);
+    free(j->s);
 }
 
 static void jput(jbuf *j, const void *s, size_t n)
 {
-    char *p = jroom(j, n);
-    if (p) {
-        if (n) /* s may be NULL then */
-            memcpy(p, s, n);
-        j->len += n;
-        p[n] = 0;
-    }
+    if (n) /* s may be NULL then */
+        fwrite_unlocked(s, 1, n, j->f);
 }
 
 static void jputs(jbuf *j, const char *s)
 {
-    jput(j, s, strlen(s));
+    fputs_unlocked(s, j->f);
+}
+
+/* 0 with s and len up to date, or -1 when a write failed (out of memory). */
+static int jflush(jbuf *j)
+{
+    return fflush(j->f) == 0 && !ferror(j->f) ? 0 : -1;
+}
+
+/* Empty again. A seek back would not do: the stream's size never shrinks. */
+static int jreset(jbuf *j)
+{
+    jclose(j);
+    return jopen(j);
 }
 
 /* s as a JSON string. A byte that breaks UTF-8 becomes U+FFFD: JSON text cannot hold it, and
@@ -315,7 +320,7 @@ static int read_value(rd *r, jbuf *m, jbuf *raw, unsigned *vt, size_t *vstart,
         jputs(m, "\"");
     }
     jputs(m, ",\"value\":");
-    *vstart = m->len;
+    *vstart = (size_t)ftell(m->f);
     if (*vt != GV_ARRAY) {
         if (put_item(r, *vt, m, raw, what))
             return -1;
@@ -366,29 +371,30 @@ static int note_key(rd *r, const char *key, unsigned vt, const char *value, kvin
     return 0;
 }
 
-/* Adds key's metadata (its typed JSON, m) and value entry: the value and a newline, a string's
- * raw bytes (raw) or else the value's JSON, which is m's text from vstart with a newline in
- * place of the closing brace (the index copies it; m is put back). */
+/* Adds key's metadata (its typed JSON, m, flushed) and value entry: the value and a newline,
+ * a string's raw bytes (raw) or else the value's JSON, which is m's text from vstart with a
+ * newline in place of the closing brace (the index copies it; m is reset next). */
 static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, jbuf *m,
                    size_t vstart, jbuf *raw, ck_error *err)
 {
-    jbuf name = {0};
-    jputs(&name, GGUF_META_DIR ".");
-    jput(&name, key, klen);
+    size_t pl = strlen(GGUF_META_DIR "."), nlen = pl + klen;
+    char *name = malloc(nlen + 1);
     jput(raw, "\n", 1);
-    int rc = m->oom || name.oom || raw->oom ? ck_fail(err, ck_index_source(ix), "out of memory")
-                                             : 0;
-    if (rc == 0)
-        rc = ck_index_add_meta(ix, key, m->s, err);
+    if (!name || jflush(raw)) {
+        free(name);
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    }
+    memcpy(name, GGUF_META_DIR ".", pl);
+    memcpy(name + pl, key, klen + 1);
+    int rc = ck_index_add_meta(ix, key, m->s, err);
     if (rc == 0)
         ix->meta[ix->nmeta - 1].json = 1;
     m->s[m->len - 1] = '\n';
     const char *text = vt == GV_STR ? raw->s : m->s + vstart;
     size_t len = vt == GV_STR ? raw->len : m->len - vstart;
-    if (rc == 0 && !ck_index_add_value(ix, name.s, name.len, gv_types[vt].value, text, len, err))
+    if (rc == 0 && !ck_index_add_value(ix, name, nlen, gv_types[vt].value, text, len, err))
         rc = -1;
-    m->s[m->len - 1] = '}';
-    free(name.s);
+    free(name);
     return rc;
 }
 
@@ -443,11 +449,15 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
     char **keys = calloc(nkv ? nkv : 1, sizeof *keys);
     if (!keys)
         return ck_fail(r->err, r->path, "out of memory for %llu keys", (unsigned long long)nkv);
-    int rc = 0;
     size_t n = 0;
     jbuf m = {0}, raw = {0};
+    int rc = 0;
     for (; n < nkv && rc == 0; n++) {
         uint64_t klen, at = r->pos;
+        if (jreset(&m) | jreset(&raw)) {
+            rc = ck_fail(r->err, r->path, "out of memory");
+            break;
+        }
         if (!(keys[n] = take_name(r, &klen, "key", n, 1))) {
             rc = -1;
             break;
@@ -456,9 +466,8 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
         snprintf(what, sizeof what, "key '%.64s'", keys[n]);
         unsigned vt;
         size_t vstart = 0;
-        m.len = raw.len = 0;
         rc = read_value(r, &m, &raw, &vt, &vstart, what);
-        if (rc == 0 && (m.oom || raw.oom))
+        if (rc == 0 && jflush(&m))
             rc = ck_fail(r->err, r->path, "out of memory");
         if (rc == 0)
             rc = note_key(r, keys[n], vt, m.s + vstart, kv, at);
@@ -470,7 +479,8 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
     for (size_t i = 0; i < n; i++)
         free(keys[i]);
     free(keys);
-    free(m.s), free(raw.s);
+    jclose(&m);
+    jclose(&raw);
     return rc;
 }
 
