@@ -3,7 +3,7 @@
  * Element types DLPack 0.6 can name are exported as themselves: U8..U64 as kDLUInt, I8..I64 as
  * kDLInt, F16/F32/F64 as kDLFloat, BF16 as kDLBfloat 16, C64/C128 as kDLComplex 64/128, each
  * with the tensor's shape. The others ("raw": BOOL, which 0.6 has no code for, the F8 types,
- * C32, F4, F6_E2M3, F6_E3M2) are exported as their bytes: kDLUInt 8 with shape [nbytes]; the
+ * C32, F4, F6_E2M3, F6_E3M2, and GGUF's block-quantized types) are exported as their bytes: kDLUInt 8 with shape [nbytes]; the
  * consumer reinterprets them (cuda/python/ckload.py views them as the torch dtype).
  * Strides are NULL (compact row-major), byte_offset is 0, and data is the tensor's pointer into
  * the load's block (aligned as ckload.h says). The export holds a reference on the load, dropped by

@@ -260,7 +260,10 @@ char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_location
             PUT_LIT(&j, ",");
         put_cstring(&j, ix->meta[i].key);
         PUT_LIT(&j, ":");
-        put_cstring(&j, ix->meta[i].value);
+        if (ix->meta[i].json)
+            put(&j, ix->meta[i].value, strlen(ix->meta[i].value));
+        else
+            put_cstring(&j, ix->meta[i].value);
     }
     PUT_LIT(&j, "},\"tensors\":[");
     put_entries(&j, ix, t, CK_TENSOR, with_locations);

@@ -24,7 +24,7 @@ from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_sharded.c splits its input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan", "npy"]
+           "source", "plan", "npy", "gguf"]
 PLAN_SELECTORS = b"\x00\x01\x02\x07"  # fuzz_plan.c: no only, a prefix, a glob, another prefix
 
 
@@ -91,6 +91,63 @@ def plain_pickles():
                 pass
         shared = [1, 2]
         out.append(pickle.dumps({"x": shared, "y": shared}, protocol=proto))
+    return out
+
+
+def gguf_bytes(fill):
+    """A GGUF file written by gguf-py's GGUFWriter, fill(writer) adding its keys and tensors."""
+    import gguf
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "x.gguf")
+        w = gguf.GGUFWriter(path, "llama")
+        fill(w)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def gguf_seeds(corpus_files):
+    """GGUF seeds: every key type and a tensor of several types; and each real GGUF file made
+    small (arrays cut to 64 items, tensors to their first rows) with its own keys and types."""
+    import gguf
+    import numpy as np
+    V, Q = gguf.GGUFValueType, gguf.GGMLQuantizationType
+
+    def every_type(w):
+        for i, vt in enumerate([V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64,
+                                V.INT64]):
+            w.add_key_value(f"k.int{i}", 7, vt)
+            w.add_key_value(f"a.int{i}", [1, 2], V.ARRAY, sub_type=vt)
+        w.add_key_value("k.f32", 0.5, V.FLOAT32)
+        w.add_key_value("k.f64", 0.25, V.FLOAT64)
+        w.add_key_value("k.bool", True, V.BOOL)
+        w.add_key_value("k.str", "s", V.STRING)
+        w.add_token_list(["a", "b", "\u00e9"])
+        w.add_uint32("general.alignment", 64)
+        w.add_tensor("blk.0.w", np.arange(12, dtype=np.float32).reshape(3, 4))
+        w.add_tensor("h", np.arange(4, dtype=np.float16))
+        w.add_tensor("q", gguf.quants.quantize(np.ones((2, 32), np.float32), Q.Q4_0),
+                     raw_dtype=Q.Q4_0)
+        w.add_tensor("k", np.zeros((1, 210), np.uint8), raw_dtype=Q.Q6_K)  # raw blocks
+    out = {"gen_every_type.gguf": gguf_bytes(every_type)}
+    for name, path in corpus_files:
+        r = gguf.GGUFReader(path)
+
+        def small(w, r=r):
+            for f in r.fields.values():
+                if f.name.startswith("GGUF.") or f.name == "general.architecture":
+                    continue
+                v = f.contents()
+                if f.types[0] == V.ARRAY:
+                    w.add_key_value(f.name, v[:64], V.ARRAY, sub_type=f.types[-1])
+                else:
+                    w.add_key_value(f.name, v, f.types[0])
+            for t in r.tensors:
+                w.add_tensor(t.name, np.ascontiguousarray(t.data[:2]), raw_dtype=t.tensor_type)
+        out[f"corpus_{name}"] = gguf_bytes(small)
     return out
 
 
@@ -190,6 +247,13 @@ def main():
             elif data[:1] == b"\x80":
                 targets += ["torch_legacy", "pickle"]
             add(targets, f"corpus_{name}", data)
+
+    # GGUF: written by gguf-py, and the corpus's files made small
+    corpus_gguf = [(n, os.path.join(a.corpus, n)) for n in
+                   (sorted(os.listdir(a.corpus)) if a.corpus and os.path.isdir(a.corpus) else [])
+                   if n.endswith(".gguf")]
+    for name, data in gguf_seeds(corpus_gguf).items():
+        add(["gguf", "source"], name, data)
 
     # packs of some of the above, written by our own tool
     with tempfile.TemporaryDirectory() as tmp:

@@ -156,6 +156,7 @@ int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error
     ck_meta *m = &ix->meta[ix->nmeta];
     m->key = ck_index_strndup(ix, key, strlen(key));
     m->value = ck_index_strndup(ix, value, strlen(value));
+    m->json = 0;
     if (!m->key || !m->value)
         return ck_fail(err, ck_index_source(ix), "out of memory");
     ix->nmeta++;
@@ -173,15 +174,12 @@ const ck_entry *ck_index_find(const ck_index *ix, const char *name)
 
 int ck_tensor_nbytes(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint64_t *nbytes)
 {
-    uint64_t count = 1, bits;
+    uint64_t count = 1;
     for (unsigned i = 0; i < rank; i++) {
         if (shape[i] < 0 || __builtin_mul_overflow(count, (uint64_t)shape[i], &count))
             return -1;
     }
-    if (__builtin_mul_overflow(count, (uint64_t)ck_dtype_bits(dt), &bits) || bits % 8)
-        return -1;
-    *nbytes = bits / 8;
-    return 0;
+    return ck_dtype_nbytes(dt, count, nbytes);
 }
 
 int ck_pread(int fd, void *buf, size_t len, uint64_t off)
@@ -296,9 +294,10 @@ static int gather_batch(int fd, gather_item *items, size_t n, unsigned esize, un
 static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *buf, size_t len,
                         uint64_t off)
 {
-    unsigned esize = ck_dtype_bits(e->dtype) / 8;
+    uint64_t esize;
     int fd = ix->files[e->ext.file].fd;
-    if (esize == 0) /* sub-byte elements have no strided form */
+    /* Sub-byte elements and blocks have no strided form. */
+    if (ck_dtype_nbytes(e->dtype, 1, &esize))
         return -EIO;
     gather_item *items = malloc(GATHER_ITEMS * sizeof *items);
     unsigned char *scratch = malloc(GATHER_SPAN > GATHER_ITEMS * esize ? GATHER_SPAN

@@ -78,6 +78,8 @@ typedef struct ck_file {
 
 typedef struct ck_meta {
     const char *key, *value; /* UTF-8 strings */
+    uint8_t json;            /* value is a JSON text (a GGUF key's typed value): index.json
+                              * shows it as is, not as a string */
 } ck_meta;
 
 typedef struct ck_index {
@@ -142,8 +144,9 @@ const char *ck_value_type_name(enum ck_value_type t);
 void *ck_index_alloc(ck_index *ix, size_t n);
 char *ck_index_strndup(ck_index *ix, const char *s, size_t n);
 
-/* Product of dims times the dtype's bits, in bytes. -1 on overflow, a negative dim, or a
- * sub-byte dtype whose element count does not fill whole bytes. */
+/* The bytes of a tensor: its element count (the product of dims) through ck_dtype_nbytes. -1 on
+ * overflow, a negative dim, or an element count that is not a whole number of the dtype's
+ * blocks (a sub-byte dtype whose elements do not fill whole bytes). */
 int ck_tensor_nbytes(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint64_t *nbytes);
 
 #endif

@@ -95,13 +95,15 @@ static void slice(ck_plan *p)
     }
 }
 
-/* The largest element of blob pb's tensors, in bytes (1 for the sub-byte types): the alignment
- * its address needs for each of them to be aligned to its own element. */
+/* The largest element of blob pb's tensors, in bytes (1 for the types stored in blocks of
+ * several elements: sub-byte floats, ggml's quantized blocks): the alignment its address needs
+ * for each of them to be aligned to its own element. */
 static uint64_t element_align(const ck_plan *p, const ck_plan_blob *pb)
 {
     uint64_t a = 1;
     for (uint32_t k = 0; k < pb->count; k++) {
-        uint64_t bytes = ck_dtype_bits(p->tensors[p->blob_tensors[pb->first + k]].entry->dtype) / 8;
+        enum ck_dtype dt = p->tensors[p->blob_tensors[pb->first + k]].entry->dtype;
+        uint64_t bytes = ck_dtype_block_elems(dt) == 1 ? ck_dtype_block_bytes(dt) : 1;
         a = bytes > a ? bytes : a;
     }
     return a;

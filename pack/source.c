@@ -1,4 +1,5 @@
 /* source.c — ck_open: what kind of checkpoint a path holds, decided by content alone. */
+#include "gguf.h"
 #include "index.h"
 #include "npy.h"
 #include "packfile.h"
@@ -68,6 +69,9 @@ static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
     } else if (npy_probe(head, n)) {
         ix->format = "npy";
         rc_read = npy_read_file(ix, (uint32_t)id, err);
+    } else if (gguf_probe(head, n)) {
+        ix->format = "gguf";
+        rc_read = gguf_read_file(ix, (uint32_t)id, err);
     } else if (zip_probe(head, n)) {
         rc_read = read_zip(ix, (uint32_t)id, head, n, err);
     } else if (pt_probe_legacy(head, n)) {
@@ -104,7 +108,9 @@ int ck_open(const char *source, ck_index **out, ck_error *err)
     }
     if (S_ISDIR(st.st_mode)) {
         close(fd);
-        return st_open_dir(source, out, err);
+        /* The one place a directory's kind is decided: GGUF splits, else safetensors shards. */
+        return gguf_dir_probe(source) ? gguf_open_dir(source, out, err)
+                                      : st_open_dir(source, out, err);
     }
     return open_file(source, fd, out, err);
 }

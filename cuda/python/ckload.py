@@ -25,7 +25,8 @@ little-endian bytes:
     float8): the tensor's shape;
   - U16, U32, U64 (torch < 2.3) and C32: the tensor's shape plus a last dimension of the
     element's size in bytes;
-  - F4, F6_E2M3, F6_E3M2 (sub-byte, always): one dimension, the byte count.
+  - F4, F6_E2M3, F6_E3M2 (sub-byte, always) and GGUF's block-quantized types (Q4_0 ... Q8_K,
+    IQ*, TQ*, MXFP4, ...: raw ggml blocks): one dimension, the byte count.
 `Load.info(i)` tells the pack's dtype and shape in every case.
 """
 import ctypes

@@ -884,3 +884,99 @@ def test_decorated_names_mount(tmp_path, mount):
     with mount(src) as m:
         got = {e["name"]: (m / e["path"]).read_bytes() for e in read_index(m)["tensors"]}
     assert got == {n: bytes([k]) for k, n in enumerate(names)}
+
+
+# --- GGUF files that lie (issue 15) ------------------------------------------------------------
+# Built byte by byte from the GGUF spec (ggml's docs/gguf.md), so nothing here depends on a
+# writer that would refuse to write them.
+
+def g_str(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def g_kv(key, vtype, payload):
+    return g_str(key) + struct.pack("<I", vtype) + payload
+
+
+def g_info(name, ne, gtype=0, offset=0):
+    return (g_str(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<q", d) for d in ne)
+            + struct.pack("<IQ", gtype, offset))
+
+
+def g_file(kvs=(), infos=(), data=b"", version=3, ntensors=None, nkv=None, align=32,
+           magic=b"GGUF", vfmt="<I"):
+    head = (magic + struct.pack(vfmt, version) +
+            struct.pack("<QQ", len(infos) if ntensors is None else ntensors,
+                        len(kvs) if nkv is None else nkv))
+    body = head + b"".join(kvs) + b"".join(infos)
+    return body + b"\0" * (-len(body) % align) + data
+
+
+def gguf_case(**kw):
+    return file_with(g_file(**kw), "x.gguf")
+
+
+ONE_F32 = [g_info("w", [4])]
+GGUF_HOSTILE = {
+    "tensor_count_lies": gguf_case(infos=ONE_F32, data=bytes(16), ntensors=1 << 40),
+    "key_count_lies": gguf_case(infos=ONE_F32, data=bytes(16), nkv=(1 << 63) - 1),
+    "huge_string": gguf_case(kvs=[g_kv("k", 8, struct.pack("<Q", 1 << 62))]),
+    "string_past_eof": gguf_case(kvs=[g_kv("k", 8, struct.pack("<Q", 4096) + b"x")]),
+    "huge_array": gguf_case(kvs=[g_kv("k", 9, struct.pack("<IQ", 10, 1 << 26))]),
+    "array_count_over_limit": gguf_case(kvs=[g_kv("k", 9, struct.pack("<IQ", 0, 1 << 40))]),
+    "array_of_arrays": gguf_case(kvs=[g_kv("k", 9, struct.pack("<IIQ", 9, 0, 1))]),
+    "unknown_value_type": gguf_case(kvs=[g_kv("k", 13, b"\0" * 8)]),
+    "empty_key": gguf_case(kvs=[g_kv("", 0, b"\1")]),
+    "duplicate_key": gguf_case(kvs=[g_kv("k", 0, b"\1"), g_kv("k", 0, b"\2")]),
+    "bool_of_7": gguf_case(kvs=[g_kv("k", 7, b"\7")]),
+    "offset_past_eof": gguf_case(infos=[g_info("w", [1 << 20])], data=bytes(64)),
+    "offset_misaligned": gguf_case(infos=[g_info("a", [1]), g_info("b", [1], offset=4)],
+                                   data=bytes(64)),
+    "offset_overlaps": gguf_case(infos=[g_info("a", [16]), g_info("b", [16], offset=32)],
+                                 data=bytes(128)),
+    "offset_huge": gguf_case(infos=[g_info("w", [4], offset=(1 << 64) - 32)], data=bytes(16)),
+    "alignment_not_power_of_two": gguf_case(
+        kvs=[g_kv("general.alignment", 4, struct.pack("<I", 24))], infos=ONE_F32, data=bytes(16)),
+    "alignment_huge": gguf_case(
+        kvs=[g_kv("general.alignment", 4, struct.pack("<I", 1 << 31))], infos=ONE_F32,
+        data=bytes(16)),
+    "duplicate_tensor": gguf_case(infos=[g_info("w", [4]), g_info("w", [4], offset=32)],
+                                  data=bytes(64)),
+    "dims_overflow": gguf_case(infos=[g_info("w", [1 << 40, 1 << 40])], data=bytes(16)),
+    "negative_dim": gguf_case(infos=[g_info("w", [-4])], data=bytes(16)),
+    "five_dims": gguf_case(infos=[g_info("w", [1, 1, 1, 1, 1])], data=bytes(16)),
+    "unknown_tensor_type": gguf_case(infos=[g_info("w", [32], gtype=4)], data=bytes(64)),
+    "row_not_whole_blocks": gguf_case(infos=[g_info("w", [33], gtype=2)], data=bytes(64)),
+    "name_in_metadata_dir": gguf_case(infos=[g_info("__metadata__.x", [4])], data=bytes(16)),
+    "name_not_utf8": gguf_case(infos=[g_info(b"\xff\xfe", [4])], data=bytes(16)),
+    "big_endian": gguf_case(infos=ONE_F32, data=bytes(16), vfmt=">I"),
+    "version_1": gguf_case(version=1),
+    "truncated_in_infos": lambda tmp: file_with(g_file(infos=ONE_F32, data=bytes(16))[:40],
+                                                "x.gguf")(tmp),
+    "split_without_siblings": gguf_case(
+        kvs=[g_kv("split.no", 2, struct.pack("<H", 0)), g_kv("split.count", 2,
+                                                             struct.pack("<H", 3))]),
+    "later_split_alone": gguf_case(
+        kvs=[g_kv("split.no", 2, struct.pack("<H", 1)), g_kv("split.count", 2,
+                                                             struct.pack("<H", 3))]),
+}
+
+
+def test_gguf_builder_makes_valid_files(tmp_path):
+    """The benign twin, read by gguf-py's GGUFReader: the builder above writes real GGUF."""
+    import gguf
+    path = file_with(g_file(kvs=[g_kv("k", 4, struct.pack("<I", 7))], infos=ONE_F32,
+                            data=struct.pack("<4f", 1, 2, 3, 4)), "x.gguf")(tmp_path)
+    r = gguf.GGUFReader(str(path))
+    assert r.fields["k"].contents() == 7
+    assert r.tensors[0].data.tolist() == [1, 2, 3, 4]
+    p = run([ckpt_bin(), "cat", path, "w"])
+    assert p.returncode == 0 and p.stdout == struct.pack("<4f", 1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("case", list(GGUF_HOSTILE))
+def test_gguf_that_lies(tmp_path, fuse, case):
+    lines = assert_refused_everywhere(GGUF_HOSTILE[case](tmp_path), tmp_path)
+    if case == "big_endian":
+        assert all("byte-swapped (big-endian)" in line for line in lines), lines

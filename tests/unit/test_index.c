@@ -101,6 +101,13 @@ static const struct {
     {"F64", 64},    {"C64", 64},    {"F4", 4},       {"F6_E2M3", 6}, {"F6_E3M2", 6},
     /* torch's, beyond the spec */
     {"C128", 128},  {"C32", 32},    {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8},
+    /* ggml's block types: no width per element (test_gguf.c checks their blocks) */
+    {"Q4_0", 0},    {"Q4_1", 0},    {"Q5_0", 0},     {"Q5_1", 0},    {"Q8_0", 0},
+    {"Q8_1", 0},    {"Q2_K", 0},    {"Q3_K", 0},     {"Q4_K", 0},    {"Q5_K", 0},
+    {"Q6_K", 0},    {"Q8_K", 0},    {"IQ2_XXS", 0},  {"IQ2_XS", 0},  {"IQ3_XXS", 0},
+    {"IQ1_S", 0},   {"IQ4_NL", 0},  {"IQ3_S", 0},    {"IQ2_S", 0},   {"IQ4_XS", 0},
+    {"IQ1_M", 0},   {"TQ1_0", 0},   {"TQ2_0", 0},    {"MXFP4", 0},   {"NVFP4", 0},
+    {"Q1_0", 0},
 };
 
 Test(dtype, names_and_bits)

@@ -1309,15 +1309,16 @@ Test(pack_entry, every_dtype_code_is_known)
 {
     for (unsigned dt = 0; dt < CK_DTYPE_COUNT; dt++) {
         bytebuf ix = {0};
-        pk_blob blob = {.length = ck_dtype_bits(dt)}; /* 8 elements */
+        /* 8 blocks (8 elements of a one-element-block type) */
+        pk_blob blob = {.length = 8 * ck_dtype_block_bytes(dt)};
         pk_counts(&ix, 1, 1, 0, 0);
         pk_blobs(&ix, &blob, 1);
-        pk_tensor(&ix, "t", dt, 1, (int64_t[]){8}, 0);
+        pk_tensor(&ix, "t", dt, 1, (int64_t[]){8 * ck_dtype_block_elems(dt)}, 0);
         const char *path = pk_file(&ix, &blob, 1);
         free(ix.p);
         ck_index *cx = open_ok(path);
         cr_assert_eq(cx->entries[0].dtype, dt);
-        cr_assert_eq(cx->entries[0].nbytes, ck_dtype_bits(dt));
+        cr_assert_eq(cx->entries[0].nbytes, 8 * ck_dtype_block_bytes(dt));
         ck_index_free(cx);
     }
 }

@@ -355,8 +355,8 @@ Test(st_tensor, shape_product_overflows)
             "tensor 'a': shape × U8 overflows or is not a whole number of bytes");
     refused(strf("{%s}", st_tensor("a", "F32", strf("[%llu,%llu,%llu]", d26, d26, d26), 0, 1)), 1,
             "tensor 'a': shape × F32 overflows");
-    /* 2^58 elements fit in 64 bits; their 2^64 bits do not */
-    refused(strf("{%s}", st_tensor("a", "F64", strf("[%llu,%llu]", 1ull << 52, 1ull << 6), 0, 1)), 1,
+    /* 2^61 elements fit in 64 bits; their 2^64 bytes do not */
+    refused(strf("{%s}", st_tensor("a", "F64", strf("[%llu,%llu]", 1ull << 52, 1ull << 9), 0, 1)), 1,
             "tensor 'a': shape × F64 overflows");
 }
 
