@@ -26,6 +26,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <sanitizer/asan_interface.h> /* no-ops unless built with AddressSanitizer */
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -91,6 +92,7 @@ _Static_assert(offsetof(pk_box, type) == offsetof(pk_obj, type) &&
 /* The items of a box that recycle takes back for reuse: a persistent id has 5,
  * _rebuild_tensor_v2's arguments 6, and a box of 5 takes as many bytes as one of 6. */
 #define SPARE_CAP 6
+#define SPARE_BYTES (sizeof(pk_box) + SPARE_CAP * sizeof(pk_obj *))
 _Static_assert((sizeof(pk_box) + (SPARE_CAP - 1) * sizeof(pk_obj *) + 15) / 16 ==
                (sizeof(pk_box) + SPARE_CAP * sizeof(pk_obj *) + 15) / 16,
                "a box of SPARE_CAP - 1 items takes the arena's bytes of one of SPARE_CAP");
@@ -349,8 +351,10 @@ static pk_box *new_box(vm *v, enum pk_type t, size_t cap)
                                              : alloc(v, sizeof *b + cap * sizeof(pk_obj *));
     if (!b)
         return NULL;
-    if (b == v->spare)
+    if (b == v->spare) {
+        ASAN_UNPOISON_MEMORY_REGION(b, SPARE_BYTES);
         v->spare = (pk_box *)b->seq.items;
+    }
     *b = (pk_box){.type = (uint8_t)t, .seq.items = (pk_obj **)(b + 1), .depth = 1,
                   .walk = 1, .cap = (uint32_t)cap};
     return b;
@@ -657,6 +661,7 @@ static void recycle(vm *v, pk_obj *o)
     }
     b->seq.items = (pk_obj **)v->spare;
     v->spare = b;
+    ASAN_POISON_MEMORY_REGION(b, SPARE_BYTES); /* a stale use is caught by the sanitizers */
 }
 
 /* --- objects found by value ----------------------------------------------------------- */
