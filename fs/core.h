@@ -13,9 +13,9 @@
  *  - The mount's own files (.ckptfs/index.json, and the synthesized checkpoint.pack and
  *    checkpoint.safetensors) are made the first time anyone looks at them, once, whatever the
  *    threads (index.json may be made ahead, in the background: ck_fs_prepare). If one cannot
- *    be made, every lookup, stat, open and read of it answers -EIO,
- *    never a short or empty file, and the reason goes to the log once, as the line `ckpt pack`
- *    would print ("ckptfs: SOURCE: what is wrong").
+ *    be made, every lookup, stat, open and read of it answers -EIO, never a short or empty
+ *    file, and the reason goes to the log once, as the line `ckpt pack` would print
+ *    ("ckptfs: SOURCE: what is wrong").
  */
 #ifndef CK_CORE_H
 #define CK_CORE_H
