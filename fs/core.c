@@ -133,6 +133,8 @@ int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_
 
 void ck_fs_free(ck_fs *fs)
 {
+    if (fs->preparing)
+        pthread_join(fs->prepare, NULL);
     for (uint32_t i = 0; fs->src_path && i < fs->ix->nfiles; i++)
         free(fs->src_path[i]);
     free(fs->src_path);
@@ -200,6 +202,18 @@ static int vfile_ready(ck_fs *fs, uint32_t k)
     int made = fs->vfile[k].made;
     pthread_mutex_unlock(&fs->vfile_lock);
     return made;
+}
+
+static void *prepare_index_json(void *fs)
+{
+    vfile_ready(fs, CK_VFILE_INDEX_JSON);
+    return NULL;
+}
+
+void ck_fs_prepare(ck_fs *fs)
+{
+    if (!fs->preparing) /* once: a second call has nothing to start */
+        fs->preparing = pthread_create(&fs->prepare, NULL, prepare_index_json, fs) == 0;
 }
 
 /* A file's size: -EIO for one of the mount's own files that cannot be made. */

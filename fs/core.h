@@ -12,9 +12,10 @@
  *    open answers -ESTALE for either).
  *  - The mount's own files (.ckptfs/index.json, and the synthesized checkpoint.pack and
  *    checkpoint.safetensors) are made the first time anyone looks at them, once, whatever the
- *    threads. If one cannot be made, every lookup, stat, open and read of it answers -EIO,
- *    never a short or empty file, and the reason goes to the log once, as the line `ckpt pack`
- *    would print ("ckptfs: SOURCE: what is wrong").
+ *    threads (index.json may be made ahead, in the background: ck_fs_prepare). If one cannot
+ *    be made, every lookup, stat, open and read of it answers -EIO, never a short or empty
+ *    file, and the reason goes to the log once, as the line `ckpt pack` would print
+ *    ("ckptfs: SOURCE: what is wrong").
  */
 #ifndef CK_CORE_H
 #define CK_CORE_H
@@ -47,6 +48,8 @@ typedef struct ck_fs {
         int failed;            /* could not be made (and was logged) */
     } vfile[CK_VFILE_COUNT];
     pthread_mutex_t vfile_lock;
+    pthread_t prepare;         /* ck_fs_prepare's thread, joined by ck_fs_free */
+    int preparing;             /* it was started */
     uid_t uid;
     gid_t gid;
     struct timespec mtime;     /* directories, values and the mount's files: the source's */
@@ -61,6 +64,12 @@ typedef struct ck_fs {
  * uid:gid; log receives messages (NULL: none).
  * 0, or -1 with err set (out of memory, two entries with one path). */
 int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_error *err);
+/* Starts making index.json on a thread of its own, so that a reader right after the mount
+ * (the usual first thing a loader does) finds it made, or being made, rather than waits for all
+ * of it: it takes the time the mount itself and the command's exit take anyway, on the other
+ * core. Its text is the same, made once, whoever asks first; a failure is logged and answered as
+ * on first use. Nothing happens if no thread can be started (it is then made on first use). */
+void ck_fs_prepare(ck_fs *fs);
 /* Publishes SOURCE (as mounted) and each source file's identity on the root, as the xattr
  * user.ckptfs.sources, so that a loader can read the sources itself rather than through FUSE
  * (README "The mount"): a list of NUL-terminated strings, SOURCE made absolute, then one per
@@ -82,7 +91,8 @@ typedef struct ck_source_file {
 int ck_fs_parse_sources(char *v, size_t len, const char **source, ck_source_file **files,
                         size_t *nfiles);
 
-/* Frees everything, the index included. A zeroed ck_fs is fine. */
+/* Frees everything, the index included, once ck_fs_prepare's thread is done. A zeroed ck_fs is
+ * fine. */
 void ck_fs_free(ck_fs *fs);
 
 /* The attributes of an inode. -ENOENT, -EIO (one of the mount's own files that cannot be

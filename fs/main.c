@@ -212,6 +212,7 @@ static int build_view(ck_mount *m, const char *source, const struct ck_opts *o)
         fprintf(stderr, "ckptfs: %s\n", err.msg);
         return -1;
     }
+    ck_fs_prepare(&m->fs); /* index.json, while the mount is made */
     m->direct_io = o->direct_io;
     m->timeout = o->timeout;
     return 0;

@@ -15,6 +15,32 @@ static int needs_escape(unsigned char c)
     return c == '%' || c == '/' || c < 0x20 || c == 0x7f;
 }
 
+#define ONES 0x0101010101010101ull
+#define HIGHS (ONES * 0x80)
+
+/* Whether any of the eight bytes in w needs an escape (needs_escape): a byte below 0x20, or one
+ * equal to '%', '/' or 0x7f, found eight at a time, as the names of a checkpoint are long and
+ * nearly never hold one. */
+static int word_needs_escape(uint64_t w)
+{
+    uint64_t pct = w ^ (ONES * '%'), slash = w ^ (ONES * '/'), del = w ^ (ONES * 0x7f);
+    return ((((w - ONES * 0x20) & ~w) | ((pct - ONES) & ~pct) | ((slash - ONES) & ~slash) |
+             ((del - ONES) & ~del)) & HIGHS) != 0;
+}
+
+/* The bytes of s[0..len) with their escapes, "%XX" counting 3. */
+static size_t escaped_len(const char *s, size_t len)
+{
+    size_t i = 0;
+    uint64_t w;
+    while (len - i >= sizeof w && (memcpy(&w, s + i, sizeof w), !word_needs_escape(w)))
+        i += sizeof w;
+    size_t full = i;
+    for (; i < len; i++)
+        full += needs_escape((unsigned char)s[i]) ? 3 : 1;
+    return full;
+}
+
 /* ck_escape_component, with the hashed form taken for escaped forms over limit bytes. */
 static size_t escape(const char *s, size_t len, char *out, size_t limit)
 {
@@ -23,9 +49,7 @@ static size_t escape(const char *s, size_t len, char *out, size_t limit)
         memcpy(out, "%", 2);
         return 1;
     }
-    size_t full = 0;
-    for (size_t i = 0; i < len; i++)
-        full += needs_escape((unsigned char)s[i]) ? 3 : 1;
+    size_t full = escaped_len(s, len);
     if (full == len && len <= limit) { /* nothing to escape or cut: most components */
         memcpy(out, s, len);
         out[len] = 0;
@@ -250,11 +274,21 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
     return 0;
 }
 
+/* The '.'s in s[0..n), eight bytes at a time: a byte of x = w ^ "........" is zero exactly where
+ * a '.' is, and ((x & 0x7f) + 0x7f) | x has its high bit set exactly where x is not zero (no
+ * carry crosses a byte). */
 static size_t count_dots(const char *s, size_t n)
 {
-    size_t dots = 0;
-    for (const char *end = s + n; (s = memchr(s, '.', (size_t)(end - s))) != NULL; s++)
-        dots++;
+    size_t dots = 0, i = 0;
+    uint64_t w;
+    for (; n - i >= sizeof w; i += sizeof w) {
+        memcpy(&w, s + i, sizeof w);
+        uint64_t x = w ^ (ONES * '.');
+        uint64_t at = ~(((x & ~HIGHS) + ~HIGHS) | x) & HIGHS;
+        dots += (size_t)(((at >> 7) * ONES) >> 56); /* the eight 0-or-1 bytes, summed */
+    }
+    for (; i < n; i++)
+        dots += s[i] == '.';
     return dots;
 }
 

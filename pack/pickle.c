@@ -26,6 +26,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <sanitizer/asan_interface.h> /* no-ops unless built with AddressSanitizer */
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -55,7 +56,8 @@ const pk_limits pk_default_limits = {
 
 /* --- values ---------------------------------------------------------------------------- */
 
-enum { BOX_SET = 1, BOX_FROZENSET = 2 };
+/* BOX_PINNED: held where recycle cannot follow (see there). */
+enum { BOX_SET = 1, BOX_FROZENSET = 2, BOX_PINNED = 4 };
 
 /* A tuple, list or dict: a pk_obj of which only type and u.seq are used, with the container's
  * own fields in the bytes that u's larger members would take. 48 bytes, not 80 as a pk_obj
@@ -65,7 +67,7 @@ enum { BOX_SET = 1, BOX_FROZENSET = 2 };
 typedef struct pk_box {
     uint8_t type;         /* pk_obj.type */
     uint8_t frozen;       /* inside another container: no more changes (see the top) */
-    uint8_t flags;        /* BOX_SET, BOX_FROZENSET: a set shown as a list */
+    uint8_t flags;        /* BOX_SET, BOX_FROZENSET: a set shown as a list; BOX_PINNED */
     uint32_t cap;         /* items allocated (BOX_MAX_ITEMS at most) */
     struct {              /* pk_obj.u.seq */
         pk_obj **items;
@@ -74,6 +76,7 @@ typedef struct pk_box {
     uint64_t walk;        /* values a walk visits, shared containers expanded: 1 + children's */
     const int64_t *ints;  /* a tuple of ints, converted once (sizes and strides are reused) */
     uint32_t depth;       /* 1 + the deepest child's depth (max_depth bounds it) */
+    uint32_t memo;        /* 1 + the one memo index that holds it, or 0 (recycle) */
 } pk_box;
 
 _Static_assert(offsetof(pk_box, type) == offsetof(pk_obj, type) &&
@@ -86,10 +89,24 @@ _Static_assert(offsetof(pk_box, type) == offsetof(pk_obj, type) &&
  * near: that is 32 GiB of item pointers). */
 #define BOX_MAX_ITEMS UINT32_MAX
 
+/* The items of a box that recycle takes back for reuse: a persistent id has 5,
+ * _rebuild_tensor_v2's arguments 6, and a box of 5 takes as many bytes as one of 6. */
+#define SPARE_CAP 6
+#define SPARE_BYTES (sizeof(pk_box) + SPARE_CAP * sizeof(pk_obj *))
+_Static_assert((sizeof(pk_box) + (SPARE_CAP - 1) * sizeof(pk_obj *) + 15) / 16 ==
+               (sizeof(pk_box) + SPARE_CAP * sizeof(pk_obj *) + 15) / 16,
+               "a box of SPARE_CAP - 1 items takes the arena's bytes of one of SPARE_CAP");
+
+/* What the memo holds in place of a box that recycle took back: a GET of it makes the VM run
+ * the pickle again without recycling (see recycle). */
+static pk_obj recycled_memo;
+
 static int is_container(const pk_obj *o)
 {
-    return o->type == PK_TUPLE || o->type == PK_LIST || o->type == PK_DICT;
+    return (unsigned)o->type - PK_TUPLE <= PK_DICT - PK_TUPLE; /* three in a row */
 }
+
+_Static_assert(PK_LIST == PK_TUPLE + 1 && PK_DICT == PK_TUPLE + 2, "containers in a row");
 
 static pk_box *box(pk_obj *o)
 {
@@ -170,6 +187,10 @@ typedef struct vm {
 
     obj_set stores;           /* storage key -> its one PK_STORAGE */
     obj_set int_tuples;       /* the tuples of ints made so far, by value (see build_seq) */
+
+    int recycle;              /* boxes used up may be reused (recycle) */
+    int rerun;                /* a GET found one: run again with recycle 0 */
+    pk_box *spare;            /* boxes recycle took back, linked through seq.items */
 } vm;
 
 static unsigned long long at(const vm *v)
@@ -323,10 +344,17 @@ static pk_box *new_box(vm *v, enum pk_type t, size_t cap)
         return NULL;
     if (cap > BOX_MAX_ITEMS)
         return oom(v), NULL;
+    if (cap == SPARE_CAP - 1) /* the same bytes either way: the arena rounds to 16 */
+        cap = SPARE_CAP;
     /* The items a container starts with live right behind it: one allocation, not two. */
-    pk_box *b = alloc(v, sizeof *b + cap * sizeof(pk_obj *));
+    pk_box *b = cap == SPARE_CAP && v->spare ? v->spare
+                                             : alloc(v, sizeof *b + cap * sizeof(pk_obj *));
     if (!b)
         return NULL;
+    if (b == v->spare) {
+        ASAN_UNPOISON_MEMORY_REGION(b, SPARE_BYTES);
+        v->spare = (pk_box *)b->seq.items;
+    }
     *b = (pk_box){.type = (uint8_t)t, .seq.items = (pk_obj **)(b + 1), .depth = 1,
                   .walk = 1, .cap = (uint32_t)cap};
     return b;
@@ -479,6 +507,14 @@ static int pop_mark(vm *v, size_t *start)
     return 0;
 }
 
+/* Marks a container that something recycle cannot follow holds: a DUP or a GET puts it on
+ * the stack a second time. */
+static void pin(pk_obj *o)
+{
+    if (is_container(o))
+        box(o)->flags |= BOX_PINNED;
+}
+
 /* --- the memo -------------------------------------------------------------------------- */
 
 static uint64_t hash_u64(const vm *v, uint64_t key)
@@ -559,19 +595,39 @@ __attribute__((noinline)) static int memo_put(vm *v, uint64_t key, pk_obj *o)
     return 0;
 }
 
-static int memo_push(vm *v, uint64_t key)
+static inline int memo_push(vm *v, uint64_t key)
 {
     pk_obj *o = memo_get(v, key);
     if (!o)
         return fail(v, "%s of memo index %llu, which was never set", opname(v),
                     (unsigned long long)key);
+    if (o == &recycled_memo) {
+        v->rerun = 1;
+        return fail(v, "%s of memo index %llu, which was recycled", opname(v),
+                    (unsigned long long)key);
+    }
+    pin(o); /* now on the stack besides in the memo */
     return push(v, o);
+}
+
+/* Notes that the memo holds the box o at key: a box held at one index can still be recycled
+ * (the index then says so), one held at two is pinned. */
+static void memo_holds(pk_obj *o, uint64_t key)
+{
+    if (!is_container(o))
+        return;
+    pk_box *b = box(o);
+    if (b->memo || key >= UINT32_MAX)
+        b->flags |= BOX_PINNED;
+    else
+        b->memo = (uint32_t)key + 1;
 }
 
 static inline int memo_store_top(vm *v, uint64_t key)
 {
     if (need(v, 1))
         return -1;
+    memo_holds(top(v), key);
     /* The next index with room for it in the array, as nearly every PUT is: nothing to grow,
      * clear or look up (cap_dense <= max_memo bounds it, and a sparse key is ruled out). */
     if (key == v->dense_init && key < v->cap_dense && !v->nsparse) {
@@ -580,6 +636,32 @@ static inline int memo_store_top(vm *v, uint64_t key)
         return 0;
     }
     return memo_put(v, key, top(v));
+}
+
+/* Takes back a tuple that REDUCE (its arguments) or BINPERSID (a persistent id) has just used
+ * up, when no other value can reach it: not inside another container (frozen), not held by the
+ * int tuples, a DUP or two memo indices (pinned), not what the opcode left on the stack. torch
+ * writes two such tuples a tensor, 40% of the memory its parse took; taken back, the next
+ * tensor's two reuse them. The memo may still hold it, at one index: that index then holds
+ * recycled_memo, and since torch never reads these back, the pickle is run again without
+ * recycling only in the rare case one is read. Items stay where they are; only the box goes. */
+static void recycle(vm *v, pk_obj *o)
+{
+    pk_box *b = box(o);
+    if (!v->recycle || o->type != PK_TUPLE || b->cap != SPARE_CAP ||
+        b->seq.items != (pk_obj **)(b + 1) || b->frozen || (b->flags & BOX_PINNED) ||
+        (v->sp && top(v) == o))
+        return;
+    if (b->memo) {
+        uint64_t key = b->memo - 1;
+        if (key < v->dense_init && v->dense[key] == o)
+            v->dense[key] = &recycled_memo;
+        else if (v->nsparse && sparse_slot(v, key)->val == o)
+            sparse_slot(v, key)->val = &recycled_memo;
+    }
+    b->seq.items = (pk_obj **)v->spare;
+    v->spare = b;
+    ASAN_POISON_MEMORY_REGION(b, SPARE_BYTES); /* a stale use is caught by the sanitizers */
 }
 
 /* --- objects found by value ----------------------------------------------------------- */
@@ -857,6 +939,7 @@ static int build_seq(vm *v, enum pk_type t, size_t n, uint8_t flags)
     if (shared) {
         *shared = obj(b);
         v->int_tuples.n++;
+        b->flags |= BOX_PINNED;
     }
     return push(v, obj(b));
 }
@@ -1080,7 +1163,13 @@ static int persistent_load(vm *v, pk_obj *pid)
 
 static int op_binpersid(vm *v)
 {
-    return need(v, 1) ? -1 : persistent_load(v, pop(v));
+    if (need(v, 1))
+        return -1;
+    pk_obj *pid = pop(v);
+    if (persistent_load(v, pid))
+        return -1;
+    recycle(v, pid);
+    return 0;
 }
 
 static int op_persid(vm *v)
@@ -1301,17 +1390,10 @@ static int make_device(vm *v, const pk_obj *fn, pk_obj *args)
     return 0;
 }
 
-static int op_reduce(vm *v)
+/* What REDUCE of fn (an allowed global) on args (a tuple) leaves on the stack, in fn's place. */
+static int call(vm *v, const pk_obj *fn, pk_obj *args)
 {
-    if (need(v, 2))
-        return -1;
-    pk_obj *args = pop(v), *fn = top(v);
-    if (fn->type != PK_GLOBAL)
-        return fail(v, "%s calls a %s, which is not callable", opname(v), kind_of(fn));
     const char *name = fn->u.global.name;
-    if (args->type != PK_TUPLE)
-        return fail(v, "%s %s: arguments are a %s, not a tuple", opname(v), name,
-                    kind_of(args));
     switch (fn->u.global.which) {
     case PKG_REBUILD_TENSOR:
     case PKG_REBUILD_TENSOR_V2:
@@ -1340,6 +1422,22 @@ static int op_reduce(vm *v)
     default:
         return fail(v, "%s calls %s, which may not be called", opname(v), name);
     }
+}
+
+static int op_reduce(vm *v)
+{
+    if (need(v, 2))
+        return -1;
+    pk_obj *args = pop(v), *fn = top(v);
+    if (fn->type != PK_GLOBAL)
+        return fail(v, "%s calls a %s, which is not callable", opname(v), kind_of(fn));
+    if (args->type != PK_TUPLE)
+        return fail(v, "%s %s: arguments are a %s, not a tuple", opname(v), fn->u.global.name,
+                    kind_of(args));
+    if (call(v, fn, args))
+        return -1;
+    recycle(v, args);
+    return 0;
 }
 
 /* NEWOBJ (cls, args) and NEWOBJ_EX (cls, args, kwargs): only OrderedDict, whose __new__ makes
@@ -1416,7 +1514,7 @@ static int op_pop(vm *v)
     return need(v, 1);
 }
 
-static inline int op_get_put(vm *v, unsigned nbytes, int put)
+__attribute__((always_inline)) static inline int op_get_put(vm *v, unsigned nbytes, int put)
 {
     uint64_t key;
     if (nbytes == 0) {
@@ -1472,7 +1570,7 @@ static int step(vm *v)
         v->sp = start;
         return 0;
     }
-    case OP_DUP: return need(v, 1) ? -1 : push(v, top(v));
+    case OP_DUP: return need(v, 1) ? -1 : (pin(top(v)), push(v, top(v)));
     case OP_EMPTY_DICT: {
         pk_box *d = new_box(v, PK_DICT, 0);
         return d ? push(v, obj(d)) : -1;
@@ -1565,15 +1663,15 @@ static int run(vm *v, pk_obj **root)
     }
 }
 
-int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const char *path,
-            uint64_t base, pk_result *out, ck_error *err)
+/* One run of the pickle, boxes recycled or not (see recycle). */
+static int load(const unsigned char *data, size_t len, const pk_limits *lim, const char *path,
+                uint64_t base, int recycle_boxes, pk_result *out, ck_error *err, int *rerun)
 {
-    *out = (pk_result){0};
     vm v = {
         .in = data, .len = len, .path = path, .base = base,
         .lim = lim ? *lim : pk_default_limits, .err = err,
         .copy_left = (uint64_t)len * COPY_PER_INPUT_BYTE + COPY_SLACK,
-        .seed = ck_hash_seed(),
+        .seed = ck_hash_seed(), .recycle = recycle_boxes,
     };
     pk_obj *root = NULL;
     int rc = run(&v, &root);
@@ -1583,6 +1681,7 @@ int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const c
     free(v.sparse);
     free(v.stores.slot);
     free(v.int_tuples.slot);
+    *rerun = v.rerun;
     if (rc) {
         ck_arena_free(v.arena);
         return v.truncated ? PK_TRUNCATED : PK_ERROR;
@@ -1591,6 +1690,17 @@ int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const c
     out->consumed = v.pos;
     out->arena = v.arena;
     return 0;
+}
+
+int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const char *path,
+            uint64_t base, pk_result *out, ck_error *err)
+{
+    *out = (pk_result){0};
+    int rerun;
+    int rc = load(data, len, lim, path, base, 1, out, err, &rerun);
+    if (rc && rerun) /* it read back a box it had recycled: again, keeping every box */
+        rc = load(data, len, lim, path, base, 0, out, err, &rerun);
+    return rc;
 }
 
 void pk_free(pk_result *r)

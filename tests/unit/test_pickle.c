@@ -1087,6 +1087,98 @@ Test(pickle_torch, shared_storage_is_one_object)
     pk_free(&r);
 }
 
+/* The tuple of n tensors that tensor_v2 writes with these arguments, dumped. */
+static const char *tensors_dump(int n, const char *const *keys, const int64_t *offsets)
+{
+    pb p = {0};
+    op(&p, '(');
+    for (int i = 0; i < n; i++)
+        tensor_v2(&p, "FloatStorage", keys[i], 24, offsets[i], 2, S23, R23);
+    ops(&p, "t.");
+    pk_result r = load_ok(&p);
+    const char *d = dump_str(r.root);
+    pk_free(&r);
+    return d;
+}
+
+Test(pickle_torch, used_up_tuples_read_back)
+{
+    /* A persistent id and _rebuild_tensor_v2's arguments, once used, are reused for the next
+     * tensor's: here the memo reads both back after that, or a DUP keeps a second reference
+     * on the stack. Each must still hold what it held. */
+    static const char *const keys[] = {"5", "6", "5"};
+    static const int64_t offsets[] = {0, 0, 0};
+    const char *want = tensors_dump(3, keys, offsets);
+    for (int how = 0; how < 3; how++) {
+        pb p = {0};
+        op(&p, '(');
+        if (how == 0) { /* the persistent id PUT, used up, then read back for a third tensor */
+            global(&p, "torch._utils", "_rebuild_tensor_v2");
+            op(&p, '(');
+            op(&p, '(');
+            str_(&p, "storage");
+            global(&p, "torch", "FloatStorage");
+            str_(&p, "5");
+            str_(&p, "cpu");
+            int_(&p, 24);
+            ops(&p, "tq\x07Q");
+            int_(&p, 0);
+            int_tuple(&p, 2, S23);
+            int_tuple(&p, 2, R23);
+            op(&p, 0x89);
+            empty_odict(&p);
+            ops(&p, "tR");
+            tensor_v2(&p, "FloatStorage", "6", 24, 0, 2, S23, R23);
+            global(&p, "torch._utils", "_rebuild_tensor_v2");
+            op(&p, '(');
+            ops(&p, "h\x07Q");
+            int_(&p, 0);
+            int_tuple(&p, 2, S23);
+            int_tuple(&p, 2, R23);
+            op(&p, 0x89);
+            empty_odict(&p);
+            ops(&p, "tR");
+        } else if (how == 1) { /* the arguments PUT, used up, then read back */
+            global(&p, "torch._utils", "_rebuild_tensor_v2");
+            op(&p, '(');
+            storage(&p, "FloatStorage", "5", 24);
+            int_(&p, 0);
+            int_tuple(&p, 2, S23);
+            int_tuple(&p, 2, R23);
+            op(&p, 0x89);
+            empty_odict(&p);
+            ops(&p, "tq\x09R");
+            tensor_v2(&p, "FloatStorage", "6", 24, 0, 2, S23, R23);
+            global(&p, "torch._utils", "_rebuild_tensor_v2");
+            ops(&p, "h\x09R");
+        } else { /* the persistent id DUPed: used up once, then again from the stack */
+            global(&p, "torch._utils", "_rebuild_tensor_v2");
+            op(&p, '(');
+            op(&p, '(');
+            str_(&p, "storage");
+            global(&p, "torch", "FloatStorage");
+            str_(&p, "5");
+            str_(&p, "cpu");
+            int_(&p, 24);
+            ops(&p, "t2Q0Q"); /* DUP, BINPERSID, POP, BINPERSID */
+            int_(&p, 0);
+            int_tuple(&p, 2, S23);
+            int_tuple(&p, 2, R23);
+            op(&p, 0x89);
+            empty_odict(&p);
+            ops(&p, "tR");
+            tensor_v2(&p, "FloatStorage", "6", 24, 0, 2, S23, R23);
+            tensor_v2(&p, "FloatStorage", "5", 24, 0, 2, S23, R23);
+        }
+        ops(&p, "t.");
+        pk_result r = load_ok(&p);
+        cr_assert_str_eq(dump_str(r.root), want, "case %d", how);
+        pk_obj **t = r.root->u.seq.items;
+        cr_assert_eq(t[0]->u.tensor.storage, t[2]->u.tensor.storage, "case %d", how);
+        pk_free(&r);
+    }
+}
+
 Test(pickle_torch, storage_key_reused_with_another_dtype)
 {
     pb p = {0};

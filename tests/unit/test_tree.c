@@ -65,6 +65,28 @@ Test(escape, every_byte)
     }
 }
 
+Test(escape, every_byte_at_every_place_of_a_long_component)
+{
+    /* Components are scanned eight bytes at a time: one byte that needs an escape must be found
+     * wherever it falls in a word, and bytes that look like one to a careless word test (0x80
+     * and up, ' ', '.') must not be escaped. */
+    static const unsigned char bytes[] = {'%', '/', 0x01, 0x1f, 0x7f, 0x20, 0x80, 0xa5, 0xff,
+                                          '0', 0x26, 0x2e, 0x30, 0x7e};
+    for (size_t len = 1; len <= 40; len++)
+        for (size_t at = 0; at < len; at++)
+            for (size_t k = 0; k < sizeof bytes; k++) {
+                unsigned b = bytes[k];
+                char s[41];
+                memset(s, 'x', len);
+                s[at] = (char)b;
+                int esc = b == '%' || b == '/' || b < 0x20 || b == 0x7f;
+                const char *want = esc ? strf("%.*s%%%02X%.*s", (int)at, s, b,
+                                              (int)(len - at - 1), s + at + 1)
+                                       : strf("%.*s", (int)len, s);
+                cr_assert_str_eq(escaped(s, len), want, "byte 0x%02x at %zu of %zu", b, at, len);
+            }
+}
+
 Test(escape, uppercase_hex)
 {
     cr_assert_str_eq(escaped("\x1f\x7f\x0a", 3), "%1F%7F%0A");
@@ -205,6 +227,42 @@ Test(tree, dots_make_directories)
     cr_assert_eq(t->nnodes, 1 + 2 + 4);
     ck_tree_free(t);
     ck_index_free(ix);
+}
+
+Test(tree, dots_counted_at_every_place)
+{
+    /* The tree is sized by counting dots eight bytes at a time: names of nothing but dots, and
+     * dots at every offset of a long name, must all fit (the sanitizer build checks the
+     * bound), and make the directories they name. */
+    for (size_t len = 1; len <= 24; len++) {
+        const char *names[2] = {rep(".", len), NULL};
+        char *one = malloc(len + 2);
+        cr_assert_not_null(one);
+        memset(one, 'a', len + 1);
+        one[len + 1] = 0;
+        for (size_t at = 1; at < len; at++) {
+            one[at] = '.';
+            names[1] = strf("%s", one);
+            ck_index *ix = index_of_names(names, 2);
+            ck_tree *t = build_with(ix, NULL, 0);
+            /* each '.' a '/', each empty piece "%" */
+            char want[64];
+            size_t n = 0;
+            for (size_t i = 0; i <= len; i++) {
+                int empty = one[i] == '.' || one[i] == 0;
+                if (empty && (i == 0 || one[i - 1] == '.'))
+                    want[n++] = '%';
+                if (one[i])
+                    want[n++] = one[i] == '.' ? '/' : one[i];
+            }
+            want[n] = 0;
+            cr_assert_str_eq(path_of(t, t->entry_node[1]), want);
+            cr_assert_str_eq(path_of(t, t->entry_node[0]), strf("%s%%", rep("%/", len)));
+            ck_tree_free(t);
+            ck_index_free(ix);
+        }
+        free(one);
+    }
 }
 
 Test(tree, empty_pieces)
