@@ -29,6 +29,8 @@ struct ck_synth {
     size_t nsegs, cap_segs;
     uint64_t size;
     unsigned char *head;     /* header and index, or the safetensors JSON */
+    const ck_meta *extra;    /* safetensors only, while it is built: metadata to add */
+    size_t nextra;
     /* pack only */
     uint32_t nblobs;
     uint32_t *blob_entry;    /* the entry that supplies each blob's bytes */
@@ -651,7 +653,8 @@ static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
 }
 
 /* The JSON header; tensors whose dtype the spec lacks are named in ckptfs.omitted instead. */
-static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep)
+static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep,
+                       const ck_meta *extra, size_t nextra)
 {
     cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *omitted = cJSON_CreateArray();
     char *text = NULL;
@@ -660,8 +663,11 @@ static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, ui
         return NULL;
     }
     cJSON_AddItemToObject(root, "__metadata__", meta);
-    for (size_t i = 0; i < ix->nmeta; i++)
-        cJSON_AddItemToObject(meta, ix->meta[i].key, cJSON_CreateString(ix->meta[i].value));
+    for (size_t i = 0; i < ix->nmeta + nextra; i++) {
+        const ck_meta *m = i < ix->nmeta ? &ix->meta[i] : &extra[i - ix->nmeta];
+        if (!cJSON_GetObjectItemCaseSensitive(meta, m->key)) /* a key is written once */
+            cJSON_AddItemToObject(meta, m->key, cJSON_CreateString(m->value));
+    }
     uint64_t at = 0;
     for (uint32_t k = 0; k < n; k++) {
         const ck_entry *e = &ix->entries[order[k]];
@@ -695,7 +701,7 @@ out:
 static int build_safetensors(ck_synth *sy, const uint32_t *order, uint32_t n)
 {
     uint8_t *keep = malloc(n ? n : 1);
-    char *json = keep ? st_header(sy->ix, order, n, keep) : NULL;
+    char *json = keep ? st_header(sy->ix, order, n, keep, sy->extra, sy->nextra) : NULL;
     int rc = -1;
     if (!json)
         goto out;
@@ -723,5 +729,25 @@ int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err)
     uint32_t *order = ordered_entries(ix, NULL, NULL, 1, &n, err);
     if (!order)
         return -1;
-    return synth_build(ix, order, n, build_safetensors, out, err);
+    int rc = ck_synth_safetensors_of(ix, order, n, NULL, 0, out, err);
+    free(order);
+    return rc;
+}
+
+int ck_synth_safetensors_of(const ck_index *ix, const uint32_t *entries, uint32_t n,
+                            const ck_meta *extra, size_t nextra, ck_synth **out, ck_error *err)
+{
+    ck_synth *sy = synth_new(ix);
+    *out = NULL;
+    if (!sy)
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    sy->extra = extra, sy->nextra = nextra;
+    int rc = build_safetensors(sy, entries, n);
+    sy->extra = NULL, sy->nextra = 0; /* the caller's: not kept past the build */
+    if (rc != 0) {
+        ck_synth_free(sy);
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    }
+    *out = sy;
+    return 0;
 }
