@@ -286,3 +286,14 @@ def test_help():
     p = ckpt("convert", "--help")
     assert p.returncode == 0 and b"--max-shard-size" in p.stdout
     assert b"ckpt convert" in ckpt("--help").stdout
+
+
+def test_npz_and_pack_sources(tmp_path):
+    a = {"a": np.arange(5.0), "b": np.ones((2, 2), np.int16)}
+    np.savez(tmp_path / "z.npz", **a)
+    got = load_file(str(convert(tmp_path / "z.npz", tmp_path / "z.safetensors")))
+    assert {k: raw(v) for k, v in got.items()} == {k: v.tobytes() for k, v in a.items()}
+
+    src = torch_source(tmp_path)
+    pk = convert(src, tmp_path / "src.pack", "--to", "pack")
+    check_against_torch(src, [convert(pk, tmp_path / "from-pack.safetensors")])
