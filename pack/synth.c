@@ -591,6 +591,36 @@ static int write_all(int fd, const unsigned char *p, size_t n)
     return 0;
 }
 
+/* Copies the rest of a contiguous tensor's bytes (from *at) in the kernel with copy_file_range:
+ * no pass through user space, and a reflink where the filesystem has them. 0 when done; 1 when
+ * the kernel cannot copy between these files (the caller reads and writes the rest); -errno,
+ * -EIO when the source is shorter than its index says, -ECANCELED when progress says stop. */
+static int copy_entry(const ck_synth *sy, const seg *s, int fd, uint64_t *at, uint64_t *done,
+                      ck_progress progress, void *ctx)
+{
+    enum { COPY_CHUNK = 8 << 20 }; /* between progress calls */
+    const ck_entry *e = &sy->ix->entries[s->entry];
+    if (e->kind != CK_TENSOR || e->layout != CK_CONTIGUOUS)
+        return 1;
+    while (*at < s->len) {
+        loff_t in = (loff_t)(e->ext.offset + *at);
+        size_t n = s->len - *at < COPY_CHUNK ? (size_t)(s->len - *at) : COPY_CHUNK;
+        ssize_t w = copy_file_range(sy->ix->files[e->ext.file].fd, &in, fd, NULL, n, 0);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
+                      errno == EOPNOTSUPP || errno == EBADF))
+            return 1;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        *at += (uint64_t)w;
+        *done += (uint64_t)w;
+        if (progress && progress(ctx, *done, sy->size))
+            return -ECANCELED;
+    }
+    return 0;
+}
+
 int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
 {
     enum { CHUNK = 256 << 10 }; /* stays in L2 between the read and the write */
@@ -610,9 +640,12 @@ int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
             pthread_mutex_unlock(&sy->lock);
         }
         int blob = s->kind == SEG_ENTRY && sy->blob_entry;
+        uint64_t at = 0;
         if (blob)
             XXH3_64bits_reset(st);
-        for (uint64_t at = 0; at < s->len && rc == 0;) {
+        else if (s->kind == SEG_ENTRY && (rc = copy_entry(sy, s, fd, &at, &done, progress, ctx)) > 0)
+            rc = 0; /* the kernel cannot: read and write what is left */
+        while (at < s->len && rc == 0) {
             size_t n = s->len - at < CHUNK ? (size_t)(s->len - at) : CHUNK;
             rc = read_seg(sy, s, buf, n, at);
             if (rc == 0 && blob)
