@@ -203,6 +203,12 @@ static uint32_t *plan_shards(const ck_index *ix, const plan *p, uint64_t max, ui
     return first;
 }
 
+/* Shard s (from 0) of n, named as transformers names them. */
+static void shard_name(char *buf, size_t size, uint32_t s, uint32_t n)
+{
+    snprintf(buf, size, "model-%05u-of-%05u.safetensors", s + 1, n);
+}
+
 /* model.safetensors.index.json: total size and which shard holds each tensor. */
 static char *index_json(const ck_index *ix, const plan *p, const uint32_t *first, uint32_t n)
 {
@@ -216,7 +222,7 @@ static char *index_json(const ck_index *ix, const plan *p, const uint32_t *first
     cJSON_AddItemToObject(root, "metadata", meta);
     cJSON_AddItemToObject(root, "weight_map", map);
     for (uint32_t s = 0; s < n; s++) {
-        snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", s + 1, n);
+        shard_name(name, sizeof name, s, n);
         for (uint32_t k = first[s]; k < first[s + 1]; k++)
             cJSON_AddItemToObject(map, ix->entries[p->write[k]].name, cJSON_CreateString(name));
     }
@@ -237,7 +243,7 @@ static int write_sharded(const ck_index *ix, const plan *p, const options *o)
         rc = 0;
         for (uint32_t s = 0; s < n && rc == 0; s++) {
             ck_synth *sy;
-            snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", s + 1, n);
+            shard_name(name, sizeof name, s, n);
             if (synth_part(ix, p, p->write + first[s], first[s + 1] - first[s], &sy) != 0) {
                 ck_out_dir_abort(&d);
                 rc = -1;
