@@ -29,6 +29,8 @@ struct ck_synth {
     size_t nsegs, cap_segs;
     uint64_t size;
     unsigned char *head;     /* header and index, or the safetensors JSON */
+    const ck_meta *extra;    /* safetensors only, while it is built: metadata to add */
+    size_t nextra;
     /* pack only */
     uint32_t nblobs;
     uint32_t *blob_entry;    /* the entry that supplies each blob's bytes */
@@ -589,6 +591,36 @@ static int write_all(int fd, const unsigned char *p, size_t n)
     return 0;
 }
 
+/* Copies the rest of a contiguous tensor's bytes (from *at) in the kernel with copy_file_range:
+ * no pass through user space, and a reflink where the filesystem has them. 0 when done; 1 when
+ * the kernel cannot copy between these files (the caller reads and writes the rest); -errno,
+ * -EIO when the source is shorter than its index says, -ECANCELED when progress says stop. */
+static int copy_entry(const ck_synth *sy, const seg *s, int fd, uint64_t *at, uint64_t *done,
+                      ck_progress progress, void *ctx)
+{
+    enum { COPY_CHUNK = 8 << 20 }; /* between progress calls */
+    const ck_entry *e = &sy->ix->entries[s->entry];
+    if (e->kind != CK_TENSOR || e->layout != CK_CONTIGUOUS)
+        return 1;
+    while (*at < s->len) {
+        loff_t in = (loff_t)(e->ext.offset + *at);
+        size_t n = s->len - *at < COPY_CHUNK ? (size_t)(s->len - *at) : COPY_CHUNK;
+        ssize_t w = copy_file_range(sy->ix->files[e->ext.file].fd, &in, fd, NULL, n, 0);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
+                      errno == EOPNOTSUPP || errno == EBADF))
+            return 1;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        *at += (uint64_t)w;
+        *done += (uint64_t)w;
+        if (progress && progress(ctx, *done, sy->size))
+            return -ECANCELED;
+    }
+    return 0;
+}
+
 int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
 {
     enum { CHUNK = 256 << 10 }; /* stays in L2 between the read and the write */
@@ -608,9 +640,12 @@ int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
             pthread_mutex_unlock(&sy->lock);
         }
         int blob = s->kind == SEG_ENTRY && sy->blob_entry;
+        uint64_t at = 0;
         if (blob)
             XXH3_64bits_reset(st);
-        for (uint64_t at = 0; at < s->len && rc == 0;) {
+        else if (s->kind == SEG_ENTRY && (rc = copy_entry(sy, s, fd, &at, &done, progress, ctx)) > 0)
+            rc = 0; /* the kernel cannot: read and write what is left */
+        while (at < s->len && rc == 0) {
             size_t n = s->len - at < CHUNK ? (size_t)(s->len - at) : CHUNK;
             rc = read_seg(sy, s, buf, n, at);
             if (rc == 0 && blob)
@@ -651,7 +686,8 @@ static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
 }
 
 /* The JSON header; tensors whose dtype the spec lacks are named in ckptfs.omitted instead. */
-static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep)
+static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep,
+                       const ck_meta *extra, size_t nextra)
 {
     cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *omitted = cJSON_CreateArray();
     char *text = NULL;
@@ -660,8 +696,11 @@ static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, ui
         return NULL;
     }
     cJSON_AddItemToObject(root, "__metadata__", meta);
-    for (size_t i = 0; i < ix->nmeta; i++)
-        cJSON_AddItemToObject(meta, ix->meta[i].key, cJSON_CreateString(ix->meta[i].value));
+    for (size_t i = 0; i < ix->nmeta + nextra; i++) {
+        const ck_meta *m = i < ix->nmeta ? &ix->meta[i] : &extra[i - ix->nmeta];
+        if (!cJSON_GetObjectItemCaseSensitive(meta, m->key)) /* a key is written once */
+            cJSON_AddItemToObject(meta, m->key, cJSON_CreateString(m->value));
+    }
     uint64_t at = 0;
     for (uint32_t k = 0; k < n; k++) {
         const ck_entry *e = &ix->entries[order[k]];
@@ -695,7 +734,7 @@ out:
 static int build_safetensors(ck_synth *sy, const uint32_t *order, uint32_t n)
 {
     uint8_t *keep = malloc(n ? n : 1);
-    char *json = keep ? st_header(sy->ix, order, n, keep) : NULL;
+    char *json = keep ? st_header(sy->ix, order, n, keep, sy->extra, sy->nextra) : NULL;
     int rc = -1;
     if (!json)
         goto out;
@@ -723,5 +762,25 @@ int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err)
     uint32_t *order = ordered_entries(ix, NULL, NULL, 1, &n, err);
     if (!order)
         return -1;
-    return synth_build(ix, order, n, build_safetensors, out, err);
+    int rc = ck_synth_safetensors_of(ix, order, n, NULL, 0, out, err);
+    free(order);
+    return rc;
+}
+
+int ck_synth_safetensors_of(const ck_index *ix, const uint32_t *entries, uint32_t n,
+                            const ck_meta *extra, size_t nextra, ck_synth **out, ck_error *err)
+{
+    ck_synth *sy = synth_new(ix);
+    *out = NULL;
+    if (!sy)
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    sy->extra = extra, sy->nextra = nextra;
+    int rc = build_safetensors(sy, entries, n);
+    sy->extra = NULL, sy->nextra = 0; /* the caller's: not kept past the build */
+    if (rc != 0) {
+        ck_synth_free(sy);
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    }
+    *out = sy;
+    return 0;
 }

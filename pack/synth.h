@@ -29,6 +29,12 @@ int ck_synth_pack(const ck_index *ix, const char *only, ck_synth **out, ck_error
  * names are listed in __metadata__ "ckptfs.omitted"), natural name order, tied tensors copied. */
 int ck_synth_safetensors(const ck_index *ix, ck_synth **out, ck_error *err);
 
+/* The same, of entries[0..n) (tensors) in that order, as one file of a conversion or one shard:
+ * __metadata__ is ix's metadata, then each pair of extra whose key is not already there. The
+ * entries and extra are only read during the call. */
+int ck_synth_safetensors_of(const ck_index *ix, const uint32_t *entries, uint32_t n,
+                            const ck_meta *extra, size_t nextra, ck_synth **out, ck_error *err);
+
 /* How the pack of ix's tensors selected by only (and by keep[entry] unless keep is NULL) groups
  * their bytes, as ck_synth_pack lays them
  * out (values left out): the tensors in pack order (natural name order) and each one's blob;

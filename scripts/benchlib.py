@@ -1,5 +1,5 @@
 """Shared by the benchmark scripts: sample checkpoints, mounting, the machine's description."""
-import json, os, platform, struct, subprocess, tempfile
+import json, os, platform, struct, subprocess, tempfile, time
 
 BUILD = os.environ.get("CKPTFS_BUILD", "build")
 
@@ -39,6 +39,15 @@ class Mount:
     def close(self):
         subprocess.run(["fusermount3", "-u", self.mnt], check=True)
         os.rmdir(self.mnt)
+
+
+def timed_rss(cmd):
+    """Wall time, and peak RSS in KiB from GNU time (a small C parent, so the figure is the
+    command's own, not a forked Python's)."""
+    t0 = time.perf_counter()
+    err = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], check=True, capture_output=True,
+                         text=True).stderr
+    return time.perf_counter() - t0, int(err.split()[-1])
 
 
 def transformer_layout(total_bytes):

@@ -12,10 +12,11 @@
 #include "../pack/packfile.h"
 #include "../cuda/ckload.h"
 #include "../pack/synth.h"
+#include "commands.h"
+#include "outfile.h"
 #include "progress.h"
 
 #include <fcntl.h>
-#include <libgen.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -194,55 +195,6 @@ static int cmd_cat(int argc, char **argv)
     return rc;
 }
 
-/* Makes sure OUT's data and its directory entry are on disk. */
-static int sync_dir_of(const char *out)
-{
-    char *copy = strdup(out);
-    int fd = copy ? open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
-    if (fd >= 0)
-        close(fd);
-    free(copy);
-    return rc;
-}
-
-/* Streams the pack into a temp file beside out, fsyncs it and renames it into place: out
- * appears whole or not at all. */
-static int write_pack(ck_synth *sy, const char *out)
-{
-    char *tmp = NULL;
-    if (asprintf(&tmp, "%s.tmp-XXXXXX", out) < 0) {
-        fprintf(stderr, "ckpt: out of memory\n");
-        return -1;
-    }
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        fprintf(stderr, "ckpt: %s: cannot create: %s\n", out, strerror(errno));
-        free(tmp);
-        return -1;
-    }
-    ck_bar bar;
-    ck_bar_start(&bar, "pack");
-    int rc = ck_synth_write(sy, fd, ck_progress_tick, &bar);
-    ck_bar_end(&bar);
-    if (rc == 0 && (fchmod(fd, 0644) != 0 || fsync(fd) != 0))
-        rc = -errno;
-    if (close(fd) != 0 && rc == 0)
-        rc = -errno;
-    if (rc == 0 && rename(tmp, out) != 0)
-        rc = -errno;
-    if (rc != 0) {
-        unlink(tmp);
-        fprintf(stderr, "ckpt: %s: %s\n", out,
-                rc == -ECANCELED ? "interrupted; nothing written" : strerror(-rc));
-    } else if (sync_dir_of(out) != 0) {
-        fprintf(stderr, "ckpt: %s: cannot sync its directory: %s\n", out, strerror(errno));
-        rc = -1;
-    }
-    free(tmp);
-    return rc;
-}
-
 static int cmd_pack(int argc, char **argv)
 {
     const char *only = NULL, *args[2];
@@ -270,7 +222,7 @@ static int cmd_pack(int argc, char **argv)
     } else {
         ck_progress_catch_signals();
         signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp file goes */
-        rc = write_pack(sy, args[1]) != 0;
+        rc = ck_out_file(sy, args[1], "pack") != 0;
         ck_synth_free(sy);
     }
     ck_index_free(ix);
@@ -533,6 +485,7 @@ static const ck_command commands[] = {
      "leave nothing). --only keeps the entries whose name is PREFIX or starts with PREFIX.,\n"
      "or matches the glob. A progress bar is drawn when stderr is a terminal.",
      cmd_pack},
+    {"convert", convert_usage, convert_help, cmd_convert},
     {"verify", "ckpt verify FILE.pack",
      "Recomputes every tensor's checksum. Names the first tensor that does not match and exits\n"
      "1; prints a summary and exits 0 when all match.",

@@ -1207,6 +1207,38 @@ Test(synth_st, only_omitted_metadata)
     ck_index_free(ix);
 }
 
+/* ck_synth_safetensors_of (a conversion's file or shard): the given entries in the given order,
+ * and the extra metadata after the source's, a key the source has keeping the source's value. */
+Test(synth_st, of_chosen_entries_with_extra_metadata)
+{
+    ck_index *ix = sample_index();
+    static const char *const names[] = {"layers.10.w", "layers.2.w"}; /* not natural order */
+    uint32_t ents[2];
+    for (size_t k = 0; k < 2; k++)
+        for (uint32_t i = 0; i < ix->nentries; i++)
+            if (strcmp(ix->entries[i].name, names[k]) == 0)
+                ents[k] = i;
+    const ck_meta extra[] = {{.key = "format", .value = "tf"}, {.key = "b", .value = "layers.2.w"}};
+    ck_synth *sy;
+    ck_error err;
+    cr_assert_eq(ck_synth_safetensors_of(ix, ents, 2, extra, 2, &sy, &err), 0, "%s", err.msg);
+    size_t size;
+    unsigned char *f = synth_all(sy, &size);
+    uint64_t hlen;
+    cJSON *root = st_header_of(f, size, &hlen);
+    check_st_tensors(f, size, root, names, 2);
+    cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+    cr_assert_eq(cJSON_GetArraySize(meta), 3);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(meta, "format")->valuestring, "pt");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(meta, "note")->valuestring,
+                     sample_meta[1][1]);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(meta, "b")->valuestring, "layers.2.w");
+    cJSON_Delete(root);
+    free(f);
+    ck_synth_free(sy);
+    ck_index_free(ix);
+}
+
 Test(synth_st, an_empty_index)
 {
     ck_index *ix = ck_index_new("nothing");

@@ -1,0 +1,305 @@
+/* convert.c — `ckpt convert`: any source ckptfs mounts, written as safetensors the way Hugging
+ * Face tools write and read it (one file, or shards with model.safetensors.index.json), or as a
+ * pack. The bytes come from pack/synth (one owner of both layouts); tools/outfile makes the
+ * output appear whole or not at all. */
+#include <ctype.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../pack/json.h"
+#include "../pack/synth.h"
+#include "commands.h"
+#include "outfile.h"
+#include "progress.h"
+
+const char convert_usage[] =
+    "ckpt convert SOURCE OUT [--to safetensors|pack] [--max-shard-size SIZE] [--only P] "
+    "[--skip-unsupported]";
+const char convert_help[] =
+    "Writes SOURCE (any format ckptfs mounts) as OUT, without running anything in it.\n"
+    "--to safetensors (the default): one safetensors file whose __metadata__ is {\"format\":\n"
+    "\"pt\"} plus SOURCE's metadata, tensors in natural name order. With --max-shard-size SIZE\n"
+    "(bytes, or as save_pretrained spells it: 5GB, 500MB, 100KB decimal; 2GiB, 512MiB binary)\n"
+    "OUT is a directory of model-00001-of-0000N.safetensors shards, filled in order (a tensor\n"
+    "larger than SIZE alone in its shard), and model.safetensors.index.json (metadata.total_size,\n"
+    "weight_map), as transformers writes them. Tied tensors (one storage under several names,\n"
+    "same dtype and shape) are written once under the first name in natural order; each other\n"
+    "name is dropped and recorded in __metadata__ as \"NAME\": \"KEPT NAME\", as safetensors'\n"
+    "save_model does. Dtypes safetensors lacks (quantized GGUF blocks, complex...) are refused\n"
+    "by name; --skip-unsupported leaves them out and lists them in __metadata__\n"
+    "\"ckptfs.omitted\". Non-tensor values of a pickle are left out. --to pack writes what\n"
+    "`ckpt pack` writes. --only keeps the entries whose name is P or starts with P., or\n"
+    "matches the glob. Memory stays a few MiB; OUT (file or directory) is written beside\n"
+    "itself and renamed, so it appears whole or not at all; the same input gives the same\n"
+    "bytes. A progress bar is drawn when stderr is a terminal.";
+
+typedef struct options {
+    const char *source, *out, *only;
+    uint64_t max_shard; /* 0: one file */
+    int pack, skip_unsupported;
+} options;
+
+/* A size as huggingface_hub's convert_file_size_to_int reads it: bytes, or a number with
+ * GiB/MiB/KiB (binary) or GB/MB/KB (decimal), any case. 0 when it is not one, or overflows. */
+static uint64_t parse_shard_size(const char *s)
+{
+    static const struct { const char *unit; uint64_t mul; } units[] = {
+        {"", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000},
+        {"KIB", 1ull << 10}, {"MIB", 1ull << 20}, {"GIB", 1ull << 30},
+    };
+    char *end;
+    if (!isdigit((unsigned char)*s))
+        return 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (strcasecmp(end, units[i].unit) == 0)
+            return v && v <= UINT64_MAX / units[i].mul ? v * units[i].mul : 0;
+    return 0;
+}
+
+static int usage(const char *what)
+{
+    fprintf(stderr, "ckpt: convert: %s (see ckpt convert --help)\n", what);
+    return 2;
+}
+
+static int parse_args(int argc, char **argv, options *o)
+{
+    const char *to = "safetensors";
+    int nargs = 0;
+    *o = (options){0};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            o->only = argv[++i];
+        else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc)
+            to = argv[++i];
+        else if (strcmp(argv[i], "--max-shard-size") == 0 && i + 1 < argc) {
+            if (!(o->max_shard = parse_shard_size(argv[++i])))
+                return usage("--max-shard-size wants a size such as 5GB or 500MiB");
+        } else if (strcmp(argv[i], "--skip-unsupported") == 0)
+            o->skip_unsupported = 1;
+        else if (argv[i][0] == '-' && argv[i][1])
+            return usage("unknown option");
+        else if (nargs == 2)
+            return usage("need SOURCE and OUT only");
+        else
+            *(nargs++ ? &o->out : &o->source) = argv[i];
+    }
+    if (nargs != 2)
+        return usage("need SOURCE and OUT");
+    o->pack = strcmp(to, "pack") == 0;
+    if (!o->pack && strcmp(to, "safetensors") != 0)
+        return usage("--to is safetensors or pack");
+    if (o->pack && o->max_shard)
+        return usage("--max-shard-size is for safetensors");
+    return 0;
+}
+
+/* What a safetensors conversion writes: the tensors in order, those left out, and the
+ * metadata it adds to the source's. */
+typedef struct plan {
+    uint32_t *write, nwrite;  /* entries, natural order */
+    uint32_t *omit, nomit;    /* unsupported dtypes left out (--skip-unsupported) */
+    ck_meta *extra;           /* "format": "pt", then one "alias": "kept" per dropped alias */
+    size_t nextra;
+    uint64_t total;           /* bytes of the written tensors */
+} plan;
+
+static void plan_free(plan *p)
+{
+    free(p->write);
+    free(p->omit);
+    free(p->extra);
+}
+
+/* Whether entry a may stand for entry b: the same bytes (one blob) seen as the same tensor. */
+static int same_view(const ck_entry *a, const ck_entry *b)
+{
+    return a->nbytes && a->dtype == b->dtype && a->rank == b->rank &&
+           memcmp(a->shape, b->shape, a->rank * sizeof *a->shape) == 0;
+}
+
+static int make_plan(const ck_index *ix, const options *o, plan *p)
+{
+    ck_pack_groups g;
+    ck_error err;
+    *p = (plan){0};
+    if (ck_synth_groups(ix, o->only, NULL, &g, &err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err.msg);
+        return -1;
+    }
+    size_t m = g.ntensors + 1;
+    p->write = malloc(m * sizeof *p->write);
+    p->omit = malloc(m * sizeof *p->omit);
+    p->extra = malloc(m * sizeof *p->extra);
+    int rc = p->write && p->omit && p->extra ? 0 : -1;
+    if (rc != 0)
+        fprintf(stderr, "ckpt: out of memory\n");
+    else
+        p->extra[p->nextra++] = (ck_meta){.key = "format", .value = "pt"};
+    for (uint32_t k = 0; k < g.ntensors && rc == 0; k++) {
+        const ck_entry *e = &ix->entries[g.tensors[k]];
+        const ck_entry *first = &ix->entries[g.blob_entry[g.blob_of[k]]];
+        if (e->dtype >= CK_ST_DTYPE_COUNT && !o->skip_unsupported) {
+            fprintf(stderr, "ckpt: %s: tensor '%s' is %s, which safetensors lacks "
+                    "(--skip-unsupported leaves such tensors out)\n",
+                    o->source, e->name, ck_dtype_name(e->dtype));
+            rc = -1;
+        } else if (e->dtype >= CK_ST_DTYPE_COUNT) {
+            p->omit[p->nomit++] = g.tensors[k];
+        } else if (first != e && same_view(first, e)) {
+            p->extra[p->nextra++] = (ck_meta){.key = e->name, .value = first->name};
+        } else {
+            p->write[p->nwrite++] = g.tensors[k];
+            p->total += e->nbytes;
+        }
+    }
+    ck_pack_groups_free(&g);
+    if (rc != 0)
+        plan_free(p);
+    return rc;
+}
+
+/* The safetensors file of write[0..n): the omitted tensors go along so that st's metadata
+ * names them (synth leaves them out), the same in every shard. */
+static int synth_part(const ck_index *ix, const plan *p, const uint32_t *write, uint32_t n,
+                      ck_synth **sy)
+{
+    uint32_t *ents = malloc(((size_t)n + p->nomit + 1) * sizeof *ents);
+    ck_error err;
+    int rc = -1;
+    if (!ents) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        return -1;
+    }
+    memcpy(ents, write, n * sizeof *ents);
+    memcpy(ents + n, p->omit, p->nomit * sizeof *ents);
+    if ((rc = ck_synth_safetensors_of(ix, ents, n + p->nomit, p->extra, p->nextra, sy, &err)))
+        fprintf(stderr, "ckpt: %s\n", err.msg);
+    free(ents);
+    return rc;
+}
+
+/* Shards in order: a tensor goes to the current shard unless that would pass max and the shard
+ * has something already (so a tensor larger than max is alone in its shard). first[s] is the
+ * place in write of shard s's first tensor; first[nshards] == nwrite. */
+static uint32_t *plan_shards(const ck_index *ix, const plan *p, uint64_t max, uint32_t *nshards)
+{
+    uint32_t *first = malloc(((size_t)p->nwrite + 2) * sizeof *first), n = 0;
+    uint64_t size = 0;
+    if (!first)
+        return NULL;
+    first[n++] = 0;
+    for (uint32_t k = 0; k < p->nwrite; k++) {
+        uint64_t b = ix->entries[p->write[k]].nbytes;
+        if (k > first[n - 1] && size + b > max)
+            first[n++] = k, size = 0;
+        size += b;
+    }
+    first[n] = p->nwrite;
+    *nshards = n;
+    return first;
+}
+
+/* Shard s (from 0) of n, named as transformers names them. */
+static void shard_name(char *buf, size_t size, uint32_t s, uint32_t n)
+{
+    snprintf(buf, size, "model-%05u-of-%05u.safetensors", s + 1, n);
+}
+
+/* model.safetensors.index.json: total size and which shard holds each tensor. */
+static char *index_json(const ck_index *ix, const plan *p, const uint32_t *first, uint32_t n)
+{
+    cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *map = cJSON_CreateObject();
+    char *text = NULL, name[64];
+    if (!root || !meta || !map) {
+        cJSON_Delete(root), cJSON_Delete(meta), cJSON_Delete(map);
+        return NULL;
+    }
+    cJSON_AddItemToObject(meta, "total_size", ck_json_uint(p->total));
+    cJSON_AddItemToObject(root, "metadata", meta);
+    cJSON_AddItemToObject(root, "weight_map", map);
+    for (uint32_t s = 0; s < n; s++) {
+        shard_name(name, sizeof name, s, n);
+        for (uint32_t k = first[s]; k < first[s + 1]; k++)
+            cJSON_AddItemToObject(map, ix->entries[p->write[k]].name, cJSON_CreateString(name));
+    }
+    text = cJSON_Print(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+static int write_sharded(const ck_index *ix, const plan *p, const options *o)
+{
+    uint32_t n, *first = plan_shards(ix, p, o->max_shard, &n);
+    char *json = first ? index_json(ix, p, first, n) : NULL, name[64];
+    ck_out_dir d;
+    int rc = -1;
+    if (!json)
+        fprintf(stderr, "ckpt: out of memory\n");
+    else if (ck_out_dir_begin(&d, o->out, p->total, "convert") == 0) {
+        rc = 0;
+        for (uint32_t s = 0; s < n && rc == 0; s++) {
+            ck_synth *sy;
+            shard_name(name, sizeof name, s, n);
+            if (synth_part(ix, p, p->write + first[s], first[s + 1] - first[s], &sy) != 0) {
+                ck_out_dir_abort(&d);
+                rc = -1;
+                break;
+            }
+            rc = ck_out_dir_add(&d, name, sy);
+            ck_synth_free(sy);
+        }
+        if (rc == 0)
+            rc = ck_out_dir_add_bytes(&d, "model.safetensors.index.json", json, strlen(json));
+        if (rc == 0)
+            rc = ck_out_dir_commit(&d);
+    }
+    free(json);
+    free(first);
+    return rc;
+}
+
+static int convert(const ck_index *ix, const options *o)
+{
+    ck_synth *sy;
+    ck_error err;
+    plan p;
+    int rc = -1;
+    if (o->pack) {
+        if (ck_synth_pack(ix, o->only, &sy, &err) != 0)
+            fprintf(stderr, "ckpt: %s\n", err.msg);
+        else
+            rc = ck_out_file(sy, o->out, "convert"), ck_synth_free(sy);
+        return rc;
+    }
+    if (make_plan(ix, o, &p) != 0)
+        return -1;
+    if (o->max_shard)
+        rc = write_sharded(ix, &p, o);
+    else if (synth_part(ix, &p, p.write, p.nwrite, &sy) == 0)
+        rc = ck_out_file(sy, o->out, "convert"), ck_synth_free(sy);
+    plan_free(&p);
+    return rc;
+}
+
+int cmd_convert(int argc, char **argv)
+{
+    options o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc != 0)
+        return rc;
+    ck_index *ix;
+    ck_error err;
+    if (ck_open(o.source, &ix, &err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err.msg);
+        return 1;
+    }
+    ck_progress_catch_signals();
+    signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp output goes */
+    rc = convert(ix, &o) != 0;
+    ck_index_free(ix);
+    return rc;
+}

@@ -1,0 +1,36 @@
+/* outfile.h — how ckpt commands write what they make: whole or not at all.
+ * Contract: ck_out_file streams a synthesized file into a temp file beside OUT, fsyncs it and
+ * renames it over OUT. A directory output is built the same way: ck_out_dir_begin makes a temp
+ * directory beside OUT, each ck_out_dir_add writes one fsynced file in it, ck_out_dir_commit
+ * syncs and renames it to OUT (which must not exist as a non-empty directory). On any failure,
+ * or Ctrl-C (progress.h), the temp file or directory is removed, one line "ckpt: OUT: why" is
+ * printed, and -1 returned. A progress bar over all the bytes is drawn on a terminal.
+ */
+#ifndef CK_TOOLS_OUTFILE_H
+#define CK_TOOLS_OUTFILE_H
+
+#include <stdint.h>
+
+#include "../pack/synth.h"
+#include "progress.h"
+
+int ck_out_file(ck_synth *sy, const char *out, const char *label);
+
+typedef struct ck_out_dir {
+    const char *out;
+    char *tmp;              /* the temp directory */
+    int dirfd;
+    uint64_t done, total;   /* bytes, for the bar */
+    ck_bar bar;
+} ck_out_dir;
+
+int ck_out_dir_begin(ck_out_dir *d, const char *out, uint64_t total, const char *label);
+/* Writes sy as file name in the directory (removes the directory on failure). */
+int ck_out_dir_add(ck_out_dir *d, const char *name, ck_synth *sy);
+/* Writes n bytes as file name in the directory (removes the directory on failure). */
+int ck_out_dir_add_bytes(ck_out_dir *d, const char *name, const void *p, size_t n);
+int ck_out_dir_commit(ck_out_dir *d);
+/* Removes the directory, printing nothing: for a failure the caller has reported. */
+void ck_out_dir_abort(ck_out_dir *d);
+
+#endif
