@@ -38,6 +38,9 @@ SAN_PYTHON_ENV := LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so) \
                   $(shell $(CC) -print-file-name=libstdc++.so.6)" ASAN_OPTIONS=detect_leaks=0
 endif
 
+# The release, which `ckptfs --version` and `ckpt --version` print: the VERSION file owns it.
+VERSION  := $(shell cat VERSION)
+
 CORE_SRC := $(wildcard pack/*.c)
 VIEW_SRC := fs/tree.c fs/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c
@@ -66,6 +69,8 @@ $(BUILD)/ckptfs: $(call obj,$(FS_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
+$(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: CFLAGS += -DCKPTFS_VERSION='"$(VERSION)"'
+$(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: VERSION
 
 $(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(CUDA_LIBS) -o $@
