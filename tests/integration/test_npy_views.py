@@ -207,3 +207,28 @@ def test_gguf_block_types(tmp_path, mount):
         v = np.load(Path(f"{mnt / index['v']['path']}.npy"))
         assert v.dtype == np.float32
         assert np.array_equal(v.reshape(-1), np.asarray(ref["v"].data).reshape(-1))
+
+
+def test_what_has_no_view(tmp_path, mount):
+    """Values have none; nor a tensor whose file name leaves no room for ".npy" (over 251
+    bytes); one of exactly 251 bytes has one. A directory of thousands lists every view once,
+    across many readdir replies."""
+    path = tmp_path / "v.pt"
+    torch.save({"w": torch.ones(2), "step": 5}, path)
+    with mount(path, options=["npy"]) as mnt:
+        assert sorted(os.listdir(mnt)) == [".ckptfs", "step", "w", "w.npy"]
+        assert not (mnt / "step.npy").exists()
+    one = np.float32(1).tobytes()
+    names = ["a" * 251, "b" * 252, "c" * 300] + [f"t{i:05d}" for i in range(3000)]
+    f = write_safetensors(tmp_path / "n.safetensors", [(n, "F32", [], one) for n in names])
+    with mount(f, options=["npy"]) as mnt:
+        listed = os.listdir(mnt)
+        assert len(listed) == len(set(listed))
+        views = {x[:-4] for x in listed if x.endswith(".npy")}
+        plain = {x for x in listed if not x.endswith(".npy") and x != ".ckptfs"}
+        assert len(plain) == len(names)
+        assert views == {x for x in plain if len(x) <= 251}
+        assert "a" * 251 in views and "b" * 252 not in views
+        assert np.load(mnt / ("a" * 251 + ".npy")) == np.float32(1)
+        for name in ("b" * 252, "t00000.npy.npy", "t00000.np", ".ckptfs.npy"):
+            assert not (mnt / f"{name}.npy").exists(), name
