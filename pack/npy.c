@@ -428,7 +428,8 @@ size_t npy_header_make(enum ck_dtype dt, unsigned rank, const int64_t *shape, ui
 {
     int64_t dims[CK_MAX_RANK];
     char vbuf[16];
-    memcpy(dims, shape, rank * sizeof *dims);
+    for (unsigned d = 0; d < rank; d++) /* not memcpy: a 0-d tensor's shape may be NULL */
+        dims[d] = shape[d];
     const char *descr = make_descr(dt, &rank, dims, nbytes, vbuf, raw);
     char *t = (char *)buf + 10; /* after the magic, the version and the 2-byte length */
     size_t n = (size_t)sprintf(t, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
