@@ -38,6 +38,9 @@ SAN_PYTHON_ENV := LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so) \
                   $(shell $(CC) -print-file-name=libstdc++.so.6)" ASAN_OPTIONS=detect_leaks=0
 endif
 
+# The release, which `ckptfs --version` and `ckpt --version` print: the VERSION file owns it.
+VERSION  := $(shell cat VERSION)
+
 CORE_SRC := $(wildcard pack/*.c)
 VIEW_SRC := fs/tree.c fs/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c
@@ -66,6 +69,8 @@ $(BUILD)/ckptfs: $(call obj,$(FS_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
+$(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: CFLAGS += -DCKPTFS_VERSION='"$(VERSION)"'
+$(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: VERSION
 
 $(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(CUDA_LIBS) -o $@
@@ -130,18 +135,28 @@ demo: setup all
 gpu-test: all
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/gpu
 
-# libckload as libckload.so.N (its soname) with the libckload.so link to build against, its
-# header, and a pkg-config file for PREFIX.
+# The binaries, the man pages, libckload as libckload.so.N (its soname) with the libckload.so
+# link to build against, its header, a pkg-config file for PREFIX, and the ckload module where
+# the system Python imports it (PYDIR) — told in that copy where the library is, since the two
+# are in different directories there. PYDIR: PREFIX/lib/pythonX.Y/ and the directory name this
+# Python installs into (dist-packages on Debian, site-packages elsewhere), which is on its
+# sys.path for PREFIX=/usr/local and /usr.
+PYDIR ?= $(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sysconfig as s; \
+           print(s.get_python_version() + "/" + s.get_path("purelib").rstrip("/").split("/")[-1])')
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/include \
-	    $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PYDIR)
 	install -m 0755 $(BUILD)/ckptfs $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 tools/mount.fuse.ckptfs $(DESTDIR)$(PREFIX)/sbin/
+	install -m 0644 man/ckptfs.1 man/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0755 $(BUILD)/libckload.so $(DESTDIR)$(PREFIX)/lib/libckload.so.$(CKL_ABI)
 	ln -sf libckload.so.$(CKL_ABI) $(DESTDIR)$(PREFIX)/lib/libckload.so
 	install -m 0644 cuda/ckload.h $(DESTDIR)$(PREFIX)/include/
 	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(CKL_ABI)|' cuda/ckload.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ckload.pc
+	sed 's|^_INSTALLED_LIB = None$$|_INSTALLED_LIB = "$(PREFIX)/lib/libckload.so.$(CKL_ABI)"|' \
+	    cuda/python/ckload.py > $(DESTDIR)$(PYDIR)/ckload.py
+	grep -q '^_INSTALLED_LIB = "' $(DESTDIR)$(PYDIR)/ckload.py
 
 clean:
 	rm -rf build

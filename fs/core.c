@@ -1,5 +1,6 @@
 #include "core.h"
 #include "view.h"
+#include "../pack/npy.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -152,16 +153,38 @@ void ck_fs_free(ck_fs *fs)
 
 /* --- nodes ------------------------------------------------------------------------------- */
 
-/* The node behind an inode, or NULL for an inode this mount never handed out. */
+/* Whether nd has a NAME.npy view: a tensor, with npy on, whose name leaves room for ".npy". */
+static int has_npy(const ck_fs *fs, const ck_node *nd)
+{
+    return fs->npy && nd->kind == CK_NODE_TENSOR && nd->name_len + 4 <= CK_NAME_MAX;
+}
+
+/* Whether ino is a NAME.npy view (of the tensor node_of answers): above the tree's inodes. */
+static int is_npy(const ck_fs *fs, uint64_t ino)
+{
+    return ino - CK_ROOT_INO >= fs->tree->nnodes;
+}
+
+/* The node behind an inode (a NAME.npy view's: its tensor), or NULL for an inode this mount
+ * never handed out. */
 static const ck_node *node_of(const ck_fs *fs, uint64_t ino)
 {
-    return ino >= CK_ROOT_INO && ino - CK_ROOT_INO < fs->tree->nnodes
-               ? &fs->tree->nodes[ino - CK_ROOT_INO] : NULL;
+    uint64_t n = fs->tree->nnodes, i = ino - CK_ROOT_INO;
+    if (ino < CK_ROOT_INO)
+        return NULL;
+    if (i < n)
+        return &fs->tree->nodes[i];
+    return i - n < n && has_npy(fs, &fs->tree->nodes[i - n]) ? &fs->tree->nodes[i - n] : NULL;
 }
 
 static uint64_t ino_of(const ck_fs *fs, const ck_node *nd)
 {
     return (uint64_t)(nd - fs->tree->nodes) + CK_ROOT_INO;
+}
+
+static uint64_t npy_ino_of(const ck_fs *fs, const ck_node *nd)
+{
+    return ino_of(fs, nd) + fs->tree->nnodes;
 }
 
 static const ck_entry *entry_of(const ck_fs *fs, const ck_node *nd)
@@ -232,13 +255,25 @@ static int64_t node_size(ck_fs *fs, const ck_node *nd)
     }
 }
 
-static int node_stat(ck_fs *fs, const ck_node *nd, struct stat *st)
+/* The NAME.npy header of tensor node nd into buf (NPY_MAKE_MAX bytes); its length. */
+static size_t npy_header_of(const ck_fs *fs, const ck_node *nd, unsigned char *buf)
 {
+    const ck_entry *e = entry_of(fs, nd);
+    int raw;
+    return npy_header_make(e->dtype, e->rank, e->shape, e->nbytes, buf, &raw);
+}
+
+/* The attributes of node nd, or of its NAME.npy view when npy. */
+static int node_stat(ck_fs *fs, const ck_node *nd, int npy, struct stat *st)
+{
+    unsigned char head[NPY_MAKE_MAX];
     int64_t size = node_size(fs, nd);
     if (size < 0)
         return (int)size;
     memset(st, 0, sizeof *st);
-    st->st_ino = ino_of(fs, nd);
+    if (npy)
+        size += (int64_t)npy_header_of(fs, nd, head);
+    st->st_ino = npy ? npy_ino_of(fs, nd) : ino_of(fs, nd);
     st->st_uid = fs->uid;
     st->st_gid = fs->gid;
     st->st_size = (off_t)size;
@@ -254,7 +289,7 @@ static int node_stat(ck_fs *fs, const ck_node *nd, struct stat *st)
 int ck_fs_getattr(ck_fs *fs, uint64_t ino, struct stat *st)
 {
     const ck_node *nd = node_of(fs, ino);
-    return nd ? node_stat(fs, nd, st) : -ENOENT;
+    return nd ? node_stat(fs, nd, is_npy(fs, ino), st) : -ENOENT;
 }
 
 int ck_fs_lookup(ck_fs *fs, uint64_t parent, const char *name, struct stat *st)
@@ -262,9 +297,17 @@ int ck_fs_lookup(ck_fs *fs, uint64_t parent, const char *name, struct stat *st)
     int rc = ck_fs_opendir(fs, parent);
     if (rc)
         return rc;
-    uint32_t node = ck_tree_lookup(fs->tree, (uint32_t)(parent - CK_ROOT_INO), name,
-                                   strlen(name));
-    return node == CK_NO_NODE ? -ENOENT : node_stat(fs, &fs->tree->nodes[node], st);
+    uint32_t dir = (uint32_t)(parent - CK_ROOT_INO);
+    size_t len = strlen(name);
+    uint32_t node = ck_tree_lookup(fs->tree, dir, name, len);
+    if (node != CK_NO_NODE)
+        return node_stat(fs, &fs->tree->nodes[node], 0, st);
+    /* NAME.npy: no node's name has a '.' outside .ckptfs, whose files have no views. */
+    if (!fs->npy || len < 4 || memcmp(name + len - 4, ".npy", 4) != 0 ||
+        (node = ck_tree_lookup(fs->tree, dir, name, len - 4)) == CK_NO_NODE ||
+        !has_npy(fs, &fs->tree->nodes[node]))
+        return -ENOENT;
+    return node_stat(fs, &fs->tree->nodes[node], 1, st);
 }
 
 int ck_fs_opendir(const ck_fs *fs, uint64_t ino)
@@ -278,15 +321,28 @@ int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d)
     int rc = ck_fs_opendir(fs, ino);
     if (rc)
         return rc;
-    const ck_node *dir = node_of(fs, ino);
-    uint64_t k = off < 0 ? 0 : (uint64_t)off;
-    if (k >= 2 + (uint64_t)dir->nchild)
-        return 0;
-    const ck_node *nd = k == 0 ? dir : k == 1 ? &fs->tree->nodes[dir->parent]
-                      : &fs->tree->nodes[fs->tree->children[dir->child0 + k - 2]];
-    *d = (ck_dirent){.name = k == 0 ? "." : k == 1 ? ".." : nd->name, .ino = ino_of(fs, nd),
+    const ck_node *dir = node_of(fs, ino), *nd;
+    uint64_t k = off < 0 ? 0 : (uint64_t)off, per = fs->npy ? 2 : 1, npy = 0;
+    for (;; k++) { /* past the offsets of views that do not exist */
+        if (k < 2)
+            break;
+        if ((k - 2) / per >= dir->nchild)
+            return 0;
+        nd = &fs->tree->nodes[fs->tree->children[dir->child0 + (k - 2) / per]];
+        npy = (k - 2) % per;
+        if (!npy || has_npy(fs, nd))
+            break;
+    }
+    if (k < 2)
+        nd = k == 0 ? dir : &fs->tree->nodes[dir->parent];
+    *d = (ck_dirent){.name = k == 0 ? "." : k == 1 ? ".." : nd->name,
+                     .ino = npy ? npy_ino_of(fs, nd) : ino_of(fs, nd),
                      .type = nd->kind == CK_NODE_DIR ? S_IFDIR : S_IFREG,
                      .next = (off_t)k + 1};
+    if (npy) {
+        snprintf(d->made, sizeof d->made, "%s.npy", nd->name);
+        d->name = d->made;
+    }
     return 1;
 }
 
@@ -355,6 +411,21 @@ ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, con
     return (ssize_t)(left > size ? size : left);
 }
 
+/* A NAME.npy view's bytes: its header, then the tensor's. */
+static ssize_t npy_read(ck_fs *fs, const ck_node *nd, char *buf, size_t size, uint64_t off)
+{
+    unsigned char head[NPY_MAKE_MAX];
+    size_t hl = npy_header_of(fs, nd, head), n = 0;
+    if (off < hl) {
+        n = hl - off < size ? hl - (size_t)off : size;
+        memcpy(buf, head + off, n);
+        if (n == size)
+            return (ssize_t)n;
+    }
+    ssize_t r = ck_entry_read(fs->ix, entry_of(fs, nd), buf + n, size - n, off + n - hl);
+    return r < 0 ? r : (ssize_t)n + r;
+}
+
 ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
 {
     const ck_node *nd = node_of(fs, ino);
@@ -377,7 +448,8 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
     case CK_NODE_VALUE: /* its text is in memory */
         return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
     case CK_NODE_TENSOR:
-        n = ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
+        n = is_npy(fs, ino) ? npy_read(fs, nd, buf, size, (uint64_t)off)
+                            : ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
         /* Checked after the pread: a write that could have put new bytes into buf has already
          * moved the mtime (or the size) by the time the pread returns, so this sees it. */
         changed = source_check(fs, entry_of(fs, nd)->ext.file);

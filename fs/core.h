@@ -16,6 +16,12 @@
  *    be made, every lookup, stat, open and read of it answers -EIO, never a short or empty
  *    file, and the reason goes to the log once, as the line `ckpt pack` would print
  *    ("ckptfs: SOURCE: what is wrong").
+ *  - With npy set (`-o npy`), every tensor file NAME is also served as NAME.npy beside it: the
+ *    NumPy header npy_header_make writes (pack/npy.h), made again on each use (it is a few
+ *    hundred bytes of text), then the tensor's bytes. Its inode is the tensor's plus the node
+ *    count; it has the tensor's xattrs. A tensor whose file name is over 251 bytes has none
+ *    (NAME.npy would pass NAME_MAX). No tree node's name holds a '.' outside .ckptfs, so no
+ *    NAME.npy is ever another file's name.
  */
 #ifndef CK_CORE_H
 #define CK_CORE_H
@@ -57,6 +63,7 @@ typedef struct ck_fs {
     char *sources;             /* the root's user.ckptfs.sources (ck_fs_publish_sources) */
     size_t sources_len;
     ck_fs_log log;
+    int npy;                   /* serve NAME.npy views (set before serving) */
 } ck_fs;
 
 /* Makes the view of ix (which it takes over, and frees on failure too): tree and absolute
@@ -111,9 +118,11 @@ typedef struct ck_dirent {
     uint64_t ino;
     mode_t type;               /* S_IFDIR or S_IFREG */
     off_t next;
+    char made[CK_NAME_MAX + 1]; /* name points here when it is made: a NAME.npy view */
 } ck_dirent;
 /* The entry at off (a negative off is 0) of directory ino: 1, 0 past the last, or -ENOENT,
- * -ENOTDIR. */
+ * -ENOTDIR. With npy, offset 2 + 2k is the k-th child and 2 + 2k + 1 its NAME.npy view (an
+ * offset whose view does not exist answers the next entry). */
 int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d);
 
 /* Whether ino may be opened with open(2) flags: 0, or -ENOENT, -EISDIR, -EROFS (for writing

@@ -19,13 +19,16 @@
 
 #include "ll.h"
 
-#define CKPTFS_VERSION "0.1.0"
+#ifndef CKPTFS_VERSION
+#error "CKPTFS_VERSION comes from the Makefile (the VERSION file)"
+#endif
 
 /* Command-line state that is ours rather than libfuse's. */
 struct ck_opts {
     char *source;
     char *mountpoint;
     int direct_io;
+    int npy;
     unsigned uid, gid;
     int uid_set, gid_set;
     double timeout;
@@ -35,6 +38,7 @@ struct ck_opts {
 #define CK_OPT(t, p) {t, offsetof(struct ck_opts, p), 1}
 static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("direct_io", direct_io),
+    CK_OPT("npy", npy),
     CK_OPT("uid=%u", uid),
     CK_OPT("uid=", uid_set),
     CK_OPT("gid=%u", gid),
@@ -49,12 +53,15 @@ static void usage(const char *prog)
     printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
            "Mounts a checkpoint read-only, one file per tensor. SOURCE is a safetensors file,\n"
            "a directory of safetensors shards, a PyTorch checkpoint (torch.save: zip or\n"
-           "legacy) or a ckptfs pack; the format is detected by content. The mount also has\n"
-           ".ckptfs/index.json (every tensor's name, path, dtype and shape) and the whole\n"
-           "checkpoint as .ckptfs/checkpoint.pack and .ckptfs/checkpoint.safetensors.\n"
+           "legacy), a ckptfs pack, a GGUF file, or a NumPy .npy or .npz file; the format is\n"
+           "detected by content. The mount also has .ckptfs/index.json (every tensor's name,\n"
+           "path, dtype and shape) and the whole checkpoint as .ckptfs/checkpoint.pack and\n"
+           ".ckptfs/checkpoint.safetensors.\n"
            "Unmount with `fusermount3 -u MOUNTPOINT`.\n\n"
            "ckptfs options:\n"
            "    -o direct_io           bypass the page cache: bigger reads, no shared mmap\n"
+           "    -o npy                 also serve each tensor NAME as NAME.npy (NumPy header,\n"
+           "                           then its bytes; np.load(..., mmap_mode='r') works)\n"
            "    -o uid=N,gid=N         owner of every file (default: the mounting user)\n"
            "    -o timeout=S           seconds the kernel caches names and attributes (86400)\n"
            "    -o readahead=KB        the mount's kernel readahead window, set when permitted\n"
@@ -213,6 +220,7 @@ static int build_view(ck_mount *m, const char *source, const struct ck_opts *o)
         return -1;
     }
     ck_fs_prepare(&m->fs); /* index.json, while the mount is made */
+    m->fs.npy = o->npy;
     m->direct_io = o->direct_io;
     m->timeout = o->timeout;
     return 0;

@@ -401,3 +401,47 @@ int npz_read_file(ck_index *ix, uint32_t file, ck_error *err)
     zip_free(&z);
     return rc;
 }
+
+/* --- writing --------------------------------------------------------------------------- */
+
+/* The descr for dt, and the shape NumPy sees (into shape, *rank): the tensor's own for a
+ * dtype NumPy has or a whole-byte one served as '|VN' records, (nbytes,) for the rest. */
+static const char *make_descr(enum ck_dtype dt, unsigned *rank, int64_t *shape,
+                              uint64_t nbytes, char *vbuf, int *raw)
+{
+    *raw = 0;
+    for (size_t i = 0; i < sizeof DESCRS / sizeof *DESCRS; i++)
+        if (DESCRS[i].dtype == dt)
+            return DESCRS[i].descr;
+    *raw = 1;
+    if (ck_dtype_block_elems(dt) == 1) {
+        sprintf(vbuf, "|V%u", ck_dtype_block_bytes(dt));
+        return vbuf;
+    }
+    *rank = 1;
+    shape[0] = (int64_t)nbytes; /* a tensor's bytes fit in int64: ck_tensor_nbytes checked */
+    return "|u1";
+}
+
+size_t npy_header_make(enum ck_dtype dt, unsigned rank, const int64_t *shape, uint64_t nbytes,
+                       unsigned char *buf, int *raw)
+{
+    int64_t dims[CK_MAX_RANK];
+    char vbuf[16];
+    for (unsigned d = 0; d < rank; d++) /* not memcpy: a 0-d tensor's shape may be NULL */
+        dims[d] = shape[d];
+    const char *descr = make_descr(dt, &rank, dims, nbytes, vbuf, raw);
+    char *t = (char *)buf + 10; /* after the magic, the version and the 2-byte length */
+    size_t n = (size_t)sprintf(t, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
+    for (unsigned d = 0; d < rank; d++) /* repr() of a tuple: "(5,)" for one element */
+        n += (size_t)sprintf(t + n, d ? ", %lld" : rank == 1 ? "%lld," : "%lld",
+                             (long long)dims[d]);
+    n += (size_t)sprintf(t + n, "), }");
+    size_t total = (10 + n + 1 + 63) / 64 * 64; /* the newline ends it; data 64-aligned */
+    memset(t + n, ' ', total - 10 - n - 1);
+    buf[total - 1] = '\n';
+    memcpy(buf, MAGIC, sizeof MAGIC);
+    buf[6] = 1, buf[7] = 0;
+    buf[8] = (unsigned char)((total - 10) & 0xff), buf[9] = (unsigned char)((total - 10) >> 8);
+    return total;
+}

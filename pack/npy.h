@@ -19,6 +19,14 @@
  *    deflated (CK_DEFLATED: one inflate pass over each at open checks the stream and keeps seek
  *    points, zip.h; a Fortran-ordered deflated member is refused). Members must not overlap.
  *  - Only headers are read for .npy files and stored members; nothing is trusted unchecked.
+ *  - Writing (npy_header_make, for `ckptfs -o npy` and `ckpt cat --npy`): format 1.0 (the
+ *    longest header, CK_MAX_RANK dimensions, is far below 1.0's 65535 bytes), padded with
+ *    spaces so that the data starts at a multiple of 64 bytes, as np.save pads it. A dtype
+ *    NumPy has gets its descr above. One NumPy lacks is never given a wrong one: a type whose
+ *    element is whole bytes (BF16, the F8 types, C32) is served as raw records '|VN' of its
+ *    element size N, shape kept; a sub-byte or block type (F4, the F6 types, ggml's quantized
+ *    types) as its bytes, '|u1' of shape (nbytes,). The true dtype is the tensor's
+ *    user.ckptfs.dtype xattr (README "The mount").
  */
 #ifndef CK_NPY_H
 #define CK_NPY_H
@@ -52,6 +60,13 @@ int npz_probe(const unsigned char *head, size_t n);
  * the file, for messages. 0, or -1 with err set. */
 int npy_parse_header(const unsigned char *p, size_t n, npy_header *h, const char *path,
                      const char *what, uint64_t at, ck_error *err);
+
+/* The NumPy header (preamble, text, padding) of a tensor of dtype dt and shape (rank dims)
+ * into buf (at least NPY_MAKE_MAX bytes); returns its length, a multiple of 64. *raw is set
+ * when NumPy lacks dt and the header describes its bytes instead (see the contract). */
+#define NPY_MAKE_MAX 1536u /* 64 dims of 19 digits and ", ", the dict's text, the padding */
+size_t npy_header_make(enum ck_dtype dt, unsigned rank, const int64_t *shape, uint64_t nbytes,
+                       unsigned char *buf, int *raw);
 
 /* Parse file `file` of ix (already added) and append its entries. */
 int npy_read_file(ck_index *ix, uint32_t file, ck_error *err);

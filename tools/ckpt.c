@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../fs/view.h"
+#include "../pack/npy.h"
 #include "../pack/packfile.h"
 #include "../cuda/ckload.h"
 #include "../pack/synth.h"
@@ -145,6 +146,22 @@ static int cmd_ls(int argc, char **argv)
 }
 
 /* Streams an entry to fd 1 in bounded chunks. */
+/* Writes n bytes of buf to stdout. */
+static int write_out(const char *buf, size_t n)
+{
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(1, buf + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            fprintf(stderr, "ckpt: stdout: %s\n", strerror(errno));
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    return 0;
+}
+
 static int write_entry(const ck_index *ix, const ck_entry *e, const char *source)
 {
     enum { CHUNK = 1 << 20 };
@@ -161,36 +178,41 @@ static int write_entry(const ck_index *ix, const ck_entry *e, const char *source
                     strerror(n < 0 ? (int)-n : EIO));
             rc = -1;
         }
-        for (ssize_t done = 0; rc == 0 && done < n;) {
-            ssize_t w = write(1, buf + done, (size_t)(n - done));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0) {
-                fprintf(stderr, "ckpt: stdout: %s\n", strerror(errno));
-                rc = -1;
-            } else {
-                done += w;
-            }
-        }
+        if (rc == 0)
+            rc = write_out(buf, (size_t)n);
         off += n > 0 ? (uint64_t)n : 0;
     }
     free(buf);
     return rc;
 }
 
+/* `ckpt cat [--npy] SOURCE NAME`: with --npy, the NumPy header first, as the mount's NAME.npy
+ * view (ckptfs -o npy) has it (npy_header_make owns it). */
 static int cmd_cat(int argc, char **argv)
 {
-    if (argc != 3)
+    const char *args[2];
+    int nargs = 0, npy = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--npy") == 0) /* the only option: a NAME may begin with '-' */
+            npy = 1;
+        else if (nargs < 2)
+            args[nargs++] = argv[i];
+        else
+            return usage_error("cat", "need SOURCE and NAME");
+    }
+    if (nargs != 2)
         return usage_error("cat", "need SOURCE and NAME");
     ck_index *ix;
-    if (open_source(argv[1], &ix) != 0)
+    if (open_source(args[0], &ix) != 0)
         return 1;
-    const ck_entry *e = ck_index_find(ix, argv[2]);
-    int rc = 1;
+    const ck_entry *e = ck_index_find(ix, args[1]);
+    unsigned char head[NPY_MAKE_MAX];
+    int raw, rc = 1;
     if (!e || e->kind != CK_TENSOR)
-        fprintf(stderr, "ckpt: %s: no tensor named '%s'\n", argv[1], argv[2]);
-    else
-        rc = write_entry(ix, e, argv[1]) != 0;
+        fprintf(stderr, "ckpt: %s: no tensor named '%s'\n", args[0], args[1]);
+    else if (!npy || write_out((const char *)head, npy_header_make(e->dtype, e->rank, e->shape,
+                                                                   e->nbytes, head, &raw)) == 0)
+        rc = write_entry(ix, e, args[0]) != 0;
     ck_index_free(ix);
     return rc;
 }
@@ -546,6 +568,10 @@ int main(int argc, char **argv)
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("ckpt %s\n", CKPTFS_VERSION);
+        return 0;
     }
     const ck_command *c = find_command(argv[1]);
     if (!c) {

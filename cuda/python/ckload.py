@@ -1,7 +1,9 @@
 """ckload — a checkpoint straight into torch tensors, through libckload.
 
 Pure ctypes, no compile step. The library is found through the environment variable
-CKLOAD_LIB, else next to this package as built: build/python/ckload.py uses build/libckload.so.
+CKLOAD_LIB, else where `make install` put it (the installed copy of this file names
+PREFIX/lib/libckload.so.1), else next to this module as built: build/python/ckload.py uses
+build/libckload.so.
 The structs below mirror ckload.h by hand; on loading the library this module checks them (and
 the ABI version) against what the library reports, and refuses a library that disagrees.
 
@@ -29,9 +31,12 @@ little-endian bytes:
     IQ*, TQ*, MXFP4, ...: raw ggml blocks): one dimension, the byte count.
 `Load.info(i)` tells the pack's dtype and shape in every case.
 """
+from __future__ import annotations
+
 import ctypes
 import os
 import threading
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.utils.dlpack
@@ -45,6 +50,9 @@ kDLCPU, kDLCUDA = 1, 2
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex = 0, 1, 2, 4, 5
 
 _c = ctypes
+# What the public API accepts for a path and for a device.
+PathLike = Union[str, bytes, os.PathLike]
+Device = Union[str, torch.device]
 ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
 
 
@@ -109,8 +117,13 @@ _lib = None
 _lib_lock = threading.RLock()
 
 
-def _lib_path():
-    return os.environ.get("CKLOAD_LIB") or os.path.join(
+# The library `make install` installed: the Makefile writes its path here in the installed copy
+# (the module and the library live in different directories there); None in the build tree.
+_INSTALLED_LIB = None
+
+
+def _lib_path() -> str:
+    return os.environ.get("CKLOAD_LIB") or _INSTALLED_LIB or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "libckload.so")
 
 
@@ -135,7 +148,7 @@ def _abi_mismatch(lib):
     return None
 
 
-def library():
+def library() -> ctypes.CDLL:
     """The ctypes handle on libckload, with every function's signature set, once its ABI has
     been checked against this module's structs."""
     global _lib
@@ -181,12 +194,12 @@ def library():
         return _lib
 
 
-def cuda_built():
+def cuda_built() -> bool:
     """Whether libckload was built with the CUDA runtime."""
     return library().ckl_cuda_built() != 0
 
 
-def cuda_available():
+def cuda_available() -> bool:
     """Whether libckload can use a CUDA device now."""
     return library().ckl_cuda_available() != 0
 
@@ -309,8 +322,9 @@ class Load:
     block) drops this object's reference; tensors already handed out keep the memory alive.
     """
 
-    def __init__(self, path, device="auto", only=None, verify=False, threads=0, buffer_size=0,
-                 on_ready=None):
+    def __init__(self, path: PathLike, device: Device = "auto", only: Optional[str] = None,
+                 verify: bool = False, threads: int = 0, buffer_size: int = 0,
+                 on_ready: Optional[Callable[[int], None]] = None) -> None:
         lib = library()
         dev, ordinal = _parse_device(device)
         if int(threads) < 0 or int(buffer_size) < 0:
@@ -354,7 +368,8 @@ class Load:
             raise ValueError("ckload: this load was released")
         return self._h
 
-    def __len__(self):
+    def __len__(self) -> int:
+        """The number of tensors the load hands out."""
         return self._lib.ckl_count(self._handle())
 
     def _get(self, i):
@@ -362,25 +377,26 @@ class Load:
             raise IndexError(i)
         return self._lib.ckl_get(self._handle(), i).contents
 
-    def name(self, i):
+    def name(self, i: int) -> str:
+        """Tensor i's name."""
         return self._get(i).name.decode("utf-8", "surrogateescape")
 
-    def info(self, i):
+    def info(self, i: int) -> Tuple[str, str, Tuple[int, ...], int]:
         """(name, dtype, shape, nbytes) of tensor i as the pack has it."""
         t = self._get(i)
         return (t.name.decode("utf-8", "surrogateescape"), t.dtype.decode(),
                 tuple(t.shape[k] for k in range(t.rank)), t.nbytes)
 
-    def pointer(self, i):
+    def pointer(self, i: int) -> int:
         """Tensor i's address in the load's block (a host or device pointer)."""
         return self._get(i).data or 0
 
-    def find(self, name):
+    def find(self, name: str) -> int:
         """The index of tensor name, or -1."""
         return self._lib.ckl_find(self._handle(), os.fsencode(name))
 
     @property
-    def device(self):
+    def device(self) -> str:
         """"cpu" or "cuda:N": where the block is."""
         h = self._handle()
         if self._lib.ckl_device_of(h) == CKL_CUDA:
@@ -388,7 +404,7 @@ class Load:
         return "cpu"
 
     @property
-    def read_path(self):
+    def read_path(self) -> str:
         """Where the bytes are read from: "pack" (a pack file; verify checks its checksums),
         "source" (a safetensors or PyTorch file or a shard directory, read in place; verify
         checks only that each file is unchanged: such sources store no checksums), "bypass" (a
@@ -396,24 +412,27 @@ class Load:
         (through the mount: the bypass was refused, or CKLOAD_BYPASS=0)."""
         return self._lib.ckl_read_path(self._handle()).decode()
 
-    def total_bytes(self):
+    def total_bytes(self) -> int:
+        """The bytes the load brings in, all tensors together."""
         return self._lib.ckl_total_bytes(self._handle())
 
-    def done_bytes(self):
+    def done_bytes(self) -> int:
+        """The bytes in place so far (progress)."""
         return self._lib.ckl_done_bytes(self._handle())
 
-    def wait(self, i):
+    def wait(self, i: int) -> None:
         """Blocks until tensor i is in place; RuntimeError if the load failed."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         if self._lib.ckl_wait(self._handle(), i, err, len(err)) != 0:
             _raise(err)
 
-    def wait_all(self):
+    def wait_all(self) -> None:
+        """Blocks until every tensor is in place; RuntimeError if the load failed."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         if self._lib.ckl_wait_all(self._handle(), err, len(err)) != 0:
             _raise(err)
 
-    def tensor(self, i):
+    def tensor(self, i: int) -> torch.Tensor:
         """Tensor i as a torch tensor over the load's memory (waits for it to land)."""
         name, dtype, shape, _ = self.info(i)
         m = self._lib.ckl_to_dlpack(self._handle(), i)
@@ -424,16 +443,17 @@ class Load:
             m.contents.dl_tensor.dtype.code = kDLInt  # this torch has no unsigned type this wide
         return _retype(_to_torch(m), dtype, shape)
 
-    def release(self):
+    def release(self) -> None:
+        """Drops this object's reference on the load (tensors handed out keep it alive)."""
         if self._h is not None:
             h, self._h = self._h, None
             self._forget_callback()
             self._lib.ckl_release(h)
 
-    def __enter__(self):
+    def __enter__(self) -> Load:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def __del__(self):
@@ -443,15 +463,17 @@ class Load:
             pass
 
 
-def load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0):
+def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
+         verify: bool = False, threads: int = 0,
+         buffer_size: int = 0) -> Dict[str, torch.Tensor]:
     """Loads the checkpoint at path (a pack file, a mount's .ckptfs/checkpoint.pack, a
     safetensors file, a shard directory, a PyTorch file) and returns {name: torch.Tensor} in
     pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA when libckload can use a
     device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
     checksums, checked as the bytes stream; for other sources, which store none, only that each
     source file is unchanged while it is read. threads, buffer_size: 0 to let
-    libckload choose per load (ckload.h). Raises RuntimeError ("ckload: FILE: what is wrong") on any failure; then no
-    tensor is returned and all memory is freed."""
+    libckload choose per load (ckload.h). Raises RuntimeError ("ckload: FILE: what is wrong")
+    on any failure; then no tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
               buffer_size=buffer_size) as ld:
         ld.wait_all()

@@ -348,3 +348,62 @@ Test(npy_inflate, a_changed_file_reads_eio)
     free(c);
     free(data);
 }
+
+/* --- npy_header_make --------------------------------------------------------------------- */
+
+/* What npy_header_make writes is read back by the strict reader as the same dtype and shape,
+ * the data 64-aligned; the longest header (64 dims of 19 digits) fits NPY_MAKE_MAX. */
+Test(npy_header, made_headers_parse_back)
+{
+    static const enum ck_dtype ours[] = {CK_F16, CK_F32, CK_F64, CK_I8, CK_I16, CK_I32, CK_I64,
+                                         CK_U8, CK_U16, CK_U32, CK_U64, CK_BOOL, CK_C64,
+                                         CK_C128};
+    static const int64_t shape[] = {3, 1, 0, 7};
+    unsigned char buf[NPY_MAKE_MAX];
+    for (size_t i = 0; i < sizeof ours / sizeof *ours; i++)
+        for (unsigned rank = 0; rank <= 4; rank++) {
+            uint64_t nbytes;
+            cr_assert_eq(ck_tensor_nbytes(rank, shape, ours[i], &nbytes), 0);
+            int raw = -1;
+            size_t n = npy_header_make(ours[i], rank, shape, nbytes, buf, &raw);
+            cr_expect_eq(raw, 0);
+            cr_expect_eq(n % 64, 0);
+            npy_header h = parse_ok(buf, n);
+            cr_expect_eq(h.dtype, ours[i]);
+            cr_expect_eq(h.rank, rank);
+            cr_expect_eq(h.nbytes, nbytes);
+            cr_expect_arr_eq(h.shape, shape, rank * sizeof *shape);
+        }
+    int64_t big[CK_MAX_RANK];
+    for (unsigned d = 0; d < CK_MAX_RANK; d++)
+        big[d] = INT64_MAX;
+    int raw;
+    size_t n = npy_header_make(CK_C128, CK_MAX_RANK, big, 0, buf, &raw);
+    cr_expect(n <= NPY_MAKE_MAX && n % 64 == 0, "%zu", n);
+    cr_expect_eq(buf[n - 1], '\n');
+}
+
+/* A dtype NumPy lacks is never given a NumPy type: whole-byte elements as '|VN' records of the
+ * shape, sub-byte and block types as '|u1' bytes of shape (nbytes,); *raw says so. */
+Test(npy_header, types_numpy_lacks_are_raw)
+{
+    static const struct {
+        enum ck_dtype dt;
+        const char *text;
+    } t[] = {{CK_BF16, "{'descr': '|V2', 'fortran_order': False, 'shape': (2, 3), }"},
+             {CK_F8_E4M3, "{'descr': '|V1', 'fortran_order': False, 'shape': (2, 3), }"},
+             {CK_C32, "{'descr': '|V4', 'fortran_order': False, 'shape': (2, 3), }"},
+             {CK_F4, "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }"},
+             {CK_Q4_0, "{'descr': '|u1', 'fortran_order': False, 'shape': (99,), }"}};
+    static const int64_t shape[] = {2, 3};
+    unsigned char buf[NPY_MAKE_MAX];
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        int raw = 0;
+        uint64_t nbytes = t[i].dt == CK_F4 ? 3 : t[i].dt == CK_Q4_0 ? 99 : 0;
+        size_t n = npy_header_make(t[i].dt, 2, shape, nbytes, buf, &raw);
+        cr_expect_eq(raw, 1);
+        cr_expect(n > 10 + strlen(t[i].text) &&
+                      memcmp(buf + 10, t[i].text, strlen(t[i].text)) == 0,
+                  "%s: %.*s", ck_dtype_name(t[i].dt), (int)(n - 10), buf + 10);
+    }
+}
