@@ -496,9 +496,10 @@ static const ck_command commands[] = {
      "file. Control bytes and '\\' in names are written \\xNN and \\\\. --json prints the mount's\n"
      "index.json with \"file\" and \"offset\" added to each tensor.",
      cmd_ls},
-    {"cat", "ckpt cat SOURCE NAME",
+    {"cat", "ckpt cat [--npy] SOURCE NAME",
      "Writes the bytes of tensor NAME to stdout: row-major, little-endian, no header (the same\n"
-     "bytes as the tensor's file in a mount).",
+     "bytes as the tensor's file in a mount). --npy puts a NumPy .npy header in front (the same\n"
+     "bytes as NAME.npy in a mount made with -o npy), so that np.load reads it.",
      cmd_cat},
     {"pack", "ckpt pack SOURCE OUT.pack [--only PREFIX_OR_GLOB]",
      "Writes SOURCE as a pack (pack/FORMAT.md): the same bytes as the mount's\n"
@@ -532,7 +533,8 @@ enum { NCOMMANDS = sizeof commands / sizeof *commands };
 
 static void print_usage(FILE *out)
 {
-    fprintf(out, "usage: ckpt COMMAND [ARGS]   (SOURCE: a checkpoint file or a directory of shards)\n\n");
+    fprintf(out, "usage: ckpt COMMAND [ARGS]   (SOURCE: a checkpoint file or a directory of shards)\n"
+                 "       ckpt --version\n\n");
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %s\n", commands[i].usage);
     fprintf(out, "\nckpt COMMAND --help explains one command.\n");
