@@ -67,6 +67,8 @@ $(BUILD)/ckptfs: $(call obj,$(FS_SRC)) $(BUILD)/libckpt.a
 
 $(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
 
+# ckpt diff and stats take square roots (tools/inspect.c).
+$(BUILD)/ckpt: LDLIBS += -lm
 $(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(CUDA_LIBS) -o $@
 

@@ -1,0 +1,18 @@
+/* commands.h — the ckpt commands that live outside tools/ckpt.c.
+ * Contract: each takes the command's argv (argv[0] = the command name, --help already handled
+ * by ckpt.c), prints one line "ckpt: FILE: what" on trouble and returns the exit status.
+ */
+#ifndef CK_COMMANDS_H
+#define CK_COMMANDS_H
+
+#include <stddef.h>
+
+/* tools/inspect.c: diff exits 0 (same), 1 (different), 2 (trouble); info and stats 0, or 1/2. */
+int cmd_diff(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_stats(int argc, char **argv);
+
+/* tools/ckpt.c: a name on one line: control bytes as \xNN, '\\' doubled (as ckpt ls). */
+void print_name(const char *s, size_t len);
+
+#endif
