@@ -130,12 +130,15 @@ static cJSON *shape_json(const ck_entry *e)
     return cJSON_Parse(buf);
 }
 
-/* JSON has no NaN or Inf: such a figure is written as the string "nan", "inf" or "-inf". */
+/* A double as JSON, exactly: %.17g round-trips, where cJSON's own printing may keep only 15
+ * digits. JSON has no NaN or Inf: such a figure is the string "nan", "inf" or "-inf". */
 static cJSON *number_json(double v)
 {
-    if (isfinite(v))
-        return cJSON_CreateNumber(v);
-    return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+    char buf[32];
+    if (!isfinite(v))
+        return cJSON_CreateString(isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
+    snprintf(buf, sizeof buf, "%.17g", v);
+    return cJSON_CreateRaw(buf);
 }
 
 static int print_json_doc(cJSON *doc)
@@ -809,10 +812,10 @@ static cJSON *stat_json(const ck_entry *e, const stat_acc *s)
     cJSON_AddItemToObject(o, "inf", ck_json_uint(s->inf));
     cJSON_AddItemToObject(o, "zero", ck_json_uint(s->zero));
     if (s->finite) {
-        cJSON_AddNumberToObject(o, "min", s->min);
-        cJSON_AddNumberToObject(o, "max", s->max);
-        cJSON_AddNumberToObject(o, "mean", s->mean);
-        cJSON_AddNumberToObject(o, "std", stat_std(s));
+        cJSON_AddItemToObject(o, "min", number_json(s->min));
+        cJSON_AddItemToObject(o, "max", number_json(s->max));
+        cJSON_AddItemToObject(o, "mean", number_json(s->mean));
+        cJSON_AddItemToObject(o, "std", number_json(stat_std(s)));
     } else {
         cJSON_AddNullToObject(o, "min");
         cJSON_AddNullToObject(o, "max");
