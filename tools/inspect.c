@@ -192,7 +192,21 @@ static int same_shape(const ck_entry *a, const ck_entry *b)
     return 1;
 }
 
-/* Both sides' bytes in lockstep: memcmp says identical, XXH3 records what each side was. */
+/* Feeds st B's bytes [0, end): what B's hash missed while B matched A chunk for chunk. Leaves
+ * r->bb holding B's chunk at end again. */
+static int hash_b_prefix(diff_run *r, const ck_entry *b, XXH3_state_t *st, uint64_t end, size_t n)
+{
+    for (uint64_t off = 0; off < end; off += CHUNK) {
+        if (read_chunk(r->ib, b, r->bb, CHUNK, off))
+            return -1;
+        XXH3_64bits_update(st, r->bb, CHUNK);
+    }
+    return read_chunk(r->ib, b, r->bb, n, end);
+}
+
+/* Both sides' bytes in lockstep: memcmp says identical, XXH3 records what each side was. While
+ * the sides agree only A is hashed (B's hash is A's); B is hashed from its first difference on,
+ * after its agreeing prefix is. This keeps diff of two near-identical files one hash pass. */
 static int compare_bytes(diff_run *r, pair *p)
 {
     XXH3_state_t *sa = XXH3_createState(), *sb = XXH3_createState();
@@ -206,22 +220,24 @@ static int compare_bytes(diff_run *r, pair *p)
     p->identical = 1;
     for (uint64_t off = 0; rc == 0 && off < p->a->nbytes; off += CHUNK) {
         size_t n = p->a->nbytes - off < CHUNK ? (size_t)(p->a->nbytes - off) : CHUNK;
-        if (read_chunk(r->ia, p->a, r->ba, n, off) || read_chunk(r->ib, p->b, r->bb, n, off)) {
-            rc = -1;
-            break;
-        }
-        if (p->identical && memcmp(r->ba, r->bb, n) != 0)
+        rc = read_chunk(r->ia, p->a, r->ba, n, off) || read_chunk(r->ib, p->b, r->bb, n, off);
+        if (rc == 0 && p->identical && memcmp(r->ba, r->bb, n) != 0) {
             p->identical = 0;
+            rc = hash_b_prefix(r, p->b, sb, off, n);
+        }
+        if (rc)
+            break;
         XXH3_64bits_update(sa, r->ba, n);
-        XXH3_64bits_update(sb, r->bb, n);
+        if (!p->identical)
+            XXH3_64bits_update(sb, r->bb, n);
     }
     if (rc == 0) {
         p->ha = XXH3_64bits_digest(sa);
-        p->hb = XXH3_64bits_digest(sb);
+        p->hb = p->identical ? p->ha : XXH3_64bits_digest(sb);
     }
     XXH3_freeState(sa);
     XXH3_freeState(sb);
-    return rc;
+    return rc ? -1 : 0;
 }
 
 /* max |a-b| and ||a-b|| / ||a|| over elements decoded to double (dtypes may differ: a .bin in

@@ -103,6 +103,10 @@ def test_diff_reports_every_change(ckpts):
     assert {n for n, t in by.items() if not t["identical"]} == changed
     assert doc["summary"] == {"both": len(by), "identical": len(by) - len(changed),
                               "different": len(changed), "only_in_a": 1, "only_in_b": 1}
+    for n, t in by.items():  # "big" differs in its second 4 MiB chunk only
+        if t["xxh3_a"] is not None:
+            assert int(t["xxh3_a"], 16) == xxh3(torch_bytes(a[n]))
+            assert int(t["xxh3_b"], 16) == xxh3(torch_bytes(b[n]))
     for n in ("enc.layer.0.w", "big", "enc.layer.1.w", "enc.layer.0.b"):
         want_max, want_rel = torch_max_abs_rel(a[n], b[n])
         assert by[n]["max_abs_diff"] == pytest.approx(want_max, rel=1e-12, abs=1e-300)
