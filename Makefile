@@ -122,6 +122,7 @@ bench: all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-npy
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gguf
+	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-diff
 
 demo: setup all
 	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo
