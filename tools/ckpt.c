@@ -46,7 +46,7 @@ static int wants_help(int argc, char **argv)
     return 0;
 }
 
-static int open_source(const char *source, ck_index **ix)
+int open_source(const char *source, ck_index **ix)
 {
     ck_error err;
     if (ck_open(source, ix, &err) == 0)

@@ -12,6 +12,10 @@ int cmd_diff(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
 
+struct ck_index;
+
+/* tools/ckpt.c: ck_open, its error said on one line "ckpt: FILE: what"; 0 or -1. */
+int open_source(const char *source, struct ck_index **ix);
 /* tools/ckpt.c: a name on one line: control bytes as \xNN, '\\' doubled (as ckpt ls). */
 void print_name(const char *s, size_t len);
 

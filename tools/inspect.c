@@ -28,15 +28,6 @@
 
 /* --- reading and decoding ----------------------------------------------------------------- */
 
-static int open_index(const char *source, ck_index **ix)
-{
-    ck_error err;
-    if (ck_open(source, ix, &err) == 0)
-        return 0;
-    fprintf(stderr, "ckpt: %s\n", err.msg);
-    return -1;
-}
-
 /* Reads len bytes of e at off, all of them: a short read is trouble, said on one line. */
 static int read_chunk(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)
 {
@@ -490,7 +481,7 @@ int cmd_diff(int argc, char **argv)
     diff_run r = {0};
     diff_result d = {0};
     int rc = 2;
-    if (open_index(src[0], &ia) || open_index(src[1], &ib))
+    if (open_source(src[0], &ia) || open_source(src[1], &ib))
         goto out;
     r = (diff_run){ia, ib, malloc(CHUNK), malloc(CHUNK), malloc(BATCH * sizeof(double)),
                    malloc(BATCH * sizeof(double))};
@@ -701,7 +692,7 @@ int cmd_info(int argc, char **argv)
     if (!source)
         return fprintf(stderr, "ckpt: info: needs a source (see ckpt info --help)\n"), 2;
     ck_index *ix;
-    if (open_index(source, &ix))
+    if (open_source(source, &ix))
         return 1;
     info in = {0};
     for (size_t i = 0; i < ix->nentries; i++) {
@@ -949,7 +940,7 @@ int cmd_stats(int argc, char **argv)
         return fprintf(stderr, "ckpt: stats: needs a source (see ckpt stats --help)\n"), 2;
     }
     ck_index *ix;
-    if (open_index(source, &ix)) {
+    if (open_source(source, &ix)) {
         free(pats);
         return 1;
     }
