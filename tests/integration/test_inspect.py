@@ -307,3 +307,37 @@ def test_truncated_source_midway(ckpts, tmp_path, cut):
             p = ckpt("stats", bad, *json_flag)
             assert p.returncode == 1 and p.stdout == b"" and p.stderr.decode().count("\n") == 1
 
+
+
+def test_stats_histogram_on_a_terminal(ckpts):
+    """On a terminal each tensor gets 10 bins over [min, max] of its finite values; their
+    counts add up to numpy's count of finite values and follow numpy.histogram but for values
+    on a bin edge (the two round the edges differently)."""
+    import os
+    import pty
+    import subprocess
+    d, a, _ = ckpts
+    master, slave = pty.openpty()
+    p = subprocess.run([str(ckpt_bin()), "stats", str(d / "a.bin"), "dec.special", "big"],
+                       stdout=slave, stderr=subprocess.PIPE, timeout=60)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert p.returncode == 0 and p.stderr == b""
+    lines = out.decode().replace("\r\n", "\n").splitlines()
+    for name in ("dec.special", "big"):
+        i = next(k for k, l in enumerate(lines) if l.startswith(name + "\t"))
+        counts = [int(l.split()[-1]) for l in lines[i + 1:i + 11]]
+        v = a[name].double().numpy()
+        v = v[np.isfinite(v)]
+        want, _ = np.histogram(v, bins=10, range=(v.min(), v.max()))
+        assert sum(counts) == v.size
+        assert all(abs(c - w) <= 2 for c, w in zip(counts, want)), (counts, want)
