@@ -9,6 +9,9 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,15 +31,16 @@
 
 /* --- reading and decoding ----------------------------------------------------------------- */
 
-/* Reads len bytes of e at off, all of them: a short read is trouble, said on one line. */
-static int read_chunk(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)
+/* Reads len bytes of e at off, all of them: a short read is trouble, said in err (stats'
+ * threads each keep their own, so that one line is printed whoever failed). */
+static int read_chunk(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off,
+                      ck_error *err)
 {
     ssize_t n = ck_entry_read(ix, e, buf, len, off);
     if (n == (ssize_t)len)
         return 0;
-    fprintf(stderr, "ckpt: %s: %s (reading tensor %.*s)\n", ix->files[e->ext.file].path,
-            n < 0 ? strerror((int)-n) : "ends early", (int)e->name_len, e->name);
-    return -1;
+    return ck_fail(err, ix->files[e->ext.file].path, "%s (reading tensor %.*s)",
+                   n < 0 ? strerror((int)-n) : "ends early", (int)e->name_len, e->name);
 }
 
 /* The element size of a dtype decode_batch reads, else 0. */
@@ -171,6 +175,7 @@ typedef struct diff_run {
     const ck_index *ia, *ib;
     unsigned char *ba, *bb;
     double *da, *db;
+    ck_error err;
 } diff_run;
 
 static int same_shape(const ck_entry *a, const ck_entry *b)
@@ -188,11 +193,11 @@ static int same_shape(const ck_entry *a, const ck_entry *b)
 static int hash_b_prefix(diff_run *r, const ck_entry *b, XXH3_state_t *st, uint64_t end, size_t n)
 {
     for (uint64_t off = 0; off < end; off += CHUNK) {
-        if (read_chunk(r->ib, b, r->bb, CHUNK, off))
+        if (read_chunk(r->ib, b, r->bb, CHUNK, off, &r->err))
             return -1;
         XXH3_64bits_update(st, r->bb, CHUNK);
     }
-    return read_chunk(r->ib, b, r->bb, n, end);
+    return read_chunk(r->ib, b, r->bb, n, end, &r->err);
 }
 
 /* Both sides' bytes in lockstep: memcmp says identical, XXH3 records what each side was. While
@@ -203,7 +208,7 @@ static int compare_bytes(diff_run *r, pair *p)
     XXH3_state_t *sa = XXH3_createState(), *sb = XXH3_createState();
     int rc = sa && sb ? 0 : -1;
     if (rc)
-        fprintf(stderr, "ckpt: out of memory\n");
+        ck_fail(&r->err, ck_index_source(r->ia), "out of memory");
     if (!rc) {
         XXH3_64bits_reset(sa);
         XXH3_64bits_reset(sb);
@@ -211,7 +216,8 @@ static int compare_bytes(diff_run *r, pair *p)
     p->identical = 1;
     for (uint64_t off = 0; rc == 0 && off < p->a->nbytes; off += CHUNK) {
         size_t n = p->a->nbytes - off < CHUNK ? (size_t)(p->a->nbytes - off) : CHUNK;
-        rc = read_chunk(r->ia, p->a, r->ba, n, off) || read_chunk(r->ib, p->b, r->bb, n, off);
+        rc = read_chunk(r->ia, p->a, r->ba, n, off, &r->err) ||
+             read_chunk(r->ib, p->b, r->bb, n, off, &r->err);
         if (rc == 0 && p->identical && memcmp(r->ba, r->bb, n) != 0) {
             p->identical = 0;
             rc = hash_b_prefix(r, p->b, sb, off, n);
@@ -240,8 +246,8 @@ static int compare_values(diff_run *r, pair *p)
     double max_abs = 0, dd = 0, aa = 0;
     for (uint64_t i = 0; i < n; i += step) {
         size_t k = n - i < step ? (size_t)(n - i) : (size_t)step;
-        if (read_chunk(r->ia, p->a, r->ba, k * wa, i * wa) ||
-            read_chunk(r->ib, p->b, r->bb, k * wb, i * wb))
+        if (read_chunk(r->ia, p->a, r->ba, k * wa, i * wa, &r->err) ||
+            read_chunk(r->ib, p->b, r->bb, k * wb, i * wb, &r->err))
             return -1;
         for (size_t j = 0; j < k; j += BATCH) {
             size_t m = k - j < BATCH ? k - j : BATCH;
@@ -310,10 +316,8 @@ static int diff_indexes(diff_run *r, const char *only, diff_result *d)
     d->tb = sorted_tensors(r->ib, only, &d->nb);
     d->in_a = calloc(d->nb + 1, 1);
     d->pairs = calloc(d->na + 1, sizeof *d->pairs);
-    if (!d->ta || !d->tb || !d->in_a || !d->pairs) {
-        fprintf(stderr, "ckpt: out of memory\n");
-        return -1;
-    }
+    if (!d->ta || !d->tb || !d->in_a || !d->pairs)
+        return ck_fail(&r->err, ck_index_source(r->ia), "out of memory");
     for (size_t i = 0; i < d->na; i++) {
         const ck_entry **hit = bsearch(&d->ta[i], d->tb, d->nb, sizeof *d->tb, cmp_entry_names);
         if (!hit)
@@ -484,13 +488,15 @@ int cmd_diff(int argc, char **argv)
     if (open_source(src[0], &ia) || open_source(src[1], &ib))
         goto out;
     r = (diff_run){ia, ib, malloc(CHUNK), malloc(CHUNK), malloc(BATCH * sizeof(double)),
-                   malloc(BATCH * sizeof(double))};
+                   malloc(BATCH * sizeof(double)), {{0}}};
     if (!r.ba || !r.bb || !r.da || !r.db) {
         fprintf(stderr, "ckpt: out of memory\n");
         goto out;
     }
-    if (diff_indexes(&r, only, &d) != 0)
+    if (diff_indexes(&r, only, &d) != 0) {
+        fprintf(stderr, "ckpt: %s\n", r.err.msg);
         goto out;
+    }
     int same = count_identical(&d) == d.na && d.na == d.nb;
     if (!json)
         print_diff_text(&d);
@@ -786,12 +792,12 @@ static void hist_batch(stat_acc *s, const double *v, size_t n)
 
 /* Streams e's elements through fn (acc_batch, then hist_batch for the histogram's pass). */
 static int scan_tensor(const ck_index *ix, const ck_entry *e, unsigned char *buf, double *dv,
-                       stat_acc *s, void (*fn)(stat_acc *, const double *, size_t))
+                       stat_acc *s, void (*fn)(stat_acc *, const double *, size_t), ck_error *err)
 {
     unsigned w = decoded_size(e->dtype);
     for (uint64_t off = 0; off < e->nbytes; off += CHUNK) {
         size_t n = e->nbytes - off < CHUNK ? (size_t)(e->nbytes - off) : CHUNK;
-        if (read_chunk(ix, e, buf, n, off))
+        if (read_chunk(ix, e, buf, n, off, err))
             return -1;
         for (size_t j = 0; j < n / w; j += BATCH) {
             size_t m = n / w - j < BATCH ? n / w - j : BATCH;
@@ -858,25 +864,71 @@ typedef struct stats_run {
     size_t n;
     stat_acc *acc;        /* per selected tensor */
     int hist;             /* stdout is a terminal: a second pass bins the values */
+    atomic_size_t next;   /* the next tensor a worker takes */
 } stats_run;
 
-static int stats_compute(stats_run *r)
+#define STATS_THREADS 4u /* decoding is CPU-bound: a few cores pay, more only contend */
+
+typedef struct stats_worker {
+    stats_run *r;
+    pthread_t tid;
+    size_t failed_at; /* the tensor that failed, or SIZE_MAX */
+    ck_error err;
+} stats_worker;
+
+/* Takes tensors one at a time until none is left or one fails; each tensor's figures are its
+ * own accumulator's, so workers share nothing but the counter. */
+static void *stats_work(void *arg)
 {
+    stats_worker *w = arg;
+    stats_run *r = w->r;
     unsigned char *buf = malloc(CHUNK);
     double *dv = malloc(BATCH * sizeof *dv);
-    int rc = buf && dv ? 0 : -1;
-    if (rc)
-        fprintf(stderr, "ckpt: out of memory\n");
-    for (size_t i = 0; rc == 0 && i < r->n; i++) {
-        if (!decoded_size(r->sel[i]->dtype))
-            continue;
-        rc = scan_tensor(r->ix, r->sel[i], buf, dv, &r->acc[i], acc_batch);
-        if (rc == 0 && r->hist && r->acc[i].finite)
-            rc = scan_tensor(r->ix, r->sel[i], buf, dv, &r->acc[i], hist_batch);
+    w->failed_at = SIZE_MAX;
+    for (size_t i; (i = atomic_fetch_add(&r->next, 1)) < r->n;) {
+        const ck_entry *e = r->sel[i];
+        int rc = buf && dv ? 0 : ck_fail(&w->err, ck_index_source(r->ix), "out of memory");
+        if (rc == 0 && decoded_size(e->dtype))
+            rc = scan_tensor(r->ix, e, buf, dv, &r->acc[i], acc_batch, &w->err);
+        if (rc == 0 && decoded_size(e->dtype) && r->hist && r->acc[i].finite)
+            rc = scan_tensor(r->ix, e, buf, dv, &r->acc[i], hist_batch, &w->err);
+        if (rc) {
+            w->failed_at = i;
+            atomic_store(&r->next, r->n); /* the others stop after their current tensor */
+            break;
+        }
     }
     free(buf);
     free(dv);
-    return rc;
+    return NULL;
+}
+
+/* Runs the workers; on trouble prints the error of the first tensor that failed, one line. */
+static int stats_compute(stats_run *r)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned nt = cpus < 1 ? 1 : cpus < (long)STATS_THREADS ? (unsigned)cpus : STATS_THREADS;
+    stats_worker w[STATS_THREADS];
+    unsigned started = 0;
+    for (; started < nt && (size_t)started < r->n; started++) {
+        w[started] = (stats_worker){.r = r, .failed_at = SIZE_MAX};
+        if (pthread_create(&w[started].tid, NULL, stats_work, &w[started]) != 0)
+            break;
+    }
+    if (started == 0) { /* no thread could start (or no tensor): this one does the work */
+        w[started] = (stats_worker){.r = r};
+        stats_work(&w[started++]);
+    } else {
+        for (unsigned t = 0; t < started; t++)
+            pthread_join(w[t].tid, NULL);
+    }
+    const stats_worker *bad = NULL;
+    for (unsigned t = 0; t < started; t++)
+        if (w[t].failed_at != SIZE_MAX && (!bad || w[t].failed_at < bad->failed_at))
+            bad = &w[t];
+    if (bad)
+        fprintf(stderr, "ckpt: %s\n", bad->err.msg);
+    return bad ? -1 : 0;
 }
 
 static int print_stats(const stats_run *r, int json)
@@ -945,7 +997,7 @@ int cmd_stats(int argc, char **argv)
         return 1;
     }
     stats_run r = {ix, malloc((ix->nentries + 1) * sizeof *r.sel), 0,
-                   calloc(ix->nentries + 1, sizeof *r.acc), !json && isatty(STDOUT_FILENO)};
+                   calloc(ix->nentries + 1, sizeof *r.acc), !json && isatty(STDOUT_FILENO), 0};
     int rc = 1;
     if (!r.sel || !r.acc) {
         fprintf(stderr, "ckpt: out of memory\n");
