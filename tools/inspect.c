@@ -43,15 +43,17 @@ static int read_chunk(const ck_index *ix, const ck_entry *e, void *buf, size_t l
                    n < 0 ? strerror((int)-n) : "ends early", (int)e->name_len, e->name);
 }
 
-/* The element size of a dtype decode_batch reads, else 0. */
+/* The element size (ck_dtype_nbytes of one element) of a dtype decode_one reads, else 0. */
 static unsigned decoded_size(enum ck_dtype dt)
 {
+    uint64_t bytes;
     switch (dt) {
-    case CK_BOOL: case CK_U8: case CK_I8: case CK_F8_E4M3: case CK_F8_E5M2: return 1;
-    case CK_I16: case CK_U16: case CK_F16: case CK_BF16: return 2;
-    case CK_I32: case CK_U32: case CK_F32: return 4;
-    case CK_I64: case CK_U64: case CK_F64: return 8;
-    default: return 0;
+    case CK_BOOL: case CK_U8: case CK_I8: case CK_F8_E4M3: case CK_F8_E5M2:
+    case CK_I16: case CK_U16: case CK_F16: case CK_BF16:
+    case CK_I32: case CK_U32: case CK_F32: case CK_I64: case CK_U64: case CK_F64:
+        return ck_dtype_nbytes(dt, 1, &bytes) == 0 ? (unsigned)bytes : 0;
+    default:
+        return 0;
     }
 }
 
