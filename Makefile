@@ -72,6 +72,8 @@ $(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: CFLAGS += -DCKPTFS_VERSION='"$(VERSION)"'
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: VERSION
 
+# ckpt diff and stats take square roots (tools/inspect.c).
+$(BUILD)/ckpt: LDLIBS += -lm
 $(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(CUDA_LIBS) -o $@
 
@@ -126,6 +128,7 @@ bench: all
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gguf
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-convert
+	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-diff
 
 demo: setup all
 	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo

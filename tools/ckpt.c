@@ -47,7 +47,7 @@ static int wants_help(int argc, char **argv)
     return 0;
 }
 
-static int open_source(const char *source, ck_index **ix)
+int open_source(const char *source, ck_index **ix)
 {
     ck_error err;
     if (ck_open(source, ix, &err) == 0)
@@ -58,7 +58,7 @@ static int open_source(const char *source, ck_index **ix)
 
 /* A name in the table: tabs, newlines and other control bytes would break its columns, so they
  * are written \xNN, and a backslash is doubled; --json has every name exactly. */
-static void print_name(const char *s, size_t len)
+void print_name(const char *s, size_t len)
 {
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -527,6 +527,27 @@ static const ck_command commands[] = {
      "file is unchanged (device, inode, size, mtime) after its bytes are read. A progress bar\n"
      "is drawn when stderr is a terminal.",
      cmd_load},
+    {"diff", "ckpt diff A B [--json] [--only PREFIX_OR_GLOB]",
+     "Compares the tensors of two sources (formats may differ: a .bin and its safetensors):\n"
+     "names only in A or only in B, dtype or shape changes, and for tensors in both whether\n"
+     "their bytes are identical (XXH3 of each side, streamed). For float tensors (F64, F32,\n"
+     "F16, BF16, F8 E4M3/E5M2) that differ: the max absolute difference and the relative L2\n"
+     "||a-b||/||a||, computed in double. Values (non-tensor pickle entries) are not compared.\n"
+     "--only compares the entries whose name is P or starts with P., or matches the glob.\n"
+     "Exits 0 when the same, 1 when different, 2 on trouble (as cmp and diff do).",
+     cmd_diff},
+    {"info", "ckpt info SOURCE [--depth N] [--json]",
+     "Summarizes SOURCE: format, files, tensor and value counts, parameters (elements), bytes\n"
+     "by dtype, a du-like tree of bytes and parameters by name prefix ('.'-separated parts) to\n"
+     "depth N (default 2), and the metadata. Reads no tensor data.",
+     cmd_info},
+    {"stats", "ckpt stats SOURCE [NAME|GLOB...] [--json]",
+     "For each tensor (or those named: NAME, a prefix, or a glob): element count, min, max,\n"
+     "mean and std (population) over the finite values, and the NaN, Inf and zero counts.\n"
+     "Every integer dtype, BOOL, F64/F32/F16/BF16 and F8 E4M3/E5M2 are decoded (64-bit\n"
+     "integers through double); complex, F4/F6, F8 E8M0 and FNUZ, and GGUF block-quantized\n"
+     "tensors are listed as skipped. On a terminal each tensor gets a 10-bin histogram.",
+     cmd_stats},
     {"help", "ckpt help [COMMAND]", "Shows what a command does.", cmd_help},
 };
 enum { NCOMMANDS = sizeof commands / sizeof *commands };
