@@ -374,6 +374,23 @@ static char *index_json_of(ck_fs *fs, size_t *len)
     return text;
 }
 
+/* index.json as fs serves it at ino (size and bytes, read `chunk` bytes at a time) is the text
+ * ck_view makes of the same index, and nothing was logged. */
+static void assert_index_json_served(ck_fs *fs, uint64_t ino, size_t chunk)
+{
+    struct stat st;
+    size_t want_len = 0, len = 0;
+    char *want = index_json_of(fs, &want_len);
+    cr_assert_eq(ck_fs_getattr(fs, ino, &st), 0);
+    cr_assert_eq((size_t)st.st_size, want_len);
+    unsigned char *got = read_all(fs, ino, chunk, &len);
+    cr_assert_eq(len, want_len);
+    cr_assert_arr_eq(got, want, len);
+    cr_assert_eq(nlogged, 0);
+    free(got);
+    free(want);
+}
+
 Test(core, index_json_is_made_on_first_use)
 {
     /* Whichever operation reaches it first makes it; nothing else does. */
@@ -396,16 +413,7 @@ Test(core, index_json_is_made_on_first_use)
         default: cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), (ssize_t)sizeof buf);
         }
         cr_assert(fs->vfile[CK_VFILE_INDEX_JSON].made, "operation %d did not make it", first);
-        size_t want_len = 0, len = 0;
-        char *want = index_json_of(fs, &want_len);
-        cr_assert_eq(ck_fs_getattr(fs, ino, &st), 0);
-        cr_assert_eq((size_t)st.st_size, want_len);
-        unsigned char *got = read_all(fs, ino, 1000, &len);
-        cr_assert_eq(len, want_len);
-        cr_assert_arr_eq(got, want, len);
-        cr_assert_eq(nlogged, 0);
-        free(got);
-        free(want);
+        assert_index_json_served(fs, ino, 1000);
         ck_fs_free(fs);
     }
 }
@@ -478,16 +486,7 @@ Test(core, index_json_prepared_in_the_background)
         ck_fs_prepare(fs);
         ck_fs_prepare(fs); /* a second call starts nothing */
         cr_assert(fs->preparing);
-        size_t want_len = 0, len = 0;
-        char *want = index_json_of(fs, &want_len);
-        cr_assert_eq(ck_fs_getattr(fs, ino, &st), 0);
-        cr_assert_eq((size_t)st.st_size, want_len);
-        unsigned char *got = read_all(fs, ino, 4096, &len);
-        cr_assert_eq(len, want_len);
-        cr_assert_arr_eq(got, want, len);
-        cr_assert_eq(nlogged, 0);
-        free(got);
-        free(want);
+        assert_index_json_served(fs, ino, 4096);
         ck_fs_free(fs);
     }
     /* Freed while the thread may still be making it: nothing leaks, nothing is used after. */

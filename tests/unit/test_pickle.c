@@ -136,17 +136,25 @@ static void empty_odict(pb *p)
 }
 
 /* _rebuild_tensor_v2(<storage cls key numel>, offset, size, stride, False, OrderedDict()) */
+/* _rebuild_tensor_v2's arguments after the storage: offset, size, stride, requires_grad False,
+ * empty backward hooks. */
+static void view_args(pb *p, int64_t offset, unsigned rank, const int64_t *size,
+                      const int64_t *stride)
+{
+    int_(p, offset);
+    int_tuple(p, rank, size);
+    int_tuple(p, rank, stride);
+    op(p, 0x89);
+    empty_odict(p);
+}
+
 static void tensor_v2(pb *p, const char *cls, const char *key, int64_t numel, int64_t offset,
                       unsigned rank, const int64_t *size, const int64_t *stride)
 {
     global(p, "torch._utils", "_rebuild_tensor_v2");
     op(p, '(');
     storage(p, cls, key, numel);
-    int_(p, offset);
-    int_tuple(p, rank, size);
-    int_tuple(p, rank, stride);
-    op(p, 0x89);
-    empty_odict(p);
+    view_args(p, offset, rank, size, stride);
     ops(p, "tR");
 }
 
@@ -984,11 +992,7 @@ static void tensor_v3(pb *p, const char *storage_module, const char *dtype)
     str_(p, "cuda:0");
     int_(p, 16);
     ops(p, "tQ");
-    int_(p, 1);
-    int_tuple(p, 2, S23);
-    int_tuple(p, 2, R23);
-    op(p, 0x89);
-    empty_odict(p);
+    view_args(p, 1, 2, S23, R23);
     global(p, "torch", dtype);
     ops(p, "tR");
 }
@@ -1122,31 +1126,19 @@ Test(pickle_torch, used_up_tuples_read_back)
             str_(&p, "cpu");
             int_(&p, 24);
             ops(&p, "tq\x07Q");
-            int_(&p, 0);
-            int_tuple(&p, 2, S23);
-            int_tuple(&p, 2, R23);
-            op(&p, 0x89);
-            empty_odict(&p);
+            view_args(&p, 0, 2, S23, R23);
             ops(&p, "tR");
             tensor_v2(&p, "FloatStorage", "6", 24, 0, 2, S23, R23);
             global(&p, "torch._utils", "_rebuild_tensor_v2");
             op(&p, '(');
             ops(&p, "h\x07Q");
-            int_(&p, 0);
-            int_tuple(&p, 2, S23);
-            int_tuple(&p, 2, R23);
-            op(&p, 0x89);
-            empty_odict(&p);
+            view_args(&p, 0, 2, S23, R23);
             ops(&p, "tR");
         } else if (how == 1) { /* the arguments PUT, used up, then read back */
             global(&p, "torch._utils", "_rebuild_tensor_v2");
             op(&p, '(');
             storage(&p, "FloatStorage", "5", 24);
-            int_(&p, 0);
-            int_tuple(&p, 2, S23);
-            int_tuple(&p, 2, R23);
-            op(&p, 0x89);
-            empty_odict(&p);
+            view_args(&p, 0, 2, S23, R23);
             ops(&p, "tq\x09R");
             tensor_v2(&p, "FloatStorage", "6", 24, 0, 2, S23, R23);
             global(&p, "torch._utils", "_rebuild_tensor_v2");
@@ -1161,11 +1153,7 @@ Test(pickle_torch, used_up_tuples_read_back)
             str_(&p, "cpu");
             int_(&p, 24);
             ops(&p, "t2Q0Q"); /* DUP, BINPERSID, POP, BINPERSID */
-            int_(&p, 0);
-            int_tuple(&p, 2, S23);
-            int_tuple(&p, 2, R23);
-            op(&p, 0x89);
-            empty_odict(&p);
+            view_args(&p, 0, 2, S23, R23);
             ops(&p, "tR");
             tensor_v2(&p, "FloatStorage", "6", 24, 0, 2, S23, R23);
             tensor_v2(&p, "FloatStorage", "5", 24, 0, 2, S23, R23);
