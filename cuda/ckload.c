@@ -220,14 +220,6 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
     return p;
 }
 
-/* Whether source file f is still the file the index opened, unchanged: same device and inode,
- * size and modification time. All that verify can check of a source without stored checksums. */
-static int source_unchanged(const ck_index *ix, uint32_t f)
-{
-    struct stat st;
-    return fstat(ix->files[f].fd, &st) == 0 && ck_file_unchanged(&ix->files[f], &st);
-}
-
 /* After blob b's last byte: with verify, a pack's blob against its stored checksum (st hashed
  * it); with verify for any other source, and always when bypassing a mount, the file against
  * what it was when opened (and, for the bypass, when mounted). */
@@ -239,7 +231,7 @@ static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
                   (unsigned long long)bl->file_off);
         return -1;
     }
-    if (l->check_files && !source_unchanged(l->ix, bl->file)) {
+    if (l->check_files && !ck_file_same(l->ix, bl->file)) {
         set_error(l, "tensor '%s': %s changed while it was read", bl->name,
                   l->ix->files[bl->file].path);
         return -1;

@@ -356,7 +356,7 @@ static int source_check(const ck_fs *fs, uint32_t file)
     const ck_file *f = &fs->ix->files[file];
     struct stat st;
     /* The open descriptor first: a write or truncate changes its size or mtime. */
-    if (fstat(f->fd, &st) != 0 || !ck_file_unchanged(f, &st))
+    if (!ck_file_same(fs->ix, file))
         return -EIO;
     /* Then the path: a file renamed over it leaves our descriptor on the old, intact inode,
      * whose bytes are no longer what SOURCE holds (the same inode passed the check above). */

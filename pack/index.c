@@ -206,6 +206,12 @@ int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint
     return ck_pread(ix->files[file].fd, buf, len, off);
 }
 
+int ck_file_same(const ck_index *ix, uint32_t f)
+{
+    struct stat st;
+    return fstat(ix->files[f].fd, &st) == 0 && ck_file_unchanged(&ix->files[f], &st);
+}
+
 int ck_file_unchanged(const ck_file *f, const struct stat *st)
 {
     return st->st_dev == f->dev && st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&

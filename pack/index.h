@@ -119,6 +119,9 @@ int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint
 /* Whether st (an fstat or stat) describes f as it was when opened: same device and inode, size
  * and modification time. How the mount and the loader tell a changed source. */
 int ck_file_unchanged(const ck_file *f, const struct stat *st);
+/* Whether source file f is, by its open descriptor, still the file the index opened: the same
+ * device and inode, size and mtime (ck_file_unchanged on an fstat). */
+int ck_file_same(const ck_index *ix, uint32_t f);
 
 /* Looks an entry up by exact name; NULL if absent. Linear: for tools, not for hot paths. */
 const ck_entry *ck_index_find(const ck_index *ix, const char *name);

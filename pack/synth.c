@@ -660,6 +660,10 @@ int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
         if (blob && rc == 0)
             sums[s->blob] = XXH3_64bits_digest(st);
     }
+    /* A source written to meanwhile (a new mtime) may have given old and new bytes mixed. */
+    for (uint32_t f = 0; rc == 0 && f < sy->ix->nfiles; f++)
+        if (!ck_file_same(sy->ix, f))
+            rc = -EIO;
     free(buf);
     free(sums);
     XXH3_freeState(st);

@@ -74,7 +74,9 @@ int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
  * (it fails with -ECANCELED). */
 typedef int (*ck_progress)(void *ctx, uint64_t done, uint64_t total);
 
-/* Writes the whole file to fd from its current position. 0, or -errno. */
+/* Writes the whole file to fd from its current position. 0, or -errno: -EIO when a source is
+ * shorter than its index says, or is not by the end the file the index opened (ck_file_same:
+ * written to meanwhile, it may have given old and new bytes mixed). */
 int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx);
 
 /* Whether name (len bytes) is selected by only: NULL selects all; else a name that equals only

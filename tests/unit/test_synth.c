@@ -1041,6 +1041,31 @@ Test(synth_io, write_reports_progress_and_can_be_stopped)
     ck_index_free(ix);
 }
 
+/* A source written to while a pack or safetensors file is made from it (its mtime moves): the
+ * write fails with -EIO, whichever bytes it read, since they may be old and new mixed. */
+Test(synth_io, write_fails_when_a_source_changed)
+{
+    ck_index *ix = sample_index();
+    ck_synth *pk = pack_ok(ix, NULL), *st = NULL;
+    ck_error err = {""};
+    cr_assert_eq(ck_synth_safetensors(ix, &st, &err), 0, "%s", err.msg);
+    const char *path = tmp_file("", 0);
+    int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    cr_assert_eq(ck_synth_write(pk, fd, NULL, NULL), 0);
+    /* The same bytes written back: only the mtime tells. */
+    struct timespec later[2] = {{.tv_nsec = UTIME_OMIT}, {0}};
+    cr_assert_eq(clock_gettime(CLOCK_REALTIME, &later[1]), 0);
+    later[1].tv_sec += 5;
+    cr_assert_eq(futimens(ix->files[0].fd, later), 0);
+    cr_assert_eq(ftruncate(fd, 0), 0);
+    cr_assert_eq(ck_synth_write(pk, fd, NULL, NULL), -EIO);
+    cr_assert_eq(ck_synth_write(st, fd, NULL, NULL), -EIO);
+    close(fd);
+    ck_synth_free(pk);
+    ck_synth_free(st);
+    ck_index_free(ix);
+}
+
 /* --- the safetensors file ---------------------------------------------------------------- */
 
 /* Parses a safetensors file's header independently: the length (a multiple of 8), the JSON,
