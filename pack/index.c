@@ -212,6 +212,11 @@ int ck_file_same(const ck_index *ix, uint32_t f)
     return fstat(ix->files[f].fd, &st) == 0 && ck_file_unchanged(&ix->files[f], &st);
 }
 
+int ck_same_shape(const ck_entry *a, const ck_entry *b)
+{
+    return a->rank == b->rank && memcmp(a->shape, b->shape, a->rank * sizeof *a->shape) == 0;
+}
+
 int ck_file_unchanged(const ck_file *f, const struct stat *st)
 {
     return st->st_dev == f->dev && st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&

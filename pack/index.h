@@ -122,6 +122,8 @@ int ck_file_unchanged(const ck_file *f, const struct stat *st);
 /* Whether source file f is, by its open descriptor, still the file the index opened: the same
  * device and inode, size and mtime (ck_file_unchanged on an fstat). */
 int ck_file_same(const ck_index *ix, uint32_t f);
+/* Whether tensors a and b have the same rank and dims (their strides aside). */
+int ck_same_shape(const ck_entry *a, const ck_entry *b);
 
 /* Looks an entry up by exact name; NULL if absent. Linear: for tools, not for hot paths. */
 const ck_entry *ck_index_find(const ck_index *ix, const char *name);

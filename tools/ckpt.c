@@ -345,9 +345,7 @@ static int cmd_verify(int argc, char **argv)
     return rc;
 }
 
-/* A count or a size: digits, then optionally K, M or G (binary; "KiB", "MB" and so on are read
- * the same). 0 when it is not one, or is 0, or overflows. */
-static uint64_t parse_size(const char *s)
+uint64_t parse_size(const char *s, int decimal_b)
 {
     char *end;
     errno = 0;
@@ -357,15 +355,17 @@ static uint64_t parse_size(const char *s)
     const char *units = "KMG";
     const char *u = *end ? strchr(units, *end & ~0x20) : NULL;
     if (u) {
-        unsigned shift = 10 * (unsigned)(u - units + 1);
-        if (v > UINT64_MAX >> shift)
+        unsigned power = (unsigned)(u - units + 1);
+        int binary = (end[1] & ~0x20) == 'I';
+        end += 1 + binary;
+        int b = (*end & ~0x20) == 'B';
+        end += b;
+        uint64_t mul = 1;
+        for (unsigned k = 0; k < power; k++)
+            mul *= decimal_b && b && !binary ? 1000 : 1024;
+        if (v > UINT64_MAX / mul)
             return 0;
-        v <<= shift;
-        end++;
-        if ((*end & ~0x20) == 'I')
-            end++;
-        if ((*end & ~0x20) == 'B')
-            end++;
+        v *= mul;
     }
     return *end ? 0 : v;
 }
@@ -431,7 +431,7 @@ static int cmd_load(int argc, char **argv)
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t n = val ? parse_size(val) : 0;
+        uint64_t n = val ? parse_size(val, 0) : 0;
         if (strcmp(opt, "--verify") == 0) {
             o.verify = 1;
             continue;

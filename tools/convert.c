@@ -2,7 +2,6 @@
  * Face tools write and read it (one file, or shards with model.safetensors.index.json), or as a
  * pack. The bytes come from pack/synth (one owner of both layouts); tools/outfile makes the
  * output appear whole or not at all. */
-#include <ctype.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,24 +40,6 @@ typedef struct options {
     int pack, skip_unsupported;
 } options;
 
-/* A size as huggingface_hub's convert_file_size_to_int reads it: bytes, or a number with
- * GiB/MiB/KiB (binary) or GB/MB/KB (decimal), any case. 0 when it is not one, or overflows. */
-static uint64_t parse_shard_size(const char *s)
-{
-    static const struct { const char *unit; uint64_t mul; } units[] = {
-        {"", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000},
-        {"KIB", 1ull << 10}, {"MIB", 1ull << 20}, {"GIB", 1ull << 30},
-    };
-    char *end;
-    if (!isdigit((unsigned char)*s))
-        return 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
-        if (strcasecmp(end, units[i].unit) == 0)
-            return v && v <= UINT64_MAX / units[i].mul ? v * units[i].mul : 0;
-    return 0;
-}
-
 static int usage(const char *what)
 {
     fprintf(stderr, "ckpt: convert: %s (see ckpt convert --help)\n", what);
@@ -76,7 +57,7 @@ static int parse_args(int argc, char **argv, options *o)
         else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc)
             to = argv[++i];
         else if (strcmp(argv[i], "--max-shard-size") == 0 && i + 1 < argc) {
-            if (!(o->max_shard = parse_shard_size(argv[++i])))
+            if (!(o->max_shard = parse_size(argv[++i], 1)))
                 return usage("--max-shard-size wants a size such as 5GB or 500MiB");
         } else if (strcmp(argv[i], "--skip-unsupported") == 0)
             o->skip_unsupported = 1;
@@ -117,8 +98,7 @@ static void plan_free(plan *p)
 /* Whether entry a may stand for entry b: the same bytes (one blob) seen as the same tensor. */
 static int same_view(const ck_entry *a, const ck_entry *b)
 {
-    return a->nbytes && a->dtype == b->dtype && a->rank == b->rank &&
-           memcmp(a->shape, b->shape, a->rank * sizeof *a->shape) == 0;
+    return a->nbytes && a->dtype == b->dtype && ck_same_shape(a, b);
 }
 
 static int make_plan(const ck_index *ix, const options *o, plan *p)

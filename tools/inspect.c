@@ -180,16 +180,6 @@ typedef struct diff_run {
     ck_error err;
 } diff_run;
 
-static int same_shape(const ck_entry *a, const ck_entry *b)
-{
-    if (a->rank != b->rank)
-        return 0;
-    for (unsigned i = 0; i < a->rank; i++)
-        if (a->shape[i] != b->shape[i])
-            return 0;
-    return 1;
-}
-
 /* Feeds st B's bytes [0, end): what B's hash missed while B matched A chunk for chunk. Leaves
  * r->bb holding B's chunk at end again. */
 static int hash_b_prefix(diff_run *r, const ck_entry *b, XXH3_state_t *st, uint64_t end, size_t n)
@@ -272,10 +262,10 @@ static int compare_values(diff_run *r, pair *p)
 
 static int compare_pair(diff_run *r, pair *p)
 {
-    p->same_layout = p->a->dtype == p->b->dtype && same_shape(p->a, p->b);
+    p->same_layout = p->a->dtype == p->b->dtype && ck_same_shape(p->a, p->b);
     if (p->same_layout && compare_bytes(r, p) != 0)
         return -1;
-    if (p->identical || !same_shape(p->a, p->b) || !is_float(p->a->dtype) ||
+    if (p->identical || !ck_same_shape(p->a, p->b) || !is_float(p->a->dtype) ||
         !is_float(p->b->dtype))
         return 0;
     return compare_values(r, p);

@@ -109,7 +109,8 @@ static void stack_global(pb *p, const char *module, const char *name)
 }
 
 /* BINPERSID of ('storage', torch.<cls>, key, 'cpu', numel). */
-static void storage(pb *p, const char *cls, const char *key, int64_t numel)
+/* A storage's persistent id, up to its closing TUPLE: what torch passes to BINPERSID. */
+static void persid_items(pb *p, const char *cls, const char *key, int64_t numel)
 {
     op(p, '(');
     str_(p, "storage");
@@ -117,6 +118,11 @@ static void storage(pb *p, const char *cls, const char *key, int64_t numel)
     str_(p, key);
     str_(p, "cpu");
     int_(p, numel);
+}
+
+static void storage(pb *p, const char *cls, const char *key, int64_t numel)
+{
+    persid_items(p, cls, key, numel);
     ops(p, "tQ");
 }
 
@@ -1119,12 +1125,7 @@ Test(pickle_torch, used_up_tuples_read_back)
         if (how == 0) { /* the persistent id PUT, used up, then read back for a third tensor */
             global(&p, "torch._utils", "_rebuild_tensor_v2");
             op(&p, '(');
-            op(&p, '(');
-            str_(&p, "storage");
-            global(&p, "torch", "FloatStorage");
-            str_(&p, "5");
-            str_(&p, "cpu");
-            int_(&p, 24);
+            persid_items(&p, "FloatStorage", "5", 24);
             ops(&p, "tq\x07Q");
             view_args(&p, 0, 2, S23, R23);
             ops(&p, "tR");
@@ -1146,12 +1147,7 @@ Test(pickle_torch, used_up_tuples_read_back)
         } else { /* the persistent id DUPed: used up once, then again from the stack */
             global(&p, "torch._utils", "_rebuild_tensor_v2");
             op(&p, '(');
-            op(&p, '(');
-            str_(&p, "storage");
-            global(&p, "torch", "FloatStorage");
-            str_(&p, "5");
-            str_(&p, "cpu");
-            int_(&p, 24);
+            persid_items(&p, "FloatStorage", "5", 24);
             ops(&p, "t2Q0Q"); /* DUP, BINPERSID, POP, BINPERSID */
             view_args(&p, 0, 2, S23, R23);
             ops(&p, "tR");
