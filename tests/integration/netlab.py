@@ -107,6 +107,17 @@ def tls_material(directory, names=("127.0.0.1", "127.0.0.2", "localhost")):
     return TLS(d / "ca.pem", d / "server.pem", d / "server.key")
 
 
+def replace_file(path, data):
+    """Swaps path's content for data atomically, with an mtime 2 s later, so that both nginx's
+    ETag (mtime in seconds and size) and FileServer's change even for the same size."""
+    path = Path(path)
+    st = os.stat(path)
+    tmp = path.with_name(path.name + ".netlab-new")
+    tmp.write_bytes(data)
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    os.replace(tmp, path)
+
+
 # --- nginx ---------------------------------------------------------------------------------
 
 # One JSON object per request. $netlab_auth is 1 when an Authorization header came: the log
@@ -220,6 +231,9 @@ http {{
 
     def __exit__(self, *exc):
         self.stop()
+
+    def replace(self, rel, data):
+        replace_file(self.root / rel, data)
 
     def errors(self):
         """nginx's own stderr and error log, for failure messages."""
@@ -476,18 +490,23 @@ class FileServer:
             self.faults.clear()
             self.log.clear()
 
-    def requests(self):
+    def requests(self, settle=0.2, timeout=10):
+        """The logged requests, once the log has not grown for `settle` seconds (a handler logs
+        a request just after its last byte went, which the client may already have seen)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            n = len(self.log)
+        while time.monotonic() < deadline:
+            time.sleep(settle)
+            with self.lock:
+                if len(self.log) == n:
+                    break
+                n = len(self.log)
         with self.lock:
             return list(self.log)
 
     def replace(self, rel, data):
-        """Writes new content for rel atomically, with a new mtime, so its ETag changes."""
-        p = self.root / rel
-        tmp = p.with_name(p.name + ".netlab-new")
-        tmp.write_bytes(data)
-        st = os.stat(p)
-        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-        os.replace(tmp, p)
+        replace_file(self.root / rel, data)
 
     # --- serving ---
 
@@ -791,3 +810,72 @@ class HubServer(FileServer):
                                   ("X-Linked-Size", local.stat().st_size), ("Location", loc)])
             return
         self.serve_file(req, local, fault, commit, etag=f'"{git_blob_oid(local.read_bytes())}"')
+
+
+# --- the client side: what the tests need around a mount of a URL ---------------------------
+
+# Reads files in a separate process, so that a hung read is a failed test and not a hung
+# session: for each path, its sha256 or the errno name the read (or open) failed with.
+_READER = r"""
+import errno, hashlib, json, os, sys
+out = {}
+for p in sys.argv[1:]:
+    try:
+        with open(p, "rb") as f:
+            h = hashlib.sha256()
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                h.update(b)
+        out[p] = ["ok", h.hexdigest()]
+    except OSError as e:
+        out[p] = ["err", errno.errorcode.get(e.errno, str(e.errno))]
+print(json.dumps(out))
+"""
+
+READ_TIMEOUT = 120  # seconds for a batch of reads through a mount (a hang fails the test)
+
+
+def read_many(paths, timeout=READ_TIMEOUT):
+    """{str(path): ("ok", sha256 hex) | ("err", "EIO"/"ESTALE"/...)} read by a child process."""
+    import sys
+    p = subprocess.run([sys.executable, "-S", "-c", _READER, *map(str, paths)],
+                       capture_output=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"reader failed: {p.stderr.decode(errors='replace')}")
+    return {k: tuple(v) for k, v in json.loads(p.stdout).items()}
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def sample_tensors(seed=17, scale=1):
+    """(name, dtype, shape, bytes) of a small transformer-like checkpoint, random bytes,
+    about 12 MiB * scale: tensors from a few bytes to several MiB, so reads cross the client's
+    block boundaries and some tensors share a block."""
+    import random
+    rng = random.Random(seed)
+    specs = [("embed.weight", "F32", [1024 * scale, 1024]),
+             ("layers.0.attn.q.weight", "BF16", [1024, 1024]),
+             ("layers.0.attn.k.weight", "BF16", [256, 1024]),
+             ("layers.0.norm.weight", "F32", [1024]),
+             ("layers.0.mlp.up.weight", "F16", [1536 * scale, 1024]),
+             ("layers.0.mlp.down.weight", "F16", [1024, 1536]),
+             ("layers.1.norm.bias", "F32", [3]),
+             ("layers.1.scale", "I64", []),
+             ("head.weight", "F32", [512, 1000])]
+    from ckptfs_testlib import numel, DTYPE_BITS
+    return [(n, d, s, rng.randbytes(numel(s) * DTYPE_BITS[d] // 8)) for n, d, s in specs]
+
+
+def daemon_peak_rss_kib(mnt):
+    """VmHWM (peak resident set, KiB) of the ckptfs daemon serving mnt."""
+    from ckptfs_testlib import ckptfs_pids
+    pids = ckptfs_pids(mnt)
+    assert len(pids) == 1, f"daemons for {mnt}: {pids}"
+    for line in Path(f"/proc/{pids[0]}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
