@@ -672,6 +672,10 @@ class HubServer(FileServer):
            X-Repo-Commit, ETag and X-Linked-Etag (the quoted sha256), X-Linked-Size; for another
            file: 200 (Range honoured) with X-Repo-Commit and ETag (the quoted git blob oid)
 
+    Checked by hand against huggingface_hub 0.26.5 itself (HF_ENDPOINT at this server):
+    model_info, list_repo_tree, get_hf_file_metadata, hf_hub_download (public, private with
+    and without token), EntryNotFound/RevisionNotFound/RepositoryNotFound errors all as on the Hub.
+
     Errors as the Hub answers them: a private repo (or an unknown one) without
     `Authorization: Bearer <token>` -> 401 with X-Error-Code: RepoNotFound; a wrong token -> 401;
     unknown revision -> 404 RevisionNotFound; unknown file -> 404 EntryNotFound.
