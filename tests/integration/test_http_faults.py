@@ -69,6 +69,73 @@ def ckpt(*args, env=None, timeout=120):
                           env=env)
 
 
+def _get(url, headers=(), method="GET", cafile=None):
+    """(status, headers, body) with the standard library's client, no redirects followed."""
+    import http.client
+    import ssl
+    import urllib.parse
+    u = urllib.parse.urlsplit(url)
+    if u.scheme == "https":
+        conn = http.client.HTTPSConnection(u.hostname, u.port, timeout=10,
+                                           context=ssl.create_default_context(cafile=str(cafile)))
+    else:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    conn.request(method, u.path + (f"?{u.query}" if u.query else ""), headers=dict(headers))
+    r = conn.getresponse()
+    out = r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    conn.close()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["nginx", "nginx-tls", "fileserver"])
+def test_the_servers_answer_as_documented(sample, tmp_path, kind):
+    """netlab's servers themselves, with the standard library's client: one range, the ETag,
+    If-Match answered 412 once the object is replaced, and the log's account of it."""
+    d = tmp_path / "self"
+    d.mkdir()
+    data = sample[1].read_bytes()
+    (d / NAME).write_bytes(data)
+    tls = netlab.tls_material(tmp_path / "tls") if kind == "nginx-tls" else None
+    server = netlab.FileServer(d) if kind == "fileserver" else netlab.Nginx(d, tls=tls)
+    with server as srv:
+        url = srv.url(NAME)
+        st, h, body = _get(url, [("Range", "bytes=100-1123")], cafile=tls and tls.ca)
+        assert (st, body, h["content-range"]) == (206, data[100:1124], f"bytes 100-1123/{len(data)}")
+        etag = h["etag"]
+        st, h, body = _get(url, [("Range", "bytes=-10"), ("If-Match", etag),
+                                 ("Authorization", "Bearer x")], cafile=tls and tls.ca)
+        assert (st, body) == (206, data[-10:])
+        srv.replace(NAME, data[::-1])
+        st, h, _ = _get(url, [("Range", "bytes=0-9"), ("If-Match", etag)], cafile=tls and tls.ca)
+        assert st == 412
+        st, h, body = _get(url, [("Range", "bytes=0-9")], cafile=tls and tls.ca)
+        assert (st, body) == (206, data[::-1][:10]) and h["etag"] != etag
+        log = srv.requests()
+        assert [(r["status"], r["if_match"], r["auth"]) for r in log] == \
+            [(206, "", 0), (206, etag, 1), (412, etag, 0), (206, "", 0)]
+        assert [r["range"] for r in log] == ["bytes=100-1123", "bytes=-10", "bytes=0-9", "bytes=0-9"]
+        assert netlab.body_bytes(log[:2]) == 1034
+
+
+def test_the_fault_server_misbehaves_as_scripted(srv, sample):
+    data = sample[1].read_bytes()
+    url = srv.url(NAME)
+    srv.fault("status", code=429, retry_after=3, times=1)
+    st, h, _ = _get(url, [("Range", "bytes=0-9")])
+    assert (st, h["retry-after"]) == (429, "3")
+    srv.fault("bad_range", times=1)
+    st, h, body = _get(url, [("Range", "bytes=0-9")])
+    assert (st, h["content-range"], body) == (206, f"bytes 1-10/{len(data)}", data[1:11])
+    srv.fault("long_body", extra=5, times=1)
+    st, h, body = _get(url, [("Range", "bytes=0-9")])
+    assert (st, len(body), body[:10]) == (206, 15, data[:10])
+    with netlab.FileServer(sample[0], host="127.0.0.2") as other:
+        srv.fault("redirect", to=other.base, times=1)
+        st, h, _ = _get(url, [("Authorization", "Bearer x")])
+        assert (st, h["location"]) == (302, other.url(NAME))
+    assert [r["fault"] for r in srv.requests()] == ["status", "bad_range", "long_body", "redirect"]
+
+
 def test_mount_reads_every_byte_with_few_requests(mount, srv, sample):
     """The baseline: a clean mount over HTTP, every tensor right; the issue's target for mounting
     a safetensors source (at most 3 requests, under 1 MiB) measured in the server's log."""
