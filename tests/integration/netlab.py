@@ -883,3 +883,134 @@ def daemon_peak_rss_kib(mnt):
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise RuntimeError("no VmHWM")
+
+
+# --- added latency without netem -----------------------------------------------------------
+
+class DelayRelay:
+    """with DelayRelay(port, delay=0.010) as relay: relay.port ...
+
+    A TCP relay on 127.0.0.1 that forwards each connection to 127.0.0.1:port and delivers
+    every chunk, in both directions, `delay` seconds after it arrived: a round trip `2 * delay`
+    longer, for kernels without `tc netem`. Each direction buffers at most QUEUE_BYTES in flight
+    (then stops reading: backpressure), so memory is bounded; an idle connection is closed after
+    IDLE seconds; stop() closes everything and joins the threads."""
+
+    QUEUE_BYTES = 64 << 20
+    IDLE = 120
+
+    def __init__(self, port, delay=0.010, host="127.0.0.1"):
+        self.target, self.delay, self.host = ("127.0.0.1", port), delay, host
+        self.port = None
+        self.threads, self.socks = [], []
+        self.stopping = threading.Event()
+
+    def start(self):
+        self.listener = socket.create_server((self.host, 0))
+        self.listener.settimeout(0.1)
+        self.port = self.listener.getsockname()[1]
+        self._spawn(self._accept)
+        return self
+
+    def _spawn(self, fn, *args):
+        t = threading.Thread(target=fn, args=args, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self):
+        while not self.stopping.is_set():
+            try:
+                a, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                b = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                a.close()
+                continue
+            for s in (a, b):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.settimeout(1)
+            self.socks += [a, b]
+            self._pipe(a, b)
+            self._pipe(b, a)
+
+    def _pipe(self, src, dst):
+        import collections
+        q = collections.deque()
+        cv = threading.Condition()
+        state = {"bytes": 0, "eof": False}
+
+        def reader():
+            idle = 0
+            while not self.stopping.is_set():
+                with cv:
+                    while state["bytes"] >= self.QUEUE_BYTES and not self.stopping.is_set():
+                        cv.wait(0.1)
+                try:
+                    data = src.recv(1 << 18)
+                except socket.timeout:
+                    idle += 1
+                    if idle > self.IDLE:
+                        break
+                    continue
+                except OSError:
+                    break
+                idle = 0
+                with cv:
+                    if not data:
+                        break
+                    q.append((time.monotonic() + self.delay, data))
+                    state["bytes"] += len(data)
+                    cv.notify_all()
+            with cv:
+                state["eof"] = True
+                cv.notify_all()
+
+        def writer():
+            while not self.stopping.is_set():
+                with cv:
+                    while not q and not state["eof"] and not self.stopping.is_set():
+                        cv.wait(0.1)
+                    if not q:
+                        if state["eof"] or self.stopping.is_set():
+                            break
+                        continue
+                    due, data = q[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    break
+                with cv:
+                    q.popleft()
+                    state["bytes"] -= len(data)
+                    cv.notify_all()
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+        self._spawn(reader)
+        self._spawn(writer)
+
+    def stop(self):
+        self.stopping.set()
+        self.listener.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        for t in self.threads:
+            t.join(timeout=STOP_TIMEOUT)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
