@@ -14,7 +14,6 @@ Contract:
     came: never its value), host, conn (connection serial), proto. `requests()` parses it.
   * Nothing here knows what ckptfs does: the log is the server's account of what was asked.
 """
-import contextlib
 import email.utils
 import hashlib
 import http.server
@@ -26,6 +25,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -282,14 +282,6 @@ def count(reqs, uri=None, method=None, status=None):
 def body_bytes(reqs, uri=None):
     """Body bytes the server sent for the matching requests."""
     return sum(r["body_bytes"] for r in reqs if uri is None or r["uri"] == uri)
-
-
-@contextlib.contextmanager
-def nginx(root, **kw):
-    """Function form of `with Nginx(...)`."""
-    srv = Nginx(root, **kw)
-    with srv:
-        yield srv
 
 
 # --- a file server of our own, with scripted faults ----------------------------------------
@@ -843,7 +835,6 @@ READ_TIMEOUT = 120  # seconds for a batch of reads through a mount (a hang fails
 
 def read_many(paths, timeout=READ_TIMEOUT):
     """{str(path): ("ok", sha256 hex) | ("err", "EIO"/"ESTALE"/...)} read by a child process."""
-    import sys
     p = subprocess.run([sys.executable, "-S", "-c", _READER, *map(str, paths)],
                        capture_output=True, timeout=timeout)
     if p.returncode != 0:
@@ -855,28 +846,30 @@ def sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def sample_tensors(seed=17, scale=1):
+def sample_tensors(seed=17):
     """(name, dtype, shape, bytes) of a small transformer-like checkpoint, random bytes,
-    about 12 MiB * scale: tensors from a few bytes to several MiB, so reads cross the client's
+    about 12 MiB: tensors from a few bytes to several MiB, so reads cross the client's
     block boundaries and some tensors share a block."""
     import random
     rng = random.Random(seed)
-    specs = [("embed.weight", "F32", [1024 * scale, 1024]),
+    specs = [("embed.weight", "F32", [1024, 1024]),
              ("layers.0.attn.q.weight", "BF16", [1024, 1024]),
              ("layers.0.attn.k.weight", "BF16", [256, 1024]),
              ("layers.0.norm.weight", "F32", [1024]),
-             ("layers.0.mlp.up.weight", "F16", [1536 * scale, 1024]),
+             ("layers.0.mlp.up.weight", "F16", [1536, 1024]),
              ("layers.0.mlp.down.weight", "F16", [1024, 1536]),
              ("layers.1.norm.bias", "F32", [3]),
              ("layers.1.scale", "I64", []),
              ("head.weight", "F32", [512, 1000])]
+    # Imported here, not at the top: scripts/bench-http imports this module without pytest
+    # and torch, which ckptfs_testlib needs.
     from ckptfs_testlib import numel, DTYPE_BITS
     return [(n, d, s, rng.randbytes(numel(s) * DTYPE_BITS[d] // 8)) for n, d, s in specs]
 
 
 def daemon_peak_rss_kib(mnt):
     """VmHWM (peak resident set, KiB) of the ckptfs daemon serving mnt."""
-    from ckptfs_testlib import ckptfs_pids
+    from ckptfs_testlib import ckptfs_pids  # (see sample_tensors)
     pids = ckptfs_pids(mnt)
     assert len(pids) == 1, f"daemons for {mnt}: {pids}"
     for line in Path(f"/proc/{pids[0]}/status").read_text().splitlines():

@@ -55,15 +55,6 @@ def assert_all_right(mnt, want):
     assert got == {n: ("ok", h) for n, h in want.items()}
 
 
-def assert_never_wrong(results, want):
-    """Each read gave the right bytes or failed with EIO: never other bytes, never a short read."""
-    for name, (kind, val) in results.items():
-        if kind == "ok":
-            assert val == want[name], f"{name}: WRONG BYTES"
-        else:
-            assert val == "EIO", f"{name}: {val}"
-
-
 def ckpt(*args, env=None, timeout=120):
     return subprocess.run([str(ckpt_bin()), *map(str, args)], capture_output=True, timeout=timeout,
                           env=env)
