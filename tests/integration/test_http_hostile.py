@@ -4,6 +4,7 @@ exit 1, bounded memory and requests, no hang (every command runs under a timeout
 wrong byte: a read gives the bytes the safetensors library reads from the local file, or EIO."""
 import os
 import subprocess
+import tempfile
 
 import pytest
 
@@ -45,13 +46,12 @@ def srv(server):
 
 
 def timed(cmd, env=None):
-    """(CompletedProcess, peak RSS in KiB) of cmd under GNU time, which writes its figure on
-    the last line of stderr; the command's own stderr is what comes before it."""
-    p = subprocess.run(["/usr/bin/time", "-f", "%M", *map(str, cmd)], capture_output=True,
-                       timeout=HOSTILE_TIMEOUT, env=env)
-    err = p.stderr.decode(errors="replace").rstrip("\n").split("\n")
-    p.stderr = ("\n".join(err[:-1]) + "\n").encode() if len(err) > 1 else b""
-    return p, int(err[-1])
+    """(CompletedProcess, peak RSS in KiB) of cmd under GNU time, which writes its figure to
+    a file of its own (-o), so the command's stderr is its own."""
+    with tempfile.NamedTemporaryFile("r") as out:
+        p = subprocess.run(["/usr/bin/time", "-o", out.name, "-f", "%M", *map(str, cmd)],
+                           capture_output=True, timeout=HOSTILE_TIMEOUT, env=env)
+        return p, int(out.read().split()[-1])
 
 
 def assert_one_line_failure(p, program="ckpt"):
