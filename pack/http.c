@@ -126,7 +126,9 @@ double http_backoff(unsigned attempt, double retry_after, double r)
 
 uint64_t http_next_window(uint64_t window, int sequential)
 {
-    if (!sequential || window < HTTP_BLOCK)
+    if (!sequential)
+        return 0;
+    if (window < HTTP_BLOCK)
         return HTTP_BLOCK;
     return window * 2 > HTTP_MAX_WINDOW ? HTTP_MAX_WINDOW : window * 2;
 }
@@ -354,6 +356,7 @@ typedef struct request {
     const char *url;          /* the object's URL */
     uint64_t first, last;     /* the range; last < first: the whole document */
     int opening;              /* no validator yet: learn it */
+    unsigned tries;           /* attempts at most; 0: HTTP_TRIES or CKPTFS_HTTP_TRIES */
     reply r;
     char msg[256];            /* why it failed */
     int err;                  /* -errno when it failed */
@@ -524,7 +527,7 @@ static unsigned env_unsigned(const char *name, unsigned dflt)
 /* q, retried on connection errors, timeouts, 429 and 5xx within the bounds. 0 or q->err. */
 static int run(request *q)
 {
-    unsigned tries = env_unsigned("CKPTFS_HTTP_TRIES", HTTP_TRIES);
+    unsigned tries = q->tries ? q->tries : env_unsigned("CKPTFS_HTTP_TRIES", HTTP_TRIES);
     double budget = env_unsigned("CKPTFS_HTTP_BUDGET", (unsigned)HTTP_BUDGET_S);
     double start = now_s();
     CURL *h = q->o ? take_handle(q->o) : cu.easy_init();
@@ -554,10 +557,11 @@ static int run(request *q)
     return q->err;
 }
 
-/* Reads [off, off+len) of o straight into buf, one request. */
-static int get_range(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+/* Reads [off, off+len) of o straight into buf, one request (tried at most tries times; 0: as
+ * configured). */
+static int get_range(http_obj *o, unsigned char *buf, size_t len, uint64_t off, unsigned tries)
 {
-    request q = {.o = o, .url = o->url, .first = off, .last = off + len - 1,
+    request q = {.o = o, .url = o->url, .first = off, .last = off + len - 1, .tries = tries,
                  .r = {.dst = buf, .cap = len}};
     return run(&q);
 }
@@ -571,6 +575,7 @@ typedef struct block {
     size_t len;
     uint64_t used;        /* LRU stamp */
     int state;            /* 1 loading, 0 ready, -errno failed */
+    int ahead;            /* readahead: fetched once, not retried, dropped if it fails */
 } block;
 
 static struct {
@@ -648,16 +653,19 @@ typedef struct fetch {
     uint64_t at;
     size_t len;
     unsigned char *data;
+    int ahead;
 } fetch;
 
 static void *fetch_main(void *arg)
 {
     fetch *f = arg;
-    int rc = get_range(f->o, f->data, f->len, f->at);
+    int rc = get_range(f->o, f->data, f->len, f->at, f->ahead ? 1 : 0);
     pthread_mutex_lock(&cache.lock);
     for (size_t i = 0; i < cache.n; i++)
         if (cache.v[i].o == f->o && cache.v[i].at == f->at) {
             cache.v[i].state = rc; /* a failure stays until a reader takes it */
+            if (rc && cache.v[i].ahead) /* nobody asked: a reader fetches it again */
+                drop_block(i);
             break;
         }
     pthread_cond_broadcast(&cache.done);
@@ -672,7 +680,7 @@ static int start_fetch(block *b)
     fetch *f = malloc(sizeof *f);
     pthread_t t;
     if (f) {
-        *f = (fetch){.o = b->o, .at = b->at, .len = b->len, .data = b->data};
+        *f = (fetch){.o = b->o, .at = b->at, .len = b->len, .data = b->data, .ahead = b->ahead};
         if (pthread_create(&t, NULL, fetch_main, f) == 0) {
             pthread_detach(t);
             return 0;
@@ -709,8 +717,10 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
     pthread_mutex_lock(&cache.lock);
     for (uint64_t at = first; at < stop && rc == 0; at += HTTP_BLOCK) {
         block *b = claim_block(o, at, at / HTTP_BLOCK > last);
-        if (b)
+        if (b) {
+            b->ahead = at / HTTP_BLOCK > last;
             rc = start_fetch(b);
+        }
     }
     for (uint64_t at = first; at / HTTP_BLOCK <= last && rc == 0;) {
         block *b = find_block(o, at);
@@ -749,7 +759,7 @@ typedef struct part {
 static void *part_main(void *arg)
 {
     part *p = arg;
-    p->rc = get_range(p->o, p->buf, p->len, p->off);
+    p->rc = get_range(p->o, p->buf, p->len, p->off, 0);
     return NULL;
 }
 

@@ -20,7 +20,8 @@
  *  - Reads go through a block cache shared by every open object and bounded by cache_mem:
  *    HTTP_BLOCK-byte aligned blocks, fetched on parallel connections (at most HTTP_CONNECTIONS
  *    per object), with a readahead window that doubles on sequential reads up to
- *    HTTP_MAX_WINDOW and falls back to one block on a random one. A read of HTTP_BLOCK bytes or
+ *    HTTP_MAX_WINDOW and closes on a random one. A readahead block is asked once, not retried:
+ *    if it fails, the read that needs it asks again, with retries. A read of HTTP_BLOCK bytes or
  *    more skips the cache: it is split into parallel range requests straight into the caller's
  *    buffer.
  *  - libcurl is loaded (dlopen) on the first URL, so a local source never pays for it.
@@ -38,7 +39,7 @@
 #define HTTP_BLOCK (4u << 20)
 #define HTTP_MAX_WINDOW (16u * HTTP_BLOCK)
 #define HTTP_CONNECTIONS 8u
-#define HTTP_TRIES 6u
+#define HTTP_TRIES 4u
 #define HTTP_BUDGET_S 60.0
 #define HTTP_MAX_REDIRECTS 10u
 #define HTTP_CACHE_MEM_DEFAULT (256ull << 20)
@@ -88,7 +89,7 @@ double http_retry_after(const char *v, double now);
 double http_backoff(unsigned attempt, double retry_after, double r);
 
 /* The readahead window after a read: doubled (from HTTP_BLOCK, up to HTTP_MAX_WINDOW) when the
- * read began where the last one ended, else back to HTTP_BLOCK. */
+ * read began where the last one ended, else 0. */
 uint64_t http_next_window(uint64_t window, int sequential);
 
 /* url without its query and fragment, for messages (a presigned URL's signature is a secret),
