@@ -739,8 +739,11 @@ static int loading(const http_obj *o)
 static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
 {
     pthread_mutex_lock(&o->lock);
-    o->window = http_next_window(o->window, off == o->next);
-    o->next = off + len;
+    /* Sequential within a block: the kernel's reads of one stream reach several threads of the
+     * daemon, and arrive a little out of order. */
+    int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
+    o->window = http_next_window(o->window, seq);
+    o->next = seq && off + len < o->next ? o->next : off + len;
     uint64_t ahead = o->window;
     pthread_mutex_unlock(&o->lock);
     uint64_t first = off / HTTP_BLOCK * HTTP_BLOCK, last = (off + len - 1) / HTTP_BLOCK;
