@@ -324,6 +324,7 @@ struct http_obj {
     uint64_t window, next;    /* readahead: the window; where the last read ended */
     atomic_uint_fast64_t requests, bytes;
     atomic_int changed;
+    atomic_int failing;       /* the last block fetched failed: no readahead until one works */
 };
 
 static CURL *take_handle(http_obj *o)
@@ -692,6 +693,7 @@ static void *fetch_main(void *arg)
 {
     fetch *f = arg;
     int rc = get_range(f->o, f->data, f->len, f->at, f->ahead ? 1 : 0);
+    atomic_store(&f->o->failing, rc != 0);
     pthread_mutex_lock(&cache.lock);
     for (size_t i = 0; i < cache.n; i++)
         if (cache.v[i].o == f->o && cache.v[i].at == f->at) {
@@ -744,7 +746,7 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
     int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
     o->window = http_next_window(o->window, seq);
     o->next = seq && off + len < o->next ? o->next : off + len;
-    uint64_t ahead = o->window;
+    uint64_t ahead = atomic_load(&o->failing) ? 0 : o->window;
     pthread_mutex_unlock(&o->lock);
     uint64_t first = off / HTTP_BLOCK * HTTP_BLOCK, last = (off + len - 1) / HTTP_BLOCK;
     uint64_t stop = off + len + ahead < o->size ? off + len + ahead : o->size;
