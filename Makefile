@@ -45,7 +45,7 @@ CORE_SRC := $(wildcard pack/*.c)
 VIEW_SRC := fs/tree.c fs/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c
 TOOL_SRC := $(wildcard tools/*.c)
-LOAD_SRC := cuda/ckload.c cuda/mount.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
+LOAD_SRC := cuda/ckload.c cuda/uring.c cuda/mount.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
             cuda/backend_$(if $(HAVE_CUDA),cuda,nocuda).c
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
@@ -72,6 +72,8 @@ $(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: CFLAGS += -DCKPTFS_VERSION='"$(VERSION)"'
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: VERSION
 
+# libckload reads cold host loads through io_uring (cuda/uring.c: Debian's liburing).
+$(BUILD)/ckpt $(BUILD)/libckload.so: LDLIBS += -luring
 # ckpt diff and stats take square roots (tools/inspect.c).
 $(BUILD)/ckpt: LDLIBS += -lm
 $(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
