@@ -6,6 +6,10 @@
 #include <liburing.h>
 #include <stdlib.h>
 
+/* The most one read asks for (an entry's length is 32 bits): a multiple of every O_DIRECT
+ * alignment, so that the rest of a longer read stays aligned. */
+#define MAX_READ (1u << 30)
+
 struct ring {
     struct io_uring io;
     ring_done_fn *done;
@@ -48,7 +52,8 @@ static int submit(ring *r, unsigned s)
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->io);
     if (!sqe) /* cannot happen: no more reads are in flight than the ring has entries */
         return -EBUSY;
-    io_uring_prep_read(sqe, op->fd, op->buf + op->got, (unsigned)(op->len - op->got),
+    size_t n = op->len - op->got; /* the kernel reads at most ~2 GiB at once anyway */
+    io_uring_prep_read(sqe, op->fd, op->buf + op->got, n < MAX_READ ? (unsigned)n : MAX_READ,
                        op->off + op->got);
     io_uring_sqe_set_data64(sqe, s);
     int rc;
