@@ -332,7 +332,6 @@ static void announce_empty_tensors(ckl_load *l)
             l->opt.on_ready(l->opt.ctx, i);
 }
 
-static size_t block_size(const ckl_load *l);
 /* --- the io_uring engine: the blobs read in place, many reads in flight from one thread ------- */
 
 /* Whether blob bl is the ring's to read: it lands in place O_DIRECT (direct_in_place). Its
@@ -381,12 +380,13 @@ static void ring_done(void *ctx, unsigned slot, int rc)
     struct ring_run *rr = ctx;
     const struct ring_chunk *c = &rr->chunks[slot];
     const ck_plan_blob *bl = &rr->l->plan->blobs[c->blob];
-    if (rc)
+    if (rc) {
         read_failed(rr->l, bl, bl->file_off + c->at, rc);
-    else if (c->copy)
-        memcpy(c->copy, rr->bounce + (size_t)slot * DIRECT_ALIGN + c->skip, c->n);
-    if (!rc)
+    } else {
+        if (c->copy)
+            memcpy(c->copy, rr->bounce + (size_t)slot * DIRECT_ALIGN + c->skip, c->n);
         atomic_fetch_add(&rr->l->done_bytes, c->n);
+    }
     ring_blob_read(rr, c->blob);
 }
 
@@ -429,7 +429,7 @@ static int ring_blob(struct ring_run *rr, size_t b)
 static void *fault_ahead(void *arg)
 {
     ckl_load *l = arg;
-    size_t n = block_size(l);
+    size_t n = (size_t)l->plan->block_size; /* not 0: the ring has blobs to read */
     for (size_t at = 0; at < n && !failed(l); at += FAULT_STEP)
         if (madvise(l->block + at, n - at < FAULT_STEP ? n - at : FAULT_STEP,
                     MADV_POPULATE_WRITE) != 0)
