@@ -2,7 +2,7 @@
 
 Pure ctypes, no compile step. The library is found through the environment variable
 CKLOAD_LIB, else where `make install` put it (the installed copy of this file names
-PREFIX/lib/libckload.so.1), else next to this module as built: build/python/ckload.py uses
+PREFIX/lib/libckload.so.2), else next to this module as built: build/python/ckload.py uses
 build/libckload.so.
 The structs below mirror ckload.h by hand; on loading the library this module checks them (and
 the ABI version) against what the library reports, and refuses a library that disagrees.
@@ -36,16 +36,17 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.dlpack
 
 __all__ = ["load", "Load", "cuda_available", "cuda_built", "library"]
 
-ABI_VERSION = 1  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
+ABI_VERSION = 2  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
 CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
+READ_ALL, READ_BALANCED, READ_RANK0 = 0, 1, 2  # enum ckl_read
 kDLCPU, kDLCUDA = 1, 2
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex = 0, 1, 2, 4, 5
 
@@ -54,6 +55,11 @@ _c = ctypes
 PathLike = Union[str, bytes, os.PathLike]
 Device = Union[str, torch.device]
 ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
+
+
+class Slice(_c.Structure):
+    """struct ckl_slice (cuda/ckload.h)."""
+    _fields_ = [("glob", _c.c_char_p), ("dim", _c.c_int)]
 
 
 class Options(_c.Structure):
@@ -67,7 +73,12 @@ class Options(_c.Structure):
                 ("verify", _c.c_int),
                 ("on_ready", ON_READY),
                 ("ctx", _c.c_void_p),
-                ("pool", _c.c_void_p)]
+                ("pool", _c.c_void_p),
+                ("slices", _c.POINTER(Slice)),
+                ("nslices", _c.c_size_t),
+                ("rank", _c.c_uint),
+                ("world_size", _c.c_uint),
+                ("read", _c.c_int)]
 
 
 class Tensor(_c.Structure):
@@ -108,7 +119,7 @@ DLManagedTensor._fields_ = [("dl_tensor", DLTensor),
                             ("deleter", _c.CFUNCTYPE(None, _c.POINTER(DLManagedTensor)))]
 
 # The C structs mirrored above, by their C names: checked against the library's ckl_layout.
-MIRRORS = {"ckl_options": Options, "ckl_tensor": Tensor, "DLDevice": DLDevice,
+MIRRORS = {"ckl_options": Options, "ckl_slice": Slice, "ckl_tensor": Tensor, "DLDevice": DLDevice,
            "DLDataType": DLDataType, "DLTensor": DLTensor, "DLManagedTensor": DLManagedTensor}
 
 # --- the library -------------------------------------------------------------------------------
@@ -186,6 +197,13 @@ def library() -> ctypes.CDLL:
                 "ckl_cuda_built": (_c.c_int, []),
                 "ckl_cuda_available": (_c.c_int, []),
                 "ckl_to_dlpack": (_c.POINTER(DLManagedTensor), [load_p, _c.c_size_t]),
+                "ckl_blob_count": (_c.c_size_t, [load_p]),
+                "ckl_blob": (_c.c_int, [load_p, _c.c_size_t, _c.POINTER(_c.c_void_p),
+                                        _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_int),
+                                        _c.POINTER(_c.c_int)]),
+                "ckl_blob_wait": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
+                "ckl_blob_put": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
+                "ckl_fail": (None, [load_p, _c.c_char_p]),
             }
             for name, (res, args) in sigs.items():
                 f = getattr(lib, name)
@@ -316,15 +334,22 @@ def _raise(err):
 class Load:
     """One load (ckl_load): started at once, tensors handed out as they land.
 
-    Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None)
+    Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None,
+         slices=None, rank=0, world_size=1)
     raises RuntimeError ("ckload: FILE: what is wrong", libckload's line) when the load cannot
-    start. on_ready(i) runs on a loader thread as tensor i lands. release() (or leaving a `with`
+    start. on_ready(i) runs on a loader thread as tensor i lands. slices: [(glob, dim), ...], the
+    tensor-parallel rules (the first whose glob, a prefix or glob as `only`, selects a name
+    decides; dim -1: whole): each tensor cut is loaded as part `rank` of world_size, as
+    torch.chunk(tensor, world_size, dim)[rank] (empty where torch.chunk has fewer parts), read
+    straight from the source. release() (or leaving a `with`
     block) drops this object's reference; tensors already handed out keep the memory alive.
     """
 
     def __init__(self, path: PathLike, device: Device = "auto", only: Optional[str] = None,
                  verify: bool = False, threads: int = 0, buffer_size: int = 0,
-                 on_ready: Optional[Callable[[int], None]] = None) -> None:
+                 on_ready: Optional[Callable[[int], None]] = None,
+                 slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
+                 world_size: int = 1, _read: int = READ_ALL) -> None:
         lib = library()
         dev, ordinal = _parse_device(device)
         if int(threads) < 0 or int(buffer_size) < 0:
@@ -340,6 +365,7 @@ class Load:
         o.only = self._only
         o.verify = 1 if verify else 0
         o.pool = _shared_pool()
+        self._set_slices(o, slices, rank, world_size, _read)
         self._ctx = None
         if on_ready is not None:
             with _callbacks_lock:
@@ -356,6 +382,21 @@ class Load:
             _raise(err)
         self._h = handle
         self._lib = lib
+
+    def _set_slices(self, o, slices, rank, world_size, read):
+        """The slice rules, rank, world_size and read share into o (kept alive with self)."""
+        rules = list(slices or [])
+        if int(world_size) < 1 or not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"ckload: rank {rank} of world_size {world_size}: no such rank")
+        for glob, dim in rules:
+            if not isinstance(dim, int) or dim < -1:
+                raise ValueError(f"ckload: slice rule ({glob!r}, {dim!r}): dim is -1 (whole) "
+                                 f"or a dimension >= 0")
+        self._globs = [os.fsencode(g) for g, _ in rules]
+        self._slices = (Slice * max(1, len(rules)))(
+            *[Slice(g, d) for g, (_, d) in zip(self._globs, rules)])
+        o.slices, o.nslices = self._slices, len(rules)
+        o.rank, o.world_size, o.read = int(rank), int(world_size), read
 
     def _forget_callback(self):
         if self._ctx is not None:
@@ -464,17 +505,19 @@ class Load:
 
 
 def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
-         verify: bool = False, threads: int = 0,
-         buffer_size: int = 0) -> Dict[str, torch.Tensor]:
+         verify: bool = False, threads: int = 0, buffer_size: int = 0,
+         slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
+         world_size: int = 1) -> Dict[str, torch.Tensor]:
     """Loads the checkpoint at path (a pack file, a mount's .ckptfs/checkpoint.pack, a
     safetensors file, a shard directory, a PyTorch file) and returns {name: torch.Tensor} in
     pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA when libckload can use a
     device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
     checksums, checked as the bytes stream; for other sources, which store none, only that each
     source file is unchanged while it is read. threads, buffer_size: 0 to let
-    libckload choose per load (ckload.h). Raises RuntimeError ("ckload: FILE: what is wrong")
+    libckload choose per load (ckload.h). slices, rank, world_size: this rank's tensor-parallel
+    parts (Load). Raises RuntimeError ("ckload: FILE: what is wrong")
     on any failure; then no tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
-              buffer_size=buffer_size) as ld:
+              buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}

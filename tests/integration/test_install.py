@@ -46,10 +46,10 @@ def prefix(tmp_path_factory, build):
 
 def test_files_in_place(prefix):
     for f in ("bin/ckptfs", "bin/ckpt", "sbin/mount.fuse.ckptfs", "share/man/man1/ckptfs.1",
-              "share/man/man1/ckpt.1", "lib/libckload.so.1", "lib/libckload.so",
+              "share/man/man1/ckpt.1", "lib/libckload.so.2", "lib/libckload.so",
               "include/ckload.h", "lib/pkgconfig/ckload.pc"):
         assert (prefix / f).exists(), f
-    assert os.readlink(prefix / "lib/libckload.so") == "libckload.so.1"
+    assert os.readlink(prefix / "lib/libckload.so") == "libckload.so.2"
     assert f"prefix={prefix}" in (prefix / "lib/pkgconfig/ckload.pc").read_text()
 
 
