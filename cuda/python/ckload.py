@@ -41,7 +41,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.utils.dlpack
 
-__all__ = ["load", "Load", "cuda_available", "cuda_built", "library"]
+__all__ = ["load", "Load", "load_distributed", "DistributedLoad", "cuda_available", "cuda_built", "library"]
 
 ABI_VERSION = 2  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
@@ -519,5 +519,179 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
     on any failure; then no tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
               buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size) as ld:
+        ld.wait_all()
+        return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+
+
+# --- many processes: read once, broadcast ------------------------------------------------------
+
+class _Cuda:
+    """A device range as __cuda_array_interface__ (what torch.as_tensor takes for memory it does
+    not own): blob bytes in a CUDA block, for NCCL to write or read."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3}
+
+
+class DistributedLoad(Load):
+    """One load on every rank of a torch.distributed process group (ckload.h's read shares):
+    each blob (the unit libckload reads; tied tensors share one) is read from storage by one
+    rank and broadcast from it, in pack order, while later blobs are still being read; each part
+    a slice rule cuts is read by its own rank under "balanced" (disjoint bytes: nothing to send),
+    and by rank 0 and sent under "rank0".
+
+    DistributedLoad(path, group=None, device="auto", plan="balanced", slices=None, only=None,
+                    verify=False, threads=0, buffer_size=0, on_ready=None)
+    is collective: every rank of group calls it with the same path (as each sees it), selection
+    and rules. plan "balanced": each rank reads the blobs it is given by size (at most 1/N of
+    the bytes plus one blob); "rank0": rank 0 reads everything (when only it has the file). wait,
+    on_ready and tensor work per tensor on every rank as for Load: a tensor is ready once its
+    bytes are in this rank's block, read here or received. Any rank's error (a missing file, a
+    corrupt blob, a bad rule, torch.distributed's own) fails the load on every rank with that
+    rank's message ("ckload: rank R: FILE: what is wrong"); the group's timeout bounds every
+    step. bytes_read() tells the bytes this rank read from storage.
+    """
+
+    def __init__(self, path: PathLike, group=None, device: Device = "auto",
+                 plan: str = "balanced", slices: Optional[Sequence[Tuple[str, int]]] = None,
+                 only: Optional[str] = None, verify: bool = False, threads: int = 0,
+                 buffer_size: int = 0,
+                 on_ready: Optional[Callable[[int], None]] = None) -> None:
+        import torch.distributed as dist
+        self._dist, self._group = dist, group
+        self._h, self._thread, self._ctx = None, None, None
+        if plan not in ("balanced", "rank0"):
+            raise ValueError(f"ckload: plan {plan!r}: expected 'balanced' or 'rank0'")
+        if plan == "rank0" and slices:
+            raise ValueError("ckload: plan 'rank0' with slice rules is not supported yet: use "
+                             "'balanced' (each rank reads its own parts)")
+        self._rank, world = dist.get_rank(group), dist.get_world_size(group)
+        why = None
+        try:
+            super().__init__(path, device=device, only=only, verify=verify, threads=threads,
+                             buffer_size=buffer_size, on_ready=on_ready, slices=slices,
+                             rank=self._rank, world_size=world,
+                             _read=READ_BALANCED if plan == "balanced" else READ_RANK0)
+        except (RuntimeError, ValueError) as e:
+            why = str(e)
+        # Every rank learns every rank's start, and that they planned the same blobs: a rank
+        # that could not start, or whose checkpoint differs, fails them all.
+        everyone = [None] * world
+        dist.all_gather_object(everyone, (why, None if why else self._whole_blobs()), group)
+        failed = next((r for r, (w, _) in enumerate(everyone) if w), None)
+        if failed is None and any(s != everyone[0][1] for _, s in everyone):
+            failed, why = 0, "ckload: the ranks' checkpoints differ (their blobs do not match)"
+            everyone[0] = (why, None)
+        if failed is not None:
+            self.release()
+            raise RuntimeError("ckload: " + self._rank_says(failed, everyone[failed][0]))
+        self._lib.ckl_retain(self._h)  # the broadcaster's reference
+        self._thread = threading.Thread(target=self._broadcast_all, args=(self._h,),
+                                        name="ckload-broadcast", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _rank_says(rank, msg):
+        """Rank rank's message msg ("ckload: FILE: what is wrong") as every rank's load error."""
+        return f"rank {rank}: {msg[len('ckload: '):] if msg.startswith('ckload: ') else msg}"
+
+    def _blob(self, b):
+        data, n, owner, sliced = _c.c_void_p(), _c.c_uint64(), _c.c_int(), _c.c_int()
+        self._lib.ckl_blob(self._h, b, _c.byref(data), _c.byref(n), _c.byref(owner),
+                           _c.byref(sliced))
+        return data.value or 0, n.value, owner.value, sliced.value
+
+    def _whole_blobs(self):
+        """(owner, bytes) of each blob that is not this rank's own part: what the ranks agree on."""
+        blobs = [self._blob(b) for b in range(self._lib.ckl_blob_count(self._h))]
+        return [(owner, n) for _, n, owner, _ in blobs if owner >= 0]
+
+    def _global(self, rank):
+        if self._group is None:
+            return rank
+        return self._dist.distributed_c10d._get_global_rank(self._group, rank)
+
+    def _bytes(self, ptr, n):
+        """Blob bytes [ptr, ptr+n) of the block as a uint8 tensor torch.distributed can fill."""
+        if self.device.startswith("cuda"):
+            return torch.as_tensor(_Cuda(ptr, n), device=self.device)
+        return torch.frombuffer((_c.c_char * n).from_address(ptr), dtype=torch.uint8)
+
+    def _status(self, ok, src):
+        """Whether rank src's step went well (ok there), as every rank learns it."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32,
+                            device=self.device if self.device.startswith("cuda") else "cpu")
+        self._dist.broadcast(flag, src=self._global(src), group=self._group)
+        return bool(flag.item())
+
+    def _fail_all(self, h, src, msg):
+        """Every rank fails with rank src's message (msg on src, gathered from it)."""
+        world = self._dist.get_world_size(self._group)
+        said = [None] * world
+        self._dist.all_gather_object(said, msg, self._group)
+        self._lib.ckl_fail(h, self._rank_says(src, said[src] or "failed").encode())
+
+    def _wait_blob(self, h, b):
+        """None once blob b (read here) is in, else this load's error."""
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
+        if self._lib.ckl_blob_wait(h, b, err, len(err)) == 0:
+            return None
+        return "ckload: " + err.value.decode("utf-8", "replace")
+
+    def _broadcast_all(self, h):
+        """Blob by blob in pack order: the owner waits for its read and broadcasts it, the others
+        receive it into place and put it. Then the ranks agree that every part read here went
+        well. Any failure fails every rank's load."""
+        try:
+            for b in range(self._lib.ckl_blob_count(h)):
+                ptr, n, owner, _ = self._blob(b)
+                if owner < 0:
+                    continue  # this rank's own part, read here
+                why = self._wait_blob(h, b) if owner == self._rank else None
+                if not self._status(why is None, owner):
+                    return self._fail_all(h, owner, why)
+                self._dist.broadcast(self._bytes(ptr, n), src=self._global(owner),
+                                     group=self._group)
+                if owner != self._rank:
+                    err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
+                    self._lib.ckl_blob_put(h, b, err, len(err))
+            mine = [b for b in range(self._lib.ckl_blob_count(h)) if self._blob(b)[2] < 0]
+            why = next((w for w in (self._wait_blob(h, b) for b in mine) if w), None)
+            world = self._dist.get_world_size(self._group)
+            said = [None] * world
+            self._dist.all_gather_object(said, why, self._group)
+            bad = next((r for r, w in enumerate(said) if w), None)
+            if bad is not None:
+                self._lib.ckl_fail(h, self._rank_says(bad, said[bad]).encode())
+        except Exception as e:  # torch.distributed's error or timeout: this rank's message
+            self._lib.ckl_fail(h, f"rank {self._rank}: torch.distributed: {e}".encode())
+        finally:
+            self._lib.ckl_release(h)
+
+    def bytes_read(self) -> int:
+        """The bytes this rank read from storage (its share), once the load is done."""
+        return self.done_bytes()
+
+    def wait_all(self) -> None:
+        """Blocks until every tensor is in place on this rank and every rank has agreed that all
+        went well; RuntimeError with the failing rank's message otherwise."""
+        if self._thread is not None:
+            self._thread.join()
+        super().wait_all()
+
+
+def load_distributed(path: PathLike, group=None, device: Device = "auto",
+                     plan: str = "balanced",
+                     slices: Optional[Sequence[Tuple[str, int]]] = None,
+                     only: Optional[str] = None, verify: bool = False, threads: int = 0,
+                     buffer_size: int = 0) -> Dict[str, torch.Tensor]:
+    """ckload.load on every rank of a torch.distributed group at once, each byte read from
+    storage by one rank (DistributedLoad): {name: torch.Tensor} on every rank, the whole state
+    dict, or with slices each rank's parts of the tensors they cut. Collective; raises
+    RuntimeError ("ckload: rank R: FILE: what is wrong") on every rank when any rank fails, and
+    then frees everything."""
+    with DistributedLoad(path, group=group, device=device, plan=plan, slices=slices, only=only,
+                         verify=verify, threads=threads, buffer_size=buffer_size) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
