@@ -36,6 +36,7 @@ def strided_model():
     m = model()
     m["layers.0.o_proj.weight"] = m["layers.0.o_proj.weight"].t().contiguous().t()
     m["layers.0.conv"] = torch.cat([torch.zeros(1, 4, 5), m["layers.0.conv"]])[1:]
+    m["tied.q_proj.weight"] = m["layers.0.q_proj.weight"]  # one storage, cut alike: one part
     assert not m["layers.0.o_proj.weight"].is_contiguous()
     return m
 
@@ -106,6 +107,14 @@ def test_parts_of_every_source(tmp_path, kind):
     want = read(path)
     for world in (1, 2, 3, 4):
         check_parts(path, want, world, verify=True)
+
+
+def test_tied_twins_cut_alike_share_their_part(tmp_path):
+    path, _ = torch_src(tmp_path)
+    with ckload.Load(path, device="cpu", slices=RULES, rank=1, world_size=2) as ld:
+        ld.wait_all()
+        a, b = ld.find("layers.0.q_proj.weight"), ld.find("tied.q_proj.weight")
+        assert ld.pointer(a) == ld.pointer(b) and ld.info(a)[2] == (3, 6)
 
 
 def test_parts_through_a_mount(tmp_path, mount, monkeypatch):
