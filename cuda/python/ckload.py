@@ -673,12 +673,27 @@ class DistributedLoad(Load):
         """The bytes this rank read from storage (its share), once the load is done."""
         return self.done_bytes()
 
+    def _ranked(self, wait, *args):
+        """wait(*args), its error as a rank's: this rank's own, unless another rank's already."""
+        try:
+            wait(*args)
+        except RuntimeError as e:
+            msg = str(e)
+            if msg.startswith("ckload: rank "):
+                raise
+            raise RuntimeError("ckload: " + self._rank_says(self._rank, msg)) from None
+
+    def wait(self, i: int) -> None:
+        """Blocks until tensor i is in place on this rank; RuntimeError with the failing rank's
+        message if the load failed."""
+        self._ranked(super().wait, i)
+
     def wait_all(self) -> None:
         """Blocks until every tensor is in place on this rank and every rank has agreed that all
         went well; RuntimeError with the failing rank's message otherwise."""
         if self._thread is not None:
             self._thread.join()
-        super().wait_all()
+        self._ranked(super().wait_all)
 
 
 def load_distributed(path: PathLike, group=None, device: Device = "auto",
