@@ -380,7 +380,7 @@ static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
     unsigned world = l->opt.world_size ? l->opt.world_size : 1;
-    if (l->opt.rank >= world || (unsigned)l->opt.read > CKL_READ_RANK0) {
+    if (l->opt.rank >= world || (unsigned)l->opt.read > CKL_READ_PARTS) {
         snprintf(err, errlen, "%s: rank %u of world_size %u, read %d: no such share", l->path,
                  l->opt.rank, world, l->opt.read);
         return -1;
@@ -390,11 +390,13 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     for (size_t i = 0; rules && i < l->opt.nslices; i++)
         rules[i] = (ck_slice_rule){.glob = l->opt.slices[i].glob, .dim = l->opt.slices[i].dim};
     ck_slicing cut = {.rules = rules, .nrules = l->opt.nslices, .rank = l->opt.rank,
-                      .world = world};
+                      .world = world, .parts_only = l->opt.read == CKL_READ_PARTS};
+    enum ck_plan_read share = l->opt.read == CKL_READ_PARTS ? CK_READ_ALL
+                                                             : (enum ck_plan_read)l->opt.read;
     int rc = rules ? ck_plan_make_sliced(l->ix, l->opt.only, l->src.keep, &cut, &l->plan, &e)
                    : ck_fail(&e, l->path, "out of memory");
     free(rules);
-    if (rc == 0 && ck_plan_share(l->plan, (enum ck_plan_read)l->opt.read, world) != 0)
+    if (rc == 0 && ck_plan_share(l->plan, share, world) != 0)
         rc = ck_fail(&e, l->path, "out of memory");
     if (rc != 0) {
         snprintf(err, errlen, "%s", e.msg);

@@ -62,8 +62,10 @@ enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
 /* Who reads which bytes when world_size processes load one checkpoint together (ckl_options.read;
  * pack/plan.h ck_plan_share): each everything; each whole blob by one rank, balanced by size
  * (each part by its own rank); everything by rank 0. The bytes a process does not read come from
- * its caller (ckl_blob_put), e.g. a torch.distributed broadcast from the rank that read them. */
-enum ckl_read { CKL_READ_ALL = 0, CKL_READ_BALANCED = 1, CKL_READ_RANK0 = 2 };
+ * its caller (ckl_blob_put), e.g. a torch.distributed broadcast from the rank that read them.
+ * CKL_READ_PARTS loads only the parts the slice rules cut for `rank`, all read here: what rank 0
+ * reads for another rank under CKL_READ_RANK0, to send it. */
+enum ckl_read { CKL_READ_ALL = 0, CKL_READ_BALANCED = 1, CKL_READ_RANK0 = 2, CKL_READ_PARTS = 3 };
 
 /* A slice rule: tensors whose name glob selects (a prefix or glob, as `only`) are cut along dim
  * into world_size parts as torch.chunk cuts them, and this process loads part `rank`; dim -1:

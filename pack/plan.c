@@ -92,6 +92,8 @@ static int add_tensor(ck_plan *p, const ck_entry *e, uint32_t b, ck_plan_blob sr
     const ck_entry *v = view_of(c, e, &sliced);
     if (!v)
         return -1;
+    if (!sliced && c->slicing && c->slicing->parts_only)
+        return 0;
     uint32_t blob = CK_PLAN_NONE, *picked = sliced ? &c->picked_part[b] : &c->picked[b];
     p->tensors[p->ntensors++] = (ck_plan_tensor){.entry = v, .blob = blob, .sliced = sliced};
     if (v->nbytes == 0)
@@ -291,7 +293,9 @@ int ck_plan_make_sliced(const ck_index *ix, const char *only, const unsigned cha
                         const ck_slicing *slicing, ck_plan **out, ck_error *err)
 {
     *out = NULL;
-    ck_plan_ctx c = {.ix = ix, .slicing = slicing && slicing->nrules ? slicing : NULL,
+    ck_plan_ctx c = {.ix = ix,
+                     .slicing = slicing && (slicing->nrules || slicing->parts_only) ? slicing
+                                                                                   : NULL,
                      .err = err};
     const pack_layout *pl = pack_of(ix);
     if ((pl ? plan_pack(pl, only, keep, out, &c) : plan_source(only, keep, out, &c)) != 0)

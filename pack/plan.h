@@ -78,7 +78,8 @@ int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep
 
 struct ck_slicing;
 /* As ck_plan_make, each tensor that slicing (NULL, or slice.h's rules: a rule-less one cuts
- * nothing) cuts planned as its part. Also fails with the message of a slice refused. */
+ * nothing) cuts planned as its part, and with parts_only the others left out. Also fails with
+ * the message of a slice refused. */
 int ck_plan_make_sliced(const ck_index *ix, const char *only, const unsigned char *keep,
                         const struct ck_slicing *slicing, ck_plan **out, ck_error *err);
 

@@ -34,6 +34,8 @@ typedef struct ck_slicing {
     const ck_slice_rule *rules;
     size_t nrules;
     unsigned rank, world; /* this process's part, of world (>= 1) */
+    int parts_only;       /* a plan of the parts only: the tensors no rule cuts are left out
+                           * (what one rank reads for another, ckload.h CKL_READ_PARTS) */
 } ck_slicing;
 
 /* The dimension s splits tensor name (len bytes) along, or -1 (whole). s NULL: -1. */

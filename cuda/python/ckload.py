@@ -46,7 +46,7 @@ __all__ = ["load", "Load", "load_distributed", "DistributedLoad", "cuda_availabl
 ABI_VERSION = 2  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
 CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
-READ_ALL, READ_BALANCED, READ_RANK0 = 0, 1, 2  # enum ckl_read
+READ_ALL, READ_BALANCED, READ_RANK0, READ_PARTS = 0, 1, 2, 3  # enum ckl_read
 kDLCPU, kDLCUDA = 1, 2
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex = 0, 1, 2, 4, 5
 
@@ -537,20 +537,22 @@ class _Cuda:
 class DistributedLoad(Load):
     """One load on every rank of a torch.distributed process group (ckload.h's read shares):
     each blob (the unit libckload reads; tied tensors share one) is read from storage by one
-    rank and broadcast from it, in pack order, while later blobs are still being read; each part
-    a slice rule cuts is read by its own rank under "balanced" (disjoint bytes: nothing to send),
-    and by rank 0 and sent under "rank0".
+    rank and sent from it, in pack order, while later blobs are still being read: a whole
+    tensor's blob broadcast to every rank, a part that a slice rule cuts only to its own rank.
 
     DistributedLoad(path, group=None, device="auto", plan="balanced", slices=None, only=None,
                     verify=False, threads=0, buffer_size=0, on_ready=None)
     is collective: every rank of group calls it with the same path (as each sees it), selection
-    and rules. plan "balanced": each rank reads the blobs it is given by size (at most 1/N of
-    the bytes plus one blob); "rank0": rank 0 reads everything (when only it has the file). wait,
-    on_ready and tensor work per tensor on every rank as for Load: a tensor is ready once its
-    bytes are in this rank's block, read here or received. Any rank's error (a missing file, a
-    corrupt blob, a bad rule, torch.distributed's own) fails the load on every rank with that
-    rank's message ("ckload: rank R: FILE: what is wrong"); the group's timeout bounds every
-    step. bytes_read() tells the bytes this rank read from storage.
+    and rules. plan "balanced": each rank reads the whole blobs it is given by size (at most 1/N
+    of their bytes plus one blob) and its own parts (disjoint bytes: nothing sent); "rank0":
+    rank 0 reads everything (when only it has the file), each rank's parts too, and sends each
+    rank its own: no rank but rank 0 ever holds more of a tensor than its part. wait, on_ready
+    and tensor work per tensor on every rank as for Load: a tensor is ready once its bytes are
+    in this rank's block, read here or received. Any rank's error (a missing file, a corrupt
+    blob, a bad rule, torch.distributed's own) fails the load on every rank with that rank's
+    message ("ckload: rank R: FILE: what is wrong"); the group's timeout bounds every step.
+    bytes_read() tells the bytes this rank read from storage (rank 0's for other ranks' parts
+    included).
     """
 
     def __init__(self, path: PathLike, group=None, device: Device = "auto",
@@ -560,35 +562,38 @@ class DistributedLoad(Load):
                  on_ready: Optional[Callable[[int], None]] = None) -> None:
         import torch.distributed as dist
         self._dist, self._group = dist, group
-        self._h, self._thread, self._ctx = None, None, None
+        self._h, self._thread, self._ctx, self._others = None, None, None, {}
+        self._others_read = 0  # bytes the loads of self._others read, once they are released
         if plan not in ("balanced", "rank0"):
             raise ValueError(f"ckload: plan {plan!r}: expected 'balanced' or 'rank0'")
-        if plan == "rank0" and slices:
-            raise ValueError("ckload: plan 'rank0' with slice rules is not supported yet: use "
-                             "'balanced' (each rank reads its own parts)")
         self._rank, world = dist.get_rank(group), dist.get_world_size(group)
+        kw = dict(device=device, only=only, verify=verify, threads=threads,
+                  buffer_size=buffer_size, slices=slices, world_size=world)
         why = None
         try:
-            super().__init__(path, device=device, only=only, verify=verify, threads=threads,
-                             buffer_size=buffer_size, on_ready=on_ready, slices=slices,
-                             rank=self._rank, world_size=world,
-                             _read=READ_BALANCED if plan == "balanced" else READ_RANK0)
+            super().__init__(path, on_ready=on_ready, rank=self._rank,
+                             _read=READ_BALANCED if plan == "balanced" else READ_RANK0, **kw)
+            if plan == "rank0" and slices and self._rank == 0:  # the others' parts, to send
+                self._others = {r: Load(path, rank=r, _read=READ_PARTS, **kw)
+                                for r in range(1, world)}
         except (RuntimeError, ValueError) as e:
             why = str(e)
-        # Every rank learns every rank's start, and that they planned the same blobs: a rank
-        # that could not start, or whose checkpoint differs, fails them all.
+        # Every rank learns every rank's start, and that they planned the same whole blobs: a
+        # rank that could not start, or whose checkpoint differs, fails them all.
         everyone = [None] * world
         dist.all_gather_object(everyone, (why, None if why else self._whole_blobs()), group)
         failed = next((r for r, (w, _) in enumerate(everyone) if w), None)
         if failed is None and any(s != everyone[0][1] for _, s in everyone):
-            failed, why = 0, "ckload: the ranks' checkpoints differ (their blobs do not match)"
-            everyone[0] = (why, None)
+            failed = 0
+            everyone[0] = ("ckload: the ranks' checkpoints differ (their blobs do not match)", 0)
         if failed is not None:
-            self.release()
+            self._release_all()
             raise RuntimeError("ckload: " + self._rank_says(failed, everyone[failed][0]))
-        self._lib.ckl_retain(self._h)  # the broadcaster's reference
-        self._thread = threading.Thread(target=self._broadcast_all, args=(self._h,),
-                                        name="ckload-broadcast", daemon=True)
+        steps = [self._steps() if self._rank == 0 else None]
+        dist.broadcast_object_list(steps, src=self._global(0), group=group)
+        self._lib.ckl_retain(self._h)  # the sender's reference
+        self._thread = threading.Thread(target=self._send_all, args=(self._h, steps[0]),
+                                        name="ckload-send", daemon=True)
         self._thread.start()
 
     @staticmethod
@@ -596,16 +601,48 @@ class DistributedLoad(Load):
         """Rank rank's message msg ("ckload: FILE: what is wrong") as every rank's load error."""
         return f"rank {rank}: {msg[len('ckload: '):] if msg.startswith('ckload: ') else msg}"
 
-    def _blob(self, b):
-        data, n, owner, sliced = _c.c_void_p(), _c.c_uint64(), _c.c_int(), _c.c_int()
-        self._lib.ckl_blob(self._h, b, _c.byref(data), _c.byref(n), _c.byref(owner),
-                           _c.byref(sliced))
-        return data.value or 0, n.value, owner.value, sliced.value
+    def _release_others(self):
+        others, self._others = self._others, {}
+        for other in others.values():
+            other.release()
+
+    def _release_all(self):
+        self._release_others()
+        self.release()
+
+    def _blobs(self, ld=None):
+        """[(data, nbytes, owner, sliced)] of ld's (this load's) blobs, in pack order."""
+        ld = ld or self
+        out = []
+        for b in range(ld._lib.ckl_blob_count(ld._h)):
+            data, n, owner, sliced = _c.c_void_p(), _c.c_uint64(), _c.c_int(), _c.c_int()
+            ld._lib.ckl_blob(ld._h, b, _c.byref(data), _c.byref(n), _c.byref(owner),
+                             _c.byref(sliced))
+            out.append((data.value or 0, n.value, owner.value, sliced.value))
+        return out
 
     def _whole_blobs(self):
-        """(owner, bytes) of each blob that is not this rank's own part: what the ranks agree on."""
-        blobs = [self._blob(b) for b in range(self._lib.ckl_blob_count(self._h))]
-        return [(owner, n) for _, n, owner, _ in blobs if owner >= 0]
+        """(owner, bytes) of each whole blob: what the ranks agree on."""
+        return [(owner, n) for _, n, owner, sliced in self._blobs() if not sliced]
+
+    def _steps(self):
+        """Rank 0's schedule of what is sent, in pack order (by each blob's first tensor):
+        ("whole", k), the k-th whole blob broadcast from its owner; ("part", r, k), rank r's k-th
+        part sent by rank 0, which read it (rank0 with slices)."""
+        def first_tensors(ld):  # a blob's place in the block -> its first tensor
+            at = {}
+            for i in range(len(ld)):
+                if ld.info(i)[3]:
+                    at.setdefault(ld.pointer(i), i)
+            return at
+        mine = first_tensors(self)
+        whole = [data for data, _, _, sliced in self._blobs() if not sliced]
+        steps = [(mine[data], 0, ("whole", k)) for k, data in enumerate(whole)]
+        for r, ld in self._others.items():
+            theirs = first_tensors(ld)
+            steps += [(self.find(ld.name(theirs[data])), r, ("part", r, k))
+                      for k, (data, *_) in enumerate(self._blobs(ld))]
+        return [step for *_, step in sorted(steps)]
 
     def _global(self, rank):
         if self._group is None:
@@ -613,65 +650,84 @@ class DistributedLoad(Load):
         return self._dist.distributed_c10d._get_global_rank(self._group, rank)
 
     def _bytes(self, ptr, n):
-        """Blob bytes [ptr, ptr+n) of the block as a uint8 tensor torch.distributed can fill."""
+        """Blob bytes [ptr, ptr+n) of a block as a uint8 tensor torch.distributed can fill."""
         if self.device.startswith("cuda"):
             return torch.as_tensor(_Cuda(ptr, n), device=self.device)
         return torch.frombuffer((_c.c_char * n).from_address(ptr), dtype=torch.uint8)
 
-    def _status(self, ok, src):
-        """Whether rank src's step went well (ok there), as every rank learns it."""
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32,
+    def _status(self, why, src):
+        """Whether rank src's step went well (why None there), as every rank learns it."""
+        flag = torch.tensor([0 if why else 1], dtype=torch.int32,
                             device=self.device if self.device.startswith("cuda") else "cpu")
         self._dist.broadcast(flag, src=self._global(src), group=self._group)
         return bool(flag.item())
 
-    def _fail_all(self, h, src, msg):
-        """Every rank fails with rank src's message (msg on src, gathered from it)."""
-        world = self._dist.get_world_size(self._group)
-        said = [None] * world
-        self._dist.all_gather_object(said, msg, self._group)
-        self._lib.ckl_fail(h, self._rank_says(src, said[src] or "failed").encode())
+    def _agree(self, h, why):
+        """Every rank fails with the first failing rank's message (why on that rank) if any."""
+        said = [None] * self._dist.get_world_size(self._group)
+        self._dist.all_gather_object(said, why, self._group)
+        bad = next((r for r, w in enumerate(said) if w), None)
+        if bad is not None:
+            self._lib.ckl_fail(h, self._rank_says(bad, said[bad]).encode())
+        return bad is None
 
-    def _wait_blob(self, h, b):
-        """None once blob b (read here) is in, else this load's error."""
-        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
-        if self._lib.ckl_blob_wait(h, b, err, len(err)) == 0:
+    def _wait_blob(self, ld, b):
+        """None once blob b of ld (read here) is in, else that load's error."""
+        err = _c.create_string_buffer(len(ld._path) + ERR_ROOM)
+        if ld._lib.ckl_blob_wait(ld._h, b, err, len(err)) == 0:
             return None
         return "ckload: " + err.value.decode("utf-8", "replace")
 
-    def _broadcast_all(self, h):
-        """Blob by blob in pack order: the owner waits for its read and broadcasts it, the others
-        receive it into place and put it. Then the ranks agree that every part read here went
-        well. Any failure fails every rank's load."""
+    def _put(self, h, b):
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
+        self._lib.ckl_blob_put(h, b, err, len(err))  # fails only once the load has: said so
+
+    def _step(self, h, blobs, whole, parts, step):
+        """One step of the schedule; False once it failed on its sender (every rank knows)."""
+        if step[0] == "whole":
+            b = whole[step[1]]
+            ptr, n, owner, _ = blobs[b]
+            why = self._wait_blob(self, b) if owner == self._rank else None
+            if not self._status(why, owner):
+                return self._agree(h, why)
+            self._dist.broadcast(self._bytes(ptr, n), src=self._global(owner), group=self._group)
+            if owner != self._rank:
+                self._put(h, b)
+            return True
+        _, r, k = step
+        why = self._wait_blob(self._others[r], k) if self._rank == 0 else None
+        if not self._status(why, 0):
+            return self._agree(h, why)
+        if self._rank == 0:
+            ptr, n, *_ = self._blobs(self._others[r])[k]
+            self._dist.send(self._bytes(ptr, n), dst=self._global(r), group=self._group)
+        elif self._rank == r:
+            ptr, n, *_ = blobs[parts[k]]
+            self._dist.recv(self._bytes(ptr, n), src=self._global(0), group=self._group)
+            self._put(h, parts[k])
+        return True
+
+    def _send_all(self, h, steps):
+        """The schedule, step by step; then the ranks agree that every blob read here for this
+        rank alone went well. Any failure fails every rank's load."""
         try:
-            for b in range(self._lib.ckl_blob_count(h)):
-                ptr, n, owner, _ = self._blob(b)
-                if owner < 0:
-                    continue  # this rank's own part, read here
-                why = self._wait_blob(h, b) if owner == self._rank else None
-                if not self._status(why is None, owner):
-                    return self._fail_all(h, owner, why)
-                self._dist.broadcast(self._bytes(ptr, n), src=self._global(owner),
-                                     group=self._group)
-                if owner != self._rank:
-                    err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
-                    self._lib.ckl_blob_put(h, b, err, len(err))
-            mine = [b for b in range(self._lib.ckl_blob_count(h)) if self._blob(b)[2] < 0]
-            why = next((w for w in (self._wait_blob(h, b) for b in mine) if w), None)
-            world = self._dist.get_world_size(self._group)
-            said = [None] * world
-            self._dist.all_gather_object(said, why, self._group)
-            bad = next((r for r, w in enumerate(said) if w), None)
-            if bad is not None:
-                self._lib.ckl_fail(h, self._rank_says(bad, said[bad]).encode())
+            blobs = self._blobs()
+            whole = [b for b, (_, _, _, sliced) in enumerate(blobs) if not sliced]
+            parts = [b for b, (_, _, _, sliced) in enumerate(blobs) if sliced]
+            if all(self._step(h, blobs, whole, parts, step) for step in steps):
+                mine = [b for b in parts if blobs[b][2] in (-1, self._rank)]
+                self._agree(h, next((w for w in (self._wait_blob(self, b) for b in mine) if w),
+                                    None))
         except Exception as e:  # torch.distributed's error or timeout: this rank's message
             self._lib.ckl_fail(h, f"rank {self._rank}: torch.distributed: {e}".encode())
         finally:
+            self._others_read = sum(o.done_bytes() for o in self._others.values())
+            self._release_others()
             self._lib.ckl_release(h)
 
     def bytes_read(self) -> int:
-        """The bytes this rank read from storage (its share), once the load is done."""
-        return self.done_bytes()
+        """The bytes this rank read from storage, once the load is done."""
+        return self.done_bytes() + self._others_read
 
     def _ranked(self, wait, *args):
         """wait(*args), its error as a rank's: this rank's own, unless another rank's already."""

@@ -37,6 +37,8 @@ def _worker(rank, world, port, fn, args, q):
     try:
         q.put((rank, fn(rank, world, *args)))
     except Exception as e:  # the test asserts on it
+        import traceback
+        traceback.print_exc()
         q.put((rank, ("error", type(e).__name__, str(e))))
     finally:
         dist.destroy_process_group()
@@ -168,6 +170,18 @@ def test_balanced_with_slices(tmp_path, world):
     parts = sum(t.numel() * 4 for n, t in whole.items() if "proj" in n) // world
     norm = whole["layers.0.norm"].numel() * 4
     assert sorted(r[0] for r in res) == sorted([parts + norm] + [parts] * (world - 1))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rank0_with_slices(tmp_path, world):
+    """Rank 0 reads everything, each rank's parts included, and sends each rank its own."""
+    path = model_file(tmp_path, n=6, numel=4096)
+    rules = [("*.q_proj.weight", 0), ("*.o_proj.weight", 1)]
+    res = spawn(world, load_and_check, path, "rank0", rules, safetensors_tensors)
+    assert all(r[0] != "error" for r in res), res
+    whole = sum(t.numel() * 4 for t in load_file(str(path)).values())
+    assert res[0][0] == whole and all(r[0] == 0 for r in res[1:])
+    assert all(r[2] < whole for r in res[1:])  # a rank holds its parts only
 
 
 def test_pack_and_pt_sources(tmp_path):
