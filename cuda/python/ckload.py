@@ -461,6 +461,18 @@ class Load:
         """The bytes in place so far (progress)."""
         return self._lib.ckl_done_bytes(self._handle())
 
+    def blobs(self) -> list:
+        """[(address, nbytes, owner, sliced)] of the load's blobs (what it reads: tied tensors
+        share one), in pack order (ckl_blob): owner the rank that reads it (-1: each its own
+        part), sliced whether it is a part."""
+        out = []
+        for b in range(self._lib.ckl_blob_count(self._handle())):
+            data, n, owner, sliced = _c.c_void_p(), _c.c_uint64(), _c.c_int(), _c.c_int()
+            self._lib.ckl_blob(self._h, b, _c.byref(data), _c.byref(n), _c.byref(owner),
+                               _c.byref(sliced))
+            out.append((data.value or 0, n.value, owner.value, sliced.value))
+        return out
+
     def wait(self, i: int) -> None:
         """Blocks until tensor i is in place; RuntimeError if the load failed."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
@@ -610,20 +622,9 @@ class DistributedLoad(Load):
         self._release_others()
         self.release()
 
-    def _blobs(self, ld=None):
-        """[(data, nbytes, owner, sliced)] of ld's (this load's) blobs, in pack order."""
-        ld = ld or self
-        out = []
-        for b in range(ld._lib.ckl_blob_count(ld._h)):
-            data, n, owner, sliced = _c.c_void_p(), _c.c_uint64(), _c.c_int(), _c.c_int()
-            ld._lib.ckl_blob(ld._h, b, _c.byref(data), _c.byref(n), _c.byref(owner),
-                             _c.byref(sliced))
-            out.append((data.value or 0, n.value, owner.value, sliced.value))
-        return out
-
     def _whole_blobs(self):
         """(owner, bytes) of each whole blob: what the ranks agree on."""
-        return [(owner, n) for _, n, owner, sliced in self._blobs() if not sliced]
+        return [(owner, n) for _, n, owner, sliced in self.blobs() if not sliced]
 
     def _steps(self):
         """Rank 0's schedule of what is sent, in pack order (by each blob's first tensor):
@@ -636,12 +637,12 @@ class DistributedLoad(Load):
                     at.setdefault(ld.pointer(i), i)
             return at
         mine = first_tensors(self)
-        whole = [data for data, _, _, sliced in self._blobs() if not sliced]
+        whole = [data for data, _, _, sliced in self.blobs() if not sliced]
         steps = [(mine[data], 0, ("whole", k)) for k, data in enumerate(whole)]
         for r, ld in self._others.items():
             theirs = first_tensors(ld)
             steps += [(self.find(ld.name(theirs[data])), r, ("part", r, k))
-                      for k, (data, *_) in enumerate(self._blobs(ld))]
+                      for k, (data, *_) in enumerate(ld.blobs())]
         return [step for *_, step in sorted(steps)]
 
     def _global(self, rank):
@@ -699,7 +700,7 @@ class DistributedLoad(Load):
         if not self._status(why, 0):
             return self._agree(h, why)
         if self._rank == 0:
-            ptr, n, *_ = self._blobs(self._others[r])[k]
+            ptr, n, *_ = self._others[r].blobs()[k]
             self._dist.send(self._bytes(ptr, n), dst=self._global(r), group=self._group)
         elif self._rank == r:
             ptr, n, *_ = blobs[parts[k]]
@@ -711,7 +712,7 @@ class DistributedLoad(Load):
         """The schedule, step by step; then the ranks agree that every blob read here for this
         rank alone went well. Any failure fails every rank's load."""
         try:
-            blobs = self._blobs()
+            blobs = self.blobs()
             whole = [b for b, (_, _, _, sliced) in enumerate(blobs) if not sliced]
             parts = [b for b, (_, _, _, sliced) in enumerate(blobs) if sliced]
             if all(self._step(h, blobs, whole, parts, step) for step in steps):
