@@ -30,26 +30,24 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, fn, args, q):
+def _worker(rank, world, port, fn, args, q, backend):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT))
     try:
         q.put((rank, fn(rank, world, *args)))
     except Exception as e:  # the test asserts on it
-        import traceback
-        traceback.print_exc()
         q.put((rank, ("error", type(e).__name__, str(e))))
     finally:
         dist.destroy_process_group()
 
 
-def spawn(world, fn, *args):
-    """fn(rank, world, *args) on world processes of one gloo group: their results by rank."""
+def spawn(world, fn, *args, backend="gloo"):
+    """fn(rank, world, *args) on world processes of one group: their results by rank."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, q))
+    procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, q, backend))
              for r in range(world)]
     for p in procs:
         p.start()
