@@ -129,6 +129,7 @@ bench: all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gguf
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-convert
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-diff
+	PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-dist
 
 demo: setup all
 	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo
