@@ -127,6 +127,26 @@ def test_parts_through_a_mount(tmp_path, mount, monkeypatch):
                 check_parts(p, want, 3, verify=True)
 
 
+def test_a_dim0_part_is_a_byte_range_of_the_tensor_file(tmp_path, mount):
+    """README's dd recipe: rows [s, e) of the mount's tensor file, s = r * ceil(n / N)."""
+    import json
+    import subprocess
+    path, read = safetensors_src(tmp_path)
+    t = read(path)["layers.0.q_proj.weight"]
+    with mount(path) as mnt:
+        index = json.loads((mnt / ".ckptfs" / "index.json").read_text())
+        f = mnt / next(x["path"] for x in index["tensors"]
+                       if x["name"] == "layers.0.q_proj.weight")
+        n, b, world = t.shape[0], t[0].numel() * t.element_size(), 3
+        for r in range(world):
+            c = -(-n // world)
+            s, e = min(r * c, n), min(r * c + c, n)
+            out = subprocess.run(["dd", f"if={f}", "iflag=skip_bytes,count_bytes",
+                                  f"skip={s * b}", f"count={(e - s) * b}", "status=none"],
+                                 capture_output=True, check=True).stdout
+            assert out == torch_bytes(part(t, 0, r, world))
+
+
 def test_a_part_shares_no_memory_with_the_whole(tmp_path):
     """The block holds the parts only: its bytes are the parts' (and the whole tensors')."""
     path, read = safetensors_src(tmp_path)
