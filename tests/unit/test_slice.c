@@ -73,6 +73,15 @@ static ck_index *cube(const int64_t dims[3], float **data)
     return ix;
 }
 
+/* e's part `rank` of world along dim into *v (its dims in vd), which must succeed. */
+static void slice_ok(const ck_index *ix, const ck_entry *e, int dim, unsigned rank,
+                     unsigned world, ck_entry *v, int64_t *vd)
+{
+    ck_slicing s = {.rank = rank, .world = world};
+    ck_error err = {""};
+    cr_assert_eq(ck_slice_entry(ix, e, dim, &s, v, vd, &err), 0, "%s", err.msg);
+}
+
 /* Every part of w along every dim, for several world sizes, read through ck_entry_read: each
  * element is the one torch.chunk's part has there. */
 Test(slice, parts_read_as_chunks)
@@ -84,11 +93,9 @@ Test(slice, parts_read_as_chunks)
     for (int dim = 0; dim < 3; dim++)
         for (unsigned world = 1; world <= 4; world++)
             for (unsigned r = 0; r < world; r++) {
-                ck_slicing s = {.rank = r, .world = world};
                 ck_entry v;
                 int64_t vd[2 * CK_MAX_RANK];
-                ck_error err = {""};
-                cr_assert_eq(ck_slice_entry(ix, w, dim, &s, &v, vd, &err), 0, "%s", err.msg);
+                slice_ok(ix, w, dim, r, world, &v, vd);
                 int64_t start, len;
                 ck_slice_part(dims[dim], r, world, &start, &len);
                 int64_t pd[3] = {dims[0], dims[1], dims[2]};
@@ -120,12 +127,10 @@ Test(slice, strided_views_compose)
     t.layout = CK_STRIDED;
     t.rank = 2;
     t.shape = td;
-    ck_slicing s = {.rank = 1, .world = 2};
     for (int dim = 0; dim < 2; dim++) {
         ck_entry v;
         int64_t vd[2 * CK_MAX_RANK];
-        ck_error err = {""};
-        cr_assert_eq(ck_slice_entry(ix, &t, dim, &s, &v, vd, &err), 0, "%s", err.msg);
+        slice_ok(ix, &t, dim, 1, 2, &v, vd);
         float got[12];
         cr_assert_eq(ck_entry_read(ix, &v, got, sizeof got, 0), 48);
         for (int i = 0; i < 12; i++) { /* element (row, col) of the part is t[row', col'] */
@@ -143,11 +148,9 @@ Test(slice, leading_ones_stay_contiguous)
     const int64_t dims[3] = {1, 1, 8};
     float *data;
     ck_index *ix = cube(dims, &data);
-    ck_slicing s = {.rank = 1, .world = 2};
     ck_entry v;
     int64_t vd[2 * CK_MAX_RANK];
-    ck_error err = {""};
-    cr_assert_eq(ck_slice_entry(ix, ck_index_find(ix, "w"), 2, &s, &v, vd, &err), 0);
+    slice_ok(ix, ck_index_find(ix, "w"), 2, 1, 2, &v, vd);
     cr_assert_eq(v.layout, CK_CONTIGUOUS);
     cr_assert_eq(v.ext.offset, ck_index_find(ix, "w")->ext.offset + 16);
     cr_assert_eq(v.nbytes, 16);
@@ -171,11 +174,9 @@ static void cut_ok(const ck_entry *e, int dim, unsigned rank, unsigned world, ui
                    uint64_t nbytes)
 {
     ck_index *ix = ck_index_new("test");
-    ck_slicing s = {.rank = rank, .world = world};
     ck_entry v;
     int64_t vd[2 * CK_MAX_RANK];
-    ck_error err = {""};
-    cr_assert_eq(ck_slice_entry(ix, e, dim, &s, &v, vd, &err), 0, "%s", err.msg);
+    slice_ok(ix, e, dim, rank, world, &v, vd);
     cr_assert_eq(v.ext.offset, e->ext.offset + off);
     cr_assert_eq(v.nbytes, nbytes);
     ck_index_free(ix);
