@@ -130,7 +130,9 @@ def test_parts_through_a_mount(tmp_path, mount, monkeypatch):
 def test_a_dim0_part_is_a_byte_range_of_the_tensor_file(tmp_path, mount):
     """README's dd recipe: rows [s, e) of the mount's tensor file, s = r * ceil(n / N)."""
     import json
+    import os
     import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # not the ASan run's
     path, read = safetensors_src(tmp_path)
     t = read(path)["layers.0.q_proj.weight"]
     with mount(path) as mnt:
@@ -143,7 +145,7 @@ def test_a_dim0_part_is_a_byte_range_of_the_tensor_file(tmp_path, mount):
             s, e = min(r * c, n), min(r * c + c, n)
             out = subprocess.run(["dd", f"if={f}", "iflag=skip_bytes,count_bytes",
                                   f"skip={s * b}", f"count={(e - s) * b}", "status=none"],
-                                 capture_output=True, check=True).stdout
+                                 capture_output=True, check=True, env=env).stdout
             assert out == torch_bytes(part(t, 0, r, world))
 
 
