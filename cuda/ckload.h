@@ -45,6 +45,10 @@
  *  - A load is reference counted: ckl_release drops the caller's reference; each DLPack export
  *    holds one more, so device memory is freed when the last exported tensor is deleted.
  *  - Pools of pinned buffers outlive loads: pass the same ckl_pool to many loads.
+ *  - Many processes (ranks) loading one checkpoint: slice rules load each rank's part of the
+ *    tensors they cut, read straight from the source (pack/slice.h); a read share (read) has
+ *    this process read only its blobs and its caller bring in the others (ckl_blob_put), each
+ *    tensor ready, as ever, once its blob has landed (cuda/python/ckload.py load_distributed).
  *  - ABI: CKL_ABI_VERSION changes (with the library's soname, libckload.so.N) whenever a struct
  *    or a signature below does. A binding that mirrors the structs by hand checks them against
  *    ckl_abi_version and ckl_layout when it loads the library.

@@ -109,6 +109,20 @@ def test_parts_of_every_source(tmp_path, kind):
         check_parts(path, want, world, verify=True)
 
 
+def test_parts_of_an_npy_file(tmp_path):
+    """A .npy file holds one tensor, named "" (a glob "*" selects it), in either order."""
+    for order in ("C", "F"):
+        a = np.asfortranarray(np.arange(35, dtype=np.float32).reshape(7, 5)) if order == "F" \
+            else np.arange(35, dtype=np.float32).reshape(7, 5)
+        np.save(tmp_path / "x.npy", a)
+        t = torch.from_numpy(np.load(tmp_path / "x.npy").copy())
+        for dim in (0, 1):
+            for rank in range(3):
+                sd = ckload.load(tmp_path / "x.npy", device="cpu", slices=[("*", dim)],
+                                 rank=rank, world_size=3)
+                assert torch_bytes(sd[""]) == torch_bytes(part(t, dim, rank, 3)), (order, dim)
+
+
 def test_tied_twins_cut_alike_share_their_part(tmp_path):
     path, _ = torch_src(tmp_path)
     with ckload.Load(path, device="cpu", slices=RULES, rank=1, world_size=2) as ld:
