@@ -131,6 +131,7 @@ bench: all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gguf
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-convert
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-diff
+	PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-dist
 
 demo: setup all
 	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo
@@ -186,7 +187,8 @@ test-cuda-fake: all $(FAKECUDA)
 	$(SAN_PYTHON_ENV) LD_LIBRARY_PATH=$(CURDIR)/$(dir $(FAKECUDA)) \
 	    CKPTFS_FAKECUDA=$(CURDIR)/$(FAKECUDA) FAKECUDA_RUNS=$(FAKECUDA_RUNS) \
 	    CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
-	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_cuda_fake.py
+	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_cuda_fake.py \
+	        tests/integration/test_cuda_fake_dist.py
 cuda-fake-soak:
 	$(MAKE) test-cuda-fake FAKECUDA_RUNS=$(or $(RUNS),200) PYTEST_ADDOPTS="-k seeded_pipeline"
 # Line coverage of cuda/ (gcov) by the tests under the stand-in, in build/cov.

@@ -9,6 +9,7 @@
 #include "../pack/index.h"
 #include "../pack/bytes.h"
 #include "../pack/plan.h"
+#include "../pack/slice.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -239,12 +240,13 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
 static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
 {
     const ck_plan_blob *bl = &l->plan->blobs[b];
-    if (st && XXH3_64bits_digest(st) != l->stored_sums[b]) {
+    if (st && bl->pack_blob != CK_PLAN_NONE && XXH3_64bits_digest(st) != l->stored_sums[b]) {
         set_error(l, "tensor '%s': checksum mismatch (data at byte %llu)", bl->name,
                   (unsigned long long)bl->file_off);
         return -1;
     }
-    if (l->check_files && !ck_file_same(l->ix, bl->file)) {
+    int part = l->opt.verify && bl->pack_blob == CK_PLAN_NONE; /* no checksum of its own */
+    if ((l->check_files || part) && !ck_file_same(l->ix, bl->file)) {
         set_error(l, "tensor '%s': %s changed while it was read", bl->name,
                   l->ix->files[bl->file].path);
         return -1;
@@ -259,6 +261,13 @@ static void finish_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
     char why[256];
     if (check_sum(l, b, st) == 0 && l->be->landed(r, b, why, sizeof why) != 0)
         set_error(l, "tensor '%s': %s", l->plan->blobs[b].name, why);
+}
+
+/* Whether this process reads blob b itself (ckl_options.read; pack/plan.h ck_plan_share). */
+static int reads(const ckl_load *l, size_t b)
+{
+    uint32_t owner = l->plan->blobs[b].owner;
+    return owner == CK_PLAN_EVERY || owner == l->opt.rank;
 }
 
 /* Whether blob bl is read O_DIRECT: its file is (open_direct), and it is not gathered. */
@@ -447,7 +456,7 @@ static void ring_blobs(ckl_load *l, reader *r, XXH3_state_t *st)
     int faulting = pthread_create(&faulter, NULL, fault_ahead, l) == 0;
     int rc = 0;
     for (size_t b = 0; rc == 0 && b < l->plan->nblobs && !failed(l); b++)
-        if (ring_reads(l, &l->plan->blobs[b]))
+        if (reads(l, b) && ring_reads(l, &l->plan->blobs[b]))
             rc = ring_blob(rr, b);
     int drained = ring_drain(rr->io);
     if (faulting)
@@ -533,7 +542,8 @@ static void *worker(void *arg)
         ring_blobs(l, r, st);
     for (size_t b; r && !ringer && (b = atomic_fetch_add(&l->next_blob, 1)) < nblobs &&
                    !failed(l);) {
-        if (ring_reads(l, &l->plan->blobs[b]))
+        /* Another rank's blob is put by the caller (ckl_blob_put); the ring reads its own. */
+        if (!reads(l, b) || ring_reads(l, &l->plan->blobs[b]))
             continue;
         if (st)
             XXH3_64bits_reset(st);
@@ -575,7 +585,26 @@ void ckl_default_options(ckl_options *o)
 static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
-    if (ck_plan_make(l->ix, l->opt.only, l->src.keep, &l->plan, &e) != 0) {
+    unsigned world = l->opt.world_size ? l->opt.world_size : 1;
+    if (l->opt.rank >= world || (unsigned)l->opt.read > CKL_READ_PARTS) {
+        snprintf(err, errlen, "%s: rank %u of world_size %u, read %d: no such share", l->path,
+                 l->opt.rank, world, l->opt.read);
+        return -1;
+    }
+    /* ckl_slice is ck_slice_rule's public twin: the same two fields, copied across. */
+    ck_slice_rule *rules = calloc(l->opt.nslices + 1, sizeof *rules);
+    for (size_t i = 0; rules && i < l->opt.nslices; i++)
+        rules[i] = (ck_slice_rule){.glob = l->opt.slices[i].glob, .dim = l->opt.slices[i].dim};
+    ck_slicing cut = {.rules = rules, .nrules = l->opt.nslices, .rank = l->opt.rank,
+                      .world = world, .parts_only = l->opt.read == CKL_READ_PARTS};
+    enum ck_plan_read share = l->opt.read == CKL_READ_PARTS ? CK_READ_ALL
+                                                             : (enum ck_plan_read)l->opt.read;
+    int rc = rules ? ck_plan_make_sliced(l->ix, l->opt.only, l->src.keep, &cut, &l->plan, &e)
+                   : ck_fail(&e, l->path, "out of memory");
+    free(rules);
+    if (rc == 0 && ck_plan_share(l->plan, share, world) != 0)
+        rc = ck_fail(&e, l->path, "out of memory");
+    if (rc != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;
     }
@@ -930,7 +959,8 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
         if (blob_or_all == SIZE_MAX ? l->running == 0
                                     : atomic_load(&l->landed[blob_or_all]) != 0)
             break;
-        if (l->running == 0 && blob_or_all != SIZE_MAX) { /* readers gone, blob never came */
+        if (l->running == 0 && blob_or_all != SIZE_MAX && reads(l, blob_or_all)) {
+            /* readers gone, blob never came */
             snprintf(l->err, l->errcap, "%s: the load stopped early", l->path);
             break;
         }
@@ -958,6 +988,54 @@ int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen)
     if (b == CK_PLAN_NONE) /* empty: nothing to wait for, unless all failed */
         return failed(l) ? wait_until(l, SIZE_MAX, NULL, err, errlen) : 0;
     return wait_until(l, b, NULL, err, errlen);
+}
+
+size_t ckl_blob_count(const ckl_load *l)
+{
+    return l->plan->nblobs;
+}
+
+int ckl_blob(const ckl_load *l, size_t b, void **data, uint64_t *nbytes, int *owner,
+             int *sliced)
+{
+    if (b >= l->plan->nblobs)
+        return -1;
+    const ck_plan_blob *bl = &l->plan->blobs[b];
+    *data = l->block + bl->dest_off;
+    *nbytes = bl->len;
+    *owner = bl->owner == CK_PLAN_EVERY ? -1 : (int)bl->owner;
+    *sliced = bl->sliced;
+    return 0;
+}
+
+int ckl_blob_wait(ckl_load *l, size_t b, char *err, size_t errlen)
+{
+    if (b >= l->plan->nblobs) {
+        snprintf(err, errlen, "%s: no blob %zu", l->path, b);
+        return -1;
+    }
+    return wait_until(l, b, NULL, err, errlen);
+}
+
+int ckl_blob_put(ckl_load *l, size_t b, char *err, size_t errlen)
+{
+    if (b >= l->plan->nblobs || reads(l, b) || atomic_load(&l->landed[b])) {
+        snprintf(err, errlen, "%s: blob %zu is not the caller's to put", l->path, b);
+        return -1;
+    }
+    if (failed(l))
+        return wait_until(l, b, NULL, err, errlen); /* says the load's error */
+    blob_landed(l, b);
+    return 0;
+}
+
+void ckl_fail(ckl_load *l, const char *msg)
+{
+    pthread_mutex_lock(&l->lock);
+    if (!l->err[0])
+        snprintf(l->err, l->errcap, "%s", msg);
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
 }
 
 int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen)
