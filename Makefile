@@ -65,8 +65,14 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/libckpt.a: $(call obj,$(CORE_SRC) $(VIEW_SRC))
 	$(AR) rcs $@ $^
 
+# ckptfs starts on every mount, and its start is part of what a mount costs: the libraries that
+# ship an archive are linked into it, so the dynamic loader has three objects fewer to find, map
+# and relocate (BENCHMARKS.md, issue 13 fourth round). cJSON ships none; ckpt and libckload,
+# which start once per load, stay as they are.
+CKPTFS_STATIC := -lfuse3 -lxxhash -lz
 $(BUILD)/ckptfs: $(call obj,$(FS_SRC)) $(BUILD)/libckpt.a
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic $(CKPTFS_STATIC) -Wl,-Bdynamic \
+	    $(filter-out $(CKPTFS_STATIC),$(LDLIBS)) -o $@
 
 $(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: CFLAGS += -DCKPTFS_VERSION='"$(VERSION)"'
