@@ -62,7 +62,9 @@ typedef struct ck_tree {
 
 /* Builds the tree for ix, with the directory `vdir` (e.g. ".ckptfs") holding nvirtual files
  * vfiles[k], node id k of kind vfiles[k].kind; no such directory when vdir is NULL. Fails
- * only on out-of-memory or two entries with one path (err names both). */
+ * only on out-of-memory or two entries with one path (err names both). The tree may name its
+ * files with ix's entry names (a file that needs no escape is the end of its tensor's name):
+ * it must be freed before ix. */
 int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                   unsigned nvirtual, ck_tree **out, ck_error *err);
 void ck_tree_free(ck_tree *t);
