@@ -41,10 +41,12 @@ static size_t escaped_len(const char *s, size_t len)
     return full;
 }
 
-/* ck_escape_component, with the hashed form taken for escaped forms over limit bytes. */
-static size_t escape(const char *s, size_t len, char *out, size_t limit)
+/* ck_escape_component, with the hashed form taken for escaped forms over limit bytes; *same
+ * says whether out is s as it is. */
+static size_t escape(const char *s, size_t len, char *out, size_t limit, int *same)
 {
     static const char hex[] = "0123456789ABCDEF";
+    *same = 0;
     if (len == 0) {
         memcpy(out, "%", 2);
         return 1;
@@ -53,6 +55,7 @@ static size_t escape(const char *s, size_t len, char *out, size_t limit)
     if (full == len && len <= limit) { /* nothing to escape or cut: most components */
         memcpy(out, s, len);
         out[len] = 0;
+        *same = 1;
         return len;
     }
     size_t max = full <= limit ? limit : HASH_CUT, n = 0;
@@ -85,7 +88,8 @@ static size_t escape(const char *s, size_t len, char *out, size_t limit)
 
 size_t ck_escape_component(const char *s, size_t len, char *out)
 {
-    return escape(s, len, out, CK_NAME_MAX);
+    int same;
+    return escape(s, len, out, CK_NAME_MAX, &same);
 }
 
 /* Seeded at random, as the zip's and the pickle VM's tables are: a checkpoint cannot be made of
@@ -118,7 +122,7 @@ uint32_t ck_tree_lookup(const ck_tree *t, uint32_t parent, const char *name, siz
  * worst case. name is the node's own when it is already NUL-terminated where it lives as long
  * as the tree (a tensor's last piece, unescaped, in the index), else a copy. */
 static uint32_t add_node_at(ck_tree *t, size_t slot, uint32_t parent, const char *name,
-                            size_t len, int own, uint8_t kind, uint32_t id)
+                            size_t len, int own, uint8_t kind, uint32_t id, int plain)
 {
     char *copy = own ? NULL : ck_arena_alloc(&t->arena, len + 1);
     if (!own && !copy)
@@ -129,7 +133,8 @@ static uint32_t add_node_at(ck_tree *t, size_t slot, uint32_t parent, const char
     }
     uint32_t at = t->nnodes++;
     t->nodes[at] = (ck_node){.name = copy ? copy : name, .name_len = (uint32_t)len,
-                             .parent = parent, .kind = kind, .id = id};
+                             .parent = parent, .kind = kind, .id = id,
+                             .plain = (uint8_t)(plain && t->nodes[parent].plain)};
     t->slots[slot] = at;
     return at;
 }
@@ -138,7 +143,7 @@ static uint32_t add_node_at(ck_tree *t, size_t slot, uint32_t parent, const char
 static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t len,
                          uint8_t kind, uint32_t id)
 {
-    return add_node_at(t, find_slot(t, parent, name, len), parent, name, len, 0, kind, id);
+    return add_node_at(t, find_slot(t, parent, name, len), parent, name, len, 0, kind, id, 0);
 }
 
 /* The directories of the name before, by depth: a module's entries come together (a layer's
@@ -179,11 +184,12 @@ static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, dir_cache *c
     for (size_t i = start; i < len; i++) {
         if (name[i] != '.')
             continue;
-        size_t n = ck_escape_component(name + start, i - start, esc);
+        int as_is;
+        size_t n = escape(name + start, i - start, esc, CK_NAME_MAX, &as_is);
         size_t slot = find_slot(t, dir, esc, n);
         uint32_t id = t->slots[slot];
         if (id == CK_NO_NODE &&
-            (id = add_node_at(t, slot, dir, esc, n, 0, CK_NODE_DIR, 0)) == CK_NO_NODE)
+            (id = add_node_at(t, slot, dir, esc, n, 0, CK_NODE_DIR, 0, as_is)) == CK_NO_NODE)
             return CK_NO_NODE;
         dir = id;
         start = i + 1;
@@ -289,14 +295,14 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
         uint32_t dir = t->entry_node[i];
         const char *dot = memrchr(e->name, '.', e->name_len);
         size_t start = dot ? (size_t)(dot - e->name) + 1 : 0, n;
-        n = ck_escape_component(e->name + start, e->name_len - start, esc);
         /* Unescaped, the piece is the name's NUL-terminated end: the node names it there. */
-        int own = n == e->name_len - start && memcmp(esc, e->name + start, n) == 0;
+        int own;
+        n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX, &own);
         size_t slot = find_slot(t, dir, esc, n);
         uint32_t other = t->slots[slot];
         if (other != CK_NO_NODE && t->nodes[other].kind == CK_NODE_DIR) {
             if (n == CK_NAME_MAX) /* no room for the '%': the hashed form leaves some */
-                n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX - 1);
+                n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX - 1, &own);
             esc[n++] = '%';
             esc[n] = 0;
             own = 0;
@@ -308,7 +314,7 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
                            ix->entries[t->nodes[other].id].name, e->name);
         t->entry_node[i] = add_node_at(t, slot, dir, own ? e->name + start : esc, n, own,
                                        e->kind == CK_TENSOR ? CK_NODE_TENSOR : CK_NODE_VALUE,
-                                       (uint32_t)i);
+                                       (uint32_t)i, own);
         if (t->entry_node[i] == CK_NO_NODE)
             return ck_fail(err, src, "out of memory");
     }
@@ -360,7 +366,7 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfi
         return ck_fail(err, src, "out of memory");
     }
     memset(t->slots, 0xff, nslots * sizeof *t->slots);
-    t->nodes[0] = (ck_node){.name = "", .parent = 0, .kind = CK_NODE_DIR};
+    t->nodes[0] = (ck_node){.name = "", .parent = 0, .kind = CK_NODE_DIR, .plain = 1};
     t->nnodes = 1;
     int rc = (vdir && add_virtual(t, vdir, vfiles, nvirtual)) ? ck_fail(err, src, "out of memory") : 0;
     dir_cache dirs = {0};

@@ -47,6 +47,9 @@ typedef struct ck_node {
     uint32_t nchild;
     uint32_t id;        /* the entry (tensor, value) or the virtual file (memfile, synth) */
     uint8_t kind;       /* enum ck_node_kind */
+    uint8_t plain;      /* its path is its name's pieces as they are, joined by '/' (nothing
+                         * on the way escaped or renamed): index.json's path is then the
+                         * entry's name with each '.' a '/' */
 } ck_node;
 
 typedef struct ck_tree {
