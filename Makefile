@@ -9,8 +9,11 @@ PYDEPS  := $(CURDIR)/.deps/python
 
 PKGS    := fuse3 libcjson libxxhash zlib
 CFLAGS  ?= -O2 -g
+# -fPIC (the core also goes into libckload.so) would otherwise keep a file's calls of its own
+# global functions from being inlined, in case another object interposed them: nothing does
+# (libckload.so exports only its ckl_ API), and the mount's parse runs 2% fewer instructions.
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wvla -fno-strict-aliasing -fPIC \
-           $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+           -fno-semantic-interposition $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
 
 # libckload uses the CUDA runtime where the toolkit is (its CUDA backend, cuda/backend_cuda.c);
