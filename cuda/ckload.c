@@ -4,10 +4,12 @@
 #include "ckload.h"
 #include "backend.h"
 #include "mount.h"
+#include "uring.h"
 
 #include "../pack/index.h"
 #include "../pack/bytes.h"
 #include "../pack/plan.h"
+#include "../pack/slice.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +28,10 @@
 /* The readers and chunk size a load picks where its caller left them 0 (choose_readers): the
  * usual ones, and those for a host load mostly read through the O_DIRECT bounce. */
 enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BOUNCED_THREADS = 8 };
+/* The io_uring engine's reads in flight (open_ring), and how much of the block its helper faults
+ * in at a time (fault_ahead). */
+enum { RING_DEPTH = 32 };
+#define FAULT_STEP ((size_t)32 << 20)
 #define DEFAULT_BUFFER ((size_t)16 << 20)
 #define BOUNCED_BUFFER ((size_t)4 << 20)
 /* An error message, with its NUL, fits in the path's length and this (ckload.h). */
@@ -116,6 +122,9 @@ struct ckl_load {
     uint32_t *phase;         /* per source file: the memory alignment its O_DIRECT reads need
                               * (a power of two, at most DIRECT_ALIGN); 0 when not read so */
     int direct;              /* some file is read O_DIRECT */
+    struct ring_run *ring;   /* reads the blobs that land in place O_DIRECT (ring_reads); NULL:
+                              * the reader threads read every blob */
+    atomic_int ring_taken;   /* a reader thread has become the ring's */
     pthread_t *threads;
     unsigned nthreads;
     atomic_size_t next_blob;
@@ -190,6 +199,12 @@ static int direct_pread(int fd, unsigned char *buf, size_t len, uint64_t start, 
     return 0;
 }
 
+static void read_failed(ckl_load *l, const ck_plan_blob *bl, uint64_t off, int rc)
+{
+    set_error(l, "cannot read tensor '%s' (byte %llu): %s", bl->name, (unsigned long long)off,
+              strerror(-rc));
+}
+
 /* Reads blob bytes [at, at+n) into buf and returns where they are, or NULL (error set). With
  * O_DIRECT the read covers the enclosing 4096-byte-aligned range (buf has DIRECT_SLACK bytes
  * to spare), and the bytes start inside buf. Verify hashes them in order. */
@@ -209,8 +224,7 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
         rc = ck_file_pread(l->ix, bl->file, buf, len, start);
     }
     if (rc) {
-        set_error(l, "cannot read tensor '%s' (byte %llu): %s", bl->name,
-                  (unsigned long long)off, strerror(-rc));
+        read_failed(l, bl, off, rc);
         return NULL;
     }
     const unsigned char *p = buf + (off - start);
@@ -226,17 +240,34 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
 static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
 {
     const ck_plan_blob *bl = &l->plan->blobs[b];
-    if (st && XXH3_64bits_digest(st) != l->stored_sums[b]) {
+    if (st && bl->pack_blob != CK_PLAN_NONE && XXH3_64bits_digest(st) != l->stored_sums[b]) {
         set_error(l, "tensor '%s': checksum mismatch (data at byte %llu)", bl->name,
                   (unsigned long long)bl->file_off);
         return -1;
     }
-    if (l->check_files && !ck_file_same(l->ix, bl->file)) {
+    int part = l->opt.verify && bl->pack_blob == CK_PLAN_NONE; /* no checksum of its own */
+    if ((l->check_files || part) && !ck_file_same(l->ix, bl->file)) {
         set_error(l, "tensor '%s': %s changed while it was read", bl->name,
                   l->ix->files[bl->file].path);
         return -1;
     }
     return 0;
+}
+
+/* Blob b's bytes are all in: checked (check_sum), then handed to the backend, which says when it
+ * has landed. */
+static void finish_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
+{
+    char why[256];
+    if (check_sum(l, b, st) == 0 && l->be->landed(r, b, why, sizeof why) != 0)
+        set_error(l, "tensor '%s': %s", l->plan->blobs[b].name, why);
+}
+
+/* Whether this process reads blob b itself (ckl_options.read; pack/plan.h ck_plan_share). */
+static int reads(const ckl_load *l, size_t b)
+{
+    uint32_t owner = l->plan->blobs[b].owner;
+    return owner == CK_PLAN_EVERY || owner == l->opt.rank;
 }
 
 /* Whether blob bl is read O_DIRECT: its file is (open_direct), and it is not gathered. */
@@ -297,8 +328,7 @@ static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
             return;
         }
     }
-    if (check_sum(l, b, st) == 0 && l->be->landed(r, b, why, sizeof why) != 0)
-        set_error(l, "tensor '%s': %s", bl->name, why);
+    finish_blob(l, r, b, st);
 }
 
 /* on_ready for the tensors with no bytes, once per load, from whichever reader starts first. */
@@ -311,23 +341,210 @@ static void announce_empty_tensors(ckl_load *l)
             l->opt.on_ready(l->opt.ctx, i);
 }
 
+/* --- the io_uring engine: the blobs read in place, many reads in flight from one thread ------- */
+
+/* Whether blob bl is the ring's to read: it lands in place O_DIRECT (direct_in_place). Its
+ * whole pages are read straight into the block, its partial first and last pages (at most one
+ * page each: chunk_len) into a page of the ring's bounce and copied. */
+static int ring_reads(const ckl_load *l, const ck_plan_blob *bl)
+{
+    return l->ring && direct_in_place(l, bl);
+}
+
+/* The ring and its state: per slot the chunk in it, per blob its reads in flight; the ring
+ * thread's reader and checksum state. */
+struct ring_run {
+    ring *io;
+    ckl_load *l;
+    reader *r;
+    XXH3_state_t *st;
+    unsigned char *bounce;   /* a page per slot */
+    struct ring_chunk {
+        size_t blob;
+        uint64_t at;         /* in the blob */
+        size_t n;
+        unsigned char *copy; /* NULL: read in place; else where the bytes at bounce + skip go */
+        size_t skip;
+    } *chunks;
+    uint32_t *pending;       /* per blob: reads in flight, and 1 while more are being queued */
+};
+
+/* One reference to blob b's reads dropped: after the last, it is checked and has landed. With
+ * verify, its checksum is taken from the block (its chunks come in any order). */
+static void ring_blob_read(struct ring_run *rr, size_t b)
+{
+    ckl_load *l = rr->l;
+    const ck_plan_blob *bl = &l->plan->blobs[b];
+    if (--rr->pending[b] || failed(l))
+        return;
+    if (rr->st) {
+        XXH3_64bits_reset(rr->st);
+        XXH3_64bits_update(rr->st, l->block + bl->dest_off, bl->len);
+    }
+    finish_blob(l, rr->r, b, rr->st);
+}
+
+static void ring_done(void *ctx, unsigned slot, int rc)
+{
+    struct ring_run *rr = ctx;
+    const struct ring_chunk *c = &rr->chunks[slot];
+    const ck_plan_blob *bl = &rr->l->plan->blobs[c->blob];
+    if (rc) {
+        read_failed(rr->l, bl, bl->file_off + c->at, rc);
+    } else {
+        if (c->copy)
+            memcpy(c->copy, rr->bounce + (size_t)slot * DIRECT_ALIGN + c->skip, c->n);
+        atomic_fetch_add(&rr->l->done_bytes, c->n);
+    }
+    ring_blob_read(rr, c->blob);
+}
+
+/* Queues blob b's reads, chunk by chunk as load_blob would read them. 0, or -errno when the ring
+ * fails (a read that fails is ring_done's). */
+static int ring_blob(struct ring_run *rr, size_t b)
+{
+    ckl_load *l = rr->l;
+    const ck_plan_blob *bl = &l->plan->blobs[b];
+    int rc = 0, fd = l->direct_fds[bl->file];
+    rr->pending[b] = 1;
+    for (uint64_t at = 0, n; rc == 0 && at < bl->len && !failed(l); at += n) {
+        n = chunk_len(l, bl, at, 1);
+        uint64_t off = bl->file_off + at, start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
+        unsigned char *dst = l->block + bl->dest_off + at;
+        int whole = off == start && n % DIRECT_ALIGN == 0;
+        unsigned slot;
+        if ((rc = ring_slot(rr->io, &slot)) != 0)
+            break;
+        rr->chunks[slot] = (struct ring_chunk){.blob = b, .at = at, .n = n,
+                                               .copy = whole ? NULL : dst, .skip = off - start};
+        unsigned char *buf = whole ? dst : rr->bounce + (size_t)slot * DIRECT_ALIGN;
+        rr->pending[b]++;
+        rc = ring_read(rr->io, slot, fd, buf, whole ? n : DIRECT_ALIGN, start,
+                       (size_t)(off + n - start));
+        if (rc)
+            rr->pending[b]--;
+    }
+    ring_blob_read(rr, b);
+    return rc;
+}
+
+/* Faults the host block in from its start, FAULT_STEP at a time, until done or the load fails.
+ * An O_DIRECT read faults its destination's fresh pages in the thread that submits it: without
+ * this, the ring's, one page after another, all of the block. On the VM of BENCHMARKS.md a first
+ * touch of memory the host has taken back runs at ~2 GB/s (2 GiB, MADV_POPULATE_WRITE: 2.0 GB/s
+ * the first time, 6.5-11.6 GB/s once freed and taken again), under the disk's ~5: on a core of
+ * its own this thread keeps ahead of the reads. Before Linux 5.14 (no MADV_POPULATE_WRITE) it
+ * stops at once and pages fault as the reads come. */
+static void *fault_ahead(void *arg)
+{
+    ckl_load *l = arg;
+    size_t n = (size_t)l->plan->block_size; /* not 0: the ring has blobs to read */
+    for (size_t at = 0; at < n && !failed(l); at += FAULT_STEP)
+        if (madvise(l->block + at, n - at < FAULT_STEP ? n - at : FAULT_STEP,
+                    MADV_POPULATE_WRITE) != 0)
+            break;
+    return NULL;
+}
+
+/* The ring thread's part: every blob ring_reads, in pack order, with fault_ahead beside it,
+ * then a drain, so that no read writes into the block once the thread is gone. */
+static void ring_blobs(ckl_load *l, reader *r, XXH3_state_t *st)
+{
+    struct ring_run *rr = l->ring;
+    rr->r = r, rr->st = st;
+    pthread_t faulter; /* none if it cannot start: the ring's reads fault the pages then */
+    int faulting = pthread_create(&faulter, NULL, fault_ahead, l) == 0;
+    int rc = 0;
+    for (size_t b = 0; rc == 0 && b < l->plan->nblobs && !failed(l); b++)
+        if (reads(l, b) && ring_reads(l, &l->plan->blobs[b]))
+            rc = ring_blob(rr, b);
+    int drained = ring_drain(rr->io);
+    if (faulting)
+        pthread_join(faulter, NULL);
+    if (rc || drained)
+        set_error(l, "io_uring: %s", strerror(-(rc ? rc : drained)));
+}
+
+/* The ring's reads in flight: RING_DEPTH unless CKLOAD_URING_DEPTH says (for measuring). */
+static unsigned ring_depth(void)
+{
+    const char *v = getenv("CKLOAD_URING_DEPTH");
+    long d = v ? strtol(v, NULL, 10) : 0;
+    return d > 0 && d <= 4096 ? (unsigned)d : RING_DEPTH;
+}
+
+static void ring_run_free(struct ring_run *rr)
+{
+    if (!rr)
+        return;
+    ring_free(rr->io);
+    free(rr->chunks);
+    free(rr->pending);
+    free(rr->bounce);
+    free(rr);
+}
+
+/* The ring, for a host load with blobs that land in place O_DIRECT (direct_in_place), unless
+ * CKLOAD_URING=0. Where the kernel refuses io_uring (uring.h) there is none and the reader
+ * threads read every blob, as with CKLOAD_URING=0; CKLOAD_URING=1 makes that an error instead.
+ * 0, or -1 with err set. */
+static int open_ring(ckl_load *l, char *err, size_t errlen)
+{
+    const char *want = getenv("CKLOAD_URING");
+    size_t in_place = 0, nblobs = l->plan->nblobs;
+    for (size_t b = 0; b < nblobs; b++)
+        in_place += direct_in_place(l, &l->plan->blobs[b]);
+    if ((want && strcmp(want, "0") == 0) || !in_place)
+        return 0;
+    unsigned depth = ring_depth();
+    struct ring_run *rr = calloc(1, sizeof *rr);
+    if (!rr || !(rr->chunks = calloc(depth, sizeof *rr->chunks)) ||
+        !(rr->pending = calloc(nblobs, sizeof *rr->pending)) ||
+        !(rr->bounce = aligned_alloc(DIRECT_ALIGN, (size_t)depth * DIRECT_ALIGN))) {
+        ring_run_free(rr);
+        snprintf(err, errlen, "%s: out of memory", l->path);
+        return -1;
+    }
+    int rc;
+    if ((rr->io = ring_new(depth, ring_done, rr, &rc)) != NULL) {
+        rr->l = l;
+        l->ring = rr;
+        return 0;
+    }
+    ring_run_free(rr);
+    if (!want || strcmp(want, "1") != 0)
+        return 0;
+    snprintf(err, errlen, "%s: cannot set up io_uring (CKLOAD_URING=1): %s", l->path,
+             strerror(-rc));
+    return -1;
+}
+
+/* A reader thread: the ring's (the first to start, when there is a ring), or one that takes the
+ * blobs in turn and reads those not the ring's. */
 static void *worker(void *arg)
 {
     ckl_load *l = arg;
     announce_empty_tensors(l);
+    int ringer = l->ring && !atomic_exchange(&l->ring_taken, 1);
     int hash = l->opt.verify && l->plan->stored_sums;
     XXH3_state_t *st = hash ? XXH3_createState() : NULL;
     if (hash && !st)
         set_error(l, "out of memory");
     reader_setup s = {.load = l, .pool = l->pool, .buffers = l->opt.buffers,
                       .buffer_size = l->opt.buffer_size + DIRECT_SLACK,
-                      .ordinal = l->ordinal, .direct = l->direct};
+                      .ordinal = l->ordinal, .direct = l->direct && !ringer};
     char why[256];
     reader *r = l->be->open(&s, why, sizeof why);
     if (!r)
         set_error(l, "%s", why);
     size_t nblobs = l->plan->nblobs;
-    for (size_t b; r && (b = atomic_fetch_add(&l->next_blob, 1)) < nblobs && !failed(l);) {
+    if (r && ringer)
+        ring_blobs(l, r, st);
+    for (size_t b; r && !ringer && (b = atomic_fetch_add(&l->next_blob, 1)) < nblobs &&
+                   !failed(l);) {
+        /* Another rank's blob is put by the caller (ckl_blob_put); the ring reads its own. */
+        if (!reads(l, b) || ring_reads(l, &l->plan->blobs[b]))
+            continue;
         if (st)
             XXH3_64bits_reset(st);
         load_blob(l, r, b, st);
@@ -368,7 +585,26 @@ void ckl_default_options(ckl_options *o)
 static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
-    if (ck_plan_make(l->ix, l->opt.only, l->src.keep, &l->plan, &e) != 0) {
+    unsigned world = l->opt.world_size ? l->opt.world_size : 1;
+    if (l->opt.rank >= world || (unsigned)l->opt.read > CKL_READ_PARTS) {
+        snprintf(err, errlen, "%s: rank %u of world_size %u, read %d: no such share", l->path,
+                 l->opt.rank, world, l->opt.read);
+        return -1;
+    }
+    /* ckl_slice is ck_slice_rule's public twin: the same two fields, copied across. */
+    ck_slice_rule *rules = calloc(l->opt.nslices + 1, sizeof *rules);
+    for (size_t i = 0; rules && i < l->opt.nslices; i++)
+        rules[i] = (ck_slice_rule){.glob = l->opt.slices[i].glob, .dim = l->opt.slices[i].dim};
+    ck_slicing cut = {.rules = rules, .nrules = l->opt.nslices, .rank = l->opt.rank,
+                      .world = world, .parts_only = l->opt.read == CKL_READ_PARTS};
+    enum ck_plan_read share = l->opt.read == CKL_READ_PARTS ? CK_READ_ALL
+                                                             : (enum ck_plan_read)l->opt.read;
+    int rc = rules ? ck_plan_make_sliced(l->ix, l->opt.only, l->src.keep, &cut, &l->plan, &e)
+                   : ck_fail(&e, l->path, "out of memory");
+    free(rules);
+    if (rc == 0 && ck_plan_share(l->plan, share, world) != 0)
+        rc = ck_fail(&e, l->path, "out of memory");
+    if (rc != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;
     }
@@ -424,6 +660,7 @@ static void free_load(ckl_load *l)
             close(l->direct_fds[f]);
     free(l->direct_fds);
     free(l->phase);
+    ring_run_free(l->ring);
     load_source_close(&l->src);
     ck_plan_free(l->plan);
     free(l->landed);
@@ -558,6 +795,17 @@ static void choose_readers(ckl_load *l)
         l->opt.buffer_size = most ? BOUNCED_BUFFER : DEFAULT_BUFFER;
 }
 
+/* The reader threads: the ring's, and up to opt.threads more for the blobs that are not the
+ * ring's; at least one, even with no bytes to read: it announces the empty tensors. */
+static unsigned count_readers(const ckl_load *l)
+{
+    size_t rest = 0;
+    for (size_t b = 0; b < l->plan->nblobs; b++)
+        rest += !ring_reads(l, &l->plan->blobs[b]);
+    unsigned n = (l->opt.threads < rest ? l->opt.threads : (unsigned)rest) + (l->ring != NULL);
+    return n ? n : 1;
+}
+
 /* Which device, and so which backend: CUDA when asked for (and there), or when auto finds one. */
 static int pick_device(ckl_load *l, char *err, size_t errlen)
 {
@@ -621,13 +869,15 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         return -1;
     }
     choose_readers(l);
+    if (open_ring(l, err, errlen) != 0) {
+        free_load(l);
+        return -1;
+    }
     const ck_plan *p = l->plan;
     for (size_t i = 0; i < p->ntensors; i++)
         l->tensors[i].data = l->block + (p->tensors[i].blob == CK_PLAN_NONE
                                              ? 0 : p->blobs[p->tensors[i].blob].dest_off);
-    /* At least one reader, even with no bytes to read: it announces the empty tensors. */
-    unsigned nt = l->opt.threads < p->nblobs ? l->opt.threads : (unsigned)p->nblobs;
-    nt = nt ? nt : 1;
+    unsigned nt = count_readers(l);
     l->threads = calloc(nt, sizeof *l->threads);
     if (!l->threads) {
         snprintf(err, errlen, "%s: out of memory", path);
@@ -711,7 +961,8 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
         if (blob_or_all == SIZE_MAX ? l->running == 0
                                     : atomic_load(&l->landed[blob_or_all]) != 0)
             break;
-        if (l->running == 0 && blob_or_all != SIZE_MAX) { /* readers gone, blob never came */
+        if (l->running == 0 && blob_or_all != SIZE_MAX && reads(l, blob_or_all)) {
+            /* readers gone, blob never came */
             snprintf(l->err, l->errcap, "%s: the load stopped early", l->path);
             break;
         }
@@ -739,6 +990,54 @@ int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen)
     if (b == CK_PLAN_NONE) /* empty: nothing to wait for, unless all failed */
         return failed(l) ? wait_until(l, SIZE_MAX, NULL, err, errlen) : 0;
     return wait_until(l, b, NULL, err, errlen);
+}
+
+size_t ckl_blob_count(const ckl_load *l)
+{
+    return l->plan->nblobs;
+}
+
+int ckl_blob(const ckl_load *l, size_t b, void **data, uint64_t *nbytes, int *owner,
+             int *sliced)
+{
+    if (b >= l->plan->nblobs)
+        return -1;
+    const ck_plan_blob *bl = &l->plan->blobs[b];
+    *data = l->block + bl->dest_off;
+    *nbytes = bl->len;
+    *owner = bl->owner == CK_PLAN_EVERY ? -1 : (int)bl->owner;
+    *sliced = bl->sliced;
+    return 0;
+}
+
+int ckl_blob_wait(ckl_load *l, size_t b, char *err, size_t errlen)
+{
+    if (b >= l->plan->nblobs) {
+        snprintf(err, errlen, "%s: no blob %zu", l->path, b);
+        return -1;
+    }
+    return wait_until(l, b, NULL, err, errlen);
+}
+
+int ckl_blob_put(ckl_load *l, size_t b, char *err, size_t errlen)
+{
+    if (b >= l->plan->nblobs || reads(l, b) || atomic_load(&l->landed[b])) {
+        snprintf(err, errlen, "%s: blob %zu is not the caller's to put", l->path, b);
+        return -1;
+    }
+    if (failed(l))
+        return wait_until(l, b, NULL, err, errlen); /* says the load's error */
+    blob_landed(l, b);
+    return 0;
+}
+
+void ckl_fail(ckl_load *l, const char *msg)
+{
+    pthread_mutex_lock(&l->lock);
+    if (!l->err[0])
+        snprintf(l->err, l->errcap, "%s", msg);
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
 }
 
 int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen)

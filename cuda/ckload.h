@@ -45,6 +45,10 @@
  *  - A load is reference counted: ckl_release drops the caller's reference; each DLPack export
  *    holds one more, so device memory is freed when the last exported tensor is deleted.
  *  - Pools of pinned buffers outlive loads: pass the same ckl_pool to many loads.
+ *  - Many processes (ranks) loading one checkpoint: slice rules load each rank's part of the
+ *    tensors they cut, read straight from the source (pack/slice.h); a read share (read) has
+ *    this process read only its blobs and its caller bring in the others (ckl_blob_put), each
+ *    tensor ready, as ever, once its blob has landed (cuda/python/ckload.py load_distributed).
  *  - ABI: CKL_ABI_VERSION changes (with the library's soname, libckload.so.N) whenever a struct
  *    or a signature below does. A binding that mirrors the structs by hand checks them against
  *    ckl_abi_version and ckl_layout when it loads the library.
@@ -55,9 +59,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CKL_ABI_VERSION 1
+#define CKL_ABI_VERSION 2
 
 enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
+
+/* Who reads which bytes when world_size processes load one checkpoint together (ckl_options.read;
+ * pack/plan.h ck_plan_share): each everything; each whole blob by one rank, balanced by size
+ * (each part by its own rank); everything by rank 0. The bytes a process does not read come from
+ * its caller (ckl_blob_put), e.g. a torch.distributed broadcast from the rank that read them.
+ * CKL_READ_PARTS loads only the parts the slice rules cut for `rank`, all read here: what rank 0
+ * reads for another rank under CKL_READ_RANK0, to send it. */
+enum ckl_read { CKL_READ_ALL = 0, CKL_READ_BALANCED = 1, CKL_READ_RANK0 = 2, CKL_READ_PARTS = 3 };
+
+/* A slice rule: tensors whose name glob selects (a prefix or glob, as `only`) are cut along dim
+ * into world_size parts as torch.chunk cuts them, and this process loads part `rank`; dim -1:
+ * whole (replicated). The first rule that selects a name decides (pack/slice.h). */
+typedef struct ckl_slice {
+    const char *glob;
+    int dim;
+} ckl_slice;
 
 typedef struct ckl_pool ckl_pool;
 typedef struct ckl_load ckl_load;
@@ -76,6 +96,14 @@ typedef struct ckl_options {
     void (*on_ready)(void *ctx, size_t tensor); /* may be NULL */
     void *ctx;
     ckl_pool *pool;          /* NULL: a pool private to this load */
+    const ckl_slice *slices; /* NULL, or nslices rules: each tensor they cut is loaded as this
+                              * rank's part, read straight from the source (its shape is the
+                              * part's; a part of a pack blob has no stored checksum: verify
+                              * checks its file is unchanged, as for other sources) */
+    size_t nslices;
+    unsigned rank;           /* this process's part and share, of world_size */
+    unsigned world_size;     /* 0 or 1: alone */
+    int read;                /* enum ckl_read: the blobs this process reads itself */
 } ckl_options;
 
 typedef struct ckl_tensor {
@@ -110,7 +138,7 @@ long ckl_find(const ckl_load *l, const char *name);
 int ckl_device_of(const ckl_load *l);
 int ckl_cuda_ordinal(const ckl_load *l);
 uint64_t ckl_total_bytes(const ckl_load *l);
-/* Bytes landed so far (for progress). */
+/* Bytes this process has read into place so far (for progress; with a read share, its share). */
 uint64_t ckl_done_bytes(const ckl_load *l);
 /* Where the bytes are read from, a static string: "pack" (a pack file, whose checksums verify
  * checks), "source" (a safetensors or PyTorch file or a shard directory, read in place),
@@ -127,6 +155,21 @@ int ckl_wait_all_for(ckl_load *l, unsigned ms, char *err, size_t errlen);
 /* Drops a reference; the last one waits for the readers and frees everything. */
 void ckl_release(ckl_load *l);
 void ckl_retain(ckl_load *l);
+
+/* A load's blobs (the units it reads; tied tensors share one), in pack order, for a caller that
+ * brings in those it does not read (read, above). ckl_blob: blob b's place in the block and
+ * length, the rank that reads it (owner; -1: every rank reads its own part), whether it is a
+ * part (sliced); 0, or -1 when there is no blob b. ckl_blob_wait waits for blob b as ckl_wait
+ * does. ckl_blob_put says the caller has written blob b, one this process does not read, into its
+ * place: it has landed, and its tensors are ready (on_ready runs, on the caller's thread). 0, or
+ * -1 with err set (b is read here, or out of range, or the load failed). ckl_fail fails the load
+ * with message msg, as is (another process's error): waits fail with it, nothing is handed out. */
+size_t ckl_blob_count(const ckl_load *l);
+int ckl_blob(const ckl_load *l, size_t b, void **data, uint64_t *nbytes, int *owner,
+             int *sliced);
+int ckl_blob_wait(ckl_load *l, size_t b, char *err, size_t errlen);
+int ckl_blob_put(ckl_load *l, size_t b, char *err, size_t errlen);
+void ckl_fail(ckl_load *l, const char *msg);
 
 /* Pinned staging buffers kept across loads (CUDA only; harmless for the CPU). */
 ckl_pool *ckl_pool_new(void);

@@ -143,52 +143,21 @@ static int add_mount_opts(struct fuse_args *args, const char *source)
     return rc;
 }
 
-/* The "major:minor" of the newest mount on mnt (an absolute path), from /proc/self/mountinfo:
- * asking the mount itself would wait on this very process, which is not serving yet. */
-static int mount_device(const char *mnt, char *dev, size_t cap)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    char *line = NULL, point[PATH_MAX], devbuf[32];
-    size_t n = 0;
-    int found = 0;
-    while (f && getline(&line, &n, f) > 0) {
-        /* Fields: id parent major:minor root mountpoint ...; the kernel writes space, tab,
-         * newline and backslash in paths as \ooo octal escapes. */
-        char esc[PATH_MAX];
-        if (sscanf(line, "%*d %*d %31s %*s %4095s", devbuf, esc) != 2)
-            continue;
-        size_t k = 0;
-        for (const char *c = esc; *c && k + 1 < sizeof point; k++) {
-            unsigned o;
-            if (c[0] == '\\' && sscanf(c + 1, "%3o", &o) == 1) {
-                point[k] = (char)o;
-                c += 4;
-            } else {
-                point[k] = *c++;
-            }
-        }
-        point[k] = 0;
-        if (strcmp(point, mnt) == 0 && strlen(devbuf) < cap) {
-            strcpy(dev, devbuf);
-            found = 1;
-        }
-    }
-    free(line);
-    if (f)
-        fclose(f);
-    return found ? 0 : -1;
-}
-
 /* FUSE readahead is the kernel's default 128 KiB, which caps buffered reads at 128 KiB requests;
  * a larger window brings 1 MiB requests and roughly triples first-read throughput (see
  * BENCHMARKS.md). Only root may write the knob: for others, and when asked for 0, the kernel's
  * default stays. An explicit -o readahead that cannot be applied is reported, not fatal. */
 static void set_readahead(const char *mnt, unsigned kb, int explicit)
 {
-    char abs[PATH_MAX], dev[32], knob[96];
-    if (kb == 0 || !realpath(mnt, abs) || mount_device(abs, dev, sizeof dev) != 0)
+    /* The mount's device, without asking the mount itself (that would wait on this very
+     * process, which is not serving yet): AT_STATX_DONT_SYNC takes the attributes the kernel
+     * has, and the device is the superblock's. */
+    struct statx stx;
+    char knob[96];
+    if (kb == 0 || statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC, 0, &stx) != 0)
         return;
-    snprintf(knob, sizeof knob, "/sys/class/bdi/%s/read_ahead_kb", dev);
+    snprintf(knob, sizeof knob, "/sys/class/bdi/%u:%u/read_ahead_kb", stx.stx_dev_major,
+             stx.stx_dev_minor);
     FILE *f = fopen(knob, "we");
     int ok = f && fprintf(f, "%u\n", kb) > 0;
     ok = f && fclose(f) == 0 && ok;

@@ -41,10 +41,12 @@ static size_t escaped_len(const char *s, size_t len)
     return full;
 }
 
-/* ck_escape_component, with the hashed form taken for escaped forms over limit bytes. */
-static size_t escape(const char *s, size_t len, char *out, size_t limit)
+/* ck_escape_component, with the hashed form taken for escaped forms over limit bytes; *same
+ * says whether out is s as it is. */
+static size_t escape(const char *s, size_t len, char *out, size_t limit, int *same)
 {
     static const char hex[] = "0123456789ABCDEF";
+    *same = 0;
     if (len == 0) {
         memcpy(out, "%", 2);
         return 1;
@@ -53,6 +55,7 @@ static size_t escape(const char *s, size_t len, char *out, size_t limit)
     if (full == len && len <= limit) { /* nothing to escape or cut: most components */
         memcpy(out, s, len);
         out[len] = 0;
+        *same = 1;
         return len;
     }
     size_t max = full <= limit ? limit : HASH_CUT, n = 0;
@@ -85,7 +88,8 @@ static size_t escape(const char *s, size_t len, char *out, size_t limit)
 
 size_t ck_escape_component(const char *s, size_t len, char *out)
 {
-    return escape(s, len, out, CK_NAME_MAX);
+    int same;
+    return escape(s, len, out, CK_NAME_MAX, &same);
 }
 
 /* Seeded at random, as the zip's and the pickle VM's tables are: a checkpoint cannot be made of
@@ -95,36 +99,51 @@ static uint64_t slot_hash(const ck_tree *t, uint32_t parent, const char *name, s
     return XXH3_64bits_withSeed(name, len, t->seed ^ parent);
 }
 
-uint32_t ck_tree_lookup(const ck_tree *t, uint32_t parent, const char *name, size_t len)
+/* The slot of (parent, name): the one that holds its node, or the empty one where it goes. */
+static size_t find_slot(const ck_tree *t, uint32_t parent, const char *name, size_t len)
 {
     size_t mask = t->nslots - 1;
     for (size_t i = slot_hash(t, parent, name, len) & mask;; i = (i + 1) & mask) {
         uint32_t id = t->slots[i];
         if (id == CK_NO_NODE)
-            return CK_NO_NODE;
+            return i;
         const ck_node *nd = &t->nodes[id];
         if (nd->parent == parent && nd->name_len == len && memcmp(nd->name, name, len) == 0)
-            return id;
+            return i;
     }
 }
 
-/* Adds a node (the caller checked it is absent); nodes and slots were sized for the worst case. */
+uint32_t ck_tree_lookup(const ck_tree *t, uint32_t parent, const char *name, size_t len)
+{
+    return t->slots[find_slot(t, parent, name, len)];
+}
+
+/* Adds a node in the empty slot that find_slot gave for it; nodes and slots were sized for the
+ * worst case. name is the node's own when it is already NUL-terminated where it lives as long
+ * as the tree (a tensor's last piece, unescaped, in the index), else a copy. */
+static uint32_t add_node_at(ck_tree *t, size_t slot, uint32_t parent, const char *name,
+                            size_t len, int own, uint8_t kind, uint32_t id, int plain)
+{
+    char *copy = own ? NULL : ck_arena_alloc(&t->arena, len + 1);
+    if (!own && !copy)
+        return CK_NO_NODE;
+    if (copy) {
+        memcpy(copy, name, len);
+        copy[len] = 0;
+    }
+    uint32_t at = t->nnodes++;
+    t->nodes[at] = (ck_node){.name = copy ? copy : name, .name_len = (uint32_t)len,
+                             .parent = parent, .kind = kind, .id = id,
+                             .plain = (uint8_t)(plain && t->nodes[parent].plain)};
+    t->slots[slot] = at;
+    return at;
+}
+
+/* Adds a node (the caller checked it is absent), its name copied. */
 static uint32_t add_node(ck_tree *t, uint32_t parent, const char *name, size_t len,
                          uint8_t kind, uint32_t id)
 {
-    char *copy = ck_arena_alloc(&t->arena, len + 1);
-    if (!copy)
-        return CK_NO_NODE;
-    memcpy(copy, name, len);
-    copy[len] = 0;
-    uint32_t at = t->nnodes++;
-    t->nodes[at] = (ck_node){.name = copy, .name_len = (uint32_t)len, .parent = parent,
-                             .kind = kind, .id = id};
-    size_t mask = t->nslots - 1, i = slot_hash(t, parent, name, len) & mask;
-    while (t->slots[i] != CK_NO_NODE)
-        i = (i + 1) & mask;
-    t->slots[i] = at;
-    return at;
+    return add_node_at(t, find_slot(t, parent, name, len), parent, name, len, 0, kind, id, 0);
 }
 
 /* The directories of the name before, by depth: a module's entries come together (a layer's
@@ -165,9 +184,12 @@ static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, dir_cache *c
     for (size_t i = start; i < len; i++) {
         if (name[i] != '.')
             continue;
-        size_t n = ck_escape_component(name + start, i - start, esc);
-        uint32_t id = ck_tree_lookup(t, dir, esc, n);
-        if (id == CK_NO_NODE && (id = add_node(t, dir, esc, n, CK_NODE_DIR, 0)) == CK_NO_NODE)
+        int as_is;
+        size_t n = escape(name + start, i - start, esc, CK_NAME_MAX, &as_is);
+        size_t slot = find_slot(t, dir, esc, n);
+        uint32_t id = t->slots[slot];
+        if (id == CK_NO_NODE &&
+            (id = add_node_at(t, slot, dir, esc, n, 0, CK_NODE_DIR, 0, as_is)) == CK_NO_NODE)
             return CK_NO_NODE;
         dir = id;
         start = i + 1;
@@ -182,13 +204,34 @@ static uint32_t make_dirs(ck_tree *t, const char *name, size_t len, dir_cache *c
     return dir;
 }
 
-static int by_node_name(const void *a, const void *b, void *tree)
+static int node_cmp(const ck_tree *t, uint32_t a, uint32_t b)
 {
-    const ck_node *nodes = ((const ck_tree *)tree)->nodes;
-    const ck_node *x = &nodes[*(const uint32_t *)a], *y = &nodes[*(const uint32_t *)b];
+    const ck_node *x = &t->nodes[a], *y = &t->nodes[b];
     size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
     int c = memcmp(x->name, y->name, n);
     return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
+static int by_node_name(const void *a, const void *b, void *tree)
+{
+    return node_cmp(tree, *(const uint32_t *)a, *(const uint32_t *)b);
+}
+
+/* Most directories hold a few children (a layer's modules, a module's weight and bias): those
+ * are sorted in place by insertion, which costs less than a call of qsort_r, whose merge sort
+ * is kept for the rest. */
+enum { INSERTION_MAX = 16 };
+
+static void sort_dir(ck_tree *t, uint32_t *c, uint32_t n)
+{
+    if (n > INSERTION_MAX)
+        return qsort_r(c, n, sizeof *c, by_node_name, t);
+    for (uint32_t i = 1; i < n; i++) {
+        uint32_t x = c[i], j = i;
+        for (; j > 0 && node_cmp(t, c[j - 1], x) > 0; j--)
+            c[j] = c[j - 1];
+        c[j] = x;
+    }
 }
 
 static int sort_children(ck_tree *t)
@@ -213,8 +256,7 @@ static int sort_children(ck_tree *t)
     }
     for (uint32_t i = 0; i < n; i++)
         if (t->nodes[i].nchild > 1)
-            qsort_r(t->children + t->nodes[i].child0, t->nodes[i].nchild, sizeof(uint32_t),
-                    by_node_name, t);
+            sort_dir(t, t->children + t->nodes[i].child0, t->nodes[i].nchild);
     return 0;
 }
 
@@ -253,21 +295,26 @@ static int add_files(ck_tree *t, const ck_index *ix, const char *src, ck_error *
         uint32_t dir = t->entry_node[i];
         const char *dot = memrchr(e->name, '.', e->name_len);
         size_t start = dot ? (size_t)(dot - e->name) + 1 : 0, n;
-        n = ck_escape_component(e->name + start, e->name_len - start, esc);
-        uint32_t other = ck_tree_lookup(t, dir, esc, n);
+        /* Unescaped, the piece is the name's NUL-terminated end: the node names it there. */
+        int own;
+        n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX, &own);
+        size_t slot = find_slot(t, dir, esc, n);
+        uint32_t other = t->slots[slot];
         if (other != CK_NO_NODE && t->nodes[other].kind == CK_NODE_DIR) {
             if (n == CK_NAME_MAX) /* no room for the '%': the hashed form leaves some */
-                n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX - 1);
+                n = escape(e->name + start, e->name_len - start, esc, CK_NAME_MAX - 1, &own);
             esc[n++] = '%';
             esc[n] = 0;
-            other = ck_tree_lookup(t, dir, esc, n);
+            own = 0;
+            slot = find_slot(t, dir, esc, n);
+            other = t->slots[slot];
         }
         if (other != CK_NO_NODE) /* a file: directories were all renamed above */
             return ck_fail(err, src, "tensors '%s' and '%s' map to one path",
                            ix->entries[t->nodes[other].id].name, e->name);
-        t->entry_node[i] = add_node(t, dir, esc, n,
-                                    e->kind == CK_TENSOR ? CK_NODE_TENSOR : CK_NODE_VALUE,
-                                    (uint32_t)i);
+        t->entry_node[i] = add_node_at(t, slot, dir, own ? e->name + start : esc, n, own,
+                                       e->kind == CK_TENSOR ? CK_NODE_TENSOR : CK_NODE_VALUE,
+                                       (uint32_t)i, own);
         if (t->entry_node[i] == CK_NO_NODE)
             return ck_fail(err, src, "out of memory");
     }
@@ -319,7 +366,7 @@ int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfi
         return ck_fail(err, src, "out of memory");
     }
     memset(t->slots, 0xff, nslots * sizeof *t->slots);
-    t->nodes[0] = (ck_node){.name = "", .parent = 0, .kind = CK_NODE_DIR};
+    t->nodes[0] = (ck_node){.name = "", .parent = 0, .kind = CK_NODE_DIR, .plain = 1};
     t->nnodes = 1;
     int rc = (vdir && add_virtual(t, vdir, vfiles, nvirtual)) ? ck_fail(err, src, "out of memory") : 0;
     dir_cache dirs = {0};

@@ -47,6 +47,9 @@ typedef struct ck_node {
     uint32_t nchild;
     uint32_t id;        /* the entry (tensor, value) or the virtual file (memfile, synth) */
     uint8_t kind;       /* enum ck_node_kind */
+    uint8_t plain;      /* its path is its name's pieces as they are, joined by '/' (nothing
+                         * on the way escaped or renamed): index.json's path is then the
+                         * entry's name with each '.' a '/' */
 } ck_node;
 
 typedef struct ck_tree {
@@ -62,7 +65,9 @@ typedef struct ck_tree {
 
 /* Builds the tree for ix, with the directory `vdir` (e.g. ".ckptfs") holding nvirtual files
  * vfiles[k], node id k of kind vfiles[k].kind; no such directory when vdir is NULL. Fails
- * only on out-of-memory or two entries with one path (err names both). */
+ * only on out-of-memory or two entries with one path (err names both). The tree may name its
+ * files with ix's entry names (a file that needs no escape is the end of its tensor's name):
+ * it must be freed before ix. */
 int ck_tree_build(const ck_index *ix, const char *vdir, const ck_tree_vfile *vfiles,
                   unsigned nvirtual, ck_tree **out, ck_error *err);
 void ck_tree_free(ck_tree *t);

@@ -152,12 +152,41 @@ size_t ck_view_shape_json(const ck_entry *e, char *buf, size_t cap)
 
 /* --- index.json ------------------------------------------------------------------------- */
 
-/* "name":...,"path":... of entry i: what tensors and values both start with. */
+/* Each '.' of s[0..n) made a '/', eight bytes at a time: '.' ^ '/' is 1, and a byte of
+ * x = w ^ "........" is zero exactly where a '.' is, which ~(((x & 0x7f..) + 0x7f..) | x) marks
+ * with its high bit (no carry crosses a byte). */
+static void dots_to_slashes(char *s, size_t n)
+{
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    size_t i = 0;
+    for (uint64_t w; n - i >= sizeof w; i += sizeof w) {
+        memcpy(&w, s + i, sizeof w);
+        uint64_t x = w ^ (ones * '.');
+        w ^= (~(((x & ~highs) + ~highs) | x) & highs) >> 7;
+        memcpy(s + i, &w, sizeof w);
+    }
+    for (; i < n; i++)
+        s[i] = s[i] == '.' ? '/' : s[i];
+}
+
+/* "name":...,"path":... of entry i: what tensors and values both start with. A path that is
+ * the name with each '.' a '/' (the tree says so: ck_node.plain) is the name's JSON text with
+ * the same change, as neither character is escaped in JSON: copied, not walked up the tree
+ * and escaped again. */
 static void put_name_path(jtext *j, const ck_index *ix, const ck_tree *t, size_t i)
 {
     PUT_LIT(j, "\"name\":");
+    size_t at = j->len;
     put_string(j, ix->entries[i].name, ix->entries[i].name_len);
+    size_t n = j->len - at;
     PUT_LIT(j, ",\"path\":");
+    char *to;
+    if (t->nodes[t->entry_node[i]].plain && (to = room(j, n))) {
+        memcpy(to, j->s + at, n); /* after room: it may have moved the text */
+        dots_to_slashes(to, n);
+        j->len += n;
+        return;
+    }
     char path[4096];
     size_t plen = ck_tree_path(t, t->entry_node[i], path, sizeof path);
     if (plen < sizeof path) {

@@ -244,13 +244,23 @@ int ck_file_unchanged(const ck_file *f, const struct stat *st)
  * source are fetched with one pread of the span between them (at most GATHER_SPAN bytes, gaps
  * of at most GATHER_GAP), then scattered into place. A transposed matrix thus costs one pread
  * per run of adjacent source elements, not one per element, nor a re-read of the whole storage
- * per output row. Memory stays O(GATHER_ITEMS + GATHER_SPAN) whatever the tensor size. */
-enum { GATHER_ITEMS = 16384, GATHER_SPAN = 256 * 1024, GATHER_GAP = 4096 };
+ * per output row. Trailing dimensions that are contiguous in the source (a row of a column
+ * slice, slice.h) are walked as one unit of up to GATHER_UNIT bytes, not element by element.
+ * Memory stays O(GATHER_BATCH + GATHER_SPAN) whatever the tensor size. */
+enum { GATHER_ITEMS = 16384, GATHER_SPAN = 256 * 1024, GATHER_GAP = 4096,
+       GATHER_UNIT = 64 * 1024, GATHER_BATCH = 4 << 20 };
 
 typedef struct gather_item {
     uint64_t src;  /* byte offset in the source file */
-    uint32_t dst;  /* element index within the batch */
+    uint32_t dst;  /* unit index within the batch */
 } gather_item;
+
+/* How a strided entry is walked: rank dims of units of `unit` bytes, step[d] bytes apart. */
+typedef struct gather_walk {
+    unsigned rank;
+    uint64_t unit, base;
+    uint64_t dims[CK_MAX_RANK], step[CK_MAX_RANK];
+} gather_walk;
 
 static int by_src(const void *a, const void *b)
 {
@@ -258,61 +268,74 @@ static int by_src(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Source byte offset of element i (row-major index) of a strided entry. */
-static uint64_t element_offset(const ck_entry *e, uint64_t i, unsigned esize)
+/* e's walk for elements of esize bytes: trailing dims folded into the unit while each is
+ * laid out right after the one before in the source and the unit stays within GATHER_UNIT. */
+static void walk_of(const ck_entry *e, uint64_t esize, gather_walk *w)
 {
-    uint64_t at = e->ext.offset;
-    for (unsigned d = e->rank; d-- > 0;) {
-        uint64_t dim = (uint64_t)e->shape[d];
-        at += (i % dim) * (uint64_t)e->shape[e->rank + d] * esize;
-        i /= dim;
+    unsigned r = e->rank;
+    w->unit = esize;
+    w->base = e->ext.offset;
+    while (r > 0 && (uint64_t)e->shape[e->rank + r - 1] * esize == w->unit &&
+           (uint64_t)e->shape[r - 1] * w->unit <= GATHER_UNIT)
+        w->unit *= (uint64_t)e->shape[--r];
+    w->rank = r;
+    for (unsigned d = 0; d < r; d++) {
+        w->dims[d] = (uint64_t)e->shape[d];
+        w->step[d] = (uint64_t)e->shape[e->rank + d] * esize;
+    }
+}
+
+/* Source byte offset of unit i (row-major index). */
+static uint64_t unit_offset(const gather_walk *w, uint64_t i)
+{
+    uint64_t at = w->base;
+    for (unsigned d = w->rank; d-- > 0;) {
+        at += (i % w->dims[d]) * w->step[d];
+        i /= w->dims[d];
     }
     return at;
 }
 
-/* Fills items with the source offsets of elements first .. first+n-1, walking the multi-index
- * instead of dividing for every element. */
-static void batch_offsets(const ck_entry *e, uint64_t first, size_t n, unsigned esize,
-                          gather_item *items)
+/* Fills items with the source offsets of units first .. first+n-1, walking the multi-index
+ * instead of dividing for every unit. */
+static void batch_offsets(const gather_walk *w, uint64_t first, size_t n, gather_item *items)
 {
     uint64_t idx[CK_MAX_RANK], rest = first;
-    unsigned rank = e->rank;
-    for (unsigned d = rank; d-- > 0;) {
-        idx[d] = rest % (uint64_t)e->shape[d];
-        rest /= (uint64_t)e->shape[d];
+    for (unsigned d = w->rank; d-- > 0;) {
+        idx[d] = rest % w->dims[d];
+        rest /= w->dims[d];
     }
-    uint64_t at = element_offset(e, first, esize);
+    uint64_t at = unit_offset(w, first);
     for (size_t k = 0; k < n; k++) {
         items[k] = (gather_item){.src = at, .dst = (uint32_t)k};
-        for (unsigned d = rank; d-- > 0;) { /* next index, carrying like an odometer */
-            uint64_t step = (uint64_t)e->shape[rank + d] * esize;
-            if (++idx[d] < (uint64_t)e->shape[d]) {
-                at += step;
+        for (unsigned d = w->rank; d-- > 0;) { /* next index, carrying like an odometer */
+            if (++idx[d] < w->dims[d]) {
+                at += w->step[d];
                 break;
             }
-            at -= (idx[d] - 1) * step;
+            at -= (idx[d] - 1) * w->step[d];
             idx[d] = 0;
         }
     }
 }
 
-/* Reads the batch's elements into out (n × esize bytes), coalescing nearby source elements. */
-static int gather_batch(const ck_file *f, gather_item *items, size_t n, unsigned esize,
+/* Reads the batch's units into out (n × esize bytes), coalescing nearby source units. */
+static int gather_batch(const ck_file *f, gather_item *items, size_t n, uint64_t esize,
                         unsigned char *out, unsigned char *scratch)
 {
     qsort(items, n, sizeof *items, by_src);
     for (size_t a = 0; a < n;) {
         size_t b = a + 1;
         while (b < n && items[b].src - items[a].src + esize <= GATHER_SPAN &&
-               items[b].src - items[b - 1].src <= GATHER_GAP)
+               items[b].src - items[b - 1].src <= GATHER_GAP + esize)
             b++;
-        size_t span = (size_t)(items[b - 1].src - items[a].src) + esize;
+        size_t span = (size_t)(items[b - 1].src - items[a].src + esize);
         int rc = ck_file_read(f, scratch, span, items[a].src);
         if (rc)
             return rc;
         for (size_t k = a; k < b; k++)
             memcpy(out + (size_t)items[k].dst * esize, scratch + (items[k].src - items[a].src),
-                   esize);
+                   (size_t)esize);
         a = b;
     }
     return 0;
@@ -326,16 +349,19 @@ static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *bu
     /* Sub-byte elements and blocks have no strided form. */
     if (ck_dtype_nbytes(e->dtype, 1, &esize))
         return -EIO;
-    gather_item *items = malloc(GATHER_ITEMS * sizeof *items);
-    unsigned char *scratch = malloc(GATHER_SPAN > GATHER_ITEMS * esize ? GATHER_SPAN
-                                                                     : GATHER_ITEMS * esize);
-    unsigned char *part = scratch; /* a partial element at either end goes through scratch */
+    gather_walk w;
+    walk_of(e, esize, &w);
+    esize = w.unit;
+    size_t most = GATHER_BATCH / esize < GATHER_ITEMS ? GATHER_BATCH / esize : GATHER_ITEMS;
+    gather_item *items = malloc(most * sizeof *items);
+    unsigned char *scratch = malloc(GATHER_SPAN > most * esize ? GATHER_SPAN : most * esize);
+    unsigned char *part = scratch; /* a partial unit at either end goes through scratch */
     int rc = items && scratch ? 0 : -ENOMEM;
     uint64_t i = off / esize, end = off + len;
     while (rc == 0 && i * esize < end) {
         uint64_t lo = i * esize;
-        if (lo < off || lo + esize > end) { /* only part of element i is asked for */
-            rc = ck_file_read(f, part, esize, element_offset(e, i, esize));
+        if (lo < off || lo + esize > end) { /* only part of unit i is asked for */
+            rc = ck_file_read(f, part, (size_t)esize, unit_offset(&w, i));
             uint64_t from = lo < off ? off - lo : 0, to = lo + esize > end ? end - lo : esize;
             if (rc == 0)
                 memcpy(buf + (lo + from - off), part + from, (size_t)(to - from));
@@ -343,8 +369,8 @@ static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *bu
             continue;
         }
         uint64_t whole = (end - lo) / esize;
-        size_t n = whole < GATHER_ITEMS ? (size_t)whole : GATHER_ITEMS;
-        batch_offsets(e, i, n, esize, items);
+        size_t n = whole < most ? (size_t)whole : most;
+        batch_offsets(&w, i, n, items);
         rc = gather_batch(f, items, n, esize, buf + (lo - off), scratch);
         i += n;
     }

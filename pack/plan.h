@@ -18,7 +18,13 @@
  * FORMAT.md; for any other source the grouping and order come from the virtual pack
  * (ck_synth_groups), so a load from the source and one from its mount's checkpoint.pack give
  * the same block (until ck_plan_keep_phase moves blobs for in-place O_DIRECT reads). Nothing
- * here re-derives either. Building a plan reads no file. Errors are one
+ * here re-derives either. Building a plan reads no file.
+ * Slices (ck_plan_make_sliced): a tensor that the slicing cuts (slice.h) is planned as its
+ * part, a view the plan owns: its entry has the part's shape and bytes, its blob is the part's
+ * own (contiguous extent or strided gather of the source; tied tensors cut alike share one),
+ * marked sliced, with no stored checksum (pack_blob CK_PLAN_NONE: a pack's checksum covers
+ * the whole blob). A tensor that cannot be cut fails the plan with the slice's message.
+ * Shares (ck_plan_share): which rank of a group reads each blob for all of them. Errors are one
  * line "FILE: what is wrong": `only` selects nothing, two entries with one name, out of memory.
  * No CUDA, no FUSE.
  */
@@ -32,6 +38,7 @@
 
 #define CK_PLAN_ALIGN 256u      /* every tensor can be the target of an aligned GPU copy */
 #define CK_PLAN_NONE UINT32_MAX /* the blob of an empty tensor */
+#define CK_PLAN_EVERY (UINT32_MAX - 1) /* a blob's owner: every rank reads it (its own part) */
 #define CK_PLAN_PHASE_MIN 8u    /* a blob keeps its phase only if 8x its modulus: its padding
                                  * (ck_plan_keep_phase) stays under 1/8 of it */
 
@@ -44,11 +51,14 @@ typedef struct ck_plan_blob {
                               * ck_entry_read of this entry (strided: gathered element-wise) */
     const char *name;        /* its first tensor's name, owned by the index */
     uint32_t first, count;   /* its tensors: blob_tensors[first .. first + count) */
+    uint32_t owner;          /* the rank that reads it (ck_plan_share); CK_PLAN_EVERY: each */
+    uint8_t sliced;          /* a part of its tensors' source bytes (slice.h) */
 } ck_plan_blob;
 
 typedef struct ck_plan_tensor {
     const ck_entry *entry;   /* in the index */
     uint32_t blob;           /* in blobs[], or CK_PLAN_NONE for an empty tensor */
+    uint8_t sliced;          /* entry is the plan's view of a part (ck_plan_make_sliced) */
 } ck_plan_tensor;
 
 typedef struct ck_plan {
@@ -66,6 +76,22 @@ typedef struct ck_plan {
 int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep, ck_plan **out,
                  ck_error *err);
 
+struct ck_slicing;
+/* As ck_plan_make, each tensor that slicing (NULL, or slice.h's rules: a rule-less one cuts
+ * nothing) cuts planned as its part, and with parts_only the others left out. Also fails with
+ * the message of a slice refused. */
+int ck_plan_make_sliced(const ck_index *ix, const char *only, const unsigned char *keep,
+                        const struct ck_slicing *slicing, ck_plan **out, ck_error *err);
+
+/* Who reads what when world ranks load one plan each (the same selection and slicing, so the
+ * same whole blobs in the same order): CK_READ_ALL, each rank every blob (what ck_plan_make
+ * sets); CK_READ_BALANCED, each whole blob by one rank, the one that has least so far, in plan
+ * order (so each reads at most 1/world of the whole blobs' bytes plus one blob), and each part
+ * by its own rank (CK_PLAN_EVERY); CK_READ_RANK0, every blob by rank 0. Sets each blob's owner.
+ * 0, or -1 when memory runs out. */
+enum ck_plan_read { CK_READ_ALL, CK_READ_BALANCED, CK_READ_RANK0 };
+int ck_plan_share(ck_plan *p, enum ck_plan_read read, unsigned world);
+
 /* Places p's blobs again for a host load that reads source file f with O_DIRECT straight into
  * the block wherever a blob's place there has its file offset's phase modulo phase[f] (the
  * memory alignment O_DIRECT needs, a power of two; 0: f is not read so). Each blob that is
@@ -82,7 +108,7 @@ void ck_plan_keep_phase(ck_plan *p, const uint32_t *phase);
 void ck_plan_free(ck_plan *p);
 
 /* The checksums a pack's trailer stores for p's blobs (after checking the trailer's own):
- * sums[b] for p->blobs[b]. Reads the trailer (8 bytes a blob of the whole pack). 0, or -1 with
+ * sums[b] for p->blobs[b] (0 for a part, which has none). Reads the trailer (8 bytes a blob of the whole pack). 0, or -1 with
  * err set: "FILE: not a pack (it is FORMAT)" (no stored_sums), "FILE: the checksum table is
  * corrupt", a read error, out of memory. */
 int ck_plan_sums(const ck_index *ix, const ck_plan *p, uint64_t *sums, ck_error *err);

@@ -249,8 +249,9 @@ static size_t record_name(const pt_reader *r, const char *dir, const char *name,
 /* Where storage s is, checked against the size the pickle gives it. */
 static int storage_place(pt_reader *r, const pk_obj *s, pt_place *out)
 {
-    uint64_t need = s->u.storage.numel * elem_size(s->u.storage.dtype);
-    if (elem_size(s->u.storage.dtype) && need / elem_size(s->u.storage.dtype) != s->u.storage.numel)
+    unsigned esize = elem_size(s->u.storage.dtype);
+    uint64_t need = s->u.storage.numel * esize;
+    if (esize && need / esize != s->u.storage.numel)
         return ck_fail(r->err, r->path, "storage '%s': %llu elements overflow", s->u.storage.key,
                        (unsigned long long)s->u.storage.numel);
     if (!r->zip) {

@@ -417,11 +417,40 @@ static const char *read_path_words(const char *rp)
                                       : "read from the source";
 }
 
+/* A rank or a world size: decimal digits only (0 included, which parse_size cannot tell from an
+ * error), at most 2^20. 0, or -1. */
+static int plain_count(const char *s, unsigned *out)
+{
+    if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 7)
+        return -1;
+    unsigned long v = strtoul(s, NULL, 10);
+    if (v > (1ul << 20))
+        return -1;
+    *out = (unsigned)v;
+    return 0;
+}
+
+/* A --slice GLOB:DIM rule into *r: DIM after the last ':', -1 (whole) or a dimension up to 63.
+ * 0, or -1 when it is not so. */
+static int parse_slice(char *val, ckl_slice *r)
+{
+    char *colon = strrchr(val, ':'), *end;
+    long dim = colon && colon > val ? strtol(colon + 1, &end, 10) : -2;
+    if (dim < -1 || dim > 63 || !colon[1] || *end)
+        return -1;
+    *colon = 0;
+    *r = (ckl_slice){.glob = val, .dim = (int)dim};
+    return 0;
+}
+
 static int cmd_load(int argc, char **argv)
 {
     ckl_options o;
     ckl_default_options(&o);
     const char *path = NULL;
+    enum { MAX_SLICES = 64 };
+    ckl_slice slices[MAX_SLICES];
+    o.slices = slices;
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t n = val ? parse_size(val, 0) : 0;
@@ -442,6 +471,14 @@ static int cmd_load(int argc, char **argv)
             o.buffers = (unsigned)n;
         else if (strcmp(opt, "--buffer-size") == 0 && n >= 4096 && n <= (1ull << 32))
             o.buffer_size = (size_t)n;
+        else if (strcmp(opt, "--slice") == 0 && o.nslices < MAX_SLICES) {
+            if (parse_slice(argv[i + 1], &slices[o.nslices++]) != 0)
+                return usage_error("load", "--slice GLOB:DIM, DIM -1 (whole) to 63");
+        } else if (strcmp(opt, "--rank") == 0 && plain_count(val, &o.rank) == 0)
+            ;
+        else if (strcmp(opt, "--world-size") == 0 && plain_count(val, &o.world_size) == 0 &&
+                 o.world_size)
+            ;
         else if (opt[0] == '-' && opt[1])
             return usage_error("load", "unknown option or value out of range");
         else if (path)
@@ -507,7 +544,7 @@ static const ck_command commands[] = {
      "1; prints a summary and exits 0 when all match.",
      cmd_verify},
     {"load", "ckpt load SOURCE [--device D] [--threads T] [--buffers N] [--buffer-size S] "
-             "[--only P] [--verify]",
+             "[--only P] [--verify] [--slice GLOB:DIM ... --rank R --world-size W]",
      "Loads SOURCE (a pack file, a mount's .ckptfs/checkpoint.pack, or any source ckptfs mounts,\n"
      "read in place as its pack would lay it out) with libckload into memory on D (cpu, cuda,\n"
      "cuda:N or auto: CUDA when a device is usable; default auto), then prints bytes, time,\n"
@@ -518,7 +555,9 @@ static const ck_command commands[] = {
      "name is P or starts with P., or matches the glob. --verify checks a pack's checksums as\n"
      "the bytes stream; other sources store none, so for them it checks only that each source\n"
      "file is unchanged (device, inode, size, mtime) after its bytes are read. A progress bar\n"
-     "is drawn when stderr is a terminal.",
+     "is drawn when stderr is a terminal. --slice loads rank R's part of each tensor whose name\n"
+     "GLOB selects (as --only), cut along DIM into W parts as torch.chunk cuts it (DIM -1:\n"
+     "whole; the first --slice that selects a name decides), read straight from the source.",
      cmd_load},
     {"diff", "ckpt diff A B [--json] [--only PREFIX_OR_GLOB]",
      "Compares the tensors of two sources (formats may differ: a .bin and its safetensors):\n"

@@ -2,7 +2,7 @@
 
 Pure ctypes, no compile step. The library is found through the environment variable
 CKLOAD_LIB, else where `make install` put it (the installed copy of this file names
-PREFIX/lib/libckload.so.1), else next to this module as built: build/python/ckload.py uses
+PREFIX/lib/libckload.so.2), else next to this module as built: build/python/ckload.py uses
 build/libckload.so.
 The structs below mirror ckload.h by hand; on loading the library this module checks them (and
 the ABI version) against what the library reports, and refuses a library that disagrees.
@@ -36,16 +36,17 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.dlpack
 
-__all__ = ["load", "Load", "cuda_available", "cuda_built", "library"]
+__all__ = ["load", "Load", "load_distributed", "DistributedLoad", "cuda_available", "cuda_built", "library"]
 
-ABI_VERSION = 1  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
+ABI_VERSION = 2  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
 CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
+READ_ALL, READ_BALANCED, READ_RANK0, READ_PARTS = 0, 1, 2, 3  # enum ckl_read
 kDLCPU, kDLCUDA = 1, 2
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex = 0, 1, 2, 4, 5
 
@@ -54,6 +55,11 @@ _c = ctypes
 PathLike = Union[str, bytes, os.PathLike]
 Device = Union[str, torch.device]
 ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
+
+
+class Slice(_c.Structure):
+    """struct ckl_slice (cuda/ckload.h)."""
+    _fields_ = [("glob", _c.c_char_p), ("dim", _c.c_int)]
 
 
 class Options(_c.Structure):
@@ -67,7 +73,12 @@ class Options(_c.Structure):
                 ("verify", _c.c_int),
                 ("on_ready", ON_READY),
                 ("ctx", _c.c_void_p),
-                ("pool", _c.c_void_p)]
+                ("pool", _c.c_void_p),
+                ("slices", _c.POINTER(Slice)),
+                ("nslices", _c.c_size_t),
+                ("rank", _c.c_uint),
+                ("world_size", _c.c_uint),
+                ("read", _c.c_int)]
 
 
 class Tensor(_c.Structure):
@@ -108,7 +119,7 @@ DLManagedTensor._fields_ = [("dl_tensor", DLTensor),
                             ("deleter", _c.CFUNCTYPE(None, _c.POINTER(DLManagedTensor)))]
 
 # The C structs mirrored above, by their C names: checked against the library's ckl_layout.
-MIRRORS = {"ckl_options": Options, "ckl_tensor": Tensor, "DLDevice": DLDevice,
+MIRRORS = {"ckl_options": Options, "ckl_slice": Slice, "ckl_tensor": Tensor, "DLDevice": DLDevice,
            "DLDataType": DLDataType, "DLTensor": DLTensor, "DLManagedTensor": DLManagedTensor}
 
 # --- the library -------------------------------------------------------------------------------
@@ -186,6 +197,13 @@ def library() -> ctypes.CDLL:
                 "ckl_cuda_built": (_c.c_int, []),
                 "ckl_cuda_available": (_c.c_int, []),
                 "ckl_to_dlpack": (_c.POINTER(DLManagedTensor), [load_p, _c.c_size_t]),
+                "ckl_blob_count": (_c.c_size_t, [load_p]),
+                "ckl_blob": (_c.c_int, [load_p, _c.c_size_t, _c.POINTER(_c.c_void_p),
+                                        _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_int),
+                                        _c.POINTER(_c.c_int)]),
+                "ckl_blob_wait": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
+                "ckl_blob_put": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
+                "ckl_fail": (None, [load_p, _c.c_char_p]),
             }
             for name, (res, args) in sigs.items():
                 f = getattr(lib, name)
@@ -316,15 +334,22 @@ def _raise(err):
 class Load:
     """One load (ckl_load): started at once, tensors handed out as they land.
 
-    Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None)
+    Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None,
+         slices=None, rank=0, world_size=1)
     raises RuntimeError ("ckload: FILE: what is wrong", libckload's line) when the load cannot
-    start. on_ready(i) runs on a loader thread as tensor i lands. release() (or leaving a `with`
+    start. on_ready(i) runs on a loader thread as tensor i lands. slices: [(glob, dim), ...], the
+    tensor-parallel rules (the first whose glob, a prefix or glob as `only`, selects a name
+    decides; dim -1: whole): each tensor cut is loaded as part `rank` of world_size, as
+    torch.chunk(tensor, world_size, dim)[rank] (empty where torch.chunk has fewer parts), read
+    straight from the source. release() (or leaving a `with`
     block) drops this object's reference; tensors already handed out keep the memory alive.
     """
 
     def __init__(self, path: PathLike, device: Device = "auto", only: Optional[str] = None,
                  verify: bool = False, threads: int = 0, buffer_size: int = 0,
-                 on_ready: Optional[Callable[[int], None]] = None) -> None:
+                 on_ready: Optional[Callable[[int], None]] = None,
+                 slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
+                 world_size: int = 1, _read: int = READ_ALL) -> None:
         lib = library()
         dev, ordinal = _parse_device(device)
         if int(threads) < 0 or int(buffer_size) < 0:
@@ -340,6 +365,7 @@ class Load:
         o.only = self._only
         o.verify = 1 if verify else 0
         o.pool = _shared_pool()
+        self._set_slices(o, slices, rank, world_size, _read)
         self._ctx = None
         if on_ready is not None:
             with _callbacks_lock:
@@ -356,6 +382,21 @@ class Load:
             _raise(err)
         self._h = handle
         self._lib = lib
+
+    def _set_slices(self, o, slices, rank, world_size, read):
+        """The slice rules, rank, world_size and read share into o (kept alive with self)."""
+        rules = list(slices or [])
+        if int(world_size) < 1 or not 0 <= int(rank) < int(world_size):
+            raise ValueError(f"ckload: rank {rank} of world_size {world_size}: no such rank")
+        for glob, dim in rules:
+            if not isinstance(dim, int) or dim < -1:
+                raise ValueError(f"ckload: slice rule ({glob!r}, {dim!r}): dim is -1 (whole) "
+                                 f"or a dimension >= 0")
+        self._globs = [os.fsencode(g) for g, _ in rules]
+        self._slices = (Slice * max(1, len(rules)))(
+            *[Slice(g, d) for g, (_, d) in zip(self._globs, rules)])
+        o.slices, o.nslices = self._slices, len(rules)
+        o.rank, o.world_size, o.read = int(rank), int(world_size), read
 
     def _forget_callback(self):
         if self._ctx is not None:
@@ -420,6 +461,18 @@ class Load:
         """The bytes in place so far (progress)."""
         return self._lib.ckl_done_bytes(self._handle())
 
+    def blobs(self) -> list:
+        """[(address, nbytes, owner, sliced)] of the load's blobs (what it reads: tied tensors
+        share one), in pack order (ckl_blob): owner the rank that reads it (-1: each its own
+        part), sliced whether it is a part."""
+        out = []
+        for b in range(self._lib.ckl_blob_count(self._handle())):
+            data, n, owner, sliced = _c.c_void_p(), _c.c_uint64(), _c.c_int(), _c.c_int()
+            self._lib.ckl_blob(self._h, b, _c.byref(data), _c.byref(n), _c.byref(owner),
+                               _c.byref(sliced))
+            out.append((data.value or 0, n.value, owner.value, sliced.value))
+        return out
+
     def wait(self, i: int) -> None:
         """Blocks until tensor i is in place; RuntimeError if the load failed."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
@@ -464,17 +517,253 @@ class Load:
 
 
 def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
-         verify: bool = False, threads: int = 0,
-         buffer_size: int = 0) -> Dict[str, torch.Tensor]:
+         verify: bool = False, threads: int = 0, buffer_size: int = 0,
+         slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
+         world_size: int = 1) -> Dict[str, torch.Tensor]:
     """Loads the checkpoint at path (a pack file, a mount's .ckptfs/checkpoint.pack, a
     safetensors file, a shard directory, a PyTorch file) and returns {name: torch.Tensor} in
     pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA when libckload can use a
     device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
     checksums, checked as the bytes stream; for other sources, which store none, only that each
     source file is unchanged while it is read. threads, buffer_size: 0 to let
-    libckload choose per load (ckload.h). Raises RuntimeError ("ckload: FILE: what is wrong")
+    libckload choose per load (ckload.h). slices, rank, world_size: this rank's tensor-parallel
+    parts (Load). Raises RuntimeError ("ckload: FILE: what is wrong")
     on any failure; then no tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
-              buffer_size=buffer_size) as ld:
+              buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size) as ld:
+        ld.wait_all()
+        return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+
+
+# --- many processes: read once, broadcast ------------------------------------------------------
+
+class _Cuda:
+    """A device range as __cuda_array_interface__ (what torch.as_tensor takes for memory it does
+    not own): blob bytes in a CUDA block, for NCCL to write or read."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3}
+
+
+class DistributedLoad(Load):
+    """One load on every rank of a torch.distributed process group (ckload.h's read shares):
+    each blob (the unit libckload reads; tied tensors share one) is read from storage by one
+    rank and sent from it, in pack order, while later blobs are still being read: a whole
+    tensor's blob broadcast to every rank, a part that a slice rule cuts only to its own rank.
+
+    DistributedLoad(path, group=None, device="auto", plan="balanced", slices=None, only=None,
+                    verify=False, threads=0, buffer_size=0, on_ready=None)
+    is collective: every rank of group calls it with the same path (as each sees it), selection
+    and rules. plan "balanced": each rank reads the whole blobs it is given by size (at most 1/N
+    of their bytes plus one blob) and its own parts (disjoint bytes: nothing sent); "rank0":
+    rank 0 reads everything (when only it has the file), each rank's parts too, and sends each
+    rank its own: no rank but rank 0 ever holds more of a tensor than its part. wait, on_ready
+    and tensor work per tensor on every rank as for Load: a tensor is ready once its bytes are
+    in this rank's block, read here or received. Any rank's error (a missing file, a corrupt
+    blob, a bad rule, torch.distributed's own) fails the load on every rank with that rank's
+    message ("ckload: rank R: FILE: what is wrong"); the group's timeout bounds every step.
+    bytes_read() tells the bytes this rank read from storage (rank 0's for other ranks' parts
+    included).
+    """
+
+    def __init__(self, path: PathLike, group=None, device: Device = "auto",
+                 plan: str = "balanced", slices: Optional[Sequence[Tuple[str, int]]] = None,
+                 only: Optional[str] = None, verify: bool = False, threads: int = 0,
+                 buffer_size: int = 0,
+                 on_ready: Optional[Callable[[int], None]] = None) -> None:
+        import torch.distributed as dist
+        self._dist, self._group = dist, group
+        self._h, self._thread, self._ctx, self._others = None, None, None, {}
+        self._others_read = 0  # bytes the loads of self._others read, once they are released
+        if plan not in ("balanced", "rank0"):
+            raise ValueError(f"ckload: plan {plan!r}: expected 'balanced' or 'rank0'")
+        self._rank, world = dist.get_rank(group), dist.get_world_size(group)
+        kw = dict(device=device, only=only, verify=verify, threads=threads,
+                  buffer_size=buffer_size, slices=slices, world_size=world)
+        why = None
+        try:
+            super().__init__(path, on_ready=on_ready, rank=self._rank,
+                             _read=READ_BALANCED if plan == "balanced" else READ_RANK0, **kw)
+            if plan == "rank0" and slices and self._rank == 0:  # the others' parts, to send
+                self._others = {r: Load(path, rank=r, _read=READ_PARTS, **kw)
+                                for r in range(1, world)}
+        except (RuntimeError, ValueError) as e:
+            why = str(e)
+        # Every rank learns every rank's start, and that they planned the same whole blobs: a
+        # rank that could not start, or whose checkpoint differs, fails them all.
+        everyone = [None] * world
+        dist.all_gather_object(everyone, (why, None if why else self._whole_blobs()), group)
+        failed = next((r for r, (w, _) in enumerate(everyone) if w), None)
+        if failed is None and any(s != everyone[0][1] for _, s in everyone):
+            failed = 0
+            everyone[0] = ("ckload: the ranks' checkpoints differ (their blobs do not match)", 0)
+        if failed is not None:
+            self._release_all()
+            raise RuntimeError("ckload: " + self._rank_says(failed, everyone[failed][0]))
+        steps = [self._steps() if self._rank == 0 else None]
+        dist.broadcast_object_list(steps, src=self._global(0), group=group)
+        self._lib.ckl_retain(self._h)  # the sender's reference
+        self._thread = threading.Thread(target=self._send_all, args=(self._h, steps[0]),
+                                        name="ckload-send", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _rank_says(rank, msg):
+        """Rank rank's message msg ("ckload: FILE: what is wrong") as every rank's load error."""
+        return f"rank {rank}: {msg[len('ckload: '):] if msg.startswith('ckload: ') else msg}"
+
+    def _release_others(self):
+        others, self._others = self._others, {}
+        for other in others.values():
+            other.release()
+
+    def _release_all(self):
+        self._release_others()
+        self.release()
+
+    def _whole_blobs(self):
+        """(owner, bytes) of each whole blob: what the ranks agree on."""
+        return [(owner, n) for _, n, owner, sliced in self.blobs() if not sliced]
+
+    def _steps(self):
+        """Rank 0's schedule of what is sent, in pack order (by each blob's first tensor):
+        ("whole", k), the k-th whole blob broadcast from its owner; ("part", r, k), rank r's k-th
+        part sent by rank 0, which read it (rank0 with slices)."""
+        def first_tensors(ld):  # a blob's place in the block -> its first tensor
+            at = {}
+            for i in range(len(ld)):
+                if ld.info(i)[3]:
+                    at.setdefault(ld.pointer(i), i)
+            return at
+        mine = first_tensors(self)
+        whole = [data for data, _, _, sliced in self.blobs() if not sliced]
+        steps = [(mine[data], 0, ("whole", k)) for k, data in enumerate(whole)]
+        for r, ld in self._others.items():
+            theirs = first_tensors(ld)
+            steps += [(self.find(ld.name(theirs[data])), r, ("part", r, k))
+                      for k, (data, *_) in enumerate(ld.blobs())]
+        return [step for *_, step in sorted(steps)]
+
+    def _global(self, rank):
+        if self._group is None:
+            return rank
+        return self._dist.distributed_c10d._get_global_rank(self._group, rank)
+
+    def _bytes(self, ptr, n):
+        """Blob bytes [ptr, ptr+n) of a block as a uint8 tensor torch.distributed can fill."""
+        if self.device.startswith("cuda"):
+            return torch.as_tensor(_Cuda(ptr, n), device=self.device)
+        return torch.frombuffer((_c.c_char * n).from_address(ptr), dtype=torch.uint8)
+
+    def _status(self, why, src):
+        """Whether rank src's step went well (why None there), as every rank learns it."""
+        flag = torch.tensor([0 if why else 1], dtype=torch.int32,
+                            device=self.device if self.device.startswith("cuda") else "cpu")
+        self._dist.broadcast(flag, src=self._global(src), group=self._group)
+        return bool(flag.item())
+
+    def _agree(self, h, why):
+        """Every rank fails with the first failing rank's message (why on that rank) if any."""
+        said = [None] * self._dist.get_world_size(self._group)
+        self._dist.all_gather_object(said, why, self._group)
+        bad = next((r for r, w in enumerate(said) if w), None)
+        if bad is not None:
+            self._lib.ckl_fail(h, self._rank_says(bad, said[bad]).encode())
+        return bad is None
+
+    def _wait_blob(self, ld, b):
+        """None once blob b of ld (read here) is in, else that load's error."""
+        err = _c.create_string_buffer(len(ld._path) + ERR_ROOM)
+        if ld._lib.ckl_blob_wait(ld._h, b, err, len(err)) == 0:
+            return None
+        return "ckload: " + err.value.decode("utf-8", "replace")
+
+    def _put(self, h, b):
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
+        self._lib.ckl_blob_put(h, b, err, len(err))  # fails only once the load has: said so
+
+    def _step(self, h, blobs, whole, parts, step):
+        """One step of the schedule; False once it failed on its sender (every rank knows)."""
+        if step[0] == "whole":
+            b = whole[step[1]]
+            ptr, n, owner, _ = blobs[b]
+            why = self._wait_blob(self, b) if owner == self._rank else None
+            if not self._status(why, owner):
+                return self._agree(h, why)
+            self._dist.broadcast(self._bytes(ptr, n), src=self._global(owner), group=self._group)
+            if owner != self._rank:
+                self._put(h, b)
+            return True
+        _, r, k = step
+        why = self._wait_blob(self._others[r], k) if self._rank == 0 else None
+        if not self._status(why, 0):
+            return self._agree(h, why)
+        if self._rank == 0:
+            ptr, n, *_ = self._others[r].blobs()[k]
+            self._dist.send(self._bytes(ptr, n), dst=self._global(r), group=self._group)
+        elif self._rank == r:
+            ptr, n, *_ = blobs[parts[k]]
+            self._dist.recv(self._bytes(ptr, n), src=self._global(0), group=self._group)
+            self._put(h, parts[k])
+        return True
+
+    def _send_all(self, h, steps):
+        """The schedule, step by step; then the ranks agree that every blob read here for this
+        rank alone went well. Any failure fails every rank's load."""
+        try:
+            blobs = self.blobs()
+            whole = [b for b, (_, _, _, sliced) in enumerate(blobs) if not sliced]
+            parts = [b for b, (_, _, _, sliced) in enumerate(blobs) if sliced]
+            if all(self._step(h, blobs, whole, parts, step) for step in steps):
+                mine = [b for b in parts if blobs[b][2] in (-1, self._rank)]
+                self._agree(h, next((w for w in (self._wait_blob(self, b) for b in mine) if w),
+                                    None))
+        except Exception as e:  # torch.distributed's error or timeout: this rank's message
+            self._lib.ckl_fail(h, f"rank {self._rank}: torch.distributed: {e}".encode())
+        finally:
+            self._others_read = sum(o.done_bytes() for o in self._others.values())
+            self._release_others()
+            self._lib.ckl_release(h)
+
+    def bytes_read(self) -> int:
+        """The bytes this rank read from storage, once the load is done."""
+        return self.done_bytes() + self._others_read
+
+    def _ranked(self, wait, *args):
+        """wait(*args), its error as a rank's: this rank's own, unless another rank's already."""
+        try:
+            wait(*args)
+        except RuntimeError as e:
+            msg = str(e)
+            if msg.startswith("ckload: rank "):
+                raise
+            raise RuntimeError("ckload: " + self._rank_says(self._rank, msg)) from None
+
+    def wait(self, i: int) -> None:
+        """Blocks until tensor i is in place on this rank; RuntimeError with the failing rank's
+        message if the load failed."""
+        self._ranked(super().wait, i)
+
+    def wait_all(self) -> None:
+        """Blocks until every tensor is in place on this rank and every rank has agreed that all
+        went well; RuntimeError with the failing rank's message otherwise."""
+        if self._thread is not None:
+            self._thread.join()
+        self._ranked(super().wait_all)
+
+
+def load_distributed(path: PathLike, group=None, device: Device = "auto",
+                     plan: str = "balanced",
+                     slices: Optional[Sequence[Tuple[str, int]]] = None,
+                     only: Optional[str] = None, verify: bool = False, threads: int = 0,
+                     buffer_size: int = 0) -> Dict[str, torch.Tensor]:
+    """ckload.load on every rank of a torch.distributed group at once, each byte read from
+    storage by one rank (DistributedLoad): {name: torch.Tensor} on every rank, the whole state
+    dict, or with slices each rank's parts of the tensors they cut. Collective; raises
+    RuntimeError ("ckload: rank R: FILE: what is wrong") on every rank when any rank fails, and
+    then frees everything."""
+    with DistributedLoad(path, group=group, device=device, plan=plan, slices=slices, only=only,
+                         verify=verify, threads=threads, buffer_size=buffer_size) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}

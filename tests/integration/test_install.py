@@ -46,10 +46,10 @@ def prefix(tmp_path_factory, build):
 
 def test_files_in_place(prefix):
     for f in ("bin/ckptfs", "bin/ckpt", "sbin/mount.fuse.ckptfs", "share/man/man1/ckptfs.1",
-              "share/man/man1/ckpt.1", "lib/libckload.so.1", "lib/libckload.so",
+              "share/man/man1/ckpt.1", "lib/libckload.so.2", "lib/libckload.so",
               "include/ckload.h", "lib/pkgconfig/ckload.pc"):
         assert (prefix / f).exists(), f
-    assert os.readlink(prefix / "lib/libckload.so") == "libckload.so.1"
+    assert os.readlink(prefix / "lib/libckload.so") == "libckload.so.2"
     assert f"prefix={prefix}" in (prefix / "lib/pkgconfig/ckload.pc").read_text()
 
 
@@ -78,7 +78,7 @@ def test_import_from_anywhere(prefix, tmp_path):
     assert p.returncode == 0, p.stderr.decode()
     mod, lib, values = p.stdout.decode().splitlines()
     assert Path(mod) == site / "ckload.py"
-    assert lib == f"{prefix}/lib/libckload.so.1"
+    assert lib == f"{prefix}/lib/libckload.so.2"
     assert values == "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] [0, 1, 2, 3]"
 
 
@@ -94,7 +94,7 @@ def test_site_dir_is_on_the_system_path(pfx, tmp_path, build):
     p = subprocess.run([SYSTEM_PYTHON, "-I", "-c", "import sys; print('\\n'.join(sys.path))"],
                        capture_output=True, env=clean_env(), cwd=tmp_path)
     assert str(final) in p.stdout.decode().splitlines(), (final, p.stdout)
-    assert f'_INSTALLED_LIB = "{pfx}/lib/libckload.so.1"' in mod.read_text()
+    assert f'_INSTALLED_LIB = "{pfx}/lib/libckload.so.2"' in mod.read_text()
 
 
 def test_man_pages_name_every_option_and_command(prefix):
