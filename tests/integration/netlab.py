@@ -351,6 +351,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def setup(self):
+        super().setup()
+        with self.server.app.lock:
+            self.server.app.conns.add(self.connection)
+
+    def finish(self):
+        with self.server.app.lock:
+            self.server.app.conns.discard(self.connection)
+        super().finish()
+
     def do_GET(self):
         self.server.app.handle(self, "GET")
 
@@ -427,6 +437,7 @@ class FileServer:
         self.host, self.tls = host, tls
         self.faults = []
         self.log = []
+        self.conns = set()  # open client connections, closed by stop()
         self.lock = threading.Lock()
         self.httpd = None
         self.thread = None
@@ -459,6 +470,14 @@ class FileServer:
     def stop(self):
         if self.httpd is not None:
             self.httpd.shutdown()
+            # A keep-alive connection's thread waits for the next request: end them all now,
+            # as a server going away does, rather than after their idle timeout.
+            with self.lock:
+                for c in self.conns:
+                    try:
+                        c.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
             self.httpd.server_close()  # joins the handler threads (block_on_close)
             self.thread.join(timeout=STOP_TIMEOUT)
             self.httpd = None
