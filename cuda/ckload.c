@@ -499,6 +499,8 @@ static int open_direct(const ckl_load *l, uint32_t f)
 {
     const char *force = getenv("CKLOAD_DIRECT");
     const ck_file *cf = &l->ix->files[f];
+    if (!ck_file_is_local(cf)) /* a URL: read with ck_file_pread only (source.h) */
+        return -1;
     if (force ? strcmp(force, "1") != 0 : !direct_pays(l, f))
         return -1;
     int fd = open(cf->path, O_RDONLY | O_DIRECT | O_CLOEXEC);

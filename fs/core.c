@@ -27,6 +27,8 @@ enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_COUNT };
 static char *absolute(const char *p, const char *src, ck_error *err)
 {
     char cwd[PATH_MAX], *out = NULL;
+    if (ck_source_is_url(p))
+        p = "/"; /* a URL has no path to watch: source_check asks the remote file itself */
     if (p[0] != '/' && !getcwd(cwd, sizeof cwd))
         return ck_fail(err, src, "cannot name the working directory: %s", strerror(errno)), NULL;
     if (p[0] == '/' ? (out = strdup(p)) == NULL : asprintf(&out, "%s/%s", cwd, p) < 0)
@@ -355,9 +357,12 @@ static int source_check(const ck_fs *fs, uint32_t file)
 {
     const ck_file *f = &fs->ix->files[file];
     struct stat st;
-    /* The open descriptor first: a write or truncate changes its size or mtime. */
+    /* The open descriptor first: a write or truncate changes its size or mtime. A remote file
+     * is checked by every request it makes (source.h). */
     if (!ck_file_same(fs->ix, file))
         return -EIO;
+    if (!ck_file_is_local(f))
+        return 0;
     /* Then the path: a file renamed over it leaves our descriptor on the old, intact inode,
      * whose bytes are no longer what SOURCE holds (the same inode passed the check above). */
     if (stat(fs->src_path[file], &st) != 0 || !ck_file_unchanged(f, &st))

@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../pack/http.h" /* http_configure: -o cacert, cache_mem */
 #include "ll.h"
 
 #ifndef CKPTFS_VERSION
@@ -33,6 +34,8 @@ struct ck_opts {
     int uid_set, gid_set;
     double timeout;
     unsigned readahead_kb;
+    unsigned cache_mem_mib;
+    char *cacert;
 };
 
 #define CK_OPT(t, p) {t, offsetof(struct ck_opts, p), 1}
@@ -45,6 +48,8 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("gid=", gid_set),
     CK_OPT("timeout=%lf", timeout),
     CK_OPT("readahead=%u", readahead_kb),
+    CK_OPT("cache_mem=%u", cache_mem_mib),
+    CK_OPT("cacert=%s", cacert),
     FUSE_OPT_END,
 };
 
@@ -54,7 +59,8 @@ static void usage(const char *prog)
            "Mounts a checkpoint read-only, one file per tensor. SOURCE is a safetensors file,\n"
            "a directory of safetensors shards, a PyTorch checkpoint (torch.save: zip or\n"
            "legacy), a ckptfs pack, a GGUF file, or a NumPy .npy or .npz file; the format is\n"
-           "detected by content. The mount also has .ckptfs/index.json (every tensor's name,\n"
+           "detected by content. SOURCE may be an http:// or https:// URL (read lazily with\n"
+           "range requests) or hf://ORG/REPO[@REVISION][/PATH] on the Hugging Face Hub. The mount also has .ckptfs/index.json (every tensor's name,\n"
            "path, dtype and shape) and the whole checkpoint as .ckptfs/checkpoint.pack and\n"
            ".ckptfs/checkpoint.safetensors.\n"
            "Unmount with `fusermount3 -u MOUNTPOINT`.\n\n"
@@ -66,6 +72,9 @@ static void usage(const char *prog)
            "    -o timeout=S           seconds the kernel caches names and attributes (86400)\n"
            "    -o readahead=KB        the mount's kernel readahead window, set when permitted\n"
            "                           (root); 0 keeps the kernel's 128 (default 4096)\n"
+           "    -o cache_mem=MIB       a URL source's block cache, in MiB (default 256)\n"
+           "    -o cacert=FILE         CA certificates (PEM) for https sources (default: the\n"
+           "                           system's; also CKPTFS_CACERT)\n"
            "    -o allow_other         let other users in (needs user_allow_other in\n"
            "                           /etc/fuse.conf unless root)\n\n",
            prog);
@@ -117,11 +126,14 @@ static int mountpoint_fd(const char *mnt)
     return (int)fd;
 }
 
-/* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df`. */
+/* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df` (a URL
+ * without its query: a presigned URL's signature is a secret). */
 static int add_mount_opts(struct fuse_args *args, const char *source)
 {
     char *opts = NULL, *fsname = NULL;
-    int rc = asprintf(&fsname, "fsname=%s", source) < 0 ||
+    int rc = asprintf(&fsname, "fsname=%.*s", (int)strcspn(source, ck_source_is_url(source)
+                                                                       ? "?#" : ""),
+                      source) < 0 ||
              fuse_opt_add_opt(&opts, "ro,default_permissions,subtype=ckptfs") ||
              fuse_opt_add_opt_escaped(&opts, fsname) || /* a ',' in SOURCE stays in the name */
              fuse_opt_add_arg(args, "-o") || fuse_opt_add_arg(args, opts);
@@ -215,7 +227,8 @@ static int build_view(ck_mount *m, const char *source, const struct ck_opts *o)
     if (ck_open(source, &ix, &err) != 0 ||
         ck_fs_init(&m->fs, ix, o->uid_set ? o->uid : getuid(), o->gid_set ? o->gid : getgid(),
                    ck_ll_log, &err) != 0 ||
-        ck_fs_publish_sources(&m->fs, source, &err) != 0) {
+        /* A URL's mount has no sources to bypass it with: loads read it through the mount. */
+        (!ck_source_is_url(source) && ck_fs_publish_sources(&m->fs, source, &err) != 0)) {
         fprintf(stderr, "ckptfs: %s\n", err.msg);
         return -1;
     }
@@ -365,10 +378,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
         goto out;
     }
+    http_configure(&(http_config){.cacert = o.cacert,
+                                  .cache_mem = (uint64_t)o.cache_mem_mib << 20});
     if (build_view(&m, o.source, &o) != 0)
         goto out;
     char abs[PATH_MAX];
-    if (add_mount_opts(&args, realpath(o.source, abs) ? abs : o.source) != 0 ||
+    if (add_mount_opts(&args, !ck_source_is_url(o.source) && realpath(o.source, abs)
+                                  ? abs : o.source) != 0 ||
         pthread_key_create(&m.read_buf, free) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
         goto out;

@@ -10,7 +10,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ck_error err = {{0}};
     zip_archive z;
     int fd = fuzz_memfd(data, size);
-    int rc = zip_read_directory(fd, size, "fuzz-input", &z, &err);
+    int rc = zip_read_directory(&(ck_file){.path = "fuzz-input", .fd = fd}, size, "fuzz-input",
+                                &z, &err);
     fuzz_check(rc, NULL, &err);
     if (rc == 0) {
         /* Every entry can be found by its own name, and lies inside the file. */

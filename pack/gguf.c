@@ -49,7 +49,7 @@ static const uint8_t ggml_types[] = {
 
 typedef struct rd {
     const char *path;
-    int fd;
+    const ck_file *f;
     uint64_t size, pos;     /* the file's size; the next byte to take */
     unsigned char *win;     /* bytes [win_off, win_off + win_len) of the file */
     uint64_t win_off;
@@ -81,7 +81,7 @@ static const unsigned char *take(rd *r, uint64_t n, const char *what)
             r->win = p;
             r->win_cap = want;
         }
-        int rc = ck_pread(r->fd, r->win, want, r->pos);
+        int rc = ck_file_read(r->f, r->win, want, r->pos);
         if (rc) {
             ck_fail(r->err, r->path, "cannot read: %s (byte %llu)", strerror(-rc),
                     (unsigned long long)r->pos);
@@ -649,7 +649,7 @@ static int read_header(rd *r, uint64_t *ntensors, uint64_t *nkv)
 static int read_one(ck_index *ix, uint32_t file, int add, kvinfo *kv, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
-    rd r = {.path = f->path, .fd = f->fd, .size = f->size, .err = err};
+    rd r = {.path = f->path, .f = f, .size = f->size, .err = err};
     *kv = (kvinfo){.alignment = DEFAULT_ALIGNMENT};
     uint64_t ntensors = 0, nkv = 0;
     int rc = read_header(&r, &ntensors, &nkv);
@@ -681,11 +681,10 @@ static long split_stem(const char *path, uint64_t count)
 static int open_split(ck_index *ix, const char *path, uint64_t k, const kvinfo *first,
                       uint64_t *ntensors, ck_error *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0)
-        return ck_fail(err, path, "cannot open split %llu of %llu: %s", (unsigned long long)k + 1,
-                       (unsigned long long)first->split_count, strerror(errno));
-    int id = ck_index_add_file(ix, path, fd, err);
+    char what[64];
+    snprintf(what, sizeof what, "split %llu of %llu", (unsigned long long)k + 1,
+             (unsigned long long)first->split_count);
+    int id = ck_index_add_source(ix, path, what, err);
     if (id < 0)
         return -1;
     size_t before = ix->nentries;

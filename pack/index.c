@@ -36,7 +36,7 @@ void ck_index_free(ck_index *ix)
     if (!ix)
         return;
     for (uint32_t i = 0; i < ix->nfiles; i++)
-        close(ix->files[i].fd);
+        ck_source_close(&ix->files[i]);
     free(ix->files);
     free(ix->entries);
     free(ix->meta);
@@ -65,6 +65,25 @@ static int grow(void **v, size_t *cap, size_t need, size_t sz)
     return 0;
 }
 
+/* Appends *f (opened: the index owns it now, and closes it on failure). The id, or -1. */
+static int add_opened(ck_index *ix, ck_file *f, ck_error *err)
+{
+    void *v = ix->files;
+    const char *copy = NULL;
+    if (grow(&v, &ix->cap_files, (size_t)ix->nfiles + 1, sizeof(ck_file)) == 0) {
+        ix->files = v;
+        copy = ck_index_strndup(ix, f->path, strlen(f->path));
+    }
+    if (!copy) {
+        int rc = ck_fail(err, f->path, "out of memory");
+        ck_source_close(f);
+        return rc;
+    }
+    ix->files[ix->nfiles] = *f;
+    ix->files[ix->nfiles].path = copy;
+    return (int)ix->nfiles++;
+}
+
 int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err)
 {
     struct stat st;
@@ -77,22 +96,20 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err)
         close(fd);
         return ck_fail(err, path, "not a regular file");
     }
-    void *v = ix->files;
-    if (grow(&v, &ix->cap_files, (size_t)ix->nfiles + 1, sizeof(ck_file)) != 0) {
-        close(fd);
-        return ck_fail(err, path, "out of memory");
-    }
-    ix->files = v;
-    const char *copy = ck_index_strndup(ix, path, strlen(path));
-    if (!copy) {
-        close(fd);
-        return ck_fail(err, path, "out of memory");
-    }
-    ix->files[ix->nfiles] = (ck_file){
-        .path = copy, .fd = fd, .size = (uint64_t)st.st_size, .mtime = st.st_mtim,
+    ck_file f = {
+        .path = path, .fd = fd, .size = (uint64_t)st.st_size, .mtime = st.st_mtim,
         .dev = st.st_dev, .ino = st.st_ino,
     };
-    return (int)ix->nfiles++;
+    return add_opened(ix, &f, err);
+}
+
+int ck_index_add_source(ck_index *ix, const char *loc, const char *what, ck_error *err)
+{
+    ck_file f;
+    if (ck_source_open(loc, what, &f, err) != 0)
+        return -1;
+    /* f.path may be loc itself or the remote state's: add_opened copies it first. */
+    return add_opened(ix, &f, err);
 }
 
 ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, uint8_t layout,
@@ -203,13 +220,12 @@ int ck_pread(int fd, void *buf, size_t len, uint64_t off)
 
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off)
 {
-    return ck_pread(ix->files[file].fd, buf, len, off);
+    return ck_file_read(&ix->files[file], buf, len, off);
 }
 
 int ck_file_same(const ck_index *ix, uint32_t f)
 {
-    struct stat st;
-    return fstat(ix->files[f].fd, &st) == 0 && ck_file_unchanged(&ix->files[f], &st);
+    return ck_file_still(&ix->files[f]);
 }
 
 int ck_same_shape(const ck_entry *a, const ck_entry *b)
@@ -281,8 +297,8 @@ static void batch_offsets(const ck_entry *e, uint64_t first, size_t n, unsigned 
 }
 
 /* Reads the batch's elements into out (n × esize bytes), coalescing nearby source elements. */
-static int gather_batch(int fd, gather_item *items, size_t n, unsigned esize, unsigned char *out,
-                        unsigned char *scratch)
+static int gather_batch(const ck_file *f, gather_item *items, size_t n, unsigned esize,
+                        unsigned char *out, unsigned char *scratch)
 {
     qsort(items, n, sizeof *items, by_src);
     for (size_t a = 0; a < n;) {
@@ -291,7 +307,7 @@ static int gather_batch(int fd, gather_item *items, size_t n, unsigned esize, un
                items[b].src - items[b - 1].src <= GATHER_GAP)
             b++;
         size_t span = (size_t)(items[b - 1].src - items[a].src) + esize;
-        int rc = ck_pread(fd, scratch, span, items[a].src);
+        int rc = ck_file_read(f, scratch, span, items[a].src);
         if (rc)
             return rc;
         for (size_t k = a; k < b; k++)
@@ -306,7 +322,7 @@ static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *bu
                         uint64_t off)
 {
     uint64_t esize;
-    int fd = ix->files[e->ext.file].fd;
+    const ck_file *f = &ix->files[e->ext.file];
     /* Sub-byte elements and blocks have no strided form. */
     if (ck_dtype_nbytes(e->dtype, 1, &esize))
         return -EIO;
@@ -319,7 +335,7 @@ static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *bu
     while (rc == 0 && i * esize < end) {
         uint64_t lo = i * esize;
         if (lo < off || lo + esize > end) { /* only part of element i is asked for */
-            rc = ck_pread(fd, part, esize, element_offset(e, i, esize));
+            rc = ck_file_read(f, part, esize, element_offset(e, i, esize));
             uint64_t from = lo < off ? off - lo : 0, to = lo + esize > end ? end - lo : esize;
             if (rc == 0)
                 memcpy(buf + (lo + from - off), part + from, (size_t)(to - from));
@@ -329,7 +345,7 @@ static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *bu
         uint64_t whole = (end - lo) / esize;
         size_t n = whole < GATHER_ITEMS ? (size_t)whole : GATHER_ITEMS;
         batch_offsets(e, i, n, esize, items);
-        rc = gather_batch(fd, items, n, esize, buf + (lo - off), scratch);
+        rc = gather_batch(f, items, n, esize, buf + (lo - off), scratch);
         i += n;
     }
     free(items);
@@ -357,7 +373,7 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
         rc = read_strided(ix, e, buf, len, off);
         break;
     case CK_DEFLATED:
-        rc = zip_inflate_read(ix->files[e->ext.file].fd, e->deflated, buf, len,
+        rc = zip_inflate_read(&ix->files[e->ext.file], e->deflated, buf, len,
                               e->deflated->skip + off);
         break;
     default:

@@ -3,7 +3,8 @@
  * Contract:
  *  - An index is built once by a reader (ck_open) and immutable afterwards; every function that
  *    takes a const ck_index is safe to call from many threads at once (reads use pread only).
- *  - The index owns its source file descriptors and all strings; ck_index_free releases them.
+ *  - The index owns its source files (source.h: local descriptors or remote objects) and all
+ *    strings; ck_index_free releases them.
  *  - An entry is a tensor (dtype, shape, bytes somewhere in the source files) or a non-tensor
  *    value (its text, e.g. JSON, held in memory). A tensor's bytes are described by a layout:
  *    one extent of one file, a strided gather from a storage, or part of a deflated zip entry
@@ -23,6 +24,7 @@
 #include "arena.h"
 #include "dtype.h"
 #include "error.h"
+#include "source.h" /* ck_file: where the bytes come from */
 #include "utf8.h" /* ck_utf8_invalid_at, which every reader asks of names */
 
 enum ck_entry_kind { CK_TENSOR = 0, CK_VALUE = 1 };
@@ -65,16 +67,6 @@ typedef struct ck_entry {
     uint8_t rank;
 } ck_entry;
 
-typedef struct ck_file {
-    const char *path;        /* as opened, for messages */
-    int fd;
-    uint64_t size;
-    struct timespec mtime;
-    dev_t dev;
-    ino_t ino;
-    const struct pack_layout *pack; /* a pack's checked layout, NULL for other files: read it
-                                     * through pack_layout_of (packfile.h) */
-} ck_file;
 
 typedef struct ck_meta {
     const char *key, *value; /* UTF-8 strings */
@@ -114,13 +106,14 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
 
 /* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
 int ck_pread(int fd, void *buf, size_t len, uint64_t off);
-/* ck_pread from source file `file` of ix: how the index's users read a source's bytes. */
+/* ck_file_read of source file `file` of ix: how the index's users read a source's bytes. */
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off);
 /* Whether st (an fstat or stat) describes f as it was when opened: same device and inode, size
  * and modification time. How the mount and the loader tell a changed source. */
 int ck_file_unchanged(const ck_file *f, const struct stat *st);
-/* Whether source file f is, by its open descriptor, still the file the index opened: the same
- * device and inode, size and mtime (ck_file_unchanged on an fstat). */
+/* Whether source file f is still the file the index opened: a local one by its open descriptor
+ * (the same device and inode, size and mtime: ck_file_unchanged on an fstat), a remote one by
+ * its size and validator (ck_file_still). */
 int ck_file_same(const ck_index *ix, uint32_t f);
 /* Whether tensors a and b have the same rank and dims (their strides aside). */
 int ck_same_shape(const ck_entry *a, const ck_entry *b);
@@ -133,6 +126,9 @@ const ck_entry *ck_index_find(const ck_index *ix, const char *name);
 ck_index *ck_index_new(const char *format);
 /* Takes ownership of fd. Returns the file id, or -1 (out of memory, err set). */
 int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err);
+/* Opens location loc (a path or a URL: ck_source_open; what names it in a failure, e.g.
+ * "shard") and adds it. The file id, or -1 with err set. */
+int ck_index_add_source(ck_index *ix, const char *loc, const char *what, ck_error *err);
 /* Appends an entry with a copy of name and shape (rank dims, plus rank strides when the layout
  * is CK_STRIDED); the caller fills in where the bytes are. NULL with err set when rank exceeds
  * CK_MAX_RANK, name_len UINT32_MAX, or memory runs out. */

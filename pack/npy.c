@@ -287,7 +287,7 @@ static int read_header(const ck_index *ix, uint32_t file, uint64_t at, uint64_t 
     unsigned char buf[NPY_PREAMBLE_MAX + NPY_MAX_HEADER];
     const ck_file *f = &ix->files[file];
     size_t n = size < sizeof buf ? (size_t)size : sizeof buf;
-    int rc = ck_pread(f->fd, buf, n, at);
+    int rc = ck_file_read(f, buf, n, at);
     if (rc)
         return ck_fail(err, f->path, "%scannot read the header: %s (offset %llu)", what,
                        strerror(-rc), (ull)at);
@@ -321,7 +321,7 @@ static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const 
     zip_inflated *zi = ck_index_alloc(ix, sizeof *zi);
     if (!zi)
         return ck_fail(err, f->path, "%sout of memory", what);
-    if (zip_inflate_index(f->fd, ze, ZIP_SEEK_SPAN, head, sizeof head, arena_alloc, ix, zi,
+    if (zip_inflate_index(f, ze, ZIP_SEEK_SPAN, head, sizeof head, arena_alloc, ix, zi,
                           f->path, err))
         return -1;
     npy_header h;
@@ -392,7 +392,7 @@ int npz_read_file(ck_index *ix, uint32_t file, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
     zip_archive z;
-    if (zip_read_directory(f->fd, f->size, f->path, &z, err) != 0)
+    if (zip_read_directory(f, f->size, f->path, &z, err) != 0)
         return -1;
     int rc = z.nentries ? check_overlaps(&z, f->path, err)
                         : ck_fail(err, f->path, "empty zip archive");

@@ -28,7 +28,7 @@ int pack_read_trailer(const ck_index *ix, uint32_t file, uint32_t nblobs, uint64
     if (f->size < n)
         return -EIO;
     unsigned char *t = malloc(n);
-    int rc = t ? ck_pread(f->fd, t, n, f->size - n) : -ENOMEM;
+    int rc = t ? ck_file_read(f, t, n, f->size - n) : -ENOMEM;
     if (rc == 0 && XXH3_64bits(t, n - 8) != get_le64(t + n - 8))
         rc = -EBADMSG;
     for (uint32_t b = 0; rc == 0 && b < nblobs; b++)
@@ -513,7 +513,7 @@ int pack_read_file(ck_index *ix, uint32_t file, ck_error *err)
     if (f->size < PACK_HEADER_SIZE)
         return ck_fail(err, f->path, "file is %llu bytes, too short for a pack header (needs "
                        "%u)", (ull)f->size, PACK_HEADER_SIZE);
-    int rc = ck_pread(f->fd, raw, sizeof raw, 0);
+    int rc = ck_file_read(f, raw, sizeof raw, 0);
     if (rc)
         return ck_fail(err, f->path, "cannot read the pack header: %s", strerror(-rc));
     pack_header_decode(raw, &h);
@@ -529,7 +529,7 @@ int pack_read_file(ck_index *ix, uint32_t file, ck_error *err)
     if (!index)
         return ck_fail(err, f->path, "out of memory for a %llu-byte pack index",
                        (ull)h.index_length);
-    rc = ck_pread(f->fd, index, (size_t)h.index_length, h.index_offset);
+    rc = ck_file_read(f, index, (size_t)h.index_length, h.index_offset);
     pack_reader r = {.ix = ix, .file = file, .path = f->path, .h = &h, .p = index,
                      .len = h.index_length, .err = err};
     if (rc) {

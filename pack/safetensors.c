@@ -287,7 +287,7 @@ int st_read_file(ck_index *ix, uint32_t file, ck_error *err)
     if (f->size < 8)
         return ck_fail(err, f->path, "file is %llu bytes, too short for a safetensors header "
                        "(needs 8)", (unsigned long long)f->size);
-    int rc = ck_pread(f->fd, lenbuf, 8, 0);
+    int rc = ck_file_read(f, lenbuf, 8, 0);
     if (rc)
         return ck_fail(err, f->path, "cannot read header length: %s", strerror(-rc));
     uint64_t hlen = get_le64(lenbuf);
@@ -302,7 +302,7 @@ int st_read_file(ck_index *ix, uint32_t file, ck_error *err)
     if (!json)
         return ck_fail(err, f->path, "out of memory for a %llu-byte header",
                        (unsigned long long)hlen);
-    rc = ck_pread(f->fd, json, hlen, 8);
+    rc = ck_file_read(f, json, hlen, 8);
     if (rc)
         rc = ck_fail(err, f->path, "cannot read header: %s", strerror(-rc));
     else
@@ -313,37 +313,29 @@ int st_read_file(ck_index *ix, uint32_t file, ck_error *err)
 
 /* --- shard directories ---------------------------------------------------------------- */
 
-/* A shard name comes from the checkpoint: it must name a file in this directory, nothing else. */
-static int is_plain_filename(const char *s)
+/* Shard `name` beside base (the index file's location, or any in the shards' directory): the
+ * name comes from the checkpoint, so ck_source_sibling accepts a plain file name only. */
+static int open_shard(ck_index *ix, const char *base, const char *name, ck_error *err)
 {
-    return *s && strcmp(s, ".") && strcmp(s, "..") && !strchr(s, '/');
-}
-
-static int open_shard(ck_index *ix, int dirfd, const char *dir, const char *name, ck_error *err)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0)
-        return ck_fail(err, path, "cannot open shard: %s", strerror(errno));
-    int id = ck_index_add_file(ix, path, fd, err);
+    char *loc = ck_source_sibling(base, name, err);
+    int id = loc ? ck_index_add_source(ix, loc, "shard", err) : -1;
+    free(loc);
     if (id < 0)
         return -1;
     return st_read_file(ix, (uint32_t)id, err) ? -1 : id;
 }
 
 /* Shards named by weight_map, each opened once, in order of first mention. */
-static int open_indexed_shards(ck_index *ix, int dirfd, const char *dir, const cJSON *map,
-                               const char *ipath, ck_error *err)
+static int open_indexed_shards(ck_index *ix, const cJSON *map, const char *ipath, ck_error *err)
 {
     for (const cJSON *v = map->child; v; v = v->next) {
-        if (!cJSON_IsString(v) || !is_plain_filename(v->valuestring))
+        if (!cJSON_IsString(v) || !ck_source_plain_name(v->valuestring))
             return ck_fail(err, ipath, "weight_map entry '%s' does not name a file in this "
                            "directory", v->string);
         int seen = 0;
         for (uint32_t i = 0; i < ix->nfiles && !seen; i++)
             seen = strcmp(strrchr(ix->files[i].path, '/') + 1, v->valuestring) == 0;
-        if (!seen && open_shard(ix, dirfd, dir, v->valuestring, err) < 0)
+        if (!seen && open_shard(ix, ipath, v->valuestring, err) < 0)
             return -1;
     }
     return 0;
@@ -354,7 +346,8 @@ static int by_entry_name(const void *a, const void *b)
     return strcmp((*(const ck_entry *const *)a)->name, (*(const ck_entry *const *)b)->name);
 }
 
-static int open_listed_shards(ck_index *ix, int dirfd, const char *dir, ck_error *err)
+static int open_listed_shards(ck_index *ix, int dirfd, const char *dir, const char *ipath,
+                              ck_error *err)
 {
     int fd = dup(dirfd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -389,7 +382,7 @@ static int open_listed_shards(ck_index *ix, int dirfd, const char *dir, ck_error
     if (n) /* names is NULL when there are none */
         qsort(names, n, sizeof *names, by_cstr);
     for (size_t i = 0; i < n && rc == 0; i++)
-        rc = open_shard(ix, dirfd, dir, names[i], err) < 0 ? -1 : 0;
+        rc = open_shard(ix, ipath, names[i], err) < 0 ? -1 : 0;
     for (size_t i = 0; i < n; i++)
         free(names[i]);
     free(names);
@@ -434,28 +427,23 @@ static int check_shards(const ck_index *ix, const cJSON *map, const char *dir, c
 }
 
 /* Reads and parses the index JSON; its non-object "metadata" values become strings. */
-static cJSON *read_index_json(ck_index *ix, int dirfd, const char *ipath, ck_error *err)
+static cJSON *read_index_json(ck_index *ix, const char *ipath, ck_error *err)
 {
-    int fd = openat(dirfd, ST_INDEX_JSON, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        return ck_fail(err, ipath, "cannot open: %s", strerror(e)), NULL;
-    }
+    ck_file f;
+    if (ck_source_open(ipath, NULL, &f, err) != 0)
+        return NULL;
     cJSON *root = NULL;
     char *text = NULL;
     int rc;
-    if (!S_ISREG(st.st_mode) || st.st_size > ST_MAX_HEADER) {
+    if (f.size > ST_MAX_HEADER) {
         ck_fail(err, ipath, "not a regular file of at most %u bytes", ST_MAX_HEADER);
-    } else if (!(text = malloc((size_t)st.st_size + 1))) {
+    } else if (!(text = malloc((size_t)f.size + 1))) {
         ck_fail(err, ipath, "out of memory");
-    } else if ((rc = ck_pread(fd, text, (size_t)st.st_size, 0))) {
+    } else if ((rc = ck_file_read(&f, text, (size_t)f.size, 0))) {
         ck_fail(err, ipath, "cannot read: %s", strerror(-rc));
     } else {
         const char *end = NULL;
-        root = cJSON_ParseWithLengthOpts(text, (size_t)st.st_size, &end, 0);
+        root = cJSON_ParseWithLengthOpts(text, (size_t)f.size, &end, 0);
         const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
         if (!root)
             ck_fail(err, ipath, "not valid JSON (byte %zu)", end ? (size_t)(end - text) : 0);
@@ -478,8 +466,68 @@ static cJSON *read_index_json(ck_index *ix, int dirfd, const char *ipath, ck_err
         }
     }
     free(text);
-    close(fd);
+    ck_source_close(&f);
     return root;
+}
+
+/* The shards of a set, checked against each other: those the index file at ipath names when
+ * dirfd is -1, else every *.safetensors in dir (open at dirfd). dir names the set in messages. */
+static int open_sharded(const char *dir, const char *ipath, int dirfd, ck_index **out,
+                        ck_error *err)
+{
+    *out = NULL;
+    ck_index *ix = ck_index_new("safetensors-sharded");
+    cJSON *root = NULL;
+    int rc = ix ? 0 : ck_fail(err, dir, "out of memory");
+    if (rc == 0 && dirfd < 0) {
+        root = read_index_json(ix, ipath, err);
+        rc = root ? open_indexed_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"),
+                                        ipath, err)
+                  : -1;
+    } else if (rc == 0) {
+        rc = open_listed_shards(ix, dirfd, dir, ipath, err);
+    }
+    if (rc == 0)
+        rc = check_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"), dir, ipath,
+                          err);
+    cJSON_Delete(root);
+    if (rc) {
+        ck_index_free(ix);
+        return -1;
+    }
+    *out = ix;
+    return 0;
+}
+
+int st_open_index(const char *ipath, ck_index **out, ck_error *err)
+{
+    return open_sharded(ipath, ipath, -1, out, err);
+}
+
+int st_open_names(const char *base, const char *const *names, size_t n, ck_index **out,
+                  ck_error *err)
+{
+    *out = NULL;
+    ck_index *ix = ck_index_new("safetensors-sharded");
+    int rc = ix ? 0 : ck_fail(err, base, "out of memory");
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = open_shard(ix, base, names[i], err) < 0 ? -1 : 0;
+    if (rc == 0)
+        rc = check_shards(ix, NULL, base, base, err);
+    if (rc) {
+        ck_index_free(ix);
+        return -1;
+    }
+    *out = ix;
+    return 0;
+}
+
+int st_index_probe(const unsigned char *head, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r'))
+        i++;
+    return i < n && head[i] == '{';
 }
 
 int st_open_dir(const char *dir, ck_index **out, ck_error *err)
@@ -490,27 +538,8 @@ int st_open_dir(const char *dir, ck_index **out, ck_error *err)
     int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0)
         return ck_fail(err, dir, "cannot open directory: %s", strerror(errno));
-    ck_index *ix = ck_index_new("safetensors-sharded");
-    cJSON *root = NULL;
-    int rc = ix ? 0 : ck_fail(err, dir, "out of memory");
-    if (rc == 0 && faccessat(dirfd, ST_INDEX_JSON, F_OK, 0) == 0) {
-        root = read_index_json(ix, dirfd, ipath, err);
-        rc = root ? open_indexed_shards(ix, dirfd, dir,
-                                        cJSON_GetObjectItemCaseSensitive(root, "weight_map"),
-                                        ipath, err)
-                  : -1;
-    } else if (rc == 0) {
-        rc = open_listed_shards(ix, dirfd, dir, err);
-    }
-    if (rc == 0)
-        rc = check_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"), dir, ipath,
-                          err);
-    cJSON_Delete(root);
+    int indexed = faccessat(dirfd, ST_INDEX_JSON, F_OK, 0) == 0;
+    int rc = open_sharded(dir, ipath, indexed ? -1 : dirfd, out, err);
     close(dirfd);
-    if (rc) {
-        ck_index_free(ix);
-        return -1;
-    }
-    *out = ix;
-    return 0;
+    return rc;
 }

@@ -1,5 +1,8 @@
-/* source.c — ck_open: what kind of checkpoint a path holds, decided by content alone. */
+/* source.c — the local source files (source.h), and ck_open: what kind of checkpoint a location
+ * holds, decided by content alone. */
 #include "gguf.h"
+#include "http.h"
+#include "hub.h"
 #include "index.h"
 #include "npy.h"
 #include "packfile.h"
@@ -10,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,21 +39,108 @@ static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t
                    "lie in one folder)", (int)(len < 200 ? len : 200), first);
 }
 
-static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
+/* --- source files ------------------------------------------------------------------------ */
+
+int ck_source_is_url(const char *loc)
+{
+    return http_is_url(loc) || hub_is_url(loc);
+}
+
+int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err)
+{
+    if (http_is_url(loc))
+        return http_open(loc, what, f, err);
+    const char *sep = what ? " " : "";
+    what = what ? what : "";
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
+    int fd = open(loc, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return ck_fail(err, loc, "cannot open%s%s: %s", sep, what, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return ck_fail(err, loc, "not a regular file");
+    }
+    *f = (ck_file){.path = loc, .fd = fd, .size = (uint64_t)st.st_size, .mtime = st.st_mtim,
+                   .dev = st.st_dev, .ino = st.st_ino};
+    return 0;
+}
+
+void ck_source_close(ck_file *f)
+{
+    if (f->ops)
+        f->ops->close(f);
+    else if (f->fd >= 0)
+        close(f->fd);
+    f->fd = -1;
+}
+
+int ck_source_plain_name(const char *name)
+{
+    int plain = *name && strcmp(name, ".") && strcmp(name, "..") && !strchr(name, '/');
+    for (const char *c = name; plain && *c; c++)
+        plain = (unsigned char)*c >= 0x20 && *c != 0x7f;
+    return plain;
+}
+
+char *ck_source_sibling(const char *loc, const char *name, ck_error *err)
+{
+    /* In a URL, '?', '#' and '%' would change what the name means. */
+    if (!ck_source_plain_name(name) || (http_is_url(loc) && name[strcspn(name, "?#%")]))
+        return ck_fail(err, loc, "'%s' does not name a file in this directory", name), NULL;
+    /* A URL's directory ends at its path's last '/', before any query. */
+    size_t end = http_is_url(loc) ? strcspn(loc, "?#") : strlen(loc);
+    size_t dir = end;
+    while (dir > 0 && loc[dir - 1] != '/')
+        dir--;
+    char *out = NULL;
+    if (asprintf(&out, "%.*s%s%s", (int)dir, loc, dir ? "" : "./", name) < 0)
+        return ck_fail(err, loc, "out of memory"), NULL;
+    return out;
+}
+
+int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off)
+{
+    return f->ops ? f->ops->pread(f, buf, len, off) : ck_pread(f->fd, buf, len, off);
+}
+
+int ck_file_is_local(const ck_file *f)
+{
+    return !f->ops;
+}
+
+int ck_file_still(const ck_file *f)
+{
+    struct stat st;
+    return f->ops ? f->ops->same(f) : fstat(f->fd, &st) == 0 && ck_file_unchanged(f, &st);
+}
+
+void ck_file_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes)
+{
+    *requests = *bytes = 0;
+    if (f->ops)
+        f->ops->stats(f, requests, bytes);
+}
+
+/* --- ck_open ----------------------------------------------------------------------------- */
+
+static int open_file(const char *source, ck_index **out, ck_error *err)
 {
     /* Enough for every probe: a zip's first member name included. */
     unsigned char head[NPY_PROBE_BYTES > PT_PROBE_BYTES ? NPY_PROBE_BYTES : PT_PROBE_BYTES];
     ck_index *ix = ck_index_new(NULL);
-    if (!ix) {
-        close(fd);
+    if (!ix)
         return ck_fail(err, source, "out of memory");
-    }
-    int id = ck_index_add_file(ix, source, fd, err);
+    int id = ck_index_add_source(ix, source, NULL, err);
     if (id < 0)
         goto fail;
     const ck_file *f = &ix->files[id];
     size_t n = f->size < sizeof head ? (size_t)f->size : sizeof head;
-    int rc = ck_pread(f->fd, head, n, 0);
+    int rc = ck_file_read(f, head, n, 0);
     if (rc) {
         ck_fail(err, source, "cannot read: %s", strerror(-rc));
         goto fail;
@@ -77,6 +168,9 @@ static int open_file(const char *source, int fd, ck_index **out, ck_error *err)
     } else if (pt_probe_legacy(head, n)) {
         ix->format = "pytorch-legacy";
         rc_read = pt_read_legacy(ix, (uint32_t)id, err);
+    } else if (st_index_probe(head, n)) { /* a shard set's index file: the shards beside it */
+        ck_index_free(ix);
+        return st_open_index(source, out, err);
     } else {
         char hex[3 * sizeof head + 1] = "";
         for (size_t i = 0, k = 0; i < n && i < 8; i++)
@@ -96,21 +190,12 @@ fail:
 int ck_open(const char *source, ck_index **out, ck_error *err)
 {
     *out = NULL;
-    /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
-    int fd = open(source, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0)
-        return ck_fail(err, source, "cannot open: %s", strerror(errno));
+    if (hub_is_url(source))
+        return hub_open(source, out, err);
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return ck_fail(err, source, "cannot stat: %s", strerror(e));
-    }
-    if (S_ISDIR(st.st_mode)) {
-        close(fd);
+    if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode))
         /* The one place a directory's kind is decided: GGUF splits, else safetensors shards. */
         return gguf_dir_probe(source) ? gguf_open_dir(source, out, err)
                                       : st_open_dir(source, out, err);
-    }
-    return open_file(source, fd, out, err);
+    return open_file(source, out, err);
 }

@@ -410,7 +410,7 @@ static int load_pickle_at(pt_reader *r, uint64_t *pos, pk_result *res)
         unsigned char *buf = malloc(want ? want : 1);
         if (!buf)
             return ck_fail(r->err, r->path, "out of memory");
-        int rc = ck_pread(f->fd, buf, want, *pos);
+        int rc = ck_file_read(f, buf, want, *pos);
         if (rc) {
             free(buf);
             return ck_fail(r->err, r->path, "cannot read: %s", strerror(-rc));
@@ -476,7 +476,7 @@ static int place_legacy_storages(pt_reader *r, const pk_obj *keys, uint64_t pos)
             return ck_fail(r->err, r->path, "storage key %zu of the list names no storage of "
                            "a tensor (byte %llu)", i, (unsigned long long)pos);
         unsigned char c[8];
-        if (pos > f->size || f->size - pos < 8 || ck_pread(f->fd, c, 8, pos) != 0)
+        if (pos > f->size || f->size - pos < 8 || ck_file_read(f, c, 8, pos) != 0)
             return ck_fail(r->err, r->path, "storage '%s': its record runs past the end of the "
                            "file (byte %llu)", p->key, (unsigned long long)pos);
         uint64_t numel = get_le64(c);
@@ -528,7 +528,7 @@ int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err)
     const ck_file *f = &ix->files[file];
     unsigned char head[PT_PROBE_BYTES];
     size_t n = f->size < sizeof head ? (size_t)f->size : sizeof head;
-    uint64_t pos = ck_pread(f->fd, head, n, 0) == 0 ? legacy_magic_len(head, n) : 0;
+    uint64_t pos = ck_file_read(f, head, n, 0) == 0 ? legacy_magic_len(head, n) : 0;
     if (pos == 0)
         return ck_fail(err, r.path, "not a legacy torch file (no magic number)");
     pk_result obj = {0}, keys = {0};
@@ -586,7 +586,7 @@ static int read_small_record(pt_reader *r, const zip_entry *e, char *buf, size_t
     if (e->method != 0 || e->size >= cap)
         return ck_fail(r->err, r->path, "record '%s' is compressed or over %zu bytes", e->name,
                        cap - 1);
-    int rc = ck_pread(r->ix->files[r->file].fd, buf, (size_t)e->size, e->data_offset);
+    int rc = ck_file_pread(r->ix, r->file, buf, (size_t)e->size, e->data_offset);
     if (rc)
         return ck_fail(r->err, r->path, "cannot read record '%s': %s", e->name, strerror(-rc));
     buf[e->size] = 0;
@@ -625,7 +625,7 @@ static int load_data_pkl(pt_reader *r, pk_result *res)
     unsigned char *buf = malloc(e->size ? (size_t)e->size : 1);
     if (!buf)
         return ck_fail(r->err, r->path, "out of memory");
-    int rc = ck_pread(r->ix->files[r->file].fd, buf, (size_t)e->size, e->data_offset);
+    int rc = ck_file_pread(r->ix, r->file, buf, (size_t)e->size, e->data_offset);
     if (rc)
         ck_fail(r->err, r->path, "cannot read record '%s': %s", e->name, strerror(-rc));
     else if ((rc = pk_load(buf, (size_t)e->size, &pk_default_limits, r->path, e->data_offset,
@@ -639,7 +639,7 @@ int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
     zip_archive z;
-    if (zip_read_directory(f->fd, f->size, f->path, &z, err) != 0)
+    if (zip_read_directory(f, f->size, f->path, &z, err) != 0)
         return -1;
     pt_reader r = {.ix = ix, .file = file, .path = f->path, .zip = &z, .err = err};
     pk_result res = {0};

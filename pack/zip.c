@@ -73,7 +73,7 @@ typedef struct zip_end {
  * the file but for its comment (up to 65535 bytes), so the search is over the last 65557 bytes,
  * backwards, and a record only counts when its comment length reaches exactly the end of the
  * file: a comment may itself hold "PK\5\6". */
-static int find_end(int fd, uint64_t file_size, const char *path, uint64_t *at,
+static int find_end(const ck_file *f, uint64_t file_size, const char *path, uint64_t *at,
                     unsigned char rec[END_LEN], ck_error *err)
 {
     if (file_size < END_LEN)
@@ -84,7 +84,7 @@ static int find_end(int fd, uint64_t file_size, const char *path, uint64_t *at,
     unsigned char *tail = malloc(n);
     if (!tail)
         return ck_fail(err, path, "out of memory");
-    int rc = ck_pread(fd, tail, n, base);
+    int rc = ck_file_read(f, tail, n, base);
     if (rc) {
         free(tail);
         return ck_fail(err, path, "cannot read the last %zu bytes: %s", n, strerror(-rc));
@@ -124,7 +124,7 @@ static int multi_disk(const char *path, const char *record, ull at, ck_error *er
 /* Reads the zip64 end-of-central-directory record that the locator (loc, at offset loc_at)
  * points to, and takes the counts, size and offset from it. The 32-bit fields of the plain
  * record (rec) must either say 0xFFFF(FFFF), "see zip64", or agree with it. */
-static int read_end64(int fd, const unsigned char *loc, uint64_t loc_at,
+static int read_end64(const ck_file *f, const unsigned char *loc, uint64_t loc_at,
                       const unsigned char *rec, uint64_t rec_at, const char *path,
                       zip_end *end, ck_error *err)
 {
@@ -137,7 +137,7 @@ static int read_end64(int fd, const unsigned char *loc, uint64_t loc_at,
                        "%llu, but the %d-byte record must lie before the locator at offset "
                        "%llu", (ull)at, END64_LEN, (ull)loc_at);
     unsigned char r[END64_LEN];
-    int rc = ck_pread(fd, r, sizeof r, at);
+    int rc = ck_file_read(f, r, sizeof r, at);
     if (rc)
         return ck_fail(err, path, "cannot read the zip64 end-of-central-directory record: %s "
                        "(offset %llu)", strerror(-rc), (ull)at);
@@ -175,24 +175,25 @@ static int read_end64(int fd, const unsigned char *loc, uint64_t loc_at,
 }
 
 /* Reads the end record(s) and checks that the central directory they describe can be there. */
-static int read_end(int fd, uint64_t file_size, const char *path, zip_end *end, ck_error *err)
+static int read_end(const ck_file *f, uint64_t file_size, const char *path, zip_end *end,
+                    ck_error *err)
 {
     unsigned char rec[END_LEN] = {0}, loc[LOC64_LEN];
     uint64_t at = 0;
-    if (find_end(fd, file_size, path, &at, rec, err))
+    if (find_end(f, file_size, path, &at, rec, err))
         return -1;
     if (get_le16(rec + 4) != 0 || get_le16(rec + 6) != 0)
         return multi_disk(path, "end-of-central-directory record", at, err);
     int has_loc = 0;
     if (at >= LOC64_LEN) {
-        int rc = ck_pread(fd, loc, sizeof loc, at - LOC64_LEN);
+        int rc = ck_file_read(f, loc, sizeof loc, at - LOC64_LEN);
         if (rc)
             return ck_fail(err, path, "cannot read before the end-of-central-directory record: "
                            "%s (offset %llu)", strerror(-rc), (ull)(at - LOC64_LEN));
         has_loc = get_le32(loc) == SIG_LOC64;
     }
     if (has_loc) {
-        if (read_end64(fd, loc, at - LOC64_LEN, rec, at, path, end, err))
+        if (read_end64(f, loc, at - LOC64_LEN, rec, at, path, end, err))
             return -1;
     } else {
         /* 0xFFFF entries may be the true count (Python writes up to 65535 entries without
@@ -391,8 +392,8 @@ static int by_local(const void *x, const void *y, void *ctx)
  * offset) in as few reads as LOCAL_GAP and LOCAL_WINDOW allow, into head[]. A batch whose read
  * fails is left unfetched: read_local then reads its headers one by one and reports the first
  * failure with its own entry and offset, as if there had been no batching. */
-static void fetch_locals(int fd, const zip_entry *entries, const uint32_t *order, size_t n,
-                         local_head *head, unsigned char *buf)
+static void fetch_locals(const ck_file *f, const zip_entry *entries, const uint32_t *order,
+                         size_t n, local_head *head, unsigned char *buf)
 {
     for (size_t first = 0, last; first < n; first = last + 1) {
         uint64_t start = entries[order[first]].data_offset, stop = start + LOCAL_LEN;
@@ -404,7 +405,7 @@ static void fetch_locals(int fd, const zip_entry *entries, const uint32_t *order
             if (next + LOCAL_LEN > stop)
                 stop = next + LOCAL_LEN;
         }
-        if (ck_pread(fd, buf, (size_t)(stop - start), start) != 0)
+        if (ck_file_read(f, buf, (size_t)(stop - start), start) != 0)
             continue;
         for (size_t k = first; k <= last; k++)
             head[order[k]] = decode_local(buf + (entries[order[k]].data_offset - start));
@@ -413,8 +414,8 @@ static void fetch_locals(int fd, const zip_entry *entries, const uint32_t *order
 
 /* Fetches every readable local header in batches (see fetch_locals). order has room for one
  * index per entry and is only scratch here. Returns -1 when memory runs out. */
-static int fetch_all_locals(int fd, const zip_archive *z, const zip_end *end, uint32_t *order,
-                            local_head *head)
+static int fetch_all_locals(const ck_file *f, const zip_archive *z, const zip_end *end,
+                            uint32_t *order, local_head *head)
 {
     size_t n = 0;
     int sorted = 1;
@@ -429,7 +430,7 @@ static int fetch_all_locals(int fd, const zip_archive *z, const zip_end *end, ui
     unsigned char *buf = malloc(LOCAL_WINDOW);
     if (!buf)
         return -1;
-    fetch_locals(fd, z->entries, order, n, head, buf);
+    fetch_locals(f, z->entries, order, n, head, buf);
     free(buf);
     return 0;
 }
@@ -438,7 +439,7 @@ static int fetch_all_locals(int fd, const zip_archive *z, const zip_end *end, ui
  * own name and extra lengths count (torch pads its local extra field for alignment, which the
  * central directory does not repeat). The data must end by the central directory. h is the
  * header as fetched in a batch, or not fetched (then it is read here). */
-static int read_local(int fd, const zip_end *end, size_t i, zip_entry *e, local_head h,
+static int read_local(const ck_file *f, const zip_end *end, size_t i, zip_entry *e, local_head h,
                       const char *path, ck_error *err)
 {
     uint64_t local = e->data_offset, cd = end->cd_offset;
@@ -448,7 +449,7 @@ static int read_local(int fd, const zip_end *end, size_t i, zip_entry *e, local_
                        "%zu)", SHOWN(e), (ull)local, (ull)cd, i);
     if (!h.got) {
         unsigned char raw[LOCAL_LEN];
-        int rc = ck_pread(fd, raw, sizeof raw, local);
+        int rc = ck_file_read(f, raw, sizeof raw, local);
         if (rc)
             return ck_fail(err, path, "entry '%.*s': cannot read the local header: %s (offset "
                            "%llu)", SHOWN(e), strerror(-rc), (ull)local);
@@ -472,19 +473,19 @@ static int read_local(int fd, const zip_end *end, size_t i, zip_entry *e, local_
 
 /* Every entry's data offset from its local header, checked in central directory order (the
  * first bad entry is the one reported, however the headers were fetched). */
-static int read_locals(int fd, const zip_end *end, zip_archive *z, const char *path,
+static int read_locals(const ck_file *f, const zip_end *end, zip_archive *z, const char *path,
                        ck_error *err)
 {
     local_head *head = calloc(z->nentries ? z->nentries : 1, sizeof *head);
     /* The slots are free until the names are hashed: they hold the fetch order meanwhile. */
-    if (!head || fetch_all_locals(fd, z, end, z->slots, head) != 0) {
+    if (!head || fetch_all_locals(f, z, end, z->slots, head) != 0) {
         free(head);
         return ck_fail(err, path, "out of memory for the local headers of %zu entries",
                        z->nentries);
     }
     int rc = 0;
     for (size_t i = 0; i < z->nentries && rc == 0; i++)
-        rc = read_local(fd, end, i, &z->entries[i], head[i], path, err);
+        rc = read_local(f, end, i, &z->entries[i], head[i], path, err);
     free(head);
     return rc;
 }
@@ -526,12 +527,12 @@ const zip_entry *zip_find(const zip_archive *z, const char *name, size_t len)
 
 /* --- the whole ------------------------------------------------------------------------- */
 
-int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive *z,
+int zip_read_directory(const ck_file *f, uint64_t file_size, const char *path, zip_archive *z,
                        ck_error *err)
 {
     *z = (zip_archive){0};
     zip_end end = {0};
-    if (read_end(fd, file_size, path, &end, err))
+    if (read_end(f, file_size, path, &end, err))
         return -1;
     /* read_end bounded count by ZIP_MAX_ENTRIES and cd_size by the file size. */
     size_t n = (size_t)end.count;
@@ -548,7 +549,7 @@ int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive
                 "entries", (ull)end.cd_size, n);
         goto fail;
     }
-    int rc = ck_pread(fd, cd, (size_t)end.cd_size, end.cd_offset);
+    int rc = ck_file_read(f, cd, (size_t)end.cd_size, end.cd_offset);
     if (rc) {
         ck_fail(err, path, "cannot read the central directory: %s (offset %llu)", strerror(-rc),
                 (ull)end.cd_offset);
@@ -567,7 +568,7 @@ int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive
         z->entries[i].name = z->names + at;
         at += z->entries[i].name_len + 1;
     }
-    if (read_locals(fd, &end, z, path, err))
+    if (read_locals(f, &end, z, path, err))
         goto fail;
     if (hash_names(z, path, err))
         goto fail;
@@ -593,7 +594,7 @@ enum { IN_CHUNK = 64 << 10 }; /* compressed bytes per pread */
 /* The compressed input of one entry, fed to a z_stream in IN_CHUNK preads, never past the
  * entry's compressed size. */
 typedef struct zin {
-    int fd;
+    const ck_file *f;
     const zip_inflated *zi;
     uint64_t next;         /* compressed bytes of the entry read so far */
     unsigned char buf[IN_CHUNK];
@@ -609,7 +610,7 @@ static int feed(z_stream *s, zin *in)
     if (left == 0)
         return 1;
     size_t n = left < IN_CHUNK ? (size_t)left : IN_CHUNK;
-    int rc = ck_pread(in->fd, in->buf, n, in->zi->data_offset + in->next);
+    int rc = ck_file_read(in->f, in->buf, n, in->zi->data_offset + in->next);
     if (rc)
         return rc;
     in->next += n;
@@ -704,7 +705,7 @@ static int index_pass(z_stream *s, zin *in, const zip_entry *e, uint64_t span,
     return 0;
 }
 
-int zip_inflate_index(int fd, const zip_entry *e, uint64_t span, unsigned char *head,
+int zip_inflate_index(const ck_file *f, const zip_entry *e, uint64_t span, unsigned char *head,
                       size_t head_cap, zip_alloc_fn alloc, void *ctx, zip_inflated *zi,
                       const char *path, ck_error *err)
 {
@@ -726,7 +727,7 @@ int zip_inflate_index(int fd, const zip_entry *e, uint64_t span, unsigned char *
     if (zrc != Z_OK) {
         rc = ck_fail(err, path, "entry '%s': out of memory to inflate it", e->name);
     } else {
-        *in = (zin){.fd = fd, .zi = zi};
+        *in = (zin){.f = f, .zi = zi};
         zi->points[zi->npoints++] = (zip_point){0};
         rc = index_pass(&s, in, e, span ? span : 1, head, head_cap, ring, alloc, ctx, zi, path,
                         err);
@@ -757,7 +758,7 @@ static int start_at(z_stream *s, zin *in, const zip_point *p)
     in->next = p->in - (p->bits ? 1 : 0);
     if (p->bits) {
         unsigned char c;
-        int rc = ck_pread(in->fd, &c, 1, in->zi->data_offset + in->next);
+        int rc = ck_file_read(in->f, &c, 1, in->zi->data_offset + in->next);
         if (rc)
             return rc;
         in->next++;
@@ -793,7 +794,7 @@ static int inflate_into(z_stream *s, zin *in, unsigned char *out, uint64_t len,
     return 0;
 }
 
-int zip_inflate_read(int fd, const zip_inflated *zi, void *buf, size_t len, uint64_t off)
+int zip_inflate_read(const ck_file *f, const zip_inflated *zi, void *buf, size_t len, uint64_t off)
 {
     if (off > zi->size || len > zi->size - off)
         return -EIO;
@@ -808,7 +809,7 @@ int zip_inflate_read(int fd, const zip_inflated *zi, void *buf, size_t len, uint
         free(scratch);
         return -ENOMEM;
     }
-    *in = (zin){.fd = fd, .zi = zi};
+    *in = (zin){.f = f, .zi = zi};
     int rc = start_at(&s, in, p);
     if (rc == 0)
         rc = inflate_into(&s, in, NULL, off - p->out, scratch);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "source.h" /* ck_file: the archive, read through ck_file_read */
 
 #define ZIP_MAX_ENTRIES 10000000u
 
@@ -52,9 +53,9 @@ int zip_probe(const unsigned char *head, size_t n);
  * Only a hint for telling kinds of archive apart: zip_read_directory is what is trusted. */
 const char *zip_first_name(const unsigned char *head, size_t n, size_t *len);
 
-/* Reads the directory of the archive open at fd (file_size bytes; path is for messages). On
+/* Reads the directory of the archive f (file_size bytes; path is for messages). On
  * failure returns -1 with err set and *z empty. */
-int zip_read_directory(int fd, uint64_t file_size, const char *path, zip_archive *z,
+int zip_read_directory(const ck_file *f, uint64_t file_size, const char *path, zip_archive *z,
                        ck_error *err);
 
 /* The entry called name (len bytes), or NULL. O(1): the names are hashed on the side, so
@@ -102,15 +103,15 @@ typedef struct zip_inflated {
 /* Memory for the seek points, living as long as they are used (an index's arena). */
 typedef void *(*zip_alloc_fn)(void *ctx, size_t n);
 
-/* The seek points of deflated entry e (method 8) of the archive open at fd, every `span` output
+/* The seek points of deflated entry e (method 8) of the archive f, every `span` output
  * bytes, into *zi (memory from alloc), and the first min(head_cap, e->size) output bytes into
  * head. On failure returns -1 with err naming the entry and what is wrong. */
-int zip_inflate_index(int fd, const zip_entry *e, uint64_t span, unsigned char *head,
+int zip_inflate_index(const ck_file *f, const zip_entry *e, uint64_t span, unsigned char *head,
                       size_t head_cap, zip_alloc_fn alloc, void *ctx, zip_inflated *zi,
                       const char *path, ck_error *err);
 
 /* Output bytes [off, off+len) of the entry zi describes, into buf (off + len <= zi->size).
  * 0, or -errno: -EIO when the stream no longer decodes as the pass saw it (a changed file). */
-int zip_inflate_read(int fd, const zip_inflated *zi, void *buf, size_t len, uint64_t off);
+int zip_inflate_read(const ck_file *f, const zip_inflated *zi, void *buf, size_t len, uint64_t off);
 
 #endif

@@ -10,6 +10,7 @@
 
 #include "../fs/view.h"
 #include "../pack/npy.h"
+#include "../pack/http.h" /* http_configure: --cacert */
 #include "../pack/packfile.h"
 #include "../cuda/ckload.h"
 #include "../pack/synth.h"
@@ -113,6 +114,21 @@ static int print_json(const ck_index *ix, const char *source)
     return 0;
 }
 
+/* What opening a URL source took, on stderr: the listing on stdout stays as it is. */
+static void report_requests(const ck_index *ix, const char *source)
+{
+    uint64_t requests = 0, bytes = 0;
+    for (uint32_t i = 0; i < ix->nfiles; i++) {
+        uint64_t r, b;
+        ck_file_stats(&ix->files[i], &r, &b);
+        requests += r;
+        bytes += b;
+    }
+    fprintf(stderr, "ckpt: %.*s: %llu requests, %llu bytes for the headers of %u file%s\n",
+            (int)strcspn(source, "?#"), source, (unsigned long long)requests,
+            (unsigned long long)bytes, ix->nfiles, ix->nfiles == 1 ? "" : "s");
+}
+
 static int cmd_ls(int argc, char **argv)
 {
     int json = 0;
@@ -137,6 +153,8 @@ static int cmd_ls(int argc, char **argv)
         rc = print_json(ix, source);
     else
         print_table(ix);
+    if (ck_source_is_url(source))
+        report_requests(ix, source);
     ck_index_free(ix);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "ckpt: stdout: %s\n", strerror(errno));
@@ -253,7 +271,7 @@ static int cmd_pack(int argc, char **argv)
 
 /* XXH3 of file bytes [off, off + len), read into buf (n bytes at a time); the bar counts them
  * into *done. 0, or -errno (-ECANCELED when a signal stops it). */
-static int hash_range(int fd, uint64_t off, uint64_t len, unsigned char *buf, size_t n,
+static int hash_range(const ck_file *f, uint64_t off, uint64_t len, unsigned char *buf, size_t n,
                       uint64_t *sum, ck_bar *bar, uint64_t *done, uint64_t total)
 {
     XXH3_state_t *st = XXH3_createState();
@@ -262,7 +280,7 @@ static int hash_range(int fd, uint64_t off, uint64_t len, unsigned char *buf, si
         XXH3_64bits_reset(st);
     for (uint64_t at = 0; at < len && rc == 0; at += n) {
         size_t k = len - at < n ? (size_t)(len - at) : n;
-        rc = ck_pread(fd, buf, k, off + at);
+        rc = ck_file_read(f, buf, k, off + at);
         if (rc == 0)
             XXH3_64bits_update(st, buf, k);
         *done += k;
@@ -291,7 +309,7 @@ static int first_mismatch(const ck_index *ix, const pack_layout *pl, const uint6
     ck_bar_start(&bar, "verify");
     for (*bad = 0; rc == 0 && *bad < pl->nblobs; ++*bad) {
         const pack_blob *blob = &pl->blobs[*bad];
-        rc = hash_range(ix->files[pl->file].fd, blob->offset, blob->length, buf, CHUNK, &sum,
+        rc = hash_range(&ix->files[pl->file], blob->offset, blob->length, buf, CHUNK, &sum,
                         &bar, &done, total);
         if (rc == 0 && sum != stored[*bad])
             break;
@@ -554,7 +572,8 @@ enum { NCOMMANDS = sizeof commands / sizeof *commands };
 
 static void print_usage(FILE *out)
 {
-    fprintf(out, "usage: ckpt COMMAND [ARGS]   (SOURCE: a checkpoint file or a directory of shards)\n"
+    fprintf(out, "usage: ckpt [--cacert FILE] COMMAND [ARGS]   (SOURCE: a checkpoint file, a\n"
+                 "       directory of shards, an http(s):// URL or hf://ORG/REPO[@REV][/PATH])\n"
                  "       ckpt --version\n\n");
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %s\n", commands[i].usage);
@@ -595,6 +614,13 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "--version") == 0) {
         printf("ckpt %s\n", CKPTFS_VERSION);
         return 0;
+    }
+    if (strcmp(argv[1], "--cacert") == 0) { /* CA certificates for https sources */
+        if (argc < 4)
+            return usage_error("--cacert", "needs FILE and a COMMAND");
+        http_configure(&(http_config){.cacert = argv[2]});
+        argc -= 2;
+        argv += 2;
     }
     const ck_command *c = find_command(argv[1]);
     if (!c) {

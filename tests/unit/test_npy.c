@@ -289,6 +289,7 @@ Test(npy_inflate, random_reads_through_every_point)
         unsigned char *c = deflate_raw(data, n, level, &cn);
         const char *path = tmp_file(c, cn);
         int fd = open(path, O_RDONLY);
+        const ck_file zf = {.path = path, .fd = fd};
         zip_entry e = {.name = "m", .name_len = 1, .method = 8, .data_offset = 0, .size = n,
                        .csize = cn, .crc = (uint32_t)crc32(0, data, (uInt)n)};
         zip_inflated zi;
@@ -296,7 +297,7 @@ Test(npy_inflate, random_reads_through_every_point)
         unsigned char head[100];
         ck_error err;
         uint64_t span = 64 << 10;
-        cr_assert_eq(zip_inflate_index(fd, &e, span, head, sizeof head, heap_alloc, &chain, &zi,
+        cr_assert_eq(zip_inflate_index(&zf, &e, span, head, sizeof head, heap_alloc, &chain, &zi,
                                        path, &err), 0, "%s", err.msg);
         cr_expect_arr_eq(head, data, sizeof head);
         cr_expect_gt(zi.npoints, 10, "points: %zu", zi.npoints);
@@ -312,10 +313,10 @@ Test(npy_inflate, random_reads_through_every_point)
                 off = zi.points[r / 3].out - (r % 2 && zi.points[r / 3].out ? 1 : 0);
             if (len > n - off)
                 len = n - off;
-            cr_assert_eq(zip_inflate_read(fd, &zi, got, len, off), 0);
+            cr_assert_eq(zip_inflate_read(&zf, &zi, got, len, off), 0);
             cr_assert_arr_eq(got, data + off, len, "level %d off %zu len %zu", level, off, len);
         }
-        cr_expect_eq(zip_inflate_read(fd, &zi, got, 2, n - 1), -EIO, "past the end");
+        cr_expect_eq(zip_inflate_read(&zf, &zi, got, 2, n - 1), -EIO, "past the end");
         free(got);
         close(fd);
         free_chain(chain);
@@ -331,18 +332,19 @@ Test(npy_inflate, a_changed_file_reads_eio)
     unsigned char *c = deflate_raw(data, n, 6, &cn);
     const char *path = tmp_file(c, cn);
     int fd = open(path, O_RDONLY);
+    ck_file zf = {.path = path, .fd = fd};
     zip_entry e = {.name = "m", .name_len = 1, .method = 8, .size = n, .csize = cn,
                    .crc = (uint32_t)crc32(0, data, (uInt)n)};
     zip_inflated zi;
     void *chain = NULL;
     ck_error err;
-    cr_assert_eq(zip_inflate_index(fd, &e, 1 << 16, NULL, 0, heap_alloc, &chain, &zi, path,
+    cr_assert_eq(zip_inflate_index(&zf, &e, 1 << 16, NULL, 0, heap_alloc, &chain, &zi, path,
                                    &err), 0, "%s", err.msg);
     memset(c, 0xff, cn);
     tmp_rewrite(path, c, cn / 2); /* truncated and corrupt */
     close(fd);
-    fd = open(path, O_RDONLY);
-    cr_expect_lt(zip_inflate_read(fd, &zi, data, n, 0), 0);
+    zf.fd = fd = open(path, O_RDONLY);
+    cr_expect_lt(zip_inflate_read(&zf, &zi, data, n, 0), 0);
     close(fd);
     free_chain(chain);
     free(c);

@@ -44,8 +44,8 @@ static int read_dir_sized(const char *path, long long size, zip_archive *z, ck_e
     cr_assert_eq(fstat(fd, &st), 0);
     memset(z, 0xA5, sizeof *z);
     *err = (ck_error){""};
-    int rc = zip_read_directory(fd, size < 0 ? (uint64_t)st.st_size : (uint64_t)size, path, z,
-                                err);
+    int rc = zip_read_directory(&(ck_file){.path = path, .fd = fd},
+                                size < 0 ? (uint64_t)st.st_size : (uint64_t)size, path, z, err);
     close(fd);
     return rc;
 }

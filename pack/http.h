@@ -1,0 +1,99 @@
+/* http.h — a source file over HTTP(S): range requests through libcurl (source.h's remote ops).
+ *
+ * Contract:
+ *  - http_open makes one ranged GET of the object's first HTTP_HEAD_BYTES (the headers of most
+ *    checkpoints: a safetensors mount costs one request) and keeps those bytes; the response
+ *    gives the size (Content-Range) and the validator (a strong ETag, else Last-Modified).
+ *  - Every later request is pinned to that validator (If-Match, else If-Unmodified-Since) and
+ *    checked: status 206, a Content-Range of exactly the bytes asked and the size seen at open,
+ *    a body of exactly that length, the same ETag. Anything else fails the read with -EIO, and
+ *    a changed object (412, another ETag or size) marks the file changed for good: ck_file_still
+ *    is 0 from then on. A read never returns part of what was asked.
+ *  - Connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter
+ *    (Retry-After honoured), at most HTTP_TRIES attempts within HTTP_BUDGET_S seconds
+ *    (CKPTFS_HTTP_TRIES, CKPTFS_HTTP_BUDGET override both), then -EIO.
+ *  - Redirects (http and https only, at most HTTP_MAX_REDIRECTS) are followed here, not by
+ *    libcurl: the Authorization header (the Hub token, hub.h) goes only to the origin of the URL
+ *    it is for, never to another host a redirect names. The token is never put in a message.
+ *  - TLS is verified against the system store, or the file of CA certificates that
+ *    http_configure names (or CKPTFS_CACERT). Nothing turns verification off.
+ *  - Reads go through a block cache shared by every open object and bounded by cache_mem:
+ *    HTTP_BLOCK-byte aligned blocks, fetched on parallel connections (at most HTTP_CONNECTIONS
+ *    per object), with a readahead window that doubles on sequential reads up to
+ *    HTTP_MAX_WINDOW and closes on a random one. A readahead block is asked once, not retried:
+ *    if it fails, the read that needs it asks again, with retries. A read of HTTP_BLOCK bytes or
+ *    more skips the cache: it is split into parallel range requests straight into the caller's
+ *    buffer.
+ *  - libcurl is loaded (dlopen) on the first URL, so a local source never pays for it.
+ */
+#ifndef CK_HTTP_H
+#define CK_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "source.h"
+
+#define HTTP_HEAD_BYTES (256u << 10)
+#define HTTP_BLOCK (4u << 20)
+#define HTTP_MAX_WINDOW (16u * HTTP_BLOCK)
+#define HTTP_CONNECTIONS 8u
+#define HTTP_TRIES 4u
+#define HTTP_BUDGET_S 60.0
+#define HTTP_MAX_REDIRECTS 10u
+#define HTTP_CACHE_MEM_DEFAULT (256ull << 20)
+#define HTTP_MAX_DOCUMENT (64u << 20) /* http_get's largest body */
+
+typedef struct http_config {
+    const char *cacert; /* a PEM file of CA certificates, or NULL: the system store */
+    uint64_t cache_mem; /* bytes of block cache; 0: HTTP_CACHE_MEM_DEFAULT */
+} http_config;
+
+/* Sets the configuration for every later open (copied). Call before the first open. */
+void http_configure(const http_config *c);
+
+/* Whether loc is an http:// or https:// URL. */
+int http_is_url(const char *loc);
+
+/* Opens url into *f (see the contract); what names the file in a failure ("shard"), or NULL. */
+int http_open(const char *url, const char *what, ck_file *f, ck_error *err);
+
+/* The whole of a small document (status 200, at most max bytes; the Hub's API answers), into
+ * *body (malloc'ed, NUL-terminated, *len bytes). 0, or -1 with err set. */
+int http_get(const char *url, size_t max, char **body, size_t *len, ck_error *err);
+
+/* --- the pieces, for tests ---------------------------------------------------------------- */
+
+/* A Content-Range value: "bytes FIRST-LAST/TOTAL" (1), "bytes * /TOTAL" without the space (2:
+ * first and last unset), anything else 0. Exactly those, with decimal numbers, FIRST <= LAST <
+ * TOTAL. */
+int http_content_range(const char *v, uint64_t *first, uint64_t *last, uint64_t *total);
+
+/* Whether a response's Content-Range answers a request for [first, last] of an object of size
+ * bytes: exactly those bytes when size is known (nonzero), else (at open) a range from first
+ * that ends at last or at the end of the object. */
+int http_range_answers(const char *content_range, uint64_t first, uint64_t last, uint64_t size,
+                       uint64_t *total);
+
+/* Whether URLs a and b have the same origin: scheme, host (case-insensitive) and port (the
+ * scheme's default when absent). Userinfo is no part of a host. */
+int http_same_origin(const char *a, const char *b);
+
+/* A Retry-After value in seconds (a delay in seconds or an HTTP date against now), or -1. */
+double http_retry_after(const char *v, double now);
+
+/* Seconds to wait before attempt `attempt` (1 = the first retry): 0.25 * 2^(attempt-1), at most
+ * 8, times a jitter factor in [0.5, 1) from r in [0, 1); retry_after (>= 0) instead when the
+ * server asked. */
+double http_backoff(unsigned attempt, double retry_after, double r);
+
+/* The readahead window after a read: doubled (from HTTP_BLOCK, up to HTTP_MAX_WINDOW) when the
+ * read began where the last one ended, else 0. */
+uint64_t http_next_window(uint64_t window, int sequential);
+
+/* url without its query and fragment, for messages (a presigned URL's signature is a secret),
+ * into out (cap bytes). */
+void http_shown(const char *url, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,60 @@
+/* hub.h — hf:// sources: the Hugging Face Hub's resolve URLs and revision API.
+ *
+ * Contract:
+ *  - hf://ORG/REPO[@REVISION]/PATH is the Hub's resolve URL
+ *    {endpoint}/ORG/REPO/resolve/{REVISION, default main}/PATH, opened as any URL.
+ *  - hf://ORG/REPO[@REVISION] alone asks the revision API
+ *    (GET {endpoint}/api/models/ORG/REPO/revision/{REVISION}: JSON with "sha" and
+ *    "siblings"[].rfilename), pins the commit sha it reports, and opens the repository's
+ *    weights at that commit: model.safetensors.index.json if present, else its top-level
+ *    *.safetensors (one, or all as shards), else its single checkpoint file.
+ *  - The endpoint is HF_ENDPOINT (default https://huggingface.co), as huggingface_hub reads it.
+ *    The token is HF_TOKEN, else the file huggingface_hub writes: $HF_TOKEN_PATH, else
+ *    $HF_HOME/token, else $XDG_CACHE_HOME/huggingface/token, else ~/.cache/huggingface/token.
+ *    It is sent only to the endpoint's origin (http.c asks hub_token_for), never printed.
+ *  - Names are checked: ORG and REPO of [A-Za-z0-9._-] (not "." or ".."), a PATH of such
+ *    segments separated by '/', none empty, "." or "..".
+ */
+#ifndef CK_HUB_H
+#define CK_HUB_H
+
+#include <stddef.h>
+
+#include "error.h"
+#include "index.h"
+
+typedef struct hub_ref {
+    char repo[256];     /* ORG/REPO */
+    char revision[256]; /* "main" when not given */
+    char path[1024];    /* "" when not given */
+} hub_ref;
+
+/* Whether loc is an hf:// location. */
+int hub_is_url(const char *loc);
+
+/* Parses an hf:// location. 0, or -1 with err set. */
+int hub_parse(const char *loc, hub_ref *r, ck_error *err);
+
+/* The endpoint, without a trailing '/', into out (cap bytes). */
+void hub_endpoint(char *out, size_t cap);
+
+/* The token (malloc'ed, trimmed), or NULL when there is none. */
+char *hub_token(void);
+
+/* The token when url is on the endpoint's origin, else NULL. */
+char *hub_token_for(const char *url);
+
+/* The resolve URL of path in repo at revision (malloc'ed; the revision percent-encoded). */
+char *hub_resolve_url(const char *repo, const char *revision, const char *path);
+
+/* Which files of a repository to open, from its siblings' names (n of them): the index file,
+ * else the top-level *.safetensors, else the one checkpoint file. Their indices into *picked
+ * (at most n), their count returned; 0 when there is nothing to open, -1 when there are several
+ * checkpoint files and no way to choose (err set, naming them). */
+int hub_pick(const char *const *names, size_t n, size_t *picked, const char *repo,
+             ck_error *err);
+
+/* Opens an hf:// location (see the contract). 0, or -1 with err set. */
+int hub_open(const char *loc, ck_index **out, ck_error *err);
+
+#endif

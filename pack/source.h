@@ -1,0 +1,84 @@
+/* source.h — where a checkpoint's bytes come from: a local file or a remote object (HTTP(S)).
+ *
+ * Contract:
+ *  - A ck_file is one source file, opened once; every reader reads it through ck_file_read, and
+ *    never knows whether the bytes come from a descriptor or the network.
+ *  - ck_file_read returns exactly len bytes, or -errno: never a short count. A file that ends
+ *    first, or a remote object that no longer answers as it did at open (its validator changed,
+ *    a response that is not exactly the range asked for), gives -EIO.
+ *  - ck_file_same says whether the file is still what was opened: a local file by its open
+ *    descriptor (device, inode, size, mtime: ck_file_unchanged); a remote one by its size and
+ *    validator (ETag or Last-Modified) captured at open, which every later request is pinned to.
+ *  - A remote file has no descriptor (fd is -1): whoever reads it uses ck_file_read only, never
+ *    pread, O_DIRECT, mmap or fadvise on it (ck_file_is_local tells them apart).
+ *  - A source is named by a location: a path, an http:// or https:// URL, or (through hub.h)
+ *    hf://. Files a checkpoint names beside it (shards, splits) are opened by
+ *    ck_source_sibling: only a plain file name is accepted, resolved in the source's own
+ *    directory (a URL's directory for a URL), never a path the checkpoint chose.
+ *  - Functions taking a const ck_file are safe to call from many threads at once.
+ */
+#ifndef CK_SOURCE_H
+#define CK_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "error.h"
+
+typedef struct ck_file ck_file;
+
+/* How a remote file is read: http.c implements it. */
+typedef struct ck_source_ops {
+    int (*pread)(const ck_file *f, void *buf, size_t len, uint64_t off); /* 0 or -errno */
+    int (*same)(const ck_file *f);                                        /* 1: unchanged */
+    void (*close)(ck_file *f);
+    /* Requests made and bytes received so far. */
+    void (*stats)(const ck_file *f, uint64_t *requests, uint64_t *bytes);
+} ck_source_ops;
+
+struct ck_file {
+    const char *path;        /* the location as opened, for messages (a URL without its query) */
+    int fd;                  /* -1 for a remote file */
+    uint64_t size;
+    struct timespec mtime;   /* local: st_mtim; remote: Last-Modified where the server says */
+    dev_t dev;               /* local only */
+    ino_t ino;               /* local only */
+    const struct pack_layout *pack; /* a pack's checked layout, NULL for other files: read it
+                                     * through pack_layout_of (packfile.h) */
+    const ck_source_ops *ops; /* NULL for a local file */
+    void *remote;             /* the ops' state */
+};
+
+/* Whether loc names a remote source (http://, https://, hf://) rather than a path. */
+int ck_source_is_url(const char *loc);
+
+/* Opens loc (a path of a regular file, or an http(s) URL) into *f. On failure -1 with err set
+ * ("LOC: cannot open WHAT: why"; what may be NULL). */
+int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err);
+
+/* Releases what ck_source_open took (the descriptor or the connection state). */
+void ck_source_close(ck_file *f);
+
+/* Whether name is a plain file name: not empty, ".", or "..", no '/' or control character. */
+int ck_source_plain_name(const char *name);
+
+/* The location of file `name` beside loc (in its directory), malloc'ed; NULL with err set when
+ * name is not a plain file name (empty, ".", "..", holding '/' or a control character) or
+ * memory runs out. */
+char *ck_source_sibling(const char *loc, const char *name, ck_error *err);
+
+/* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
+int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off);
+
+/* Whether f is a local file, with a descriptor that pread, O_DIRECT and mmap may use. */
+int ck_file_is_local(const ck_file *f);
+
+/* Whether f is still the file that was opened (see the contract). */
+int ck_file_still(const ck_file *f);
+
+/* Requests made and bytes received for f (0 and 0 for a local file). */
+void ck_file_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes);
+
+#endif
