@@ -160,18 +160,19 @@ def test_ckpt_cat_and_ls_over_http(srv, sample):
 
 @pytest.mark.parametrize("code", [503, 429])
 def test_busy_with_retry_after_then_fine(mount, srv, sample, code):
-    """The first two answers are `code` with Retry-After: 1 (mounting and reading): retried,
-    then every byte right; the log shows the refusals and a bounded number of requests."""
+    """The first two answers to the mount and then the first to a read are `code` with
+    Retry-After: 1: retried, then every byte right; the log shows the refusals and a bounded
+    number of requests."""
     _, _, want = sample
     busy = srv.fault("status", code=code, retry_after=1, times=2)
     with mount(srv.url(NAME)) as mnt:
         assert busy.hits == 2
-        later = srv.fault("status", code=code, retry_after=1, times=2)
+        later = srv.fault("status", code=code, retry_after=1, times=1)
         assert_all_right(mnt, want)
-        assert later.hits == 2
+        assert later.hits == 1
     reqs = srv.requests()
-    assert netlab.count(reqs, status=code) == 4
-    assert len(reqs) <= 4 + 3 + len(want) * 2, reqs
+    assert netlab.count(reqs, status=code) == 3
+    assert len(reqs) <= 3 + 3 + len(want) * 2, reqs
 
 
 @pytest.mark.parametrize("kind", ["drop", "truncate"])
@@ -199,7 +200,7 @@ def test_stalled_body_ends_and_is_retried(mount, srv, sample):
     retry, not a hang and not a short read."""
     _, _, want = sample
     with mount(srv.url(NAME)) as mnt:
-        stall = srv.fault("stall", seconds=3, times=1)
+        stall = srv.fault("stall", seconds=1, times=1)
         assert_all_right(mnt, want)
         assert stall.hits == 1
 
@@ -252,11 +253,10 @@ def _replace_mid_mount(mount, server, replaceable):
         paths = tensor_paths(mnt)
         first = netlab.read_many([paths["first"]])
         assert first[str(paths["first"])] == ("ok", want["first"])
-        data = bytearray((d / NAME).read_bytes())
-        hlen = int.from_bytes(data[:8], "little")
-        for i in range(8 + hlen, len(data)):
-            data[i] ^= 0x5A
-        server.replace(NAME, bytes(data))
+        data = (d / NAME).read_bytes()
+        body = 8 + int.from_bytes(data[:8], "little")
+        flip = bytes(b ^ 0x5A for b in range(256))
+        server.replace(NAME, data[:body] + data[body:].translate(flip))
         got = netlab.read_many([paths["later"]])
         assert got[str(paths["later"])] == ("err", "EIO")
         again = netlab.read_many([paths["last"]])
