@@ -393,7 +393,11 @@ class _Req:
     def head(self, status, headers, reason=None):
         """Status line and headers (a list of (name, value))."""
         self.entry["status"] = status
-        reason = reason or (HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "X")
+        if reason is None:
+            try:
+                reason = HTTPStatus(status).phrase
+            except ValueError:
+                reason = "Unknown"
         lines = [f"HTTP/1.1 {status} {reason}"] + [f"{k}: {v}" for k, v in headers]
         return self.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
@@ -411,12 +415,15 @@ class _Req:
         self.body(body)
 
     def close(self, reset=False):
-        """Ends the connection after this response; reset: with an RST, mid-body."""
+        """Ends the connection after this response: a FIN, or with reset an RST at once (an
+        abortive close: SO_LINGER 0, then close with no shutdown first)."""
         self.h.close_connection = True
-        if reset:
-            self.h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         try:
-            self.h.connection.shutdown(socket.SHUT_RDWR)
+            if reset:
+                self.h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.h.connection.close()
+            else:
+                self.h.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
