@@ -467,7 +467,10 @@ class FileServer:
         if self.tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(self.tls.cert, self.tls.key)
-            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+            # The handshake happens in the connection's own thread, at its first read, so a
+            # client that never completes one cannot stall the accepting thread.
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)

@@ -187,6 +187,19 @@ def test_body_cut_short_is_retried(mount, srv, sample, kind):
     assert len(srv.requests()) <= 3 + RETRY_BOUND + len(want) * 2
 
 
+@pytest.mark.parametrize("kind, params", [("drop", {}), ("truncate", {}),
+                                            ("status", {"code": 503, "retry_after": 0})])
+def test_ckpt_cat_retries(srv, sample, kind, params):
+    """`ckpt cat URL NAME` through the same transient faults: the library's bytes exactly."""
+    _, path, _ = sample
+    tensors, _ = library_view(path)
+    srv.fault(kind, skip=1, times=2, **params)  # the open's request passes; the data's do not
+    p = ckpt("cat", srv.url(NAME), "layers.0.mlp.up.weight")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == tensors["layers.0.mlp.up.weight"][2]
+    assert netlab.count(srv.requests()) <= 1 + RETRY_BOUND
+
+
 def test_slow_body_is_read_whole(mount, srv, sample):
     _, _, want = sample
     with mount(srv.url(NAME)) as mnt:
@@ -314,6 +327,18 @@ def test_tls_with_private_ca(mount, sample, tmp_path):
             assert_all_right(mnt, want)
         reqs = srv.requests()
         assert all(r["status"] in (200, 206) for r in reqs), reqs
+
+
+def test_http2_over_tls(mount, sample, tmp_path):
+    """nginx offering HTTP/2 (ALPN h2): mounted, every byte right, and the data asked over
+    HTTP/2 (one connection carries the parallel requests)."""
+    _, _, want = sample
+    tls = netlab.tls_material(tmp_path / "tls")
+    with netlab.Nginx(sample[0], tls=tls, http2=True) as srv:
+        with mount(srv.url(NAME), options=[f"cacert={tls.ca}"]) as mnt:
+            assert_all_right(mnt, want)
+        protos = {r["proto"] for r in srv.requests()}
+    assert protos == {"HTTP/2.0"}, protos
 
 
 def test_daemon_memory_within_cache_mem(mount, tmp_path):

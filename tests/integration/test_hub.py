@@ -220,3 +220,23 @@ def test_hub_busy_then_fine(mount, env, local):
         assert_mount_matches(mnt, sha_map(local["single"]))
     assert busy.hits == 2
     assert len(env.requests()) <= 10
+
+
+@pytest.mark.parametrize("cdn_host", ["127.0.0.1", "127.0.0.2"])
+def test_token_stays_with_the_hub_over_tls(mount, local, tmp_path, monkeypatch, cdn_host):
+    """The Hub and its CDN over https with a private CA (-o cacert): a private repo mounts, and
+    the CDN, on another host or only on another port of the same host (another origin either
+    way), never receives the Authorization header."""
+    tls = netlab.tls_material(tmp_path / "tls")
+    store = tmp_path / "store"
+    store.mkdir()
+    with netlab.FileServer(store, host=cdn_host, tls=tls) as cdn, \
+            netlab.HubServer(store, cdn, tls=tls) as hub:
+        hub.add_repo("org/private", {"model.safetensors": local["single"].read_bytes()}, private=True)
+        monkeypatch.setenv("HF_ENDPOINT", hub.base)
+        monkeypatch.setenv("HF_TOKEN", hub.token)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+        with mount("hf://org/private", options=[f"cacert={tls.ca}"]) as mnt:
+            assert_mount_matches(mnt, sha_map(local["single"]))
+        assert hub.requests() and all(r["auth"] == 1 for r in hub.requests())
+        assert cdn.requests() and all(r["auth"] == 0 for r in cdn.requests())
