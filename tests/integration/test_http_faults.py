@@ -193,11 +193,28 @@ def test_ckpt_cat_retries(srv, sample, kind, params):
     """`ckpt cat URL NAME` through the same transient faults: the library's bytes exactly."""
     _, path, _ = sample
     tensors, _ = library_view(path)
-    srv.fault(kind, skip=1, times=2, **params)  # the open's request passes; the data's do not
+    spoil = srv.fault(kind, skip=1, times=2, **params)  # the open's request passes, then two fail
     p = ckpt("cat", srv.url(NAME), "layers.0.mlp.up.weight")
     assert p.returncode == 0, p.stderr
+    assert spoil.hits == 2
     assert p.stdout == tensors["layers.0.mlp.up.weight"][2]
     assert netlab.count(srv.requests()) <= 1 + RETRY_BOUND
+
+
+@pytest.mark.parametrize("kind", ["drop", "truncate"])
+def test_ckload_load_url_through_faults(srv, sample, kind):
+    """ckload.load(URL) while bodies are cut: every tensor the safetensors library's bytes."""
+    import ckload
+    from ckptfs_testlib import torch_bytes
+    _, path, _ = sample
+    tensors, _ = library_view(path)
+    cut = srv.fault(kind, skip=1, times=2)
+    sd = ckload.load(srv.url(NAME), device="cpu")
+    assert cut.hits == 2
+    assert set(sd) == set(tensors)
+    for name, (dtype, shape, data) in tensors.items():
+        assert list(sd[name].shape) == shape
+        assert torch_bytes(sd[name]) == data, f"bytes of {name!r} differ"
 
 
 def test_slow_body_is_read_whole(mount, srv, sample):
