@@ -79,6 +79,7 @@ def ckpt_fails(*args):
     ("status", {"code": 404}),
     ("bad_range", {}),
     ("long_body", {"extra": 64 << 20}),
+    ("ignore_range", {}),  # no Range support: the whole object would come, every time
 ])
 def test_hostile_from_the_first_request(srv, mountpoint, kind, params):
     """Every answer is hostile: `ckpt ls` and `ckptfs` fail with one line, within bounded
