@@ -306,6 +306,7 @@ class Fault:
       endless_headers  limit (64 MiB): header lines until the client leaves or `limit` bytes went
       redirect      to (a base URL) : 302 to to + the same path (and query); to=None: to itself (a loop)
       gigantic      limit (8 GiB): Content-Length 2**50 and zeros until the client leaves or `limit`
+      weak_etag     the right answer with a weak ETag (W/"..."), which If-Match never matches
     """
 
     def __init__(self, kind, times=None, skip=0, path=None, methods=("GET", "HEAD"), **params):
@@ -378,6 +379,7 @@ class _Req:
         self.headers = h.headers
         self.entry = {"method": method, "uri": h.path, "status": None,
                       "range": h.headers.get("Range", ""), "if_match": h.headers.get("If-Match", ""),
+                      "if_unmodified_since": h.headers.get("If-Unmodified-Since", ""),
                       "auth": int("Authorization" in h.headers), "host": h.headers.get("Host", ""),
                       "body_bytes": 0, "fault": None}
 
@@ -601,15 +603,16 @@ class FileServer:
         with open(path, "rb") as f:  # one open file: a replace() mid-answer does not mix contents
             st = os.fstat(f.fileno())
             size = st.st_size
-            etag = etag or f'"{st.st_mtime_ns:x}-{size:x}"'
-            base = [("ETag", etag), ("Last-Modified", email.utils.formatdate(
-                st.st_mtime, usegmt=True)), ("Accept-Ranges", "bytes"), *extra_headers]
-            im = req.headers.get("If-Match")
-            if im is not None and im.strip() != "*" and etag not in [t.strip() for t in im.split(",")]:
-                req.simple(412, b"precondition failed\n", base)
-                return
             kind = fault.kind if fault else None
             p = fault.params if fault else {}
+            etag = etag or f'"{st.st_mtime_ns:x}-{size:x}"'
+            if kind == "weak_etag":
+                etag = "W/" + etag
+            base = [("ETag", etag), ("Last-Modified", email.utils.formatdate(
+                st.st_mtime, usegmt=True)), ("Accept-Ranges", "bytes"), *extra_headers]
+            if not self._preconditions_hold(req, etag, st.st_mtime):
+                req.simple(412, b"precondition failed\n", base)
+                return
             rng = parse_range(req.headers.get("Range"), size)
             if rng == "bad":
                 req.simple(416, b"", [("Content-Range", f"bytes */{size}"), *base])
@@ -635,6 +638,25 @@ class FileServer:
             if req.method == "HEAD":
                 return
             self._send_body(req, f, start, n, length, kind, p)
+
+    @staticmethod
+    def _preconditions_hold(req, etag, mtime):
+        """If-Match (strong comparison, RFC 9110 13.1.1: a weak tag never matches) and
+        If-Unmodified-Since (whole seconds, as Last-Modified has them)."""
+        im = req.headers.get("If-Match")
+        if im is not None and im.strip() != "*":
+            tags = [t.strip() for t in im.split(",")]
+            if etag.startswith("W/") or etag not in tags:
+                return False
+        ius = req.headers.get("If-Unmodified-Since")
+        if ius is not None:
+            try:
+                when = email.utils.parsedate_to_datetime(ius).timestamp()
+            except (TypeError, ValueError):
+                return True  # an invalid date is ignored (RFC 9110 13.1.4)
+            if int(mtime) > when:
+                return False
+        return True
 
     def _send_body(self, req, f, start, n, length, kind, p):
         cut = p.get("after", n // 2) if kind in ("drop", "truncate", "stall") else n

@@ -249,6 +249,21 @@ def test_every_range_request_is_pinned_to_the_etag(mount, srv, sample):
         assert r["if_match"] == etag, r
 
 
+def test_weak_etag_pins_by_last_modified(mount, srv, sample):
+    """A server whose ETags are weak (W/"..."): If-Match compares strongly, so a weak tag can
+    never pin a range (it would be 412 every time); the mount pins by Last-Modified instead
+    (If-Unmodified-Since) and reads every byte."""
+    _, _, want = sample
+    srv.fault("weak_etag")
+    with mount(srv.url(NAME)) as mnt:
+        assert_all_right(mnt, want)
+    reqs = srv.requests()
+    assert netlab.count(reqs, status=412) == 0, reqs
+    assert len(reqs) >= 2
+    for r in reqs[1:]:
+        assert r["if_unmodified_since"] and not r["if_match"], r
+
+
 def test_redirect_to_another_host_is_followed(mount, srv, sample):
     _, _, want = sample
     with netlab.FileServer(sample[0], host="127.0.0.2") as other:
@@ -293,8 +308,12 @@ def _replace_mid_mount(mount, server, replaceable):
         assert again[str(paths["last"])] == ("err", "ESTALE")
 
 
-def test_replaced_object_fails_reads_and_opens(mount, replaceable):
+@pytest.mark.parametrize("weak", [False, True], ids=["etag", "last-modified"])
+def test_replaced_object_fails_reads_and_opens(mount, replaceable, weak):
+    """Pinned by its ETag, or by Last-Modified where the ETag is weak."""
     with netlab.FileServer(replaceable[0]) as srv:
+        if weak:
+            srv.fault("weak_etag")
         _replace_mid_mount(mount, srv, replaceable)
         assert netlab.count(srv.requests(), status=412) >= 1
 
