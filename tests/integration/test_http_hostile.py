@@ -73,6 +73,8 @@ def ckpt_fails(*args):
     ("endless_headers", {"limit": 512 << 20}),
     ("gigantic", {"limit": 4 << 30}),
     ("redirect", {}),  # to itself, forever
+    ("redirect", {"to": "file://"}),  # Location: file:///model.safetensors
+    ("redirect", {"to": "ftp://127.0.0.2:21"}),
     ("truncate", {}),
     ("drop", {}),
     ("status", {"code": 500}),
