@@ -118,6 +118,18 @@ def replace_file(path, data):
     os.replace(tmp, path)
 
 
+class _Served:
+    """What every server here has: host, port and tls, and the URLs they make."""
+
+    @property
+    def base(self):
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    def url(self, rel=""):
+        """The URL of root/rel."""
+        return f"{self.base}/{str(rel).lstrip('/')}"
+
+
 # --- nginx ---------------------------------------------------------------------------------
 
 # One JSON object per request. $netlab_auth is 1 when an Authorization header came: the log
@@ -129,7 +141,7 @@ _LOG_FORMAT = ("'{\"method\":\"$request_method\",\"uri\":\"$request_uri\",\"stat
                "\"host\":\"$http_host\",\"conn\":$connection,\"proto\":\"$server_protocol\"}'")
 
 
-class Nginx:
+class Nginx(_Served):
     """with Nginx(root, tls=None, host="127.0.0.1", http2=False) as srv: srv.url("a/b") ...
 
     Debian's nginx serving the directory `root` (read from disk on every request, so a test may
@@ -142,18 +154,6 @@ class Nginx:
         self.port = None
         self.proc = None
         self.dir = None
-
-    @property
-    def scheme(self):
-        return "https" if self.tls else "http"
-
-    @property
-    def base(self):
-        return f"{self.scheme}://{self.host}:{self.port}"
-
-    def url(self, rel=""):
-        """The URL of root/rel."""
-        return f"{self.base}/{str(rel).lstrip('/')}"
 
     def _conf(self):
         listen = f"{self.host}:{self.port}"
@@ -430,7 +430,7 @@ class _Req:
             pass
 
 
-class FileServer:
+class FileServer(_Served):
     """with FileServer(root, host="127.0.0.1", tls=None) as srv: srv.url("a.safetensors") ...
 
     A threaded HTTP/1.1 server of our own on loopback serving `root` like nginx does (one Range,
@@ -453,13 +453,6 @@ class FileServer:
         self.port = None
 
     # --- lifecycle ---
-
-    @property
-    def base(self):
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
-
-    def url(self, rel=""):
-        return f"{self.base}/{str(rel).lstrip('/')}"
 
     def start(self):
         self.httpd = http.server.ThreadingHTTPServer((self.host, 0), _Handler)

@@ -9,10 +9,10 @@ import tempfile
 import pytest
 
 import netlab
+from test_http_faults import NAME, sample, server, srv  # noqa: F401 (fixtures shared)
 from ckptfs_testlib import assert_refused, ckpt_bin, ckptfs_bin, library_view, read_index, \
     write_safetensors
 
-NAME = "model.safetensors"
 HOSTILE_TIMEOUT = 90  # seconds any command may take against a hostile server
 RSS_BOUND_KIB = 128 * 1024  # peak RSS of a command fed hundreds of MiB of hostile bytes
 
@@ -22,27 +22,6 @@ def two_tries(monkeypatch):
     """Two tries per request: the retry bound and its default are test_http_faults' subject;
     here they would only make each persistent fault cost seconds of backoff."""
     monkeypatch.setenv("CKPTFS_HTTP_TRIES", "2")
-
-
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory):
-    d = tmp_path_factory.mktemp("hostile")
-    path = write_safetensors(d / NAME, netlab.sample_tensors())
-    tensors, _ = library_view(path)
-    return d, path, tensors
-
-
-@pytest.fixture(scope="module")
-def server(sample):
-    with netlab.FileServer(sample[0]) as srv:
-        yield srv
-
-
-@pytest.fixture
-def srv(server):
-    server.clear()
-    yield server
-    server.clear()
 
 
 def timed(cmd, env=None):
@@ -108,7 +87,7 @@ def test_hostile_after_mounting(mount, srv, sample, kind, params):
     """The mount went well, then every answer is hostile: each read gives the right bytes or
     EIO, never other bytes; the daemon's memory stays bounded; `ckpt cat` fails in one line
     or prints the right bytes."""
-    _, _, tensors = sample
+    tensors = library_view(sample[1])[0]
     with mount(srv.url(NAME)) as mnt:
         srv.fault(kind, **params)
         paths = {t["name"]: mnt / t["path"] for t in read_index(mnt)["tensors"]}
@@ -136,7 +115,7 @@ def test_size_that_changes_between_answers(mount, srv, sample):
     """After the mount, an answer says the object is 1 MiB longer than it was: the object
     changed under the mount, so that read fails with EIO and the file is stale from then on
     (reads EIO, opens ESTALE); the right bytes (from before) or an error, never other bytes."""
-    _, _, tensors = sample
+    tensors = library_view(sample[1])[0]
     with mount(srv.url(NAME)) as mnt:
         srv.fault("wrong_total", times=1, delta=1 << 20)
         paths = {t["name"]: mnt / t["path"] for t in read_index(mnt)["tensors"]}
