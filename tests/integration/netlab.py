@@ -11,7 +11,8 @@ Contract:
     `ETag: "mtime-size"` in hex, `If-Match` answered 412 on mismatch, 206 for one range).
     Its access log is one JSON object a line: method, uri, status, range, if_match,
     if_unmodified_since, body_bytes, bytes (with headers), auth (whether an Authorization header
-    came: never its value), host, conn (connection serial), proto. `requests()` parses it.
+    came: never its value), host, conn (connection serial), proto, end (when it finished, epoch
+    seconds) and seconds (how long it took). `requests()` parses it.
   * Nothing here knows what ckptfs does: the log is the server's account of what was asked.
 """
 import email.utils
@@ -138,7 +139,8 @@ _LOG_FORMAT = ("'{\"method\":\"$request_method\",\"uri\":\"$request_uri\",\"stat
                "\"range\":\"$http_range\",\"if_match\":\"$http_if_match\","
                "\"if_unmodified_since\":\"$http_if_unmodified_since\","
                "\"body_bytes\":$body_bytes_sent,\"bytes\":$bytes_sent,\"auth\":$netlab_auth,"
-               "\"host\":\"$http_host\",\"conn\":$connection,\"proto\":\"$server_protocol\"}'")
+               "\"host\":\"$http_host\",\"conn\":$connection,\"proto\":\"$server_protocol\","
+               "\"end\":$msec,\"seconds\":$request_time}'")
 
 
 class Nginx(_Served):
@@ -282,6 +284,20 @@ def count(reqs, uri=None, method=None, status=None):
 def body_bytes(reqs, uri=None):
     """Body bytes the server sent for the matching requests."""
     return sum(r["body_bytes"] for r in reqs if uri is None or r["uri"] == uri)
+
+
+def busy(reqs):
+    """(seconds during which at least one of nginx's logged requests was being served, the
+    most served at once): how well a client keeps the server busy."""
+    events = sorted([(r["end"] - r["seconds"], 1) for r in reqs] + [(r["end"], -1) for r in reqs])
+    total, at_once, most, since = 0.0, 0, 0, None
+    for when, step in events:
+        if at_once and since is not None:
+            total += when - since
+        at_once += step
+        most = max(most, at_once)
+        since = when
+    return total, most
 
 
 # --- a file server of our own, with scripted faults ----------------------------------------
