@@ -305,7 +305,8 @@ def busy(reqs):
 class Fault:
     """One scripted misbehaviour. Applies to requests whose method is in `methods` and whose
     path starts with `path` (None: any), after `skip` such requests have passed untouched, for
-    `times` requests (None: every one after that). `hits` counts the requests it spoiled.
+    `times` requests (None: every one after that), or only every `every`-th of them. `hits`
+    counts the requests it spoiled.
 
     kinds (params):
       status        code (503), retry_after (None: no header): an error answer with a small body
@@ -325,18 +326,22 @@ class Fault:
       weak_etag     the right answer with a weak ETag (W/"..."), which If-Match never matches
     """
 
-    def __init__(self, kind, times=None, skip=0, path=None, methods=("GET", "HEAD"), **params):
+    def __init__(self, kind, times=None, skip=0, path=None, methods=("GET", "HEAD"), every=1,
+                 **params):
         self.kind, self.times, self.skip, self.path, self.methods = kind, times, skip, path, methods
+        self.every = every
         self.params = params
         self.seen = 0
         self.hits = 0
 
     def take(self, method, path):
-        """Whether this request is spoiled (counted under the server's lock)."""
+        """Whether this request is spoiled (counted under the server's lock): with every=k, only
+        every k-th of the matching requests after `skip` is."""
         if method not in self.methods or (self.path is not None and not path.startswith(self.path)):
             return False
         self.seen += 1
-        if self.seen <= self.skip or (self.times is not None and self.hits >= self.times):
+        if self.seen <= self.skip or (self.times is not None and self.hits >= self.times) \
+                or (self.seen - self.skip) % self.every:
             return False
         self.hits += 1
         return True
@@ -875,9 +880,12 @@ class HubServer(FileServer):
 _READER = r"""
 import errno, hashlib, json, os, sys
 out = {}
-for p in sys.argv[1:]:
+uncached = sys.argv[1] == "uncached"
+for p in sys.argv[2:]:
     try:
         with open(p, "rb") as f:
+            if uncached:  # what the kernel holds of it goes: the read asks the daemon
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             h = hashlib.sha256()
             while True:
                 b = f.read(1 << 20)
@@ -893,9 +901,11 @@ print(json.dumps(out))
 READ_TIMEOUT = 120  # seconds for a batch of reads through a mount (a hang fails the test)
 
 
-def read_many(paths, timeout=READ_TIMEOUT):
-    """{str(path): ("ok", sha256 hex) | ("err", "EIO"/"ESTALE"/...)} read by a child process."""
-    p = subprocess.run([sys.executable, "-S", "-c", _READER, *map(str, paths)],
+def read_many(paths, timeout=READ_TIMEOUT, uncached=False):
+    """{str(path): ("ok", sha256 hex) | ("err", "EIO"/"ESTALE"/...)} read by a child process;
+    uncached: each file's pages are dropped from the page cache first (POSIX_FADV_DONTNEED)."""
+    p = subprocess.run([sys.executable, "-S", "-c", _READER, "uncached" if uncached else "cached",
+                        *map(str, paths)],
                        capture_output=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"reader failed: {p.stderr.decode(errors='replace')}")
