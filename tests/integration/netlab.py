@@ -549,6 +549,7 @@ class FileServer(_Served):
 
     def handle(self, h, method):
         req = _Req(h, method)
+        t0 = time.monotonic()
         try:
             with self.lock:
                 fault = next((f for f in self.faults if f.take(method, req.path)), None)
@@ -556,6 +557,7 @@ class FileServer(_Served):
                 req.entry["fault"] = fault.kind
             self.route(req, fault)
         finally:
+            req.entry["end"], req.entry["seconds"] = time.time(), time.monotonic() - t0
             with self.lock:
                 self.log.append(req.entry)
 
