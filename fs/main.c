@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../pack/http.h" /* http_configure: -o cacert, cache_mem */
+#include "../pack/size.h"
 #include "ll.h"
 
 #ifndef CKPTFS_VERSION
@@ -34,7 +35,7 @@ struct ck_opts {
     int uid_set, gid_set;
     double timeout;
     unsigned readahead_kb;
-    unsigned cache_mem_mib;
+    char *cache_mem;
     char *cacert;
 };
 
@@ -48,7 +49,7 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("gid=", gid_set),
     CK_OPT("timeout=%lf", timeout),
     CK_OPT("readahead=%u", readahead_kb),
-    CK_OPT("cache_mem=%u", cache_mem_mib),
+    CK_OPT("cache_mem=%s", cache_mem),
     CK_OPT("cacert=%s", cacert),
     FUSE_OPT_END,
 };
@@ -72,7 +73,7 @@ static void usage(const char *prog)
            "    -o timeout=S           seconds the kernel caches names and attributes (86400)\n"
            "    -o readahead=KB        the mount's kernel readahead window, set when permitted\n"
            "                           (root); 0 keeps the kernel's 128 (default 4096)\n"
-           "    -o cache_mem=MIB       a URL source's block cache, in MiB (default 256)\n"
+           "    -o cache_mem=SIZE      a URL source's block cache (e.g. 64M, 1G; default 256M)\n"
            "    -o cacert=FILE         CA certificates (PEM) for https sources (default: the\n"
            "                           system's; also CKPTFS_CACERT)\n"
            "    -o allow_other         let other users in (needs user_allow_other in\n"
@@ -378,8 +379,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
         goto out;
     }
-    http_configure(&(http_config){.cacert = o.cacert,
-                                  .cache_mem = (uint64_t)o.cache_mem_mib << 20});
+    uint64_t cache_mem = o.cache_mem ? parse_size(o.cache_mem, 0) : 0;
+    if (o.cache_mem && !cache_mem) {
+        fprintf(stderr, "ckptfs: -o cache_mem=%s: not a size (e.g. 64M, 1G)\n", o.cache_mem);
+        goto out;
+    }
+    http_configure(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem});
     if (build_view(&m, o.source, &o) != 0)
         goto out;
     char abs[PATH_MAX];
@@ -419,6 +424,8 @@ out:
     free(co.mountpoint);
     free(o.mountpoint);
     free(o.source);
+    free(o.cacert);
+    free(o.cache_mem);
     fuse_opt_free_args(&args);
     return status;
 }

@@ -188,8 +188,6 @@ static void load_curl(void)
 static int have_curl(const char *url, ck_error *err)
 {
     pthread_once(&cu_once, load_curl);
-    if (!config.cacert && getenv("CKPTFS_CACERT") && *getenv("CKPTFS_CACERT"))
-        config.cacert = getenv("CKPTFS_CACERT");
     return cu.so ? 0 : ck_fail(err, url, "cannot load libcurl.so.4 (Debian: libcurl4)");
 }
 
@@ -295,8 +293,9 @@ static CURLcode perform(CURL *h, const char *url, struct curl_slist *hs, reply *
     cu.easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 10L);
     cu.easy_setopt(h, CURLOPT_FILETIME, 1L);
     cu.easy_setopt(h, CURLOPT_USERAGENT, "ckptfs");
-    if (config.cacert)
-        cu.easy_setopt(h, CURLOPT_CAINFO, config.cacert);
+    const char *ca = config.cacert ? config.cacert : getenv("CKPTFS_CACERT"); /* options win */
+    if (ca && *ca)
+        cu.easy_setopt(h, CURLOPT_CAINFO, ca);
     return cu.easy_perform(h);
 }
 

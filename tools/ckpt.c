@@ -363,31 +363,6 @@ static int cmd_verify(int argc, char **argv)
     return rc;
 }
 
-uint64_t parse_size(const char *s, int decimal_b)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-')
-        return 0;
-    const char *units = "KMG";
-    const char *u = *end ? strchr(units, *end & ~0x20) : NULL;
-    if (u) {
-        unsigned power = (unsigned)(u - units + 1);
-        int binary = (end[1] & ~0x20) == 'I';
-        end += 1 + binary;
-        int b = (*end & ~0x20) == 'B';
-        end += b;
-        uint64_t mul = 1;
-        for (unsigned k = 0; k < power; k++)
-            mul *= decimal_b && b && !binary ? 1000 : 1024;
-        if (v > UINT64_MAX / mul)
-            return 0;
-        v *= mul;
-    }
-    return *end ? 0 : v;
-}
-
 static int parse_device(const char *s, ckl_options *o)
 {
     char *end;

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../pack/size.h" /* parse_size: counts and sizes of options */
+
 /* tools/convert.c */
 int cmd_convert(int argc, char **argv);
 extern const char convert_usage[], convert_help[];
@@ -23,11 +25,6 @@ struct ck_index;
 
 /* tools/ckpt.c: ck_open, its error said on one line "ckpt: FILE: what"; 0 or -1. */
 int open_source(const char *source, struct ck_index **ix);
-/* tools/ckpt.c: a count or a size: digits, then optionally K, M or G, KiB, MiB or GiB (also Ki,
- * Mi, Gi; any case), binary; KB, MB, GB binary too, or decimal with decimal_b, as
- * save_pretrained reads them (huggingface_hub's convert_file_size_to_int). 0 when it is not
- * one, or is 0, or overflows. */
-uint64_t parse_size(const char *s, int decimal_b);
 /* tools/ckpt.c: a name on one line: control bytes as \xNN, '\\' doubled (as ckpt ls). */
 void print_name(const char *s, size_t len);
 
