@@ -468,6 +468,7 @@ class FileServer(_Served):
         self.faults = []
         self.log = []
         self.conns = set()  # open client connections, closed by stop()
+        self.stopping = threading.Event()  # ends every fault that holds a connection
         self.lock = threading.Lock()
         self.httpd = None
         self.thread = None
@@ -495,6 +496,7 @@ class FileServer(_Served):
 
     def stop(self):
         if self.httpd is not None:
+            self.stopping.set()
             self.httpd.shutdown()
             # A keep-alive connection's thread waits for the next request: end them all now,
             # as a server going away does, rather than after their idle timeout.
@@ -600,7 +602,8 @@ class FileServer(_Served):
         deadline = time.monotonic() + 60
         if not req.write(b"HTTP/1.1 200 OK\r\n"):
             return
-        while sent < limit and time.monotonic() < deadline and req.write(line * 64):
+        while sent < limit and time.monotonic() < deadline and not self.stopping.is_set() \
+                and req.write(line * 64):
             sent += len(line) * 64
         req.close()
 
@@ -608,7 +611,8 @@ class FileServer(_Served):
         req.head(200, [("Content-Length", 1 << 50), ("ETag", '"gigantic"')])
         block, sent = bytes(1 << 20), 0
         deadline = time.monotonic() + 60
-        while sent < limit and time.monotonic() < deadline and req.body(block):
+        while sent < limit and time.monotonic() < deadline and not self.stopping.is_set() \
+                and req.body(block):
             sent += len(block)
         req.close()
 
@@ -691,9 +695,7 @@ class FileServer(_Served):
         elif kind == "truncate":
             req.close()
         elif kind == "stall":
-            deadline = time.monotonic() + p.get("seconds", 30)
-            while time.monotonic() < deadline and self.httpd is not None:
-                time.sleep(0.05)
+            self.stopping.wait(p.get("seconds", 30))
             req.close()
         elif kind == "long_body":
             req.body(b"\xee" * (length - n))

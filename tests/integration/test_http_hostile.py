@@ -111,6 +111,23 @@ def test_hostile_after_mounting(mount, srv, sample, kind, params):
         assert_one_line_failure(p)
 
 
+def test_body_stalled_for_good_fails_within_the_budget(mount, srv, sample, monkeypatch):
+    """After the mount, every answer sends half its body and then nothing for a minute: with
+    CKPTFS_HTTP_BUDGET=2 (seconds for one request, retries included) a read fails with EIO
+    and `ckpt cat` in one line, long before the server would give up."""
+    monkeypatch.setenv("CKPTFS_HTTP_BUDGET", "2")
+    with mount(srv.url(NAME)) as mnt:
+        srv.fault("stall", seconds=60)
+        paths = {t["name"]: mnt / t["path"] for t in read_index(mnt)["tensors"]}
+        got = netlab.read_many([paths["head.weight"]], timeout=45)
+        assert got[str(paths["head.weight"])] == ("err", "EIO")
+    srv.clear()
+    srv.fault("stall", skip=1, seconds=60)
+    p = subprocess.run([ckpt_bin(), "cat", srv.url(NAME), "head.weight"], capture_output=True,
+                       timeout=45)
+    assert_one_line_failure(p)
+
+
 def test_size_that_changes_between_answers(mount, srv, sample):
     """After the mount, an answer says the object is 1 MiB longer than it was: the object
     changed under the mount, so that read fails with EIO and the file is stale from then on
