@@ -38,6 +38,13 @@ START_TIMEOUT = 10  # seconds for a server to accept connections
 STOP_TIMEOUT = 10  # seconds for a server to exit after it is told to
 
 
+def plain_env():
+    """Our environment without the sanitizer run's LD_PRELOAD (the ASan runtime, which `make
+    test SANITIZE=...` preloads into python for libckload): nginx, openssl and the reader are
+    not ours and need no sanitizer."""
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
+
+
 def free_port(host="127.0.0.1"):
     """A TCP port nothing listens on right now at host (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -81,7 +88,7 @@ class TLS:
 
 
 def _openssl(*args, cwd):
-    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, timeout=60)
+    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, timeout=60, env=plain_env())
     if p.returncode != 0:
         raise RuntimeError(f"openssl {' '.join(args)}: {p.stderr.decode(errors='replace')}")
 
@@ -208,9 +215,10 @@ http {{
         for attempt in range(5):  # a free port can be taken between the pick and nginx's bind
             self.port = free_port(self.host)
             (self.dir / "nginx.conf").write_text(self._conf())
-            self.proc = subprocess.Popen(["nginx", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=open(self.dir / "stderr", "wb"))
+            with open(self.dir / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(
+                    ["nginx", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=plain_env())
             try:
                 wait_listening(self.host, self.port, self.proc)
                 return self
@@ -909,7 +917,7 @@ def read_many(paths, timeout=READ_TIMEOUT, uncached=False):
     """{str(path): ("ok", sha256 hex) | ("err", "EIO"/"ESTALE"/...)} read by a child process;
     uncached: each file's pages are dropped from the page cache first (POSIX_FADV_DONTNEED)."""
     p = subprocess.run([sys.executable, "-S", "-c", _READER, "uncached" if uncached else "cached",
-                        *map(str, paths)],
+                        *map(str, paths)], env=plain_env(),
                        capture_output=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"reader failed: {p.stderr.decode(errors='replace')}")
