@@ -949,15 +949,22 @@ def sample_tensors(seed=17):
     return [(n, d, s, rng.randbytes(numel(s) * DTYPE_BITS[d] // 8)) for n, d, s in specs]
 
 
-def daemon_peak_rss_kib(mnt):
-    """VmHWM (peak resident set, KiB) of the ckptfs daemon serving mnt."""
+def daemon_peak_rss_kib(mnt, field="VmHWM"):
+    """VmHWM (peak resident set, KiB) of the ckptfs daemon serving mnt; field="VmRSS": now."""
     from ckptfs_testlib import ckptfs_pids  # (see sample_tensors)
     pids = ckptfs_pids(mnt)
     assert len(pids) == 1, f"daemons for {mnt}: {pids}"
     for line in Path(f"/proc/{pids[0]}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise RuntimeError("no VmHWM")
+    raise RuntimeError(f"no {field}")
+
+
+def sanitized():
+    """Whether the ckptfs under test is an ASan build (whose shadow memory and quarantine make
+    its resident set no measure of what the code keeps)."""
+    from ckptfs_testlib import ckptfs_bin  # (see sample_tensors)
+    return b"__asan_init" in ckptfs_bin().read_bytes()
 
 
 # --- added latency without netem -----------------------------------------------------------

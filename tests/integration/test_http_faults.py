@@ -417,5 +417,11 @@ def test_daemon_memory_within_cache_mem(mount, tmp_path):
     want = {n: netlab.sha256(t[2]) for n, t in library_view(path)[0].items()}
     with netlab.Nginx(d) as srv:
         with mount(srv.url(NAME), options=["cache_mem=16M"]) as mnt:
+            mounted = netlab.daemon_peak_rss_kib(mnt, "VmRSS")
             assert_all_right(mnt, want)
-            assert netlab.daemon_peak_rss_kib(mnt) <= (16 + 32) * 1024
+            peak = netlab.daemon_peak_rss_kib(mnt)
+    # What reading added is bounded in every build; the whole daemon, where its RSS means
+    # something (not under ASan).
+    assert peak - mounted <= (16 + 32) * 1024, (mounted, peak)
+    if not netlab.sanitized():
+        assert peak <= (16 + 32) * 1024, peak
