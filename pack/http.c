@@ -324,6 +324,7 @@ struct http_obj {
     uint64_t window, next;    /* readahead: the window; where the last read ended */
     atomic_uint_fast64_t requests, bytes;
     atomic_int changed;
+    atomic_int failing;       /* the last block fetched failed: no readahead until one works */
 };
 
 static CURL *take_handle(http_obj *o)
@@ -577,12 +578,16 @@ typedef struct block {
     int ahead;            /* readahead: fetched once, not retried, dropped if it fails */
 } block;
 
+/* Every block's buffer holds HTTP_BLOCK bytes; bytes counts them all, in use or spare. Spare
+ * buffers are reused rather than freed while the cache is within its limit: the daemon's memory
+ * then stays at what the limit allows, not at what a fragmented heap grows to. */
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t done;
     block *v;
     size_t n, cap;
     uint64_t bytes, clock;
+    unsigned char *spare;     /* a list, linked through each buffer's first bytes */
 } cache = {.lock = PTHREAD_MUTEX_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
 static uint64_t cache_limit(void)
@@ -598,38 +603,68 @@ static block *find_block(const http_obj *o, uint64_t at)
     return NULL;
 }
 
+/* A buffer no block uses: spare, or freed when the cache is over its limit. */
+static void release(unsigned char *data)
+{
+    if (cache.bytes > cache_limit()) {
+        free(data);
+        cache.bytes -= HTTP_BLOCK;
+        return;
+    }
+    memcpy(data, &cache.spare, sizeof cache.spare);
+    cache.spare = data;
+}
+
 static void drop_block(size_t i)
 {
-    cache.bytes -= cache.v[i].len;
-    free(cache.v[i].data);
+    release(cache.v[i].data);
     cache.v[i] = cache.v[--cache.n];
 }
 
-/* Makes room for len more bytes by dropping the least recently used ready blocks. Whether it
- * fits now. */
-static int make_room(size_t len)
+/* Drops the least recently used block that is not loading and was last used before stamp
+ * keep (what the read in progress uses stays); 0 when there is none. */
+static int evict_lru(uint64_t keep)
 {
-    while (cache.bytes + len > cache_limit()) {
-        size_t lru = SIZE_MAX;
-        for (size_t i = 0; i < cache.n; i++)
-            if (cache.v[i].state <= 0 && (lru == SIZE_MAX || cache.v[i].used < cache.v[lru].used))
-                lru = i;
-        if (lru == SIZE_MAX)
-            return 0;
+    size_t lru = SIZE_MAX;
+    for (size_t i = 0; i < cache.n; i++)
+        if (cache.v[i].state <= 0 && cache.v[i].used < keep &&
+            (lru == SIZE_MAX || cache.v[i].used < cache.v[lru].used))
+            lru = i;
+    if (lru != SIZE_MAX)
         drop_block(lru);
+    return lru != SIZE_MAX;
+}
+
+/* A buffer for a block: a spare, a new one within the limit, the least recently used block's;
+ * past the limit only for a read that needs it (not optional: readahead is). NULL when none. */
+static unsigned char *take_buffer(int optional, uint64_t keep)
+{
+    for (;;) {
+        if (cache.spare) {
+            unsigned char *d = cache.spare;
+            memcpy(&cache.spare, d, sizeof cache.spare);
+            return d;
+        }
+        int fits = cache.bytes + HTTP_BLOCK <= cache_limit();
+        if (!fits && evict_lru(keep))
+            continue;
+        if (!fits && optional)
+            return NULL;
+        unsigned char *d = malloc(HTTP_BLOCK);
+        if (d)
+            cache.bytes += HTTP_BLOCK;
+        return d;
     }
-    return 1;
 }
 
 /* A loading block of o at `at` (the caller fetches it), or NULL when it is cached or loading
- * already, or there is no room for it (optional: readahead) and no memory. Under the lock. */
-static block *claim_block(http_obj *o, uint64_t at, int optional)
+ * already, or there is no room for it (optional: readahead) and no memory. Blocks used since
+ * stamp keep are not evicted for it. Under the lock. */
+static block *claim_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
 {
     if (find_block(o, at))
         return NULL;
     size_t len = (size_t)(o->size - at < HTTP_BLOCK ? o->size - at : HTTP_BLOCK);
-    if (!make_room(len) && optional)
-        return NULL;
     if (cache.n == cache.cap) {
         size_t cap = cache.cap ? 2 * cache.cap : 64;
         block *v = realloc(cache.v, cap * sizeof *v);
@@ -638,10 +673,9 @@ static block *claim_block(http_obj *o, uint64_t at, int optional)
         cache.v = v;
         cache.cap = cap;
     }
-    unsigned char *data = malloc(len);
+    unsigned char *data = take_buffer(optional, keep);
     if (!data)
         return NULL;
-    cache.bytes += len;
     block *b = &cache.v[cache.n++];
     *b = (block){.o = o, .at = at, .data = data, .len = len, .used = ++cache.clock, .state = 1};
     return b;
@@ -659,6 +693,7 @@ static void *fetch_main(void *arg)
 {
     fetch *f = arg;
     int rc = get_range(f->o, f->data, f->len, f->at, f->ahead ? 1 : 0);
+    atomic_store(&f->o->failing, rc != 0);
     pthread_mutex_lock(&cache.lock);
     for (size_t i = 0; i < cache.n; i++)
         if (cache.v[i].o == f->o && cache.v[i].at == f->at) {
@@ -706,16 +741,23 @@ static int loading(const http_obj *o)
 static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
 {
     pthread_mutex_lock(&o->lock);
-    o->window = http_next_window(o->window, off == o->next);
-    o->next = off + len;
-    uint64_t ahead = o->window;
+    /* Sequential within a block: the kernel's reads of one stream reach several threads of the
+     * daemon, and arrive a little out of order. */
+    int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
+    o->window = http_next_window(o->window, seq);
+    o->next = seq && off + len < o->next ? o->next : off + len;
+    uint64_t ahead = atomic_load(&o->failing) ? 0 : o->window;
     pthread_mutex_unlock(&o->lock);
     uint64_t first = off / HTTP_BLOCK * HTTP_BLOCK, last = (off + len - 1) / HTTP_BLOCK;
     uint64_t stop = off + len + ahead < o->size ? off + len + ahead : o->size;
     int rc = 0;
     pthread_mutex_lock(&cache.lock);
+    uint64_t keep = cache.clock + 1; /* what this read touches stays until it has copied */
     for (uint64_t at = first; at < stop && rc == 0; at += HTTP_BLOCK) {
-        block *b = claim_block(o, at, at / HTTP_BLOCK > last);
+        block *had = find_block(o, at);
+        if (had && at / HTTP_BLOCK <= last)
+            had->used = ++cache.clock;
+        block *b = had ? NULL : claim_block(o, at, at / HTTP_BLOCK > last, keep);
         if (b) {
             b->ahead = at / HTTP_BLOCK > last;
             rc = start_fetch(b);
@@ -724,7 +766,7 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
     for (uint64_t at = first; at / HTTP_BLOCK <= last && rc == 0;) {
         block *b = find_block(o, at);
         if (!b) { /* it failed, or was dropped for room: fetch it again */
-            b = claim_block(o, at, 0);
+            b = claim_block(o, at, 0, keep);
             rc = b ? start_fetch(b) : -ENOMEM;
             continue;
         }

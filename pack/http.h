@@ -19,8 +19,8 @@
  *    http_configure names (or CKPTFS_CACERT). Nothing turns verification off.
  *  - Reads go through a block cache shared by every open object and bounded by cache_mem:
  *    HTTP_BLOCK-byte aligned blocks, fetched on parallel connections (at most HTTP_CONNECTIONS
- *    per object), with a readahead window that doubles on sequential reads up to
- *    HTTP_MAX_WINDOW and closes on a random one. A readahead block is asked once, not retried:
+ *    per object), with a readahead window that doubles on sequential reads (beginning within a
+ *    block of where the reads so far ended) up to HTTP_MAX_WINDOW and closes on a random one. A readahead block is asked once, not retried:
  *    if it fails, the read that needs it asks again, with retries. A read of HTTP_BLOCK bytes or
  *    more skips the cache: it is split into parallel range requests straight into the caller's
  *    buffer.
