@@ -11,7 +11,8 @@ Contract:
     `ETag: "mtime-size"` in hex, `If-Match` answered 412 on mismatch, 206 for one range).
     Its access log is one JSON object a line: method, uri, status, range, if_match,
     if_unmodified_since, body_bytes, bytes (with headers), auth (whether an Authorization header
-    came: never its value), host, conn (connection serial), proto. `requests()` parses it.
+    came: never its value), host, conn (connection serial), proto, end (when it finished, epoch
+    seconds) and seconds (how long it took). `requests()` parses it.
   * Nothing here knows what ckptfs does: the log is the server's account of what was asked.
 """
 import email.utils
@@ -35,6 +36,13 @@ from pathlib import Path
 
 START_TIMEOUT = 10  # seconds for a server to accept connections
 STOP_TIMEOUT = 10  # seconds for a server to exit after it is told to
+
+
+def plain_env():
+    """Our environment without the sanitizer run's LD_PRELOAD (the ASan runtime, which `make
+    test SANITIZE=...` preloads into python for libckload): nginx, openssl and the reader are
+    not ours and need no sanitizer."""
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
 
 
 def free_port(host="127.0.0.1"):
@@ -80,7 +88,7 @@ class TLS:
 
 
 def _openssl(*args, cwd):
-    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, timeout=60)
+    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, timeout=60, env=plain_env())
     if p.returncode != 0:
         raise RuntimeError(f"openssl {' '.join(args)}: {p.stderr.decode(errors='replace')}")
 
@@ -118,6 +126,18 @@ def replace_file(path, data):
     os.replace(tmp, path)
 
 
+class _Served:
+    """What every server here has: host, port and tls, and the URLs they make."""
+
+    @property
+    def base(self):
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    def url(self, rel=""):
+        """The URL of root/rel."""
+        return f"{self.base}/{str(rel).lstrip('/')}"
+
+
 # --- nginx ---------------------------------------------------------------------------------
 
 # One JSON object per request. $netlab_auth is 1 when an Authorization header came: the log
@@ -126,10 +146,11 @@ _LOG_FORMAT = ("'{\"method\":\"$request_method\",\"uri\":\"$request_uri\",\"stat
                "\"range\":\"$http_range\",\"if_match\":\"$http_if_match\","
                "\"if_unmodified_since\":\"$http_if_unmodified_since\","
                "\"body_bytes\":$body_bytes_sent,\"bytes\":$bytes_sent,\"auth\":$netlab_auth,"
-               "\"host\":\"$http_host\",\"conn\":$connection,\"proto\":\"$server_protocol\"}'")
+               "\"host\":\"$http_host\",\"conn\":$connection,\"proto\":\"$server_protocol\","
+               "\"end\":$msec,\"seconds\":$request_time}'")
 
 
-class Nginx:
+class Nginx(_Served):
     """with Nginx(root, tls=None, host="127.0.0.1", http2=False) as srv: srv.url("a/b") ...
 
     Debian's nginx serving the directory `root` (read from disk on every request, so a test may
@@ -142,18 +163,6 @@ class Nginx:
         self.port = None
         self.proc = None
         self.dir = None
-
-    @property
-    def scheme(self):
-        return "https" if self.tls else "http"
-
-    @property
-    def base(self):
-        return f"{self.scheme}://{self.host}:{self.port}"
-
-    def url(self, rel=""):
-        """The URL of root/rel."""
-        return f"{self.base}/{str(rel).lstrip('/')}"
 
     def _conf(self):
         listen = f"{self.host}:{self.port}"
@@ -206,9 +215,10 @@ http {{
         for attempt in range(5):  # a free port can be taken between the pick and nginx's bind
             self.port = free_port(self.host)
             (self.dir / "nginx.conf").write_text(self._conf())
-            self.proc = subprocess.Popen(["nginx", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=open(self.dir / "stderr", "wb"))
+            with open(self.dir / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(
+                    ["nginx", "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=plain_env())
             try:
                 wait_listening(self.host, self.port, self.proc)
                 return self
@@ -284,12 +294,27 @@ def body_bytes(reqs, uri=None):
     return sum(r["body_bytes"] for r in reqs if uri is None or r["uri"] == uri)
 
 
+def busy(reqs):
+    """(seconds during which at least one of nginx's logged requests was being served, the
+    most served at once): how well a client keeps the server busy."""
+    events = sorted([(r["end"] - r["seconds"], 1) for r in reqs] + [(r["end"], -1) for r in reqs])
+    total, at_once, most, since = 0.0, 0, 0, None
+    for when, step in events:
+        if at_once and since is not None:
+            total += when - since
+        at_once += step
+        most = max(most, at_once)
+        since = when
+    return total, most
+
+
 # --- a file server of our own, with scripted faults ----------------------------------------
 
 class Fault:
     """One scripted misbehaviour. Applies to requests whose method is in `methods` and whose
     path starts with `path` (None: any), after `skip` such requests have passed untouched, for
-    `times` requests (None: every one after that). `hits` counts the requests it spoiled.
+    `times` requests (None: every one after that), or only every `every`-th of them. `hits`
+    counts the requests it spoiled.
 
     kinds (params):
       status        code (503), retry_after (None: no header): an error answer with a small body
@@ -306,20 +331,25 @@ class Fault:
       endless_headers  limit (64 MiB): header lines until the client leaves or `limit` bytes went
       redirect      to (a base URL) : 302 to to + the same path (and query); to=None: to itself (a loop)
       gigantic      limit (8 GiB): Content-Length 2**50 and zeros until the client leaves or `limit`
+      weak_etag     the right answer with a weak ETag (W/"..."), which If-Match never matches
     """
 
-    def __init__(self, kind, times=None, skip=0, path=None, methods=("GET", "HEAD"), **params):
+    def __init__(self, kind, times=None, skip=0, path=None, methods=("GET", "HEAD"), every=1,
+                 **params):
         self.kind, self.times, self.skip, self.path, self.methods = kind, times, skip, path, methods
+        self.every = every
         self.params = params
         self.seen = 0
         self.hits = 0
 
     def take(self, method, path):
-        """Whether this request is spoiled (counted under the server's lock)."""
+        """Whether this request is spoiled (counted under the server's lock): with every=k, only
+        every k-th of the matching requests after `skip` is."""
         if method not in self.methods or (self.path is not None and not path.startswith(self.path)):
             return False
         self.seen += 1
-        if self.seen <= self.skip or (self.times is not None and self.hits >= self.times):
+        if self.seen <= self.skip or (self.times is not None and self.hits >= self.times) \
+                or (self.seen - self.skip) % self.every:
             return False
         self.hits += 1
         return True
@@ -351,6 +381,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def setup(self):
+        super().setup()
+        with self.server.app.lock:
+            self.server.app.conns.add(self.connection)
+
+    def finish(self):
+        with self.server.app.lock:
+            self.server.app.conns.discard(self.connection)
+        super().finish()
+
     def do_GET(self):
         self.server.app.handle(self, "GET")
 
@@ -368,6 +408,7 @@ class _Req:
         self.headers = h.headers
         self.entry = {"method": method, "uri": h.path, "status": None,
                       "range": h.headers.get("Range", ""), "if_match": h.headers.get("If-Match", ""),
+                      "if_unmodified_since": h.headers.get("If-Unmodified-Since", ""),
                       "auth": int("Authorization" in h.headers), "host": h.headers.get("Host", ""),
                       "body_bytes": 0, "fault": None}
 
@@ -383,7 +424,11 @@ class _Req:
     def head(self, status, headers, reason=None):
         """Status line and headers (a list of (name, value))."""
         self.entry["status"] = status
-        reason = reason or (HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "X")
+        if reason is None:
+            try:
+                reason = HTTPStatus(status).phrase
+            except ValueError:
+                reason = "Unknown"
         lines = [f"HTTP/1.1 {status} {reason}"] + [f"{k}: {v}" for k, v in headers]
         return self.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
@@ -401,17 +446,20 @@ class _Req:
         self.body(body)
 
     def close(self, reset=False):
-        """Ends the connection after this response; reset: with an RST, mid-body."""
+        """Ends the connection after this response: a FIN, or with reset an RST at once (an
+        abortive close: SO_LINGER 0, then close with no shutdown first)."""
         self.h.close_connection = True
-        if reset:
-            self.h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         try:
-            self.h.connection.shutdown(socket.SHUT_RDWR)
+            if reset:
+                self.h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.h.connection.close()
+            else:
+                self.h.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
 
-class FileServer:
+class FileServer(_Served):
     """with FileServer(root, host="127.0.0.1", tls=None) as srv: srv.url("a.safetensors") ...
 
     A threaded HTTP/1.1 server of our own on loopback serving `root` like nginx does (one Range,
@@ -427,19 +475,14 @@ class FileServer:
         self.host, self.tls = host, tls
         self.faults = []
         self.log = []
+        self.conns = set()  # open client connections, closed by stop()
+        self.stopping = threading.Event()  # ends every fault that holds a connection
         self.lock = threading.Lock()
         self.httpd = None
         self.thread = None
         self.port = None
 
     # --- lifecycle ---
-
-    @property
-    def base(self):
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
-
-    def url(self, rel=""):
-        return f"{self.base}/{str(rel).lstrip('/')}"
 
     def start(self):
         self.httpd = http.server.ThreadingHTTPServer((self.host, 0), _Handler)
@@ -449,7 +492,10 @@ class FileServer:
         if self.tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(self.tls.cert, self.tls.key)
-            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+            # The handshake happens in the connection's own thread, at its first read, so a
+            # client that never completes one cannot stall the accepting thread.
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
@@ -458,7 +504,16 @@ class FileServer:
 
     def stop(self):
         if self.httpd is not None:
+            self.stopping.set()
             self.httpd.shutdown()
+            # A keep-alive connection's thread waits for the next request: end them all now,
+            # as a server going away does, rather than after their idle timeout.
+            with self.lock:
+                for c in self.conns:
+                    try:
+                        c.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
             self.httpd.server_close()  # joins the handler threads (block_on_close)
             self.thread.join(timeout=STOP_TIMEOUT)
             self.httpd = None
@@ -504,6 +559,7 @@ class FileServer:
 
     def handle(self, h, method):
         req = _Req(h, method)
+        t0 = time.monotonic()
         try:
             with self.lock:
                 fault = next((f for f in self.faults if f.take(method, req.path)), None)
@@ -511,6 +567,7 @@ class FileServer:
                 req.entry["fault"] = fault.kind
             self.route(req, fault)
         finally:
+            req.entry["end"], req.entry["seconds"] = time.time(), time.monotonic() - t0
             with self.lock:
                 self.log.append(req.entry)
 
@@ -553,7 +610,8 @@ class FileServer:
         deadline = time.monotonic() + 60
         if not req.write(b"HTTP/1.1 200 OK\r\n"):
             return
-        while sent < limit and time.monotonic() < deadline and req.write(line * 64):
+        while sent < limit and time.monotonic() < deadline and not self.stopping.is_set() \
+                and req.write(line * 64):
             sent += len(line) * 64
         req.close()
 
@@ -561,7 +619,8 @@ class FileServer:
         req.head(200, [("Content-Length", 1 << 50), ("ETag", '"gigantic"')])
         block, sent = bytes(1 << 20), 0
         deadline = time.monotonic() + 60
-        while sent < limit and time.monotonic() < deadline and req.body(block):
+        while sent < limit and time.monotonic() < deadline and not self.stopping.is_set() \
+                and req.body(block):
             sent += len(block)
         req.close()
 
@@ -572,15 +631,16 @@ class FileServer:
         with open(path, "rb") as f:  # one open file: a replace() mid-answer does not mix contents
             st = os.fstat(f.fileno())
             size = st.st_size
-            etag = etag or f'"{st.st_mtime_ns:x}-{size:x}"'
-            base = [("ETag", etag), ("Last-Modified", email.utils.formatdate(
-                st.st_mtime, usegmt=True)), ("Accept-Ranges", "bytes"), *extra_headers]
-            im = req.headers.get("If-Match")
-            if im is not None and im.strip() != "*" and etag not in [t.strip() for t in im.split(",")]:
-                req.simple(412, b"precondition failed\n", base)
-                return
             kind = fault.kind if fault else None
             p = fault.params if fault else {}
+            etag = etag or f'"{st.st_mtime_ns:x}-{size:x}"'
+            if kind == "weak_etag":
+                etag = "W/" + etag
+            base = [("ETag", etag), ("Last-Modified", email.utils.formatdate(
+                st.st_mtime, usegmt=True)), ("Accept-Ranges", "bytes"), *extra_headers]
+            if not self._preconditions_hold(req, etag, st.st_mtime):
+                req.simple(412, b"precondition failed\n", base)
+                return
             rng = parse_range(req.headers.get("Range"), size)
             if rng == "bad":
                 req.simple(416, b"", [("Content-Range", f"bytes */{size}"), *base])
@@ -607,6 +667,25 @@ class FileServer:
                 return
             self._send_body(req, f, start, n, length, kind, p)
 
+    @staticmethod
+    def _preconditions_hold(req, etag, mtime):
+        """If-Match (strong comparison, RFC 9110 13.1.1: a weak tag never matches) and
+        If-Unmodified-Since (whole seconds, as Last-Modified has them)."""
+        im = req.headers.get("If-Match")
+        if im is not None and im.strip() != "*":
+            tags = [t.strip() for t in im.split(",")]
+            if etag.startswith("W/") or etag not in tags:
+                return False
+        ius = req.headers.get("If-Unmodified-Since")
+        if ius is not None:
+            try:
+                when = email.utils.parsedate_to_datetime(ius).timestamp()
+            except (TypeError, ValueError):
+                return True  # an invalid date is ignored (RFC 9110 13.1.4)
+            if int(mtime) > when:
+                return False
+        return True
+
     def _send_body(self, req, f, start, n, length, kind, p):
         cut = p.get("after", n // 2) if kind in ("drop", "truncate", "stall") else n
         cut = min(cut, n)
@@ -624,9 +703,7 @@ class FileServer:
         elif kind == "truncate":
             req.close()
         elif kind == "stall":
-            deadline = time.monotonic() + p.get("seconds", 30)
-            while time.monotonic() < deadline and self.httpd is not None:
-                time.sleep(0.05)
+            self.stopping.wait(p.get("seconds", 30))
             req.close()
         elif kind == "long_body":
             req.body(b"\xee" * (length - n))
@@ -815,9 +892,12 @@ class HubServer(FileServer):
 _READER = r"""
 import errno, hashlib, json, os, sys
 out = {}
-for p in sys.argv[1:]:
+uncached = sys.argv[1] == "uncached"
+for p in sys.argv[2:]:
     try:
         with open(p, "rb") as f:
+            if uncached:  # what the kernel holds of it goes: the read asks the daemon
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             h = hashlib.sha256()
             while True:
                 b = f.read(1 << 20)
@@ -833,9 +913,11 @@ print(json.dumps(out))
 READ_TIMEOUT = 120  # seconds for a batch of reads through a mount (a hang fails the test)
 
 
-def read_many(paths, timeout=READ_TIMEOUT):
-    """{str(path): ("ok", sha256 hex) | ("err", "EIO"/"ESTALE"/...)} read by a child process."""
-    p = subprocess.run([sys.executable, "-S", "-c", _READER, *map(str, paths)],
+def read_many(paths, timeout=READ_TIMEOUT, uncached=False):
+    """{str(path): ("ok", sha256 hex) | ("err", "EIO"/"ESTALE"/...)} read by a child process;
+    uncached: each file's pages are dropped from the page cache first (POSIX_FADV_DONTNEED)."""
+    p = subprocess.run([sys.executable, "-S", "-c", _READER, "uncached" if uncached else "cached",
+                        *map(str, paths)], env=plain_env(),
                        capture_output=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"reader failed: {p.stderr.decode(errors='replace')}")
@@ -867,15 +949,22 @@ def sample_tensors(seed=17):
     return [(n, d, s, rng.randbytes(numel(s) * DTYPE_BITS[d] // 8)) for n, d, s in specs]
 
 
-def daemon_peak_rss_kib(mnt):
-    """VmHWM (peak resident set, KiB) of the ckptfs daemon serving mnt."""
+def daemon_peak_rss_kib(mnt, field="VmHWM"):
+    """VmHWM (peak resident set, KiB) of the ckptfs daemon serving mnt; field="VmRSS": now."""
     from ckptfs_testlib import ckptfs_pids  # (see sample_tensors)
     pids = ckptfs_pids(mnt)
     assert len(pids) == 1, f"daemons for {mnt}: {pids}"
     for line in Path(f"/proc/{pids[0]}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise RuntimeError("no VmHWM")
+    raise RuntimeError(f"no {field}")
+
+
+def sanitized():
+    """Whether the ckptfs under test is an ASan build (whose shadow memory and quarantine make
+    its resident set no measure of what the code keeps)."""
+    from ckptfs_testlib import ckptfs_bin  # (see sample_tensors)
+    return b"__asan_init" in ckptfs_bin().read_bytes()
 
 
 # --- added latency without netem -----------------------------------------------------------

@@ -4,7 +4,9 @@ object replaced mid-mount, the server gone. Every byte is compared with the safe
 library's reading of the local file; requests are counted in the server's own log.
 
 The servers are netlab's (loopback only); every read runs in a child process with a timeout."""
+import concurrent.futures
 import os
+import random
 import subprocess
 
 import pytest
@@ -13,7 +15,8 @@ import netlab
 from ckptfs_testlib import ckpt_bin, library_view, read_index, write_safetensors
 
 NAME = "model.safetensors"
-RETRY_BOUND = 20  # requests one read may cost under transient faults: retries are bounded
+RETRY_BOUND = 64  # requests a read may cost: tries per request times the blocks it and the
+# kernel's readahead touch (a persistent 503 on a 4 MiB read: 36). The point: it ends.
 
 
 @pytest.fixture(scope="module")
@@ -159,18 +162,19 @@ def test_ckpt_cat_and_ls_over_http(srv, sample):
 
 @pytest.mark.parametrize("code", [503, 429])
 def test_busy_with_retry_after_then_fine(mount, srv, sample, code):
-    """The first two answers are `code` with Retry-After: 1 (mounting and reading): retried,
-    then every byte right; the log shows the refusals and a bounded number of requests."""
+    """The first two answers to the mount and then the first to a read are `code` with
+    Retry-After: 1: retried, then every byte right; the log shows the refusals and a bounded
+    number of requests."""
     _, _, want = sample
     busy = srv.fault("status", code=code, retry_after=1, times=2)
     with mount(srv.url(NAME)) as mnt:
         assert busy.hits == 2
-        later = srv.fault("status", code=code, retry_after=1, times=2)
+        later = srv.fault("status", code=code, retry_after=1, times=1)
         assert_all_right(mnt, want)
-        assert later.hits == 2
+        assert later.hits == 1
     reqs = srv.requests()
-    assert netlab.count(reqs, status=code) == 4
-    assert len(reqs) <= 4 + 3 + len(want) * 2, reqs
+    assert netlab.count(reqs, status=code) == 3
+    assert len(reqs) <= 3 + 3 + len(want) * 2, reqs
 
 
 @pytest.mark.parametrize("kind", ["drop", "truncate"])
@@ -183,6 +187,36 @@ def test_body_cut_short_is_retried(mount, srv, sample, kind):
         assert_all_right(mnt, want)
         assert cut.hits == 2
     assert len(srv.requests()) <= 3 + RETRY_BOUND + len(want) * 2
+
+
+@pytest.mark.parametrize("kind, params", [("drop", {}), ("truncate", {}),
+                                            ("status", {"code": 503, "retry_after": 0})])
+def test_ckpt_cat_retries(srv, sample, kind, params):
+    """`ckpt cat URL NAME` through the same transient faults: the library's bytes exactly."""
+    _, path, _ = sample
+    tensors, _ = library_view(path)
+    spoil = srv.fault(kind, skip=1, times=2, **params)  # the open's request passes, then two fail
+    p = ckpt("cat", srv.url(NAME), "layers.0.mlp.up.weight")
+    assert p.returncode == 0, p.stderr
+    assert spoil.hits == 2
+    assert p.stdout == tensors["layers.0.mlp.up.weight"][2]
+    assert netlab.count(srv.requests()) <= 1 + RETRY_BOUND
+
+
+@pytest.mark.parametrize("kind", ["drop", "truncate"])
+def test_ckload_load_url_through_faults(srv, sample, kind):
+    """ckload.load(URL) while bodies are cut: every tensor the safetensors library's bytes."""
+    import ckload
+    from ckptfs_testlib import torch_bytes
+    _, path, _ = sample
+    tensors, _ = library_view(path)
+    cut = srv.fault(kind, skip=1, times=2)
+    sd = ckload.load(srv.url(NAME), device="cpu")
+    assert cut.hits == 2
+    assert set(sd) == set(tensors)
+    for name, (dtype, shape, data) in tensors.items():
+        assert list(sd[name].shape) == shape
+        assert torch_bytes(sd[name]) == data, f"bytes of {name!r} differ"
 
 
 def test_slow_body_is_read_whole(mount, srv, sample):
@@ -198,9 +232,37 @@ def test_stalled_body_ends_and_is_retried(mount, srv, sample):
     retry, not a hang and not a short read."""
     _, _, want = sample
     with mount(srv.url(NAME)) as mnt:
-        stall = srv.fault("stall", seconds=3, times=1)
+        stall = srv.fault("stall", seconds=1, times=1)
         assert_all_right(mnt, want)
         assert stall.hits == 1
+
+
+def test_many_readers_through_mixed_faults_never_see_a_wrong_byte(mount, srv, sample):
+    """Four reader processes at once, each reading every tensor twice in its own order, past
+    the page cache and through a small block cache (so that blocks are fetched again and again:
+    some 70 requests, 40 of them spoiled, when written) while the server spoils requests
+    at fixed intervals in every way it knows: each read gives the library's bytes or EIO, never
+    other bytes, and some faults did strike."""
+    _, _, want = sample
+    with mount(srv.url(NAME), options=["cache_mem=8M"]) as mnt:
+        faults = [srv.fault("status", code=503, retry_after=0, every=5),
+                  srv.fault("drop", every=7), srv.fault("truncate", every=11),
+                  srv.fault("bad_range", every=13), srv.fault("long_body", every=17),
+                  srv.fault("slow", chunk=1 << 18, delay=0.001, every=3)]
+        paths = tensor_paths(mnt)
+        orders = []
+        for seed in range(4):
+            names = sorted(paths)
+            random.Random(seed).shuffle(names)
+            orders.append([paths[n] for n in names])
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            rounds = pool.map(lambda o: [netlab.read_many(o, uncached=True) for _ in range(2)], orders)
+            results = [got for pair in rounds for got in pair]
+    by_path = {str(p): n for n, p in paths.items()}
+    for got in results:
+        for p, (kind, val) in got.items():
+            assert (kind, val) in (("ok", want[by_path[p]]), ("err", "EIO")), (by_path[p], kind, val)
+    assert sum(f.hits for f in faults) >= 1
 
 
 def test_every_range_request_is_pinned_to_the_etag(mount, srv, sample):
@@ -215,6 +277,21 @@ def test_every_range_request_is_pinned_to_the_etag(mount, srv, sample):
     assert len(reqs) >= 2
     for r in reqs[1:]:
         assert r["if_match"] == etag, r
+
+
+def test_weak_etag_pins_by_last_modified(mount, srv, sample):
+    """A server whose ETags are weak (W/"..."): If-Match compares strongly, so a weak tag can
+    never pin a range (it would be 412 every time); the mount pins by Last-Modified instead
+    (If-Unmodified-Since) and reads every byte."""
+    _, _, want = sample
+    srv.fault("weak_etag")
+    with mount(srv.url(NAME)) as mnt:
+        assert_all_right(mnt, want)
+    reqs = srv.requests()
+    assert netlab.count(reqs, status=412) == 0, reqs
+    assert len(reqs) >= 2
+    for r in reqs[1:]:
+        assert r["if_unmodified_since"] and not r["if_match"], r
 
 
 def test_redirect_to_another_host_is_followed(mount, srv, sample):
@@ -251,19 +328,22 @@ def _replace_mid_mount(mount, server, replaceable):
         paths = tensor_paths(mnt)
         first = netlab.read_many([paths["first"]])
         assert first[str(paths["first"])] == ("ok", want["first"])
-        data = bytearray((d / NAME).read_bytes())
-        hlen = int.from_bytes(data[:8], "little")
-        for i in range(8 + hlen, len(data)):
-            data[i] ^= 0x5A
-        server.replace(NAME, bytes(data))
+        data = (d / NAME).read_bytes()
+        body = 8 + int.from_bytes(data[:8], "little")
+        flip = bytes(b ^ 0x5A for b in range(256))
+        server.replace(NAME, data[:body] + data[body:].translate(flip))
         got = netlab.read_many([paths["later"]])
         assert got[str(paths["later"])] == ("err", "EIO")
         again = netlab.read_many([paths["last"]])
         assert again[str(paths["last"])] == ("err", "ESTALE")
 
 
-def test_replaced_object_fails_reads_and_opens(mount, replaceable):
+@pytest.mark.parametrize("weak", [False, True], ids=["etag", "last-modified"])
+def test_replaced_object_fails_reads_and_opens(mount, replaceable, weak):
+    """Pinned by its ETag, or by Last-Modified where the ETag is weak."""
     with netlab.FileServer(replaceable[0]) as srv:
+        if weak:
+            srv.fault("weak_etag")
         _replace_mid_mount(mount, srv, replaceable)
         assert netlab.count(srv.requests(), status=412) >= 1
 
@@ -275,10 +355,12 @@ def test_replaced_object_on_nginx(mount, replaceable):
         assert netlab.count(srv.requests(), status=412) >= 1
 
 
-def test_server_gone_reads_fail_with_eio(mount, sample):
+def test_server_gone_reads_fail_with_eio(mount, sample, monkeypatch):
     """The server stops after mounting: reads fail with EIO after bounded retries (the child
-    reader's timeout is the bound on a hang), and the mount still unmounts cleanly."""
-    _, _, want = sample
+    reader's timeout is the bound on a hang), and the mount still unmounts cleanly. Two tries
+    per request: with the default four, each read waits out the backoff of every block the
+    kernel asks for (10 s for these two reads when written)."""
+    monkeypatch.setenv("CKPTFS_HTTP_TRIES", "2")
     srv = netlab.FileServer(sample[0]).start()
     try:
         with mount(srv.url(NAME)) as mnt:
@@ -313,6 +395,18 @@ def test_tls_with_private_ca(mount, sample, tmp_path):
         assert all(r["status"] in (200, 206) for r in reqs), reqs
 
 
+def test_http2_over_tls(mount, sample, tmp_path):
+    """nginx offering HTTP/2 (ALPN h2): mounted, every byte right, and the data asked over
+    HTTP/2 (one connection carries the parallel requests)."""
+    _, _, want = sample
+    tls = netlab.tls_material(tmp_path / "tls")
+    with netlab.Nginx(sample[0], tls=tls, http2=True) as srv:
+        with mount(srv.url(NAME), options=[f"cacert={tls.ca}"]) as mnt:
+            assert_all_right(mnt, want)
+        protos = {r["proto"] for r in srv.requests()}
+    assert protos == {"HTTP/2.0"}, protos
+
+
 def test_daemon_memory_within_cache_mem(mount, tmp_path):
     """Reading a 64 MiB checkpoint through a mount with -o cache_mem=16M: the daemon's peak
     resident set stays within cache_mem + 32 MiB (the issue's target), whatever it reads."""
@@ -323,5 +417,11 @@ def test_daemon_memory_within_cache_mem(mount, tmp_path):
     want = {n: netlab.sha256(t[2]) for n, t in library_view(path)[0].items()}
     with netlab.Nginx(d) as srv:
         with mount(srv.url(NAME), options=["cache_mem=16M"]) as mnt:
+            mounted = netlab.daemon_peak_rss_kib(mnt, "VmRSS")
             assert_all_right(mnt, want)
-            assert netlab.daemon_peak_rss_kib(mnt) <= (16 + 32) * 1024
+            peak = netlab.daemon_peak_rss_kib(mnt)
+    # What reading added is bounded in every build; the whole daemon, where its RSS means
+    # something (not under ASan).
+    assert peak - mounted <= (16 + 32) * 1024, (mounted, peak)
+    if not netlab.sanitized():
+        assert peak <= (16 + 32) * 1024, peak

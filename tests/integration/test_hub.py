@@ -220,3 +220,66 @@ def test_hub_busy_then_fine(mount, env, local):
         assert_mount_matches(mnt, sha_map(local["single"]))
     assert busy.hits == 2
     assert len(env.requests()) <= 10
+
+
+@pytest.mark.parametrize("cdn_host", ["127.0.0.1", "127.0.0.2"])
+def test_token_stays_with_the_hub_over_tls(mount, local, tmp_path, monkeypatch, cdn_host):
+    """The Hub and its CDN over https with a private CA (-o cacert): a private repo mounts, and
+    the CDN, on another host or only on another port of the same host (another origin either
+    way), never receives the Authorization header."""
+    tls = netlab.tls_material(tmp_path / "tls")
+    store = tmp_path / "store"
+    store.mkdir()
+    with netlab.FileServer(store, host=cdn_host, tls=tls) as cdn, \
+            netlab.HubServer(store, cdn, tls=tls) as hub:
+        hub.add_repo("org/private", {"model.safetensors": local["single"].read_bytes()}, private=True)
+        monkeypatch.setenv("HF_ENDPOINT", hub.base)
+        monkeypatch.setenv("HF_TOKEN", hub.token)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+        with mount("hf://org/private", options=[f"cacert={tls.ca}"]) as mnt:
+            assert_mount_matches(mnt, sha_map(local["single"]))
+        assert hub.requests() and all(r["auth"] == 1 for r in hub.requests())
+        assert cdn.requests() and all(r["auth"] == 0 for r in cdn.requests())
+
+
+@pytest.mark.parametrize("shard", ["../model.safetensors", "/etc/passwd", "sub/model.safetensors",
+                                   "OTHER"])
+def test_index_naming_a_shard_elsewhere_is_refused(env, local, sample_other, shard):
+    """A hostile repository's index.json names a shard outside its directory (a parent, an
+    absolute path, a subdirectory, a URL on another host): refused in one line, and nothing is
+    asked of the other host."""
+    other, other_url = sample_other
+    name = other_url if shard == "OTHER" else shard
+    single = local["single"].read_bytes()
+    env.add_repo("org/hostile-index", {
+        "model.safetensors.index.json": json.dumps(
+            {"metadata": {}, "weight_map": {"embed.weight": name}}).encode(),
+        "model.safetensors": single, "sub/model.safetensors": single})
+    p = ckpt("ls", "hf://org/hostile-index")
+    assert p.returncode == 1 and p.stderr.count(b"\n") == 1 and p.stderr.startswith(b"ckpt: "), p.stderr
+    assert other.requests() == []
+
+
+@pytest.fixture
+def sample_other(local):
+    """A server on another host (127.0.0.2) holding a checkpoint, and its URL."""
+    with netlab.FileServer(local["single"].parent, host="127.0.0.2") as other:
+        yield other, other.url(local["single"].name)
+
+
+def test_sibling_with_a_parent_path_is_not_followed(env, local):
+    """The revision API lists a file `../../escape.safetensors`: not a name to resolve."""
+    sha = env.add_repo("org/escape", {"model.safetensors": local["single"].read_bytes()})
+    env.repos["org/escape"]["commits"][sha] = ["../../escape.safetensors"]
+    p = ckpt("ls", "hf://org/escape")
+    assert p.returncode == 1 and p.stderr.count(b"\n") == 1, p.stderr
+    assert not [r for r in env.requests() if "escape.safetensors" in r["uri"]]
+
+
+def test_gigantic_api_answer_is_one_line_in_bounded_memory(env):
+    env.fault("gigantic", path="/api/", limit=1 << 30)
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(ckpt_bin()), "ls", "hf://org/single"],
+                       capture_output=True, timeout=TIMEOUT)
+    err = p.stderr.decode(errors="replace").splitlines()
+    assert p.returncode == 1 and err[0].startswith("ckpt: "), err
+    assert int(err[-1]) <= 128 * 1024, f"peak RSS {err[-1]} KiB"
