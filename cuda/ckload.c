@@ -104,7 +104,8 @@ void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
 
 struct ckl_load {
     atomic_int refs;
-    char *path;              /* in the same allocation, as is err */
+    char *path;              /* as shown in messages (ck_source_shown); in the same allocation,
+                              * as is err */
     ck_index *ix;            /* src.ix */
     load_source src;          /* what path stands for: the index, the selection (mount.h) */
     int check_files;         /* check each source file is unchanged once a blob is read */
@@ -828,10 +829,11 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     size_t plen = strlen(path) + 1, errcap = plen - 1 + ERR_ROOM;
     ckl_load *l = calloc(1, sizeof *l + plen + errcap);
     if (!l) {
-        snprintf(err, errlen, "%s: out of memory", path);
+        size_t n = strlen(ck_source_shown(path, err, errlen));
+        snprintf(err + n, errlen - n, ": out of memory");
         return -1;
     }
-    l->path = memcpy((char *)(l + 1), path, plen);
+    l->path = ck_source_shown(path, (char *)(l + 1), plen); /* for messages: no secrets */
     l->err = l->path + plen;
     l->errcap = errcap;
     atomic_init(&l->refs, 1);
@@ -841,7 +843,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     if (!l->opt.buffers)
         l->opt.buffers = DEFAULT_STAGES;
     if (l->opt.buffers > MAX_STAGES) {
-        snprintf(err, errlen, "%s: %u staging buffers per thread (at most %d)", path,
+        snprintf(err, errlen, "%s: %u staging buffers per thread (at most %d)", l->path,
                  l->opt.buffers, MAX_STAGES);
         free_load(l);
         return -1;
@@ -855,12 +857,12 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     l->own_pool = !o->pool;
     if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0) {
         if (!l->pool)
-            snprintf(err, errlen, "%s: out of memory", path);
+            snprintf(err, errlen, "%s: out of memory", l->path);
         free_load(l);
         return -1;
     }
     if (open_direct_all(l) != 0) {
-        snprintf(err, errlen, "%s: out of memory", path);
+        snprintf(err, errlen, "%s: out of memory", l->path);
         free_load(l);
         return -1;
     }
@@ -880,7 +882,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     unsigned nt = count_readers(l);
     l->threads = calloc(nt, sizeof *l->threads);
     if (!l->threads) {
-        snprintf(err, errlen, "%s: out of memory", path);
+        snprintf(err, errlen, "%s: out of memory", l->path);
         free_load(l);
         return -1;
     }

@@ -127,14 +127,12 @@ static int mountpoint_fd(const char *mnt)
     return (int)fd;
 }
 
-/* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df` (a URL
- * without its query: a presigned URL's signature is a secret). */
+/* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df`, as
+ * ck_source_shown has it (a URL without its userinfo and query: they are secrets). */
 static int add_mount_opts(struct fuse_args *args, const char *source)
 {
-    char *opts = NULL, *fsname = NULL;
-    int rc = asprintf(&fsname, "fsname=%.*s", (int)strcspn(source, ck_source_is_url(source)
-                                                                       ? "?#" : ""),
-                      source) < 0 ||
+    char *opts = NULL, *fsname = NULL, shown[CK_SHOWN_MAX];
+    int rc = asprintf(&fsname, "fsname=%s", ck_source_shown(source, shown, sizeof shown)) < 0 ||
              fuse_opt_add_opt(&opts, "ro,default_permissions,subtype=ckptfs") ||
              fuse_opt_add_opt_escaped(&opts, fsname) || /* a ',' in SOURCE stays in the name */
              fuse_opt_add_arg(args, "-o") || fuse_opt_add_arg(args, opts);
@@ -318,6 +316,11 @@ int main(int argc, char **argv)
     struct fuse_session *se = NULL;
     int status = 1, mounted = 0, ready = -1;
 
+    /* Before anything else: the daemon lives long, and `ps` would show SOURCE's secrets. */
+    if (ck_source_hide_args(argc, argv) != 0) {
+        fprintf(stderr, "ckptfs: out of memory\n");
+        return 1;
+    }
     if (fuse_opt_parse(&args, &o, ck_opt_spec, opt_proc) != 0 ||
         fuse_parse_cmdline(&args, &co) != 0)
         goto out;

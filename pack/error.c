@@ -1,4 +1,5 @@
 #include "error.h"
+#include "source.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -7,7 +8,10 @@ int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
 {
     if (!err)
         return -1;
-    int n = snprintf(err->msg, sizeof err->msg, "%s: ", file);
+    /* file may be a URL: its secrets never reach a message (ck_source_shown). */
+    char shown[sizeof err->msg];
+    int n = snprintf(err->msg, sizeof err->msg, "%s: ",
+                     ck_source_shown(file, shown, sizeof shown));
     if (n < 0 || (size_t)n >= sizeof err->msg)
         n = 0;
     va_list ap;

@@ -133,11 +133,6 @@ uint64_t http_next_window(uint64_t window, int sequential)
     return window * 2 > HTTP_MAX_WINDOW ? HTTP_MAX_WINDOW : window * 2;
 }
 
-void http_shown(const char *url, char *out, size_t cap)
-{
-    snprintf(out, cap, "%.*s", (int)strcspn(url, "?#"), url);
-}
-
 /* --- libcurl, loaded on first use ------------------------------------------------------------ */
 
 static struct {
@@ -310,7 +305,7 @@ static double now_s(void)
 
 struct http_obj {
     char *url;                /* as given: what a redirect target expires back to */
-    char shown[1024];         /* url without its query, for messages */
+    char shown[1024];         /* url as shown in messages (ck_source_shown) */
     char *where;              /* the last redirect's target, tried first (lock) */
     char etag[256];           /* strong, "" when the server gave none */
     char since[64];           /* If-Unmodified-Since's date when there is no strong ETag */
@@ -890,7 +885,7 @@ static const ck_source_ops http_ops = {
 int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
 {
     char shown[1024];
-    http_shown(url, shown, sizeof shown);
+    ck_source_shown(url, shown, sizeof shown);
     if (have_curl(shown, err))
         return -1;
     http_obj *o = calloc(1, sizeof *o);
@@ -937,7 +932,7 @@ int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
 int http_get(const char *url, size_t max, char **body, size_t *len, ck_error *err)
 {
     char shown[1024];
-    http_shown(url, shown, sizeof shown);
+    ck_source_shown(url, shown, sizeof shown);
     *body = NULL;
     if (have_curl(shown, err))
         return -1;

@@ -92,8 +92,4 @@ double http_backoff(unsigned attempt, double retry_after, double r);
  * read began where the last one ended, else 0. */
 uint64_t http_next_window(uint64_t window, int sequential);
 
-/* url without its query and fragment, for messages (a presigned URL's signature is a secret),
- * into out (cap bytes). */
-void http_shown(const char *url, char *out, size_t cap);
-
 #endif

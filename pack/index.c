@@ -230,7 +230,9 @@ int ck_file_same(const ck_index *ix, uint32_t f)
 
 int ck_same_shape(const ck_entry *a, const ck_entry *b)
 {
-    return a->rank == b->rank && memcmp(a->shape, b->shape, a->rank * sizeof *a->shape) == 0;
+    /* A scalar's shape may be NULL, which memcmp may not be given even for 0 bytes. */
+    return a->rank == b->rank &&
+           (!a->rank || memcmp(a->shape, b->shape, a->rank * sizeof *a->shape) == 0);
 }
 
 int ck_file_unchanged(const ck_file *f, const struct stat *st)

@@ -15,6 +15,9 @@
  *    hf://. Files a checkpoint names beside it (shards, splits) are opened by
  *    ck_source_sibling: only a plain file name is accepted, resolved in the source's own
  *    directory (a URL's directory for a URL), never a path the checkpoint chose.
+ *  - A location is shown (in messages, `mount`, a process's command line) only through
+ *    ck_source_shown: a URL's userinfo ("user:password@"), query (a presigned URL's signature)
+ *    and fragment are secrets, never printed.
  *  - Functions taking a const ck_file are safe to call from many threads at once.
  */
 #ifndef CK_SOURCE_H
@@ -53,6 +56,20 @@ struct ck_file {
 
 /* Whether loc names a remote source (http://, https://, hf://) rather than a path. */
 int ck_source_is_url(const char *loc);
+
+/* Room for a shown location: a local path (PATH_MAX) whole; a longer URL is cut. */
+#define CK_SHOWN_MAX 4096
+
+/* loc as it may be shown, into buf (cap > 0 bytes, cut to fit): a URL without its userinfo,
+ * query and fragment ("http://u:pw@h/m?sig#f" -> "http://h/m"); anything else as is. Returns
+ * buf, so that it goes straight into a printf. */
+char *ck_source_shown(const char *loc, char *buf, size_t cap);
+
+/* Hides the secrets of argv's URL arguments from `ps` and /proc/PID/cmdline: each such argv[i]
+ * is pointed at a heap copy (what the program goes on to read), and the original, in the
+ * process's argument block, is rewritten in place to its shown form, NUL-padded. 0, or -1 when
+ * memory runs out (the arguments from the one it ran out on stay as they were). */
+int ck_source_hide_args(int argc, char **argv);
 
 /* Opens loc (a path of a regular file, or an http(s) URL) into *f. On failure -1 with err set
  * ("LOC: cannot open WHAT: why"; what may be NULL). */

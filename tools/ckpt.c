@@ -105,7 +105,8 @@ static int print_json(const ck_index *ix, const char *source)
     char *json = ck_view_index_json(ix, tree, 1, &len);
     ck_tree_free(tree);
     if (!json) {
-        fprintf(stderr, "ckpt: %s: out of memory\n", source);
+        char shown[CK_SHOWN_MAX];
+        fprintf(stderr, "ckpt: %s: out of memory\n", ck_source_shown(source, shown, sizeof shown));
         return -1;
     }
     fwrite(json, 1, len, stdout);
@@ -118,14 +119,15 @@ static int print_json(const ck_index *ix, const char *source)
 static void report_requests(const ck_index *ix, const char *source)
 {
     uint64_t requests = 0, bytes = 0;
+    char shown[CK_SHOWN_MAX];
     for (uint32_t i = 0; i < ix->nfiles; i++) {
         uint64_t r, b;
         ck_file_stats(&ix->files[i], &r, &b);
         requests += r;
         bytes += b;
     }
-    fprintf(stderr, "ckpt: %.*s: %llu requests, %llu bytes for the headers of %u file%s\n",
-            (int)strcspn(source, "?#"), source, (unsigned long long)requests,
+    fprintf(stderr, "ckpt: %s: %llu requests, %llu bytes for the headers of %u file%s\n",
+            ck_source_shown(source, shown, sizeof shown), (unsigned long long)requests,
             (unsigned long long)bytes, ix->nfiles, ix->nfiles == 1 ? "" : "s");
 }
 
@@ -192,7 +194,9 @@ static int write_entry(const ck_index *ix, const ck_entry *e, const char *source
     for (uint64_t off = 0; off < e->nbytes && rc == 0;) {
         ssize_t n = ck_entry_read(ix, e, buf, CHUNK, off);
         if (n <= 0) {
-            fprintf(stderr, "ckpt: %s: cannot read tensor '%s': %s\n", source, e->name,
+            char shown[CK_SHOWN_MAX];
+            fprintf(stderr, "ckpt: %s: cannot read tensor '%s': %s\n",
+                    ck_source_shown(source, shown, sizeof shown), e->name,
                     strerror(n < 0 ? (int)-n : EIO));
             rc = -1;
         }
@@ -225,9 +229,11 @@ static int cmd_cat(int argc, char **argv)
         return 1;
     const ck_entry *e = ck_index_find(ix, args[1]);
     unsigned char head[NPY_MAKE_MAX];
+    char shown[CK_SHOWN_MAX];
     int raw, rc = 1;
     if (!e || e->kind != CK_TENSOR)
-        fprintf(stderr, "ckpt: %s: no tensor named '%s'\n", args[0], args[1]);
+        fprintf(stderr, "ckpt: %s: no tensor named '%s'\n",
+                ck_source_shown(args[0], shown, sizeof shown), args[1]);
     else if (!npy || write_out((const char *)head, npy_header_make(e->dtype, e->rank, e->shape,
                                                                    e->nbytes, head, &raw)) == 0)
         rc = write_entry(ix, e, args[0]) != 0;
@@ -319,7 +325,8 @@ static int first_mismatch(const ck_index *ix, const pack_layout *pl, const uint6
     return rc;
 }
 
-/* Recomputes every blob checksum and names the first tensor whose bytes do not match. */
+/* Recomputes every blob checksum and names the first tensor whose bytes do not match; path is
+ * the pack as shown. */
 static int verify_pack(const ck_index *ix, const char *path)
 {
     const pack_layout *pl = pack_layout_of(ix, 0);
@@ -352,12 +359,14 @@ static int cmd_verify(int argc, char **argv)
     ck_index *ix;
     if (open_source(argv[1], &ix) != 0)
         return 1;
+    char shown[CK_SHOWN_MAX];
+    ck_source_shown(argv[1], shown, sizeof shown);
     int rc = 1;
     if (!pack_layout_of(ix, 0)) {
-        fprintf(stderr, "ckpt: %s: not a pack (it is %s)\n", argv[1], ix->format);
+        fprintf(stderr, "ckpt: %s: not a pack (it is %s)\n", shown, ix->format);
     } else {
         ck_progress_catch_signals();
-        rc = verify_pack(ix, argv[1]) != 0;
+        rc = verify_pack(ix, shown) != 0;
     }
     ck_index_free(ix);
     return rc;
@@ -508,8 +517,10 @@ static int cmd_load(int argc, char **argv)
             snprintf(dev, sizeof dev, "cuda:%d", ckl_cuda_ordinal(l));
         const char *rp = ckl_read_path(l);
         int sums = strcmp(rp, "pack") == 0 || strcmp(rp, "mount") == 0; /* the pack read */
-        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), %s%s\n", path,
-               ckl_count(l), (unsigned long long)bytes, dev, dt,
+        char shown[CK_SHOWN_MAX];
+        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), %s%s\n",
+               ck_source_shown(path, shown, sizeof shown), ckl_count(l),
+               (unsigned long long)bytes, dev, dt,
                dt > 0 ? (double)bytes / dt / 1e9 : 0.0, read_path_words(rp),
                !o.verify ? "" : sums ? ", checksums match" : ", sources unchanged");
     }
@@ -621,6 +632,11 @@ static const ck_command *find_command(const char *name)
 
 int main(int argc, char **argv)
 {
+    /* A load, pack or convert runs long, and `ps` would show a URL SOURCE's secrets. */
+    if (ck_source_hide_args(argc, argv) != 0) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        return 1;
+    }
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

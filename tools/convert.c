@@ -123,9 +123,11 @@ static int make_plan(const ck_index *ix, const options *o, plan *p)
         const ck_entry *e = &ix->entries[g.tensors[k]];
         const ck_entry *first = &ix->entries[g.blob_entry[g.blob_of[k]]];
         if (e->dtype >= CK_ST_DTYPE_COUNT && !o->skip_unsupported) {
+            char shown[CK_SHOWN_MAX];
             fprintf(stderr, "ckpt: %s: tensor '%s' is %s, which safetensors lacks "
                     "(--skip-unsupported leaves such tensors out)\n",
-                    o->source, e->name, ck_dtype_name(e->dtype));
+                    ck_source_shown(o->source, shown, sizeof shown), e->name,
+                    ck_dtype_name(e->dtype));
             rc = -1;
         } else if (e->dtype >= CK_ST_DTYPE_COUNT) {
             p->omit[p->nomit++] = g.tensors[k];

@@ -999,7 +999,9 @@ int cmd_stats(int argc, char **argv)
         if (ix->entries[i].kind == CK_TENSOR && selected(&ix->entries[i], pats, npat))
             r.sel[r.n++] = &ix->entries[i];
     if (npat && !r.n) {
-        fprintf(stderr, "ckpt: %s: no tensor matches\n", source);
+        char shown[CK_SHOWN_MAX];
+        fprintf(stderr, "ckpt: %s: no tensor matches\n",
+                ck_source_shown(source, shown, sizeof shown));
         goto out;
     }
     if (stats_compute(&r) == 0 && print_stats(&r, json) == 0)

@@ -194,9 +194,6 @@ def test_tls_refused_without_the_ca(sample, mountpoint, tmp_path):
         assert srv.requests() == []  # the handshake failed: no request was made
 
 
-@pytest.mark.xfail(strict=True, reason="tools/ckpt.c prints SOURCE as given (cmd_cat's 'no tensor "
-                   "named', and its other messages naming args[0]), query and all; pack/http.c's "
-                   "http_shown is used only for the messages http.c makes")
 def test_presigned_signature_is_never_shown(srv, mount, mountpoint):
     """A presigned URL's query is its credential: it is in no message (`ckpt ls` of a 404,
     `ckpt cat` of a name the checkpoint lacks, a refused mount) and not in the `mount` line."""
