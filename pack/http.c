@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -188,7 +189,8 @@ static int have_curl(const char *url, ck_error *err)
 
 /* --- one request -------------------------------------------------------------------------- */
 
-enum { MAX_HEADER_BYTES = 64 << 10, MAX_DISCARD = 64 << 10 };
+enum { MAX_HEADER_BYTES = 64 << 10, MAX_DISCARD = 64 << 10, HUGE_PAGE = 2 << 20,
+       RECV_BUFFER = 128 << 10 };
 
 typedef struct http_obj http_obj;
 
@@ -288,6 +290,10 @@ static CURLcode perform(CURL *h, const char *url, struct curl_slist *hs, reply *
     cu.easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 10L);
     cu.easy_setopt(h, CURLOPT_FILETIME, 1L);
     cu.easy_setopt(h, CURLOPT_USERAGENT, "ckptfs");
+    /* Receives of up to RECV_BUFFER bytes, not libcurl's 16 KiB: fewer recv calls and write
+     * callbacks per block cut the daemon's CPU time in a sequential read by a fifth (1.10 to
+     * 0.90 s per GiB; 512 KiB: 0.85 s, but per handle kept, 8 per object). */
+    cu.easy_setopt(h, CURLOPT_BUFFERSIZE, (long)RECV_BUFFER);
     const char *ca = config.cacert ? config.cacert : getenv("CKPTFS_CACERT"); /* options win */
     if (ca && *ca)
         cu.easy_setopt(h, CURLOPT_CAINFO, ca);
@@ -571,6 +577,7 @@ typedef struct block {
     uint64_t used;        /* LRU stamp */
     int state;            /* 1 loading, 0 ready, -errno failed */
     int ahead;            /* readahead: fetched once, not retried, dropped if it fails */
+    unsigned pins;        /* readers copying out of it without the lock: not evicted */
 } block;
 
 /* Every block's buffer holds HTTP_BLOCK bytes; bytes counts them all, in use or spare. Spare
@@ -602,7 +609,7 @@ static block *find_block(const http_obj *o, uint64_t at)
 static void release(unsigned char *data)
 {
     if (cache.bytes > cache_limit()) {
-        free(data);
+        munmap(data, HTTP_BLOCK);
         cache.bytes -= HTTP_BLOCK;
         return;
     }
@@ -622,12 +629,33 @@ static int evict_lru(uint64_t keep)
 {
     size_t lru = SIZE_MAX;
     for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].state <= 0 && cache.v[i].used < keep &&
+        if (cache.v[i].state <= 0 && !cache.v[i].pins && cache.v[i].used < keep &&
             (lru == SIZE_MAX || cache.v[i].used < cache.v[lru].used))
             lru = i;
     if (lru != SIZE_MAX)
         drop_block(lru);
     return lru != SIZE_MAX;
+}
+
+/* A new block buffer, counted: HTTP_BLOCK bytes mapped on their own, aligned to and advised
+ * into huge pages (a hint). A block's first fill then faults twice, not 1,024 times: page faults
+ * were a tenth of the daemon's time in a sequential read while the cache grows to its limit
+ * (perf). Mapped, not malloc'ed: an aligned malloc leaves fragments in the heap that grew the
+ * daemon's RSS past cache_mem + 32 MiB under a small cache. */
+static unsigned char *new_buffer(void)
+{
+    size_t span = HTTP_BLOCK + HUGE_PAGE;
+    unsigned char *m =
+        mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    size_t lead = (size_t)(-(uintptr_t)m & (HUGE_PAGE - 1));
+    if (lead)
+        munmap(m, lead);
+    munmap(m + lead + HTTP_BLOCK, span - lead - HTTP_BLOCK);
+    madvise(m + lead, HTTP_BLOCK, MADV_HUGEPAGE);
+    cache.bytes += HTTP_BLOCK;
+    return m + lead;
 }
 
 /* A buffer for a block: a spare, a new one within the limit, the least recently used block's;
@@ -645,10 +673,7 @@ static unsigned char *take_buffer(int optional, uint64_t keep)
             continue;
         if (!fits && optional)
             return NULL;
-        unsigned char *d = malloc(HTTP_BLOCK);
-        if (d)
-            cache.bytes += HTTP_BLOCK;
-        return d;
+        return new_buffer();
     }
 }
 
@@ -777,7 +802,15 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
         b->used = ++cache.clock;
         uint64_t from = off > at ? off - at : 0;
         uint64_t to = off + len - at < b->len ? off + len - at : b->len;
-        memcpy(buf + (at + from - off), b->data + from, (size_t)(to - from));
+        /* The copy runs unlocked, the block pinned: the other readers' copies and the fetches'
+         * completions do not queue behind it. b may move meanwhile (the array is realloc'ed,
+         * dropped blocks are swapped out): found again by its key. */
+        const unsigned char *data = b->data;
+        b->pins++;
+        pthread_mutex_unlock(&cache.lock);
+        memcpy(buf + (at + from - off), data + from, (size_t)(to - from));
+        pthread_mutex_lock(&cache.lock);
+        find_block(o, at)->pins--;
         at += HTTP_BLOCK;
     }
     pthread_mutex_unlock(&cache.lock);
