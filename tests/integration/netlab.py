@@ -410,7 +410,7 @@ class _Req:
                       "range": h.headers.get("Range", ""), "if_match": h.headers.get("If-Match", ""),
                       "if_unmodified_since": h.headers.get("If-Unmodified-Since", ""),
                       "auth": int("Authorization" in h.headers), "host": h.headers.get("Host", ""),
-                      "body_bytes": 0, "fault": None}
+                      "body_bytes": 0, "fault": None, "start": time.monotonic()}
 
     def write(self, data):
         try:
@@ -538,8 +538,9 @@ class FileServer(_Served):
             self.log.clear()
 
     def requests(self, settle=0.2, timeout=10):
-        """The logged requests, once the log has not grown for `settle` seconds (a handler logs
-        a request just after its last byte went, which the client may already have seen)."""
+        """The logged requests in the order they arrived, once the log has not grown for `settle`
+        seconds (a handler logs a request just after its last byte went, which the client may
+        already have seen: the next request, on another connection's thread, can log first)."""
         deadline = time.monotonic() + timeout
         with self.lock:
             n = len(self.log)
@@ -550,7 +551,7 @@ class FileServer(_Served):
                     break
                 n = len(self.log)
         with self.lock:
-            return list(self.log)
+            return sorted(self.log, key=lambda e: e["start"])
 
     def replace(self, rel, data):
         replace_file(self.root / rel, data)
