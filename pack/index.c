@@ -86,20 +86,9 @@ static int add_opened(ck_index *ix, ck_file *f, ck_error *err)
 
 int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err)
 {
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return ck_fail(err, path, "cannot stat: %s", strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ck_fail(err, path, "not a regular file");
-    }
-    ck_file f = {
-        .path = path, .fd = fd, .size = (uint64_t)st.st_size, .mtime = st.st_mtim,
-        .dev = st.st_dev, .ino = st.st_ino,
-    };
+    ck_file f;
+    if (ck_source_adopt(path, fd, &f, err) != 0)
+        return -1;
     return add_opened(ix, &f, err);
 }
 

@@ -87,28 +87,33 @@ int ck_source_hide_args(int argc, char **argv)
     return 0;
 }
 
+int ck_source_adopt(const char *path, int fd, ck_file *f, ck_error *err)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ck_fail(err, path, "cannot stat: %s", strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return ck_fail(err, path, "not a regular file");
+    }
+    *f = (ck_file){.path = path, .fd = fd, .size = (uint64_t)st.st_size, .mtime = st.st_mtim,
+                   .dev = st.st_dev, .ino = st.st_ino};
+    return 0;
+}
+
 int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err)
 {
     if (http_is_url(loc))
         return http_open(loc, what, f, err);
-    const char *sep = what ? " " : "";
-    what = what ? what : "";
     /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
     int fd = open(loc, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        return ck_fail(err, loc, "cannot open%s%s: %s", sep, what, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ck_fail(err, loc, "not a regular file");
-    }
-    *f = (ck_file){.path = loc, .fd = fd, .size = (uint64_t)st.st_size, .mtime = st.st_mtim,
-                   .dev = st.st_dev, .ino = st.st_ino};
-    return 0;
+    if (fd < 0)
+        return ck_fail(err, loc, "cannot open%s%s: %s", what ? " " : "", what ? what : "",
+                       strerror(errno));
+    return ck_source_adopt(loc, fd, f, err);
 }
 
 void ck_source_close(ck_file *f)

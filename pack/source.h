@@ -75,6 +75,11 @@ int ck_source_hide_args(int argc, char **argv);
  * ("LOC: cannot open WHAT: why"; what may be NULL). */
 int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err);
 
+/* A local file already open as fd (taken: closed on failure) into *f, which names it path: what
+ * ck_source_open does once it has the descriptor. 0, or -1 with err set (cannot stat, not a
+ * regular file). */
+int ck_source_adopt(const char *path, int fd, ck_file *f, ck_error *err);
+
 /* Releases what ck_source_open took (the descriptor or the connection state). */
 void ck_source_close(ck_file *f);
 
