@@ -400,11 +400,34 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
     return all_sources_check(fs) ? -ESTALE : 0;
 }
 
-ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, const char **data)
+/* A tensor file's bytes held in place (ck_entry_hold), checked as ck_fs_read checks them. */
+static ssize_t tensor_hold(ck_fs *fs, const ck_node *nd, size_t size, uint64_t off,
+                           const char **data, void **token)
+{
+    const ck_entry *e = entry_of(fs, nd);
+    const void *p = NULL;
+    ssize_t n = ck_entry_hold(fs->ix, e, size, off, &p, token);
+    if (n <= 0)
+        return n;
+    /* After the hold, as after ck_fs_read's pread: a change seen while fetching is seen here. */
+    int changed = source_check(fs, e->ext.file);
+    if (changed) {
+        ck_entry_release(fs->ix, e, *token);
+        return changed;
+    }
+    *data = p;
+    return n;
+}
+
+ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, const char **data,
+                            void **token)
 {
     const ck_node *nd = node_of(fs, ino);
+    *token = NULL;
     if (!nd)
         return -ENOENT;
+    if (nd->kind == CK_NODE_TENSOR && !is_npy(fs, ino))
+        return off < 0 ? -EINVAL : tensor_hold(fs, nd, size, (uint64_t)off, data, token);
     if (nd->kind != CK_NODE_MEMFILE)
         return -ENOTSUP;
     if (off < 0)
@@ -414,6 +437,13 @@ ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, con
     size_t len = fs->vfile[nd->id].len, left = (uint64_t)off >= len ? 0 : len - (size_t)off;
     *data = fs->vfile[nd->id].data + (left ? off : 0);
     return (ssize_t)(left > size ? size : left);
+}
+
+void ck_fs_read_release(ck_fs *fs, uint64_t ino, void *token)
+{
+    const ck_node *nd = node_of(fs, ino);
+    if (token && nd && nd->kind == CK_NODE_TENSOR)
+        ck_entry_release(fs->ix, entry_of(fs, nd), token);
 }
 
 /* A NAME.npy view's bytes: its header, then the tensor's. */
@@ -445,7 +475,8 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
         return -EISDIR;
     case CK_NODE_MEMFILE: {
         const char *data;
-        n = ck_fs_read_in_place(fs, ino, size, off, &data);
+        void *token; /* NULL: the mount's own bytes need no release */
+        n = ck_fs_read_in_place(fs, ino, size, off, &data, &token);
         if (n > 0)
             memcpy(buf, data, (size_t)n);
         return n;

@@ -132,11 +132,16 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags);
 /* Up to size bytes of file ino at off into buf: the count (0 at or past the end), or -ENOENT,
  * -EINVAL (off < 0), -EISDIR, -EIO, -ESTALE (the sources were checked after reading). */
 ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off);
-/* ck_fs_read without the copy, for a file whose bytes the mount holds (index.json): *data
- * points at the count it returns of them (valid as long as fs), or -errno as ck_fs_read;
- * -ENOTSUP for every other file. A reply straight from them needs no read buffer, whose first
- * use costs more than index.json itself (a fresh huge page). */
-ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, const char **data);
+/* ck_fs_read without the copy, where the bytes are in memory to lend: a file the mount holds
+ * (index.json), or a contiguous tensor's range that its source holds (source.h ck_file_hold: a
+ * remote file's cached block). *data points at the count it returns of them, checked as
+ * ck_fs_read checks them, until ck_fs_read_release(fs, ino, *token) (*token is NULL when there
+ * is nothing to release); or -errno as ck_fs_read, with nothing held; -ENOTSUP where the bytes
+ * cannot be lent (ck_fs_read then). A reply straight from them needs no read buffer, nor the
+ * copy into it. */
+ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, const char **data,
+                            void **token);
+void ck_fs_read_release(ck_fs *fs, uint64_t ino, void *token);
 
 /* The attribute name of ino, as getxattr(2) answers: its length, copied into buf when size is
  * not 0; -ERANGE when size is too small, -ENODATA when ino has no such attribute, -ENOENT.

@@ -127,12 +127,19 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
     (void)fi;
+    ck_fs *fs = fs_of(req); /* req is gone once replied to */
     const char *held;
-    ssize_t n = ck_fs_read_in_place(fs_of(req), ino, size, off, &held);
-    if (n != -ENOTSUP)
-        return (void)(n < 0 ? fuse_reply_err(req, (int)-n) : fuse_reply_buf(req, held, (size_t)n));
+    void *token;
+    ssize_t n = ck_fs_read_in_place(fs, ino, size, off, &held, &token);
+    if (n != -ENOTSUP) { /* the reply copies the held bytes into the kernel before it returns */
+        if (n < 0)
+            return (void)fuse_reply_err(req, (int)-n);
+        fuse_reply_buf(req, held, (size_t)n);
+        ck_fs_read_release(fs, ino, token);
+        return;
+    }
     char *buf = read_buffer(mount_of(req), size);
-    n = buf ? ck_fs_read(fs_of(req), ino, buf, size, off) : -ENOMEM;
+    n = buf ? ck_fs_read(fs, ino, buf, size, off) : -ENOMEM;
     if (n < 0)
         return (void)fuse_reply_err(req, (int)-n);
     fuse_reply_buf(req, buf, (size_t)n);

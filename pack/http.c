@@ -577,7 +577,8 @@ typedef struct block {
     uint64_t used;        /* LRU stamp */
     int state;            /* 1 loading, 0 ready, -errno failed */
     int ahead;            /* readahead: fetched once, not retried, dropped if it fails */
-    unsigned pins;        /* readers copying out of it without the lock: not evicted */
+    unsigned pins;        /* readers copying out of it without the lock, and holds (op_hold):
+                           * not evicted, its buffer not reused */
 } block;
 
 /* Every block's buffer holds HTTP_BLOCK bytes; bytes counts them all, in use or spare. Spare
@@ -756,9 +757,10 @@ static int loading(const http_obj *o)
     return 0;
 }
 
-/* Copies [off, off+len) (within one or two blocks) out of the cache, fetching what is missing
- * and starting the readahead window's blocks. */
-static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+/* Notes a read of [off, off+len) of o, and starts fetching the blocks it touches and its
+ * readahead window's that are not cached or loading. Takes the cache lock, and returns with it
+ * held: the stamp below which blocks may be evicted for this read (what it uses stays). */
+static uint64_t start_reads(http_obj *o, size_t len, uint64_t off, int *rc)
 {
     pthread_mutex_lock(&o->lock);
     /* Sequential within a block: the kernel's reads of one stream reach several threads of the
@@ -770,48 +772,84 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
     pthread_mutex_unlock(&o->lock);
     uint64_t first = off / HTTP_BLOCK * HTTP_BLOCK, last = (off + len - 1) / HTTP_BLOCK;
     uint64_t stop = off + len + ahead < o->size ? off + len + ahead : o->size;
-    int rc = 0;
+    *rc = 0;
     pthread_mutex_lock(&cache.lock);
-    uint64_t keep = cache.clock + 1; /* what this read touches stays until it has copied */
-    for (uint64_t at = first; at < stop && rc == 0; at += HTTP_BLOCK) {
+    uint64_t keep = cache.clock + 1;
+    for (uint64_t at = first; at < stop && *rc == 0; at += HTTP_BLOCK) {
         block *had = find_block(o, at);
         if (had && at / HTTP_BLOCK <= last)
             had->used = ++cache.clock;
         block *b = had ? NULL : claim_block(o, at, at / HTTP_BLOCK > last, keep);
         if (b) {
             b->ahead = at / HTTP_BLOCK > last;
-            rc = start_fetch(b);
+            *rc = start_fetch(b);
         }
     }
-    for (uint64_t at = first; at / HTTP_BLOCK <= last && rc == 0;) {
+    return keep;
+}
+
+/* Waits (under the cache lock) for o's block at `at` to be ready, fetching it again when it
+ * failed or was dropped for room, and pins it: *out stays in the cache, its data in place, until
+ * unpin_block. 0, or -errno (a failure is taken: the next read asks again). */
+static int pin_block(http_obj *o, uint64_t at, uint64_t keep, block **out)
+{
+    for (;;) {
         block *b = find_block(o, at);
-        if (!b) { /* it failed, or was dropped for room: fetch it again */
+        if (!b) {
             b = claim_block(o, at, 0, keep);
-            rc = b ? start_fetch(b) : -ENOMEM;
+            int rc = b ? start_fetch(b) : -ENOMEM;
+            if (rc)
+                return rc;
             continue;
         }
         if (b->state == 1) {
             pthread_cond_wait(&cache.done, &cache.lock);
             continue;
         }
-        if (b->state < 0) { /* taken: the next read asks again */
-            rc = b->state;
+        if (b->state < 0) {
+            int rc = b->state;
             drop_block((size_t)(b - cache.v));
-            break;
+            return rc;
         }
         b->used = ++cache.clock;
+        b->pins++;
+        *out = b;
+        return 0;
+    }
+}
+
+/* Unpins the block whose buffer is data (under the cache lock). Blocks move in the array (it is
+ * realloc'ed, dropped blocks are swapped out), but a pinned block keeps its buffer. */
+static void unpin_block(const unsigned char *data)
+{
+    for (size_t i = 0; i < cache.n; i++)
+        if (cache.v[i].data == data) {
+            cache.v[i].pins--;
+            return;
+        }
+}
+
+/* Copies [off, off+len) (within one or two blocks) out of the cache, fetching what is missing
+ * and starting the readahead window's blocks. */
+static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+{
+    int rc;
+    uint64_t keep = start_reads(o, len, off, &rc);
+    for (uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK; at < off + len && rc == 0;
+         at += HTTP_BLOCK) {
+        block *b;
+        rc = pin_block(o, at, keep, &b);
+        if (rc)
+            break;
         uint64_t from = off > at ? off - at : 0;
         uint64_t to = off + len - at < b->len ? off + len - at : b->len;
         /* The copy runs unlocked, the block pinned: the other readers' copies and the fetches'
-         * completions do not queue behind it. b may move meanwhile (the array is realloc'ed,
-         * dropped blocks are swapped out): found again by its key. */
+         * completions do not queue behind it. */
         const unsigned char *data = b->data;
-        b->pins++;
         pthread_mutex_unlock(&cache.lock);
         memcpy(buf + (at + from - off), data + from, (size_t)(to - from));
         pthread_mutex_lock(&cache.lock);
-        find_block(o, at)->pins--;
-        at += HTTP_BLOCK;
+        unpin_block(data);
     }
     pthread_mutex_unlock(&cache.lock);
     return rc ? rc : atomic_load(&o->changed) ? -EIO : 0;
@@ -873,6 +911,49 @@ static int op_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
     return len >= HTTP_BLOCK ? read_direct(o, buf, len, off) : read_cached(o, buf, len, off);
 }
 
+/* Lends [off, off+len) where one cached block holds it: the block stays pinned (never evicted,
+ * its buffer never reused) until op_release. The head's bytes are lent as they are. */
+static int op_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token)
+{
+    http_obj *o = f->remote;
+    if (atomic_load(&o->changed))
+        return -EIO;
+    if (off > o->size || len > o->size - off)
+        return -EIO;
+    *token = NULL;
+    if (off + len <= o->head_len) {
+        *ptr = o->head + off;
+        return 0;
+    }
+    if (off / HTTP_BLOCK != (off + len - 1) / HTTP_BLOCK || len >= HTTP_BLOCK)
+        return -ENOTSUP; /* copied: read_cached, read_direct */
+    int rc;
+    uint64_t keep = start_reads(o, len, off, &rc);
+    block *b = NULL;
+    if (rc == 0)
+        rc = pin_block(o, off / HTTP_BLOCK * HTTP_BLOCK, keep, &b);
+    if (rc == 0 && atomic_load(&o->changed)) {
+        unpin_block(b->data);
+        rc = -EIO;
+    }
+    if (rc == 0) {
+        *ptr = b->data + (off - b->at);
+        *token = b->data;
+    }
+    pthread_mutex_unlock(&cache.lock);
+    return rc;
+}
+
+static void op_release(const ck_file *f, void *token)
+{
+    (void)f;
+    if (!token) /* the head */
+        return;
+    pthread_mutex_lock(&cache.lock);
+    unpin_block(token);
+    pthread_mutex_unlock(&cache.lock);
+}
+
 static int op_same(const ck_file *f)
 {
     const http_obj *o = f->remote;
@@ -913,6 +994,7 @@ static void op_close(ck_file *f)
 
 static const ck_source_ops http_ops = {
     .pread = op_pread, .same = op_same, .close = op_close, .stats = op_stats,
+    .hold = op_hold, .release = op_release,
 };
 
 int http_open(const char *url, const char *what, ck_file *f, ck_error *err)

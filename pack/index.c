@@ -370,14 +370,38 @@ static int read_strided(const ck_index *ix, const ck_entry *e, unsigned char *bu
     return rc;
 }
 
-ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)
+/* len cut to what entry e has from off on (and to SSIZE_MAX): the count a read answers. */
+static size_t entry_span(const ck_entry *e, size_t len, uint64_t off)
 {
     if (off >= e->nbytes)
         return 0;
     if (len > e->nbytes - off)
         len = (size_t)(e->nbytes - off);
-    if (len > SSIZE_MAX)
-        len = SSIZE_MAX;
+    return len > SSIZE_MAX ? SSIZE_MAX : len;
+}
+
+ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_t off,
+                      const void **ptr, void **token)
+{
+    if (e->kind != CK_TENSOR || e->layout != CK_CONTIGUOUS)
+        return -ENOTSUP;
+    len = entry_span(e, len, off);
+    if (len == 0)
+        return 0;
+    int rc = ck_file_hold(&ix->files[e->ext.file], len, e->ext.offset + off, ptr, token);
+    return rc ? rc : (ssize_t)len;
+}
+
+void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token)
+{
+    ck_file_release(&ix->files[e->ext.file], token);
+}
+
+ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)
+{
+    len = entry_span(e, len, off);
+    if (len == 0)
+        return 0;
     int rc = 0;
     switch (e->kind == CK_VALUE ? 255 : e->layout) {
     case 255:

@@ -104,6 +104,14 @@ const char *ck_index_source(const ck_index *ix);
  * shorter than the index says gives -EIO: callers never see a short count before the end. */
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off);
 
+/* ck_entry_read without the copy, where the source can lend the bytes (ck_file_hold): *ptr
+ * points at the count it returns of them (0 at or past the end: nothing held), held until
+ * ck_entry_release(ix, e, *token). -ENOTSUP for a layout other than one contiguous extent, a
+ * value, or a range the source cannot lend (a local file): ck_entry_read then. */
+ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_t off,
+                      const void **ptr, void **token);
+void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token);
+
 /* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
 int ck_pread(int fd, void *buf, size_t len, uint64_t off);
 /* ck_file_read of source file `file` of ix: how the index's users read a source's bytes. */

@@ -154,6 +154,17 @@ int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off)
     return f->ops ? f->ops->pread(f, buf, len, off) : ck_pread(f->fd, buf, len, off);
 }
 
+int ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token)
+{
+    /* A local file's bytes are in the page cache, which only a copy reaches. */
+    return f->ops ? f->ops->hold(f, len, off, ptr, token) : -ENOTSUP;
+}
+
+void ck_file_release(const ck_file *f, void *token)
+{
+    f->ops->release(f, token);
+}
+
 int ck_file_is_local(const ck_file *f)
 {
     return !f->ops;
