@@ -400,34 +400,51 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
     return all_sources_check(fs) ? -ESTALE : 0;
 }
 
-/* A tensor file's bytes held in place (ck_entry_hold), checked as ck_fs_read checks them. */
-static ssize_t tensor_hold(ck_fs *fs, const ck_node *nd, size_t size, uint64_t off,
-                           const char **data, void **token)
+/* Releases every piece h holds of tensor node nd. */
+static void tensor_release(ck_fs *fs, const ck_node *nd, ck_held *h)
 {
-    const ck_entry *e = entry_of(fs, nd);
-    const void *p = NULL;
-    ssize_t n = ck_entry_hold(fs->ix, e, size, off, &p, token);
-    if (n <= 0)
-        return n;
-    /* After the hold, as after ck_fs_read's pread: a change seen while fetching is seen here. */
-    int changed = source_check(fs, e->ext.file);
-    if (changed) {
-        ck_entry_release(fs->ix, e, *token);
-        return changed;
+    while (h->n > 0) {
+        h->n--;
+        ck_entry_release(fs->ix, entry_of(fs, nd), h->token[h->n]);
     }
-    *data = p;
-    return n;
 }
 
-ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, const char **data,
-                            void **token)
+/* A tensor file's bytes held in place (ck_entry_hold, a piece at a time), checked as ck_fs_read
+ * checks them. */
+static ssize_t tensor_hold(ck_fs *fs, const ck_node *nd, size_t size, uint64_t off, ck_held *h)
+{
+    const ck_entry *e = entry_of(fs, nd);
+    size_t got = 0;
+    ssize_t rc = 0;
+    while (got < size && rc == 0) {
+        const void *p;
+        ssize_t k = h->n == CK_HELD_MAX ? -ENOTSUP
+                                        : ck_entry_hold(fs->ix, e, size - got, off + got, &p,
+                                                        &h->token[h->n]);
+        if (k > 0) {
+            h->iov[h->n++] = (struct iovec){.iov_base = (void *)p, .iov_len = (size_t)k};
+            got += (size_t)k;
+        }
+        rc = k > 0 ? 0 : k == 0 ? 1 : k; /* 1: the end of the tensor */
+    }
+    /* After the holds, as after ck_fs_read's pread: a change seen while fetching is seen here. */
+    if (rc >= 0)
+        rc = source_check(fs, e->ext.file);
+    if (rc < 0) {
+        tensor_release(fs, nd, h);
+        return rc;
+    }
+    return (ssize_t)got;
+}
+
+ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_held *h)
 {
     const ck_node *nd = node_of(fs, ino);
-    *token = NULL;
+    h->n = 0;
     if (!nd)
         return -ENOENT;
     if (nd->kind == CK_NODE_TENSOR && !is_npy(fs, ino))
-        return off < 0 ? -EINVAL : tensor_hold(fs, nd, size, (uint64_t)off, data, token);
+        return off < 0 ? -EINVAL : tensor_hold(fs, nd, size, (uint64_t)off, h);
     if (nd->kind != CK_NODE_MEMFILE)
         return -ENOTSUP;
     if (off < 0)
@@ -435,15 +452,18 @@ ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, con
     if (!vfile_ready(fs, nd->id))
         return -EIO;
     size_t len = fs->vfile[nd->id].len, left = (uint64_t)off >= len ? 0 : len - (size_t)off;
-    *data = fs->vfile[nd->id].data + (left ? off : 0);
-    return (ssize_t)(left > size ? size : left);
+    size_t n = left > size ? size : left;
+    if (n) /* the mount's own bytes: nothing to release */
+        h->iov[h->n++] = (struct iovec){.iov_base = fs->vfile[nd->id].data + off, .iov_len = n};
+    return (ssize_t)n;
 }
 
-void ck_fs_read_release(ck_fs *fs, uint64_t ino, void *token)
+void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_held *h)
 {
     const ck_node *nd = node_of(fs, ino);
-    if (token && nd && nd->kind == CK_NODE_TENSOR)
-        ck_entry_release(fs->ix, entry_of(fs, nd), token);
+    if (nd && nd->kind == CK_NODE_TENSOR)
+        tensor_release(fs, nd, h);
+    h->n = 0;
 }
 
 /* A NAME.npy view's bytes: its header, then the tensor's. */
@@ -474,11 +494,10 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
     case CK_NODE_DIR:
         return -EISDIR;
     case CK_NODE_MEMFILE: {
-        const char *data;
-        void *token; /* NULL: the mount's own bytes need no release */
-        n = ck_fs_read_in_place(fs, ino, size, off, &data, &token);
+        ck_held h; /* the mount's own bytes, in one piece, need no release */
+        n = ck_fs_read_in_place(fs, ino, size, off, &h);
         if (n > 0)
-            memcpy(buf, data, (size_t)n);
+            memcpy(buf, h.iov[0].iov_base, (size_t)n);
         return n;
     }
     case CK_NODE_VALUE: /* its text is in memory */

@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "tree.h"
 #include "../pack/synth.h"
@@ -132,16 +133,22 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags);
 /* Up to size bytes of file ino at off into buf: the count (0 at or past the end), or -ENOENT,
  * -EINVAL (off < 0), -EISDIR, -EIO, -ESTALE (the sources were checked after reading). */
 ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off);
+/* Bytes lent for one read (ck_fs_read_in_place): n pieces, in order. */
+#define CK_HELD_MAX 4
+typedef struct ck_held {
+    unsigned n;
+    struct iovec iov[CK_HELD_MAX];
+    void *token[CK_HELD_MAX];
+} ck_held;
 /* ck_fs_read without the copy, where the bytes are in memory to lend: a file the mount holds
  * (index.json), or a contiguous tensor's range that its source holds (source.h ck_file_hold: a
- * remote file's cached block). *data points at the count it returns of them, checked as
- * ck_fs_read checks them, until ck_fs_read_release(fs, ino, *token) (*token is NULL when there
- * is nothing to release); or -errno as ck_fs_read, with nothing held; -ENOTSUP where the bytes
- * cannot be lent (ck_fs_read then). A reply straight from them needs no read buffer, nor the
- * copy into it. */
-ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, const char **data,
-                            void **token);
-void ck_fs_read_release(ck_fs *fs, uint64_t ino, void *token);
+ * remote file's cached blocks). The count ck_fs_read would answer, its bytes in h's pieces,
+ * checked as ck_fs_read checks them, held until ck_fs_read_release(fs, ino, h); or -errno as
+ * ck_fs_read, with nothing held; -ENOTSUP where the bytes cannot be lent, or not in
+ * CK_HELD_MAX pieces (ck_fs_read then). A reply straight from them needs no read buffer, nor
+ * the copy into it. */
+ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_held *h);
+void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_held *h);
 
 /* The attribute name of ino, as getxattr(2) answers: its length, copied into buf when size is
  * not 0; -ERANGE when size is too small, -ENODATA when ino has no such attribute, -ENOENT.

@@ -128,14 +128,13 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
     (void)fi;
     ck_fs *fs = fs_of(req); /* req is gone once replied to */
-    const char *held;
-    void *token;
-    ssize_t n = ck_fs_read_in_place(fs, ino, size, off, &held, &token);
+    ck_held h;
+    ssize_t n = ck_fs_read_in_place(fs, ino, size, off, &h);
     if (n != -ENOTSUP) { /* the reply copies the held bytes into the kernel before it returns */
         if (n < 0)
             return (void)fuse_reply_err(req, (int)-n);
-        fuse_reply_buf(req, held, (size_t)n);
-        ck_fs_read_release(fs, ino, token);
+        fuse_reply_iov(req, h.iov, (int)h.n);
+        ck_fs_read_release(fs, ino, &h);
         return;
     }
     char *buf = read_buffer(mount_of(req), size);

@@ -579,6 +579,7 @@ typedef struct block {
     int ahead;            /* readahead: fetched once, not retried, dropped if it fails */
     unsigned pins;        /* readers copying out of it without the lock, and holds (op_hold):
                            * not evicted, its buffer not reused */
+    int passed;           /* a read reached its last byte: streamed through, likely done with */
 } block;
 
 /* Every block's buffer holds HTTP_BLOCK bytes; bytes counts them all, in use or spare. Spare
@@ -625,12 +626,14 @@ static void drop_block(size_t i)
 }
 
 /* Drops the least recently used block that is not loading and was last used before stamp
- * keep (what the read in progress uses stays); 0 when there is none. */
-static int evict_lru(uint64_t keep)
+ * keep (what the read in progress uses stays), of those passed when `passed`; 0 when there is
+ * none. */
+static int evict_lru(uint64_t keep, int passed)
 {
     size_t lru = SIZE_MAX;
     for (size_t i = 0; i < cache.n; i++)
         if (cache.v[i].state <= 0 && !cache.v[i].pins && cache.v[i].used < keep &&
+            (!passed || cache.v[i].passed) &&
             (lru == SIZE_MAX || cache.v[i].used < cache.v[lru].used))
             lru = i;
     if (lru != SIZE_MAX)
@@ -659,8 +662,12 @@ static unsigned char *new_buffer(void)
     return m + lead;
 }
 
-/* A buffer for a block: a spare, a new one within the limit, the least recently used block's;
- * past the limit only for a read that needs it (not optional: readahead is). NULL when none. */
+/* A buffer for a block: a spare, a block's that reads have passed, a new one within the limit,
+ * the least recently used block's; past the limit only for a read that needs it (not optional:
+ * readahead is). NULL when none. A passed block's buffer comes before a new one: a sequential
+ * read does not come back for bytes the kernel's page cache now holds, and fresh memory is dear
+ * (zeroing the new huge pages was a third of the daemon's time in a sequential read, perf, while
+ * the cache grew to its limit); the cache then stays near the readahead window's size. */
 static unsigned char *take_buffer(int optional, uint64_t keep)
 {
     for (;;) {
@@ -670,7 +677,7 @@ static unsigned char *take_buffer(int optional, uint64_t keep)
             return d;
         }
         int fits = cache.bytes + HTTP_BLOCK <= cache_limit();
-        if (!fits && evict_lru(keep))
+        if (evict_lru(keep, 1) || (!fits && evict_lru(keep, 0)))
             continue;
         if (!fits && optional)
             return NULL;
@@ -789,9 +796,10 @@ static uint64_t start_reads(http_obj *o, size_t len, uint64_t off, int *rc)
 }
 
 /* Waits (under the cache lock) for o's block at `at` to be ready, fetching it again when it
- * failed or was dropped for room, and pins it: *out stays in the cache, its data in place, until
- * unpin_block. 0, or -errno (a failure is taken: the next read asks again). */
-static int pin_block(http_obj *o, uint64_t at, uint64_t keep, block **out)
+ * failed or was dropped for room, and pins it for a read that ends at `end`: *out stays in the
+ * cache, its data in place, until unpin_block. 0, or -errno (a failure is taken: the next read
+ * asks again). */
+static int pin_block(http_obj *o, uint64_t at, uint64_t end, uint64_t keep, block **out)
 {
     for (;;) {
         block *b = find_block(o, at);
@@ -813,6 +821,7 @@ static int pin_block(http_obj *o, uint64_t at, uint64_t keep, block **out)
         }
         b->used = ++cache.clock;
         b->pins++;
+        b->passed |= end >= at + b->len;
         *out = b;
         return 0;
     }
@@ -838,7 +847,7 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
     for (uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK; at < off + len && rc == 0;
          at += HTTP_BLOCK) {
         block *b;
-        rc = pin_block(o, at, keep, &b);
+        rc = pin_block(o, at, off + len, keep, &b);
         if (rc)
             break;
         uint64_t from = off > at ? off - at : 0;
@@ -911,9 +920,11 @@ static int op_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
     return len >= HTTP_BLOCK ? read_direct(o, buf, len, off) : read_cached(o, buf, len, off);
 }
 
-/* Lends [off, off+len) where one cached block holds it: the block stays pinned (never evicted,
- * its buffer never reused) until op_release. The head's bytes are lent as they are. */
-static int op_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token)
+/* Lends [off, off+len) up to the end of the cached block that holds off: the block stays
+ * pinned (never evicted, its buffer never reused) until op_release. The head's bytes are lent
+ * as they are. */
+static ssize_t op_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
+                       void **token)
 {
     http_obj *o = f->remote;
     if (atomic_load(&o->changed))
@@ -923,25 +934,26 @@ static int op_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
     *token = NULL;
     if (off + len <= o->head_len) {
         *ptr = o->head + off;
-        return 0;
+        return (ssize_t)len;
     }
-    if (off / HTTP_BLOCK != (off + len - 1) / HTTP_BLOCK || len >= HTTP_BLOCK)
-        return -ENOTSUP; /* copied: read_cached, read_direct */
+    uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK;
+    if (len > at + HTTP_BLOCK - off)
+        len = (size_t)(at + HTTP_BLOCK - off);
     int rc;
     uint64_t keep = start_reads(o, len, off, &rc);
     block *b = NULL;
     if (rc == 0)
-        rc = pin_block(o, off / HTTP_BLOCK * HTTP_BLOCK, keep, &b);
+        rc = pin_block(o, at, off + len, keep, &b);
     if (rc == 0 && atomic_load(&o->changed)) {
         unpin_block(b->data);
         rc = -EIO;
     }
     if (rc == 0) {
-        *ptr = b->data + (off - b->at);
+        *ptr = b->data + (off - at);
         *token = b->data;
     }
     pthread_mutex_unlock(&cache.lock);
-    return rc;
+    return rc ? rc : (ssize_t)len;
 }
 
 static void op_release(const ck_file *f, void *token)

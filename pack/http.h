@@ -24,9 +24,9 @@
  *    if it fails, the read that needs it asks again, with retries. A read of HTTP_BLOCK bytes or
  *    more skips the cache: it is split into parallel range requests straight into the caller's
  *    buffer.
- *  - A read within one block may be lent in place (ck_file_hold) rather than copied: the block
+ *  - A read may be lent in place (ck_file_hold) rather than copied, a block at a time: the block
  *    is pinned, never evicted nor its buffer reused, until ck_file_release. Pinned blocks may
- *    take the cache past cache_mem by one block per hold in progress (one per FUSE thread).
+ *    take the cache past cache_mem by the blocks of the holds in progress (FUSE's threads).
  *  - libcurl is loaded (dlopen) on the first URL, so a local source never pays for it.
  */
 #ifndef CK_HTTP_H

@@ -388,8 +388,7 @@ ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_
     len = entry_span(e, len, off);
     if (len == 0)
         return 0;
-    int rc = ck_file_hold(&ix->files[e->ext.file], len, e->ext.offset + off, ptr, token);
-    return rc ? rc : (ssize_t)len;
+    return ck_file_hold(&ix->files[e->ext.file], len, e->ext.offset + off, ptr, token);
 }
 
 void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token)

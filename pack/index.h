@@ -105,9 +105,11 @@ const char *ck_index_source(const ck_index *ix);
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off);
 
 /* ck_entry_read without the copy, where the source can lend the bytes (ck_file_hold): *ptr
- * points at the count it returns of them (0 at or past the end: nothing held), held until
- * ck_entry_release(ix, e, *token). -ENOTSUP for a layout other than one contiguous extent, a
- * value, or a range the source cannot lend (a local file): ck_entry_read then. */
+ * points at the count it returns of them, held until ck_entry_release(ix, e, *token): as many
+ * as one piece of the source holds, fewer than ck_entry_read would give where they lie in
+ * pieces (the rest is asked for again); 0 at or past the end, nothing held. -ENOTSUP for a
+ * layout other than one contiguous extent, a value, or a source that cannot lend (a local
+ * file): ck_entry_read then. */
 ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_t off,
                       const void **ptr, void **token);
 void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token);

@@ -154,7 +154,7 @@ int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off)
     return f->ops ? f->ops->pread(f, buf, len, off) : ck_pread(f->fd, buf, len, off);
 }
 
-int ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token)
+ssize_t ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token)
 {
     /* A local file's bytes are in the page cache, which only a copy reaches. */
     return f->ops ? f->ops->hold(f, len, off, ptr, token) : -ENOTSUP;

@@ -18,10 +18,10 @@
  *  - A location is shown (in messages, `mount`, a process's command line) only through
  *    ck_source_shown: a URL's userinfo ("user:password@"), query (a presigned URL's signature)
  *    and fragment are secrets, never printed.
- *  - ck_file_hold lends len bytes at off in place, without a copy, where the source keeps them
- *    in memory (a remote file's cached block): the same bytes and checks as ck_file_read, held
- *    until ck_file_release. Where it cannot (a local file, a range across two of a remote
- *    file's blocks) it answers -ENOTSUP, and the caller reads with ck_file_read instead.
+ *  - ck_file_hold lends the bytes at off in place, without a copy, where the source keeps them
+ *    in memory (a remote file's cached blocks): the same bytes and checks as ck_file_read, held
+ *    until ck_file_release, one piece (a block) at a time. Where it cannot (a local file) it
+ *    answers -ENOTSUP, and the caller reads with ck_file_read instead.
  *  - Functions taking a const ck_file are safe to call from many threads at once.
  */
 #ifndef CK_SOURCE_H
@@ -43,7 +43,7 @@ typedef struct ck_source_ops {
     void (*close)(ck_file *f);
     /* Requests made and bytes received so far. */
     void (*stats)(const ck_file *f, uint64_t *requests, uint64_t *bytes);
-    int (*hold)(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
+    ssize_t (*hold)(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
     void (*release)(const ck_file *f, void *token);
 } ck_source_ops;
 
@@ -100,11 +100,12 @@ char *ck_source_sibling(const char *loc, const char *name, ck_error *err);
 /* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
 int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off);
 
-/* Lends the len (> 0) bytes at off in place: *ptr points at them, exactly what ck_file_read
- * would copy, until ck_file_release(f, *token), which every successful hold needs (before f is
- * closed). 0, or -errno as ck_file_read, or -ENOTSUP where the bytes cannot be lent (a local
- * file; a remote range across two blocks). */
-int ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
+/* Lends the first of the len (> 0) bytes at off in place, as many as one piece of the source
+ * holds (a remote file's block; a read of the rest asks again): *ptr points at the count it
+ * returns (> 0) of them, exactly what ck_file_read would copy, until ck_file_release(f, *token),
+ * which every successful hold needs (before f is closed). -errno as ck_file_read, or -ENOTSUP
+ * where the bytes cannot be lent (a local file). */
+ssize_t ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
 void ck_file_release(const ck_file *f, void *token);
 
 /* Whether f is a local file, with a descriptor that pread, O_DIRECT and mmap may use. */

@@ -345,21 +345,21 @@ Test(core, read_index_json)
     cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, (off_t)want_len + 100), 0);
     cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, -1), -EINVAL);
     /* The same bytes without the copy, as the FUSE adapter replies them; no other file has them. */
-    const char *held = NULL;
-    void *token;
+    ck_held h;
     for (size_t off = 0; off < want_len; off += 1000) {
-        ssize_t n = ck_fs_read_in_place(fs, ino, 4096, (off_t)off, &held, &token);
+        ssize_t n = ck_fs_read_in_place(fs, ino, 4096, (off_t)off, &h);
         size_t left = want_len - off;
         cr_assert_eq(n, (ssize_t)(left < 4096 ? left : 4096), "at %zu", off);
-        cr_assert_arr_eq(held, want + off, (size_t)n);
-        cr_assert_null(token, "the mount's own bytes need no release");
+        cr_assert_eq(h.n, 1);
+        cr_assert_eq(h.iov[0].iov_len, (size_t)n);
+        cr_assert_arr_eq(h.iov[0].iov_base, want + off, (size_t)n);
     }
-    cr_assert_eq(ck_fs_read_in_place(fs, ino, 8, (off_t)want_len + 100, &held, &token), 0);
-    cr_assert_eq(ck_fs_read_in_place(fs, ino, 8, -1, &held, &token), -EINVAL);
-    cr_assert_eq(ck_fs_read_in_place(fs, ino_at(fs, "w/a"), 8, 0, &held, &token), -ENOTSUP);
-    cr_assert_eq(ck_fs_read_in_place(fs, ino_at(fs, ".ckptfs/checkpoint.pack"), 8, 0, &held,
-                                     &token), -ENOTSUP);
-    cr_assert_eq(ck_fs_read_in_place(fs, 1u << 30, 8, 0, &held, &token), -ENOENT);
+    cr_assert_eq(ck_fs_read_in_place(fs, ino, 8, (off_t)want_len + 100, &h), 0);
+    cr_assert_eq(ck_fs_read_in_place(fs, ino, 8, -1, &h), -EINVAL);
+    cr_assert_eq(ck_fs_read_in_place(fs, ino_at(fs, "w/a"), 8, 0, &h), -ENOTSUP);
+    cr_assert_eq(ck_fs_read_in_place(fs, ino_at(fs, ".ckptfs/checkpoint.pack"), 8, 0, &h),
+                 -ENOTSUP);
+    cr_assert_eq(ck_fs_read_in_place(fs, 1u << 30, 8, 0, &h), -ENOENT);
     free(want);
     ck_fs_free(fs);
 }
@@ -523,9 +523,8 @@ Test(core, index_json_that_could_not_be_made_is_eio)
     cr_assert_eq(ck_fs_getattr(fs, ino, &st), -EIO);
     cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), -EIO);
     cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), -EIO);
-    const char *held;
-    void *token;
-    cr_assert_eq(ck_fs_read_in_place(fs, ino, sizeof buf, 0, &held, &token), -EIO);
+    ck_held h;
+    cr_assert_eq(ck_fs_read_in_place(fs, ino, sizeof buf, 0, &h), -EIO);
     cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].data, "made after all");
     /* statfs counts the entries alone; everything else still serves. */
     struct statvfs sv;
