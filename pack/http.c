@@ -323,6 +323,7 @@ struct http_obj {
     CURL *idle[2 * HTTP_CONNECTIONS];
     unsigned nidle, busy;     /* handles kept; handles lent out */
     uint64_t window, next;    /* readahead: the window; where the last read ended */
+    uint64_t from;            /* where the last read began */
     atomic_uint_fast64_t requests, bytes;
     atomic_int changed;
     atomic_int failing;       /* the last block fetched failed: no readahead until one works */
@@ -770,18 +771,23 @@ static int loading(const http_obj *o)
 static uint64_t start_reads(http_obj *o, size_t len, uint64_t off, int *rc)
 {
     pthread_mutex_lock(&o->lock);
-    /* Sequential within a block: the kernel's reads of one stream reach several threads of the
-     * daemon, and arrive a little out of order. */
-    int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
-    o->window = http_next_window(o->window, seq);
-    o->next = seq && off + len < o->next ? o->next : off + len;
+    /* A later piece of a read lent a block at a time (op_hold) was noted with the first: a
+     * random read across two blocks must not look sequential for its second. */
+    if (off <= o->from || off + len != o->next) {
+        /* Sequential within a block: the kernel's reads of one stream reach several threads of
+         * the daemon, and arrive a little out of order. */
+        int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
+        o->window = http_next_window(o->window, seq);
+        o->next = seq && off + len < o->next ? o->next : off + len;
+        o->from = off;
+    }
     uint64_t ahead = atomic_load(&o->failing) ? 0 : o->window;
     pthread_mutex_unlock(&o->lock);
     uint64_t first = off / HTTP_BLOCK * HTTP_BLOCK, last = (off + len - 1) / HTTP_BLOCK;
     uint64_t stop = off + len + ahead < o->size ? off + len + ahead : o->size;
     *rc = 0;
     pthread_mutex_lock(&cache.lock);
-    uint64_t keep = cache.clock + 1;
+    uint64_t keep = cache.clock + 1; /* what this read touches stays until it is done with */
     for (uint64_t at = first; at < stop && *rc == 0; at += HTTP_BLOCK) {
         block *had = find_block(o, at);
         if (had && at / HTTP_BLOCK <= last)
@@ -803,7 +809,7 @@ static int pin_block(http_obj *o, uint64_t at, uint64_t end, uint64_t keep, bloc
 {
     for (;;) {
         block *b = find_block(o, at);
-        if (!b) {
+        if (!b) { /* it failed, or was dropped for room: fetch it again */
             b = claim_block(o, at, 0, keep);
             int rc = b ? start_fetch(b) : -ENOMEM;
             if (rc)
@@ -814,7 +820,7 @@ static int pin_block(http_obj *o, uint64_t at, uint64_t end, uint64_t keep, bloc
             pthread_cond_wait(&cache.done, &cache.lock);
             continue;
         }
-        if (b->state < 0) {
+        if (b->state < 0) { /* taken: the next read asks again */
             int rc = b->state;
             drop_block((size_t)(b - cache.v));
             return rc;
@@ -922,7 +928,8 @@ static int op_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
 
 /* Lends [off, off+len) up to the end of the cached block that holds off: the block stays
  * pinned (never evicted, its buffer never reused) until op_release. The head's bytes are lent
- * as they are. */
+ * as they are. The whole read is noted (readahead, the fetches of every block it touches) with
+ * its first piece. */
 static ssize_t op_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
                        void **token)
 {
@@ -936,11 +943,11 @@ static ssize_t op_hold(const ck_file *f, size_t len, uint64_t off, const void **
         *ptr = o->head + off;
         return (ssize_t)len;
     }
+    int rc;
+    uint64_t keep = start_reads(o, len, off, &rc);
     uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK;
     if (len > at + HTTP_BLOCK - off)
         len = (size_t)(at + HTTP_BLOCK - off);
-    int rc;
-    uint64_t keep = start_reads(o, len, off, &rc);
     block *b = NULL;
     if (rc == 0)
         rc = pin_block(o, at, off + len, keep, &b);

@@ -178,3 +178,21 @@ for line in sys.stdin:
     except OSError as e:
         print(errno.errorcode.get(e.errno, str(e.errno)), flush=True)
 """
+
+
+def test_random_read_across_two_blocks_fetches_those_two(server, served, mount):
+    """A read far from the last, across a block boundary, is random: it is lent a block at a
+    time, and its second piece must not pass for a sequential read and start a readahead. Two
+    requests (its two blocks), not three."""
+    _, tensors = served
+    start, data = tensors["b.big"]
+    with mount(server.url(NAME), options=["direct_io"]) as mnt:
+        path = next(mnt / t["path"] for t in read_index(mnt)["tensors"] if t["name"] == "b.big")
+        edge = 2 * BLOCK - start  # a block boundary with a block of the object after the next
+        mark = server.mark()
+        got = preads([(path, edge - 4096, 8192)])
+        reqs = server.requests(since=mark)
+    assert {r["range"] for r in reqs} == {f"bytes={BLOCK}-{2 * BLOCK - 1}",
+                                          f"bytes={2 * BLOCK}-{3 * BLOCK - 1}"}, reqs
+    assert len(reqs) == 2, reqs
+    assert got == [[netlab.sha256(data[edge - 4096:edge + 4096])]]
