@@ -754,9 +754,11 @@ static void *fetch_main(void *arg)
     return (void *)(intptr_t)rc;
 }
 
-/* Starts fetching pages (a run) of block b on a thread of its own; ahead: readahead, asked
- * once. Under the cache lock. */
-static int start_fetch(block *b, uint64_t pages, int ahead)
+/* Starts fetching pages (a run) of block b; ahead: readahead, asked once. On a thread of its
+ * own, or, when mine is given and still empty, left there for the caller to run (fetch_main,
+ * without the lock): the read that waits for it anyway spares a thread's start and wake-up.
+ * Under the cache lock. */
+static int start_fetch(block *b, uint64_t pages, int ahead, fetch **mine)
 {
     fetch *f = malloc(sizeof *f);
     pthread_t t;
@@ -766,6 +768,10 @@ static int start_fetch(block *b, uint64_t pages, int ahead)
         *f = (fetch){.o = b->o, .at = b->at, .pages = pages, .from = from, .len = to - from,
                      .data = b->data, .ahead = ahead};
         b->loading |= pages;
+        if (mine && !*mine) {
+            *mine = f;
+            return 0;
+        }
         if (pthread_create(&t, NULL, fetch_main, f) == 0) {
             pthread_detach(t);
             return 0;
@@ -776,16 +782,17 @@ static int start_fetch(block *b, uint64_t pages, int ahead)
     return -ENOMEM;
 }
 
-/* Fetches the pages of b in mask that are neither held nor coming, a request per run. A run
- * holding none of the pages the read needs is readahead (asked once); with mark, the pages
- * beyond need are marked ahead: the read that first needs them widens the window. */
-static int fill(block *b, uint64_t mask, uint64_t need, int mark)
+/* Fetches the pages of b in mask that are neither held nor coming, a request per run (one of
+ * those the read needs may be left in *mine: start_fetch). A run holding none of the pages the
+ * read needs is readahead (asked once); with mark, the pages beyond need are marked ahead: the
+ * read that first needs them widens the window. */
+static int fill(block *b, uint64_t mask, uint64_t need, int mark, fetch **mine)
 {
     uint64_t missing = mask & ~b->valid & ~b->loading;
     while (missing) {
         uint64_t run = missing & ~(missing + (missing & -missing)); /* the lowest run of bits */
         int ahead = !(run & need);
-        int rc = start_fetch(b, run, ahead);
+        int rc = start_fetch(b, run, ahead, ahead ? NULL : mine);
         if (rc)
             return ahead ? 0 : rc;
         if (mark)
@@ -837,7 +844,7 @@ static int copy_out(http_obj *o, unsigned char *buf, size_t len, uint64_t off, u
             return b->err;
         }
         if (need & ~b->valid) { /* coming (or dropped for room: asked again) */
-            rc = fill(b, need, need, 0);
+            rc = fill(b, need, need, 0, NULL);
             if (rc == 0 && (need & ~b->valid & b->loading))
                 pthread_cond_wait(&cache.done, &cache.lock);
             continue;
@@ -894,6 +901,7 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
     }
     want = want < o->size ? want : o->size;
     int rc = 0;
+    fetch *mine = NULL;
     for (uint64_t at = first; at < want && rc == 0; at += HTTP_BLOCK) {
         int beyond = at >= end; /* readahead only */
         block *b = get_block(o, at, beyond, keep);
@@ -905,7 +913,12 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
             b->used = ++cache.clock;
         uint64_t from = off > at ? off - at : 0, to = want - at < b->len ? want - at : b->len;
         uint64_t need = end > at ? pages_of(from, end - at < b->len ? end - at : b->len) : 0;
-        rc = fill(b, pages_of(from, to), need, seq);
+        rc = fill(b, pages_of(from, to), need, seq, &mine);
+    }
+    if (mine) { /* its pages are loading: nothing evicts the block meanwhile */
+        pthread_mutex_unlock(&cache.lock);
+        fetch_main(mine);
+        pthread_mutex_lock(&cache.lock);
     }
     if (rc == 0)
         rc = copy_out(o, buf, len, off, keep);
