@@ -257,12 +257,12 @@ static int by_place(const void *a, const void *b)
  * unhinted. */
 static void hint_bounds(ck_index *ix)
 {
-    size_t n = 0;
+    int remote = 0;
     for (uint32_t i = 0; i < ix->nfiles; i++)
-        n += !ck_file_is_local(&ix->files[i]);
-    bound *v = n ? malloc(2 * ix->nentries * sizeof *v + 1) : NULL;
+        remote |= !ck_file_is_local(&ix->files[i]);
+    bound *v = remote ? malloc(2 * ix->nentries * sizeof *v + 1) : NULL;
     uint64_t *at = v ? malloc(2 * ix->nentries * sizeof *at + 1) : NULL;
-    n = 0;
+    size_t n = 0;
     for (size_t i = 0; at && i < ix->nentries; i++) {
         const ck_entry *e = &ix->entries[i];
         if (e->kind != CK_TENSOR || ck_file_is_local(&ix->files[e->ext.file]))
