@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -316,7 +317,8 @@ static void keep_freed_memory(void)
  * far below HEAP_REUSE); MADV_POPULATE_WRITE (Linux 5.14) maps its pages without writing
  * them, so it may run while malloc hands the same pages out. Where the window did not come
  * from the brk heap (another allocator, such as the sanitizers'), or the advice is refused,
- * nothing is done: the faults stay on the parse's thread, as before. */
+ * nothing is done: the faults stay on the parse's thread, as before. With one CPU to run on,
+ * the helper would only take turns with the parse, and fault pages the parse never uses. */
 enum { HEAP_PREFAULT = 4 << 20, PREFAULT_STEP = 256 << 10 };
 
 static struct {
@@ -339,6 +341,9 @@ static void *prefault_run(void *arg)
 
 static void prefault_heap(void)
 {
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) < 2)
+        return;
     char *start = sbrk(0);
     void *volatile window = malloc(HEAP_PREFAULT); /* volatile: the pair is not optimised out */
     free(window);
