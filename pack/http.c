@@ -129,8 +129,8 @@ uint64_t http_next_window(uint64_t window, int sequential)
 {
     if (!sequential)
         return 0;
-    if (window < HTTP_BLOCK)
-        return HTTP_BLOCK;
+    if (window < HTTP_FLOOR)
+        return HTTP_FLOOR;
     return window * 2 > HTTP_MAX_WINDOW ? HTTP_MAX_WINDOW : window * 2;
 }
 
@@ -318,12 +318,14 @@ struct http_obj {
     uint64_t size;
     unsigned char *head;      /* bytes [0, head_len) from the open */
     size_t head_len;
-    pthread_mutex_t lock;     /* where, idle, window, next */
+    pthread_mutex_t lock;     /* where, idle */
     pthread_cond_t idle_cv;
     CURL *idle[2 * HTTP_CONNECTIONS];
     unsigned nidle, busy;     /* handles kept; handles lent out */
-    uint64_t window, next;    /* readahead: the window; where the last read ended */
-    uint64_t from;            /* where the last read began */
+    uint64_t window, next;    /* readahead: the window; where the last read ended (cache lock) */
+    uint64_t from;            /* where the last read began (cache lock) */
+    uint64_t *bounds;         /* where tensors begin and end, sorted (http_hint; cache lock) */
+    size_t nbounds;
     atomic_uint_fast64_t requests, bytes;
     atomic_int changed;
     atomic_int failing;       /* the last block fetched failed: no readahead until one works */
@@ -570,17 +572,29 @@ static int get_range(http_obj *o, unsigned char *buf, size_t len, uint64_t off, 
 
 /* --- the block cache ----------------------------------------------------------------------- */
 
+/* A block is filled in pages: a random read fetches only the pages around what it asks (within
+ * its tensor), a sequential one whole blocks. One 4 MiB buffer per block, as before, keeps the
+ * cache's accounting (cache_mem counts buffers) and its keys (object, block index) as they were;
+ * a block of few valid pages holds the rest of its buffer unused, the price of not keeping a
+ * second structure for small ranges. */
+#define PAGES (HTTP_BLOCK / HTTP_PAGE)
+_Static_assert(PAGES == 64, "a block's pages are the bits of a uint64_t");
+
 typedef struct block {
     http_obj *o;
     uint64_t at;          /* a multiple of HTTP_BLOCK */
     unsigned char *data;
     size_t len;
     uint64_t used;        /* LRU stamp */
-    int state;            /* 1 loading, 0 ready, -errno failed */
-    int ahead;            /* readahead: fetched once, not retried, dropped if it fails */
+    uint64_t valid;       /* pages holding the object's bytes */
+    uint64_t loading;     /* pages a fetch is writing: the block is not evicted */
+    uint64_t ahead;       /* pages fetched as readahead that no read has needed yet */
+    uint64_t failed;      /* pages whose fetch failed: the read that needs them takes err */
+    int err;
     unsigned pins;        /* readers copying out of it without the lock, and holds (op_hold):
                            * not evicted, its buffer not reused */
-    int passed;           /* a read reached its last byte: streamed through, likely done with */
+    int passed;           /* a read reached the last byte of the whole block: streamed through,
+                           * likely done with */
 } block;
 
 /* Every block's buffer holds HTTP_BLOCK bytes; bytes counts them all, in use or spare. Spare
@@ -598,6 +612,13 @@ static struct {
 static uint64_t cache_limit(void)
 {
     return config.cache_mem ? config.cache_mem : HTTP_CACHE_MEM_DEFAULT;
+}
+
+/* The pages of a block that bytes [from, to) of it touch (from < to <= HTTP_BLOCK). */
+static uint64_t pages_of(uint64_t from, uint64_t to)
+{
+    uint64_t a = from / HTTP_PAGE, b = (to - 1) / HTTP_PAGE;
+    return (b == PAGES - 1 ? ~0ull : (1ull << (b + 1)) - 1) & ~((1ull << a) - 1);
 }
 
 static block *find_block(const http_obj *o, uint64_t at)
@@ -626,14 +647,14 @@ static void drop_block(size_t i)
     cache.v[i] = cache.v[--cache.n];
 }
 
-/* Drops the least recently used block that is not loading and was last used before stamp
+/* Drops the least recently used block that no fetch writes and was last used before stamp
  * keep (what the read in progress uses stays), of those passed when `passed`; 0 when there is
  * none. */
 static int evict_lru(uint64_t keep, int passed)
 {
     size_t lru = SIZE_MAX;
     for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].state <= 0 && !cache.v[i].pins && cache.v[i].used < keep &&
+        if (!cache.v[i].loading && !cache.v[i].pins && cache.v[i].used < keep &&
             (!passed || cache.v[i].passed) &&
             (lru == SIZE_MAX || cache.v[i].used < cache.v[lru].used))
             lru = i;
@@ -686,13 +707,14 @@ static unsigned char *take_buffer(int optional, uint64_t keep)
     }
 }
 
-/* A loading block of o at `at` (the caller fetches it), or NULL when it is cached or loading
- * already, or there is no room for it (optional: readahead) and no memory. Blocks used since
- * stamp keep are not evicted for it. Under the lock. */
-static block *claim_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
+/* o's block at `at`, cached or new (no page valid yet); NULL when there is no room for it
+ * (optional: readahead) or no memory. Blocks used since stamp keep are not evicted for it.
+ * Under the lock. */
+static block *get_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
 {
-    if (find_block(o, at))
-        return NULL;
+    block *had = find_block(o, at);
+    if (had)
+        return had;
     size_t len = (size_t)(o->size - at < HTTP_BLOCK ? o->size - at : HTTP_BLOCK);
     if (cache.n == cache.cap) {
         size_t cap = cache.cap ? 2 * cache.cap : 64;
@@ -706,14 +728,15 @@ static block *claim_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
     if (!data)
         return NULL;
     block *b = &cache.v[cache.n++];
-    *b = (block){.o = o, .at = at, .data = data, .len = len, .used = ++cache.clock, .state = 1};
+    *b = (block){.o = o, .at = at, .data = data, .len = len, .used = ++cache.clock};
     return b;
 }
 
 typedef struct fetch {
     http_obj *o;
-    uint64_t at;
-    size_t len;
+    uint64_t at;          /* the block */
+    uint64_t pages;       /* a run of its pages */
+    size_t from, len;     /* their bytes in the block */
     unsigned char *data;
     int ahead;
 } fetch;
@@ -721,113 +744,195 @@ typedef struct fetch {
 static void *fetch_main(void *arg)
 {
     fetch *f = arg;
-    int rc = get_range(f->o, f->data, f->len, f->at, f->ahead ? 1 : 0);
+    int rc = get_range(f->o, f->data + f->from, f->len, f->at + f->from, f->ahead ? 1 : 0);
     atomic_store(&f->o->failing, rc != 0);
     pthread_mutex_lock(&cache.lock);
-    for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].o == f->o && cache.v[i].at == f->at) {
-            cache.v[i].state = rc; /* a failure stays until a reader takes it */
-            if (rc && cache.v[i].ahead) /* nobody asked: a reader fetches it again */
-                drop_block(i);
-            break;
+    block *b = find_block(f->o, f->at); /* loading: never evicted meanwhile */
+    b->loading &= ~f->pages;
+    if (rc == 0) {
+        b->valid |= f->pages;
+    } else {
+        b->ahead &= ~f->pages;
+        if (!f->ahead) { /* a reader waits for them: it takes the failure */
+            b->failed |= f->pages;
+            b->err = rc;
         }
+    }
     pthread_cond_broadcast(&cache.done);
     pthread_mutex_unlock(&cache.lock);
     free(f);
     return (void *)(intptr_t)rc;
 }
 
-/* Starts fetching block b (claimed, under the cache lock) on a thread of its own. */
-static int start_fetch(block *b)
+/* Starts fetching pages (a run) of block b; ahead: readahead, asked once. On a thread of its
+ * own, or, when mine is given and still empty, left there for the caller to run (fetch_main,
+ * without the lock): the read that waits for it anyway spares a thread's start and wake-up.
+ * Under the cache lock. */
+static int start_fetch(block *b, uint64_t pages, int ahead, fetch **mine)
 {
     fetch *f = malloc(sizeof *f);
     pthread_t t;
+    size_t first = (size_t)__builtin_ctzll(pages), end = PAGES - (size_t)__builtin_clzll(pages);
+    size_t from = first * HTTP_PAGE, to = end * HTTP_PAGE < b->len ? end * HTTP_PAGE : b->len;
     if (f) {
-        *f = (fetch){.o = b->o, .at = b->at, .len = b->len, .data = b->data, .ahead = b->ahead};
+        *f = (fetch){.o = b->o, .at = b->at, .pages = pages, .from = from, .len = to - from,
+                     .data = b->data, .ahead = ahead};
+        b->loading |= pages;
+        if (mine && !*mine) {
+            *mine = f;
+            return 0;
+        }
         if (pthread_create(&t, NULL, fetch_main, f) == 0) {
             pthread_detach(t);
             return 0;
         }
+        b->loading &= ~pages;
     }
     free(f);
-    b->state = -ENOMEM;
-    drop_block((size_t)(b - cache.v));
-    pthread_cond_broadcast(&cache.done);
     return -ENOMEM;
+}
+
+/* Fetches the pages of b in mask that are neither held nor coming, a request per run (one of
+ * those the read needs may be left in *mine: start_fetch). A run holding none of the pages the
+ * read needs is readahead (asked once); with mark, the pages beyond need are marked ahead: the
+ * read that first needs them widens the window. */
+static int fill(block *b, uint64_t mask, uint64_t need, int mark, fetch **mine)
+{
+    uint64_t missing = mask & ~b->valid & ~b->loading;
+    while (missing) {
+        uint64_t run = missing & ~(missing + (missing & -missing)); /* the lowest run of bits */
+        int ahead = !(run & need);
+        int rc = start_fetch(b, run, ahead, ahead ? NULL : mine);
+        if (rc)
+            return ahead ? 0 : rc;
+        if (mark)
+            b->ahead |= run & ~need;
+        missing &= ~run;
+    }
+    return 0;
 }
 
 /* Whether fetches of o are still running (under the cache lock). */
 static int loading(const http_obj *o)
 {
     for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].o == o && cache.v[i].state == 1)
+        if (cache.v[i].o == o && cache.v[i].loading)
             return 1;
     return 0;
 }
 
-/* Notes a read of [off, off+len) of o, and starts fetching the blocks it touches and its
- * readahead window's that are not cached or loading. Takes the cache lock, and returns with it
- * held: the stamp below which blocks may be evicted for this read (what it uses stays). */
-static uint64_t start_reads(http_obj *o, size_t len, uint64_t off, int *rc)
+/* Where the tensor holding byte off ends: the first boundary after it (http_hint), else the
+ * object's end. */
+static uint64_t tensor_end(const http_obj *o, uint64_t off)
 {
-    pthread_mutex_lock(&o->lock);
-    /* A later piece of a read lent a block at a time (op_hold) was noted with the first: a
-     * random read across two blocks must not look sequential for its second. */
-    if (off <= o->from || off + len != o->next) {
-        /* Sequential within a block: the kernel's reads of one stream reach several threads of
-         * the daemon, and arrive a little out of order. */
-        int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
-        o->window = http_next_window(o->window, seq);
-        o->next = seq && off + len < o->next ? o->next : off + len;
-        o->from = off;
+    size_t lo = 0, hi = o->nbounds;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (o->bounds[mid] <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    uint64_t ahead = atomic_load(&o->failing) ? 0 : o->window;
-    pthread_mutex_unlock(&o->lock);
-    uint64_t first = off / HTTP_BLOCK * HTTP_BLOCK, last = (off + len - 1) / HTTP_BLOCK;
-    uint64_t stop = off + len + ahead < o->size ? off + len + ahead : o->size;
-    *rc = 0;
-    pthread_mutex_lock(&cache.lock);
-    uint64_t keep = cache.clock + 1; /* what this read touches stays until it is done with */
-    for (uint64_t at = first; at < stop && *rc == 0; at += HTTP_BLOCK) {
-        block *had = find_block(o, at);
-        if (had && at / HTTP_BLOCK <= last)
-            had->used = ++cache.clock;
-        block *b = had ? NULL : claim_block(o, at, at / HTTP_BLOCK > last, keep);
-        if (b) {
-            b->ahead = at / HTTP_BLOCK > last;
-            *rc = start_fetch(b);
-        }
-    }
-    return keep;
+    return lo < o->nbounds ? o->bounds[lo] : o->size;
 }
 
-/* Waits (under the cache lock) for o's block at `at` to be ready, fetching it again when it
- * failed or was dropped for room, and pins it for a read that ends at `end`: *out stays in the
- * cache, its data in place, until unpin_block. 0, or -errno (a failure is taken: the next read
- * asks again). */
-static int pin_block(http_obj *o, uint64_t at, uint64_t end, uint64_t keep, block **out)
+/* Notes a read of [off, off+len) of o, and starts fetching the pages it needs and those its
+ * readahead window covers (under the cache lock; blocks used since stamp keep are not evicted
+ * for it; one fetch may be left in *mine: start_fetch). A read that finds its pages neither held
+ * nor coming, at a place the reads so far did not lead to (random), fetches at least HTTP_FLOOR
+ * bytes from it, within its tensor; a sequential one widens the readahead window when it misses
+ * or first needs pages fetched ahead, and keeps the window's blocks coming, whole. */
+static int start_reads(http_obj *o, size_t len, uint64_t off, uint64_t keep, fetch **mine)
 {
-    for (;;) {
+    uint64_t end = off + len, first = off / HTTP_BLOCK * HTTP_BLOCK;
+    /* A later piece of a read lent a block at a time (op_hold) was noted with the first: a
+     * random read across two blocks must not look sequential for its second. */
+    if (off > o->from && end == o->next)
+        return 0;
+    /* Sequential within a block: the kernel's reads of one stream reach several threads of the
+     * daemon, and arrive a little out of order. */
+    int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
+    o->next = seq && end < o->next ? o->next : end;
+    o->from = off;
+    int missed = 0, fresh = 0;
+    for (uint64_t at = first; at < end; at += HTTP_BLOCK) {
         block *b = find_block(o, at);
-        if (!b) { /* it failed, or was dropped for room: fetch it again */
-            b = claim_block(o, at, 0, keep);
-            int rc = b ? start_fetch(b) : -ENOMEM;
+        uint64_t to = end - at < HTTP_BLOCK ? end - at : HTTP_BLOCK;
+        uint64_t need = pages_of(off > at ? off - at : 0, to);
+        missed |= !b || (need & ~b->valid & ~b->loading) != 0;
+        fresh |= b && (need & b->ahead) != 0;
+        if (b)
+            b->ahead &= ~need;
+    }
+    o->window = !seq ? 0 : missed || fresh ? http_next_window(o->window, 1) : o->window;
+    uint64_t want = end;
+    if (!seq && missed) {
+        uint64_t floor = off + HTTP_FLOOR, stop = tensor_end(o, off);
+        want = floor < stop ? floor : stop;
+        want = want > end ? want : end;
+    } else if (!atomic_load(&o->failing) && o->window) {
+        want = end + o->window;
+        if (o->window >= HTTP_BLOCK) /* a long stream: whole blocks, the fewest requests */
+            want = (want + HTTP_BLOCK - 1) / HTTP_BLOCK * HTTP_BLOCK;
+    }
+    want = want < o->size ? want : o->size;
+    int rc = 0;
+    for (uint64_t at = first; at < want && rc == 0; at += HTTP_BLOCK) {
+        int beyond = at >= end; /* readahead only */
+        block *b = get_block(o, at, beyond, keep);
+        if (!b)
+            return beyond ? 0 : -ENOMEM;
+        if (at < end)
+            b->used = ++cache.clock;
+        uint64_t from = off > at ? off - at : 0, to = want - at < b->len ? want - at : b->len;
+        uint64_t need = end > at ? pages_of(from, end - at < b->len ? end - at : b->len) : 0;
+        rc = fill(b, pages_of(from, to), need, seq, mine);
+    }
+    return rc;
+}
+
+/* Runs the fetch start_reads left to the read (under the cache lock, dropped meanwhile): its
+ * pages are loading, so nothing evicts their block. */
+static void run_mine(fetch *mine)
+{
+    if (!mine)
+        return;
+    pthread_mutex_unlock(&cache.lock);
+    fetch_main(mine);
+    pthread_mutex_lock(&cache.lock);
+}
+
+/* Waits (under the cache lock) until the pages of o's block at `at` that [off, end) covers are
+ * held, fetching again those that failed or were dropped for room, and pins the block: it stays
+ * in the cache, its data in place, until unpin_block. 0, or -errno (a failure is taken: the
+ * next read asks again). */
+static int pin_pages(http_obj *o, uint64_t at, uint64_t off, uint64_t end, uint64_t keep,
+                     block **out)
+{
+    uint64_t from = off > at ? off - at : 0;
+    for (;;) {
+        block *b = get_block(o, at, 0, keep);
+        if (!b)
+            return -ENOMEM;
+        uint64_t to = end - at < b->len ? end - at : b->len;
+        uint64_t need = pages_of(from, to);
+        if (need & b->failed) {
+            b->failed = 0;
+            return b->err;
+        }
+        if (need & ~b->valid) { /* coming (or dropped for room: asked again) */
+            int rc = fill(b, need, need, 0, NULL);
             if (rc)
                 return rc;
+            if (need & ~b->valid & b->loading)
+                pthread_cond_wait(&cache.done, &cache.lock);
             continue;
-        }
-        if (b->state == 1) {
-            pthread_cond_wait(&cache.done, &cache.lock);
-            continue;
-        }
-        if (b->state < 0) { /* taken: the next read asks again */
-            int rc = b->state;
-            drop_block((size_t)(b - cache.v));
-            return rc;
         }
         b->used = ++cache.clock;
         b->pins++;
-        b->passed |= end >= at + b->len;
+        /* Passed: a read reached the last byte of a whole block (a stream's; a random read's
+         * pages rarely make one whole). */
+        b->passed |= to == b->len && b->valid == pages_of(0, b->len);
         *out = b;
         return 0;
     }
@@ -844,20 +949,18 @@ static void unpin_block(const unsigned char *data)
         }
 }
 
-/* Copies [off, off+len) (within one or two blocks) out of the cache, fetching what is missing
- * and starting the readahead window's blocks. */
-static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+/* Copies [off, off+len) out of the cache, a block at a time, waiting for its pages. Under the
+ * cache lock, which it drops while copying. */
+static int copy_out(http_obj *o, unsigned char *buf, size_t len, uint64_t off, uint64_t keep)
 {
-    int rc;
-    uint64_t keep = start_reads(o, len, off, &rc);
-    for (uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK; at < off + len && rc == 0;
-         at += HTTP_BLOCK) {
+    uint64_t end = off + len;
+    for (uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK; at < end; at += HTTP_BLOCK) {
         block *b;
-        rc = pin_block(o, at, off + len, keep, &b);
+        int rc = pin_pages(o, at, off, end, keep, &b);
         if (rc)
-            break;
+            return rc;
         uint64_t from = off > at ? off - at : 0;
-        uint64_t to = off + len - at < b->len ? off + len - at : b->len;
+        uint64_t to = end - at < b->len ? end - at : b->len;
         /* The copy runs unlocked, the block pinned: the other readers' copies and the fetches'
          * completions do not queue behind it. */
         const unsigned char *data = b->data;
@@ -866,6 +969,19 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
         pthread_mutex_lock(&cache.lock);
         unpin_block(data);
     }
+    return 0;
+}
+
+/* Reads [off, off+len) (within one or two blocks) through the cache. */
+static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+{
+    pthread_mutex_lock(&cache.lock);
+    uint64_t keep = cache.clock + 1; /* what this read touches stays until it has copied */
+    fetch *mine = NULL;
+    int rc = start_reads(o, len, off, keep, &mine);
+    run_mine(mine);
+    if (rc == 0)
+        rc = copy_out(o, buf, len, off, keep);
     pthread_mutex_unlock(&cache.lock);
     return rc ? rc : atomic_load(&o->changed) ? -EIO : 0;
 }
@@ -926,10 +1042,10 @@ static int op_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
     return len >= HTTP_BLOCK ? read_direct(o, buf, len, off) : read_cached(o, buf, len, off);
 }
 
-/* Lends [off, off+len) up to the end of the cached block that holds off: the block stays
- * pinned (never evicted, its buffer never reused) until op_release. The head's bytes are lent
- * as they are. The whole read is noted (readahead, the fetches of every block it touches) with
- * its first piece. */
+/* Lends [off, off+len) up to the end of the cached block that holds off, once the pages it
+ * covers are held (fetched as a copying read's are): the block stays pinned (never evicted, its
+ * buffer never reused) until op_release. The head's bytes are lent as they are. The whole read
+ * is noted (readahead, the fetches of the pages it needs in every block) with its first piece. */
 static ssize_t op_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
                        void **token)
 {
@@ -943,14 +1059,17 @@ static ssize_t op_hold(const ck_file *f, size_t len, uint64_t off, const void **
         *ptr = o->head + off;
         return (ssize_t)len;
     }
-    int rc;
-    uint64_t keep = start_reads(o, len, off, &rc);
+    pthread_mutex_lock(&cache.lock);
+    uint64_t keep = cache.clock + 1; /* what this read touches stays until it is held */
+    fetch *mine = NULL;
+    int rc = start_reads(o, len, off, keep, &mine);
+    run_mine(mine);
     uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK;
     if (len > at + HTTP_BLOCK - off)
         len = (size_t)(at + HTTP_BLOCK - off);
     block *b = NULL;
     if (rc == 0)
-        rc = pin_block(o, at, off + len, keep, &b);
+        rc = pin_pages(o, at, off, off + len, keep, &b);
     if (rc == 0 && atomic_load(&o->changed)) {
         unpin_block(b->data);
         rc = -EIO;
@@ -986,6 +1105,20 @@ static void op_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes)
     *bytes = atomic_load(&o->bytes);
 }
 
+/* Takes a copy of the boundaries (sorted); without memory, reads go on without them. */
+static void op_hint(ck_file *f, const uint64_t *bounds, size_t n)
+{
+    http_obj *o = f->remote;
+    uint64_t *copy = n ? malloc(n * sizeof *copy) : NULL;
+    if (copy)
+        memcpy(copy, bounds, n * sizeof *copy);
+    pthread_mutex_lock(&cache.lock);
+    free(o->bounds);
+    o->bounds = copy;
+    o->nbounds = copy ? n : 0;
+    pthread_mutex_unlock(&cache.lock);
+}
+
 static void free_obj(http_obj *o)
 {
     pthread_mutex_lock(&cache.lock);
@@ -1000,6 +1133,7 @@ static void free_obj(http_obj *o)
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->idle_cv);
     free(o->where);
+    free(o->bounds);
     free(o->url);
     free(o->head);
     free(o);
@@ -1012,7 +1146,7 @@ static void op_close(ck_file *f)
 }
 
 static const ck_source_ops http_ops = {
-    .pread = op_pread, .same = op_same, .close = op_close, .stats = op_stats,
+    .pread = op_pread, .same = op_same, .close = op_close, .stats = op_stats, .hint = op_hint,
     .hold = op_hold, .release = op_release,
 };
 

@@ -17,16 +17,24 @@
  *    it is for, never to another host a redirect names. The token is never put in a message.
  *  - TLS is verified against the system store, or the file of CA certificates that
  *    http_configure names (or CKPTFS_CACERT). Nothing turns verification off.
- *  - Reads go through a block cache shared by every open object and bounded by cache_mem:
- *    HTTP_BLOCK-byte aligned blocks, fetched on parallel connections (at most HTTP_CONNECTIONS
- *    per object), with a readahead window that doubles on sequential reads (beginning within a
- *    block of where the reads so far ended) up to HTTP_MAX_WINDOW and closes on a random one. A readahead block is asked once, not retried:
- *    if it fails, the read that needs it asks again, with retries. A read of HTTP_BLOCK bytes or
- *    more skips the cache: it is split into parallel range requests straight into the caller's
- *    buffer.
- *  - A read may be lent in place (ck_file_hold) rather than copied, a block at a time: the block
- *    is pinned, never evicted nor its buffer reused, until ck_file_release. Pinned blocks may
- *    take the cache past cache_mem by the blocks of the holds in progress (FUSE's threads).
+ *  - Reads go through a block cache shared by every open object and bounded by cache_mem (it
+ *    counts block buffers, full or not): HTTP_BLOCK-byte aligned blocks, each filled in
+ *    HTTP_PAGE pages, fetched on parallel connections (at most HTTP_CONNECTIONS per object). A
+ *    read whose pages are neither held nor coming, away from where the reads so far ended
+ *    (random), fetches the pages from it to HTTP_FLOOR bytes on, no further than the end of the
+ *    tensor it lies in (the boundaries http_hint was given; without them, the floor). Sequential
+ *    reads (beginning within a block of where the reads so far ended) open a readahead window,
+ *    from HTTP_FLOOR, doubled by a read that misses or first needs pages fetched ahead, up to
+ *    HTTP_MAX_WINDOW, in whole blocks once it spans one; a random read closes it. A readahead
+ *    request is asked once, not retried: if it fails, the read that needs its pages asks again,
+ *    with retries. A read of HTTP_BLOCK bytes or more skips the cache: it is split into
+ *    parallel range requests straight into the caller's buffer.
+ *  - A read may be lent in place (ck_file_hold) rather than copied, a block at a time, once the
+ *    pages it covers are held (fetched as a copying read's are): the block is pinned, never
+ *    evicted nor its buffer reused, until ck_file_release. Pinned blocks may take the cache past
+ *    cache_mem by the blocks of the holds in progress (FUSE's threads). A whole block that a
+ *    read has passed (reached its last byte), neither pinned nor loading, gives its buffer to a
+ *    new block before the cache grows.
  *  - libcurl is loaded (dlopen) on the first URL, so a local source never pays for it.
  */
 #ifndef CK_HTTP_H
@@ -41,6 +49,8 @@
 #define HTTP_HEAD_BYTES (256u << 10)
 #define HTTP_BLOCK (4u << 20)
 #define HTTP_MAX_WINDOW (16u * HTTP_BLOCK)
+#define HTTP_PAGE (64u << 10)   /* a block's unit of fill */
+#define HTTP_FLOOR (256u << 10)   /* a random miss's fetch, at least */
 #define HTTP_CONNECTIONS 8u
 #define HTTP_TRIES 4u
 #define HTTP_BUDGET_S 60.0
@@ -91,7 +101,7 @@ double http_retry_after(const char *v, double now);
  * server asked. */
 double http_backoff(unsigned attempt, double retry_after, double r);
 
-/* The readahead window after a read: doubled (from HTTP_BLOCK, up to HTTP_MAX_WINDOW) when the
+/* The readahead window after a read: doubled (from HTTP_FLOOR, up to HTTP_MAX_WINDOW) when the
  * read began where the last one ended, else 0. */
 uint64_t http_next_window(uint64_t window, int sequential);
 

@@ -23,6 +23,8 @@
  *    until ck_file_release, one piece (a block) at a time. Where it cannot (a local file) it
  *    answers -ENOTSUP, and the caller reads with ck_file_read instead.
  *  - Functions taking a const ck_file are safe to call from many threads at once.
+ *  - Where a file's tensors begin and end is the index's: ck_open hands it to the file
+ *    (ck_file_hint), and a remote file sizes its requests by it.
  */
 #ifndef CK_SOURCE_H
 #define CK_SOURCE_H
@@ -43,6 +45,8 @@ typedef struct ck_source_ops {
     void (*close)(ck_file *f);
     /* Requests made and bytes received so far. */
     void (*stats)(const ck_file *f, uint64_t *requests, uint64_t *bytes);
+    /* Where the file's tensors begin and end (see ck_file_hint). */
+    void (*hint)(ck_file *f, const uint64_t *bounds, size_t n);
     ssize_t (*hold)(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
     void (*release)(const ck_file *f, void *token);
 } ck_source_ops;
@@ -113,6 +117,11 @@ int ck_file_is_local(const ck_file *f);
 
 /* Whether f is still the file that was opened (see the contract). */
 int ck_file_still(const ck_file *f);
+
+/* Tells a remote f where its tensors begin and end: n offsets, sorted, distinct (copied), so that
+ * a random read's fetch stops at its tensor's end. ck_open gives them once the index is built;
+ * a local file takes no hint. */
+void ck_file_hint(ck_file *f, const uint64_t *bounds, size_t n);
 
 /* Requests made and bytes received for f (0 and 0 for a local file). */
 void ck_file_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes);
