@@ -325,19 +325,21 @@ enum {
     PREFAULT_STEP = 256 << 10 /* also the least: a smaller parse is not worth a thread */
 };
 
-static struct {
+typedef struct heap_window {
     char *start;
     size_t len;
-} prefault;
+} heap_window;
 
+/* Faults in the window arg points at, and frees that description. */
 static void *prefault_run(void *arg)
 {
-    (void)arg;
+    heap_window w = *(heap_window *)arg;
+    free(arg);
     /* In steps: while it populates, the advice holds the address space's lock for reading,
      * and a step lets a writer (the parse's brk or mmap) in between. */
-    for (size_t off = 0; off < prefault.len; off += PREFAULT_STEP) {
-        size_t n = prefault.len - off < PREFAULT_STEP ? prefault.len - off : PREFAULT_STEP;
-        if (madvise(prefault.start + off, n, MADV_POPULATE_WRITE) != 0)
+    for (size_t off = 0; off < w.len; off += PREFAULT_STEP) {
+        size_t n = w.len - off < PREFAULT_STEP ? w.len - off : PREFAULT_STEP;
+        if (madvise(w.start + off, n, MADV_POPULATE_WRITE) != 0)
             break;
     }
     return NULL;
@@ -368,11 +370,15 @@ static void prefault_heap(const char *source)
     char *end = sbrk(0);
     if (start == (char *)-1 || end == (char *)-1 || end <= start)
         return;
-    prefault.start = start;
-    prefault.len = (size_t)(end - start);
+    heap_window *w = malloc(sizeof *w); /* the thread's to free */
+    if (!w)
+        return;
+    *w = (heap_window){start, (size_t)(end - start)};
     pthread_t t;
-    if (pthread_create(&t, NULL, prefault_run, NULL) == 0)
+    if (pthread_create(&t, NULL, prefault_run, w) == 0)
         pthread_detach(t);
+    else
+        free(w);
 }
 
 int main(int argc, char **argv)
