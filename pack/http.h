@@ -24,6 +24,15 @@
  *    if it fails, the read that needs it asks again, with retries. A read of HTTP_BLOCK bytes or
  *    more skips the cache: it is split into parallel range requests straight into the caller's
  *    buffer.
+ *  - With a disk cache (http_config's cache_dir, else CKPTFS_CACHE_DIR; cache_max, else
+ *    CKPTFS_CACHE_MAX), opened on the first URL: a block found there (diskcache.h: keyed by
+ *    the URL without its secrets, the validator and the size) is not requested, and a block
+ *    fetched is stored. A read of HTTP_BLOCK bytes or more then goes block by block on the
+ *    parallel connections, each block whole from disk or fetched whole (the ends of the read
+ *    through a buffer), so that the next load finds them. An object without a validator is
+ *    not cached on disk. A cached block is served without asking the server, as one in memory
+ *    is. http_open fails when the directory exists and is not a directory, or
+ *    CKPTFS_CACHE_MAX is not a size.
  *  - libcurl is loaded (dlopen) on the first URL, so a local source never pays for it.
  */
 #ifndef CK_HTTP_H
@@ -48,6 +57,9 @@
 typedef struct http_config {
     const char *cacert; /* a PEM file of CA certificates, or NULL: the system store */
     uint64_t cache_mem; /* bytes of block cache; 0: HTTP_CACHE_MEM_DEFAULT */
+    const char *cache_dir; /* the disk cache's directory (diskcache.h), or NULL: none */
+    uint64_t cache_max;    /* its bound; 0: DC_MAX_DEFAULT */
+    void (*log)(const char *line); /* where the disk cache reports; NULL: stderr */
 } http_config;
 
 /* Sets the configuration for every later open (copied). Call before the first open. */
