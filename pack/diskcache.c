@@ -228,6 +228,13 @@ diskcache *dc_open(const char *dir, uint64_t max, dc_log log, ck_error *err)
             report(c, "cannot open the directory", errno);
         goto off;
     }
+    /* The checksums catch damage, not a forger: whoever may write DIR chooses what is read. */
+    struct stat st;
+    if (fstat(c->dfd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 022)) {
+        report(c, "not private (another user's, or writable by group or others)", EPERM);
+        close(c->dfd);
+        goto off;
+    }
     pthread_mutex_init(&c->lock, NULL);
     scan_and_evict(c, 0);
     return c;

@@ -31,8 +31,10 @@
  *    as "DIR: disk cache: cannot write a block (why): blocks come from the network"; later
  *    ones are silent.
  *  - dc_open creates DIR (mode 0700; its parent must exist) when it is missing. It fails only
- *    when DIR exists and is not a directory; a DIR it cannot create or open is reported once
- *    and the cache is off (dc_open returns NULL with err unset: err->msg[0] == 0).
+ *    when DIR exists and is not a directory; a DIR it cannot create or open, or that is not
+ *    private (another user's, or writable by group or others: the checksums catch damage, not
+ *    someone who writes well-formed files), is reported once and the cache is off (dc_open
+ *    returns NULL with err unset: err->msg[0] == 0).
  */
 #ifndef CK_DISKCACHE_H
 #define CK_DISKCACHE_H
