@@ -1,6 +1,7 @@
 /* diskcache.c — a directory of remote objects' blocks, shared by processes (diskcache.h). */
 #include "diskcache.h"
 #include "bytes.h"
+#include "index.h" /* ck_pread */
 #include "source.h" /* ck_source_shown: the key's URL, without its secrets */
 
 #include <dirent.h>
@@ -254,18 +255,6 @@ void dc_close(diskcache *c)
     free(c);
 }
 
-/* Reads exactly len bytes at off of fd: 0, or -1 (an error or the end first). */
-static int read_all(int fd, void *buf, size_t len, off_t off)
-{
-    for (size_t got = 0; got < len;) {
-        ssize_t r = pread(fd, (char *)buf + got, len - got, off + (off_t)got);
-        if (r <= 0 && !(r < 0 && errno == EINTR))
-            return -1;
-        got += r > 0 ? (size_t)r : 0;
-    }
-    return 0;
-}
-
 static int write_all(int fd, const void *buf, size_t len)
 {
     for (size_t put = 0; put < len;) {
@@ -291,8 +280,9 @@ int dc_get(diskcache *c, const dc_key *k, uint64_t index, void *buf, size_t len)
     unsigned char h[DC_HEADER];
     struct stat st;
     int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-             (uint64_t)st.st_size == DC_HEADER + (uint64_t)len && read_all(fd, h, DC_HEADER, 0) == 0 &&
-             read_all(fd, buf, len, DC_HEADER) == 0 && dc_check(h, k, index, buf, len);
+             (uint64_t)st.st_size == DC_HEADER + (uint64_t)len &&
+             ck_pread(fd, h, DC_HEADER, 0) == 0 && ck_pread(fd, buf, len, DC_HEADER) == 0 &&
+             dc_check(h, k, index, buf, len);
     if (ok)
         futimens(fd, NULL); /* used now: the last to be evicted (fails harmlessly read-only) */
     else

@@ -261,6 +261,6 @@ def test_a_file_as_the_directory_is_refused(server, mountpoint, tmp_path):
     err = p.stderr.decode()
     assert err.count("\n") == 1 and "not a directory" in err and str(f) in err, err
     p = subprocess.run([str(ckpt_bin()), "ls", server.url(NAME)], capture_output=True,
-                       env=dict(os.environ, CKPTFS_CACHE_MAX="lots", CKPTFS_CACHE_DIR=str(f.parent)),
-                       timeout=60)
+                       env=dict(os.environ, CKPTFS_CACHE_MAX="lots",
+                                CKPTFS_CACHE_DIR=str(f.parent)), timeout=60)
     assert p.returncode != 0 and "CKPTFS_CACHE_MAX" in p.stderr.decode()
