@@ -19,15 +19,17 @@
 
 static const char MAGIC[8] = "ckdcblk1";
 static const char TMP_PREFIX[] = ".ckdc-tmp-";
-enum { STALE_TMP_S = 3600 }; /* a temporary file this old was left by a crash */
+enum { STALE_TMP_S = 3600,   /* a temporary file this old was left by a crash */
+       TMP_NAME_MAX = sizeof TMP_PREFIX + 32 };
 
 struct diskcache {
     char *dir;
     int dfd;                  /* DIR, for the *at calls: a rename of DIR does not split us */
     uint64_t max, slack;      /* the bound; how far below it an eviction goes */
     dc_log log;
-    pthread_mutex_t lock;     /* estimate, since_scan */
-    uint64_t estimate;        /* bytes in DIR: the last scan plus this process's writes */
+    pthread_mutex_t lock;     /* estimate, pending, since_scan */
+    uint64_t estimate;        /* bytes in DIR: the last scan plus this process's writes since */
+    uint64_t pending;         /* bytes of this process's writes in progress (temporary files) */
     uint64_t since_scan;      /* bytes written since that scan */
     atomic_int warned;        /* a write failed and was reported */
 };
@@ -140,8 +142,18 @@ static int older(const void *a, const void *b)
                                   : (x->tv_nsec > y->tv_nsec) - (x->tv_nsec < y->tv_nsec);
 }
 
-/* Counts the block files in DIR (and temporary files: someone's write in progress) into *v,
- * *n of them; removes temporary files a crash left. 0, or -1 when DIR cannot be read. */
+/* The temporary file of this process's write number `serial`, into out (TMP_NAME_MAX bytes);
+ * with serial -1, the prefix of them all. */
+static void tmp_name(char *out, long serial)
+{
+    int n = snprintf(out, TMP_NAME_MAX, "%s%ld.", TMP_PREFIX, (long)getpid());
+    if (serial >= 0)
+        snprintf(out + n, TMP_NAME_MAX - (size_t)n, "%ld", serial);
+}
+
+/* Counts the block files in DIR, and other processes' temporary files (writes in progress:
+ * this process's are its pending bytes), into *total, the block files into *v (*n of them);
+ * removes temporary files a crash left. 0, or -1 when DIR cannot be read. */
 static int scan(diskcache *c, entry **v, size_t *n, uint64_t *total)
 {
     int fd = openat(c->dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -156,6 +168,8 @@ static int scan(diskcache *c, entry **v, size_t *n, uint64_t *total)
     *n = 0;
     *total = 0;
     time_t now = time(NULL);
+    char mine[TMP_NAME_MAX];
+    tmp_name(mine, -1);
     struct dirent *e;
     while ((e = readdir(d))) {
         int tmp = strncmp(e->d_name, TMP_PREFIX, sizeof TMP_PREFIX - 1) == 0;
@@ -167,9 +181,10 @@ static int scan(diskcache *c, entry **v, size_t *n, uint64_t *total)
             unlinkat(c->dfd, e->d_name, 0);
             continue;
         }
-        *total += (uint64_t)st.st_size;
+        if (!tmp || strncmp(e->d_name, mine, strlen(mine)) != 0)
+            *total += (uint64_t)st.st_size;
         if (tmp)
-            continue; /* counted, never evicted: its writer renames it */
+            continue; /* never evicted: its writer renames it */
         if (*n == cap) {
             cap = cap ? 2 * cap : 256;
             entry *w = realloc(*v, cap * sizeof *w);
@@ -291,21 +306,28 @@ int dc_get(diskcache *c, const dc_key *k, uint64_t index, void *buf, size_t len)
     return ok ? 0 : -1;
 }
 
-/* Reserves room for bytes more in DIR, evicting when they would not fit. */
-static void reserve(diskcache *c, uint64_t bytes)
+/* Reserves room for bytes more in DIR, evicting when they would not fit; 0, or -1 when they
+ * do not fit even so (this process's other writes in progress fill it): not stored. */
+static int reserve(diskcache *c, uint64_t bytes)
 {
     pthread_mutex_lock(&c->lock);
-    if (c->estimate + bytes > c->max || c->since_scan >= c->slack)
-        scan_and_evict(c, bytes);
-    c->estimate += bytes;
-    c->since_scan += bytes;
+    if (c->estimate + c->pending + bytes > c->max || c->since_scan >= c->slack)
+        scan_and_evict(c, c->pending + bytes);
+    int fits = c->estimate + c->pending + bytes <= c->max;
+    if (fits) {
+        c->pending += bytes;
+        c->since_scan += bytes;
+    }
     pthread_mutex_unlock(&c->lock);
+    return fits ? 0 : -1;
 }
 
-static void unreserve(diskcache *c, uint64_t bytes)
+/* A reserved write is over: its bytes are in DIR (stored) or not. */
+static void settle(diskcache *c, uint64_t bytes, int stored)
 {
     pthread_mutex_lock(&c->lock);
-    c->estimate -= bytes < c->estimate ? bytes : c->estimate;
+    c->pending -= bytes;
+    c->estimate += stored ? bytes : 0;
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -314,14 +336,14 @@ void dc_put(diskcache *c, const dc_key *k, uint64_t index, const void *data, siz
     uint64_t bytes = DC_HEADER + (uint64_t)len;
     if (bytes > c->max - c->slack)
         return; /* it would evict everything else, and then itself */
-    reserve(c, bytes);
+    if (reserve(c, bytes) != 0)
+        return;
     unsigned char h[DC_HEADER];
     dc_header(h, k, index, data, len);
-    char tmp[sizeof TMP_PREFIX + 32], name[DC_NAME_MAX];
+    char tmp[TMP_NAME_MAX], name[DC_NAME_MAX];
     dc_name(k, index, name);
     static atomic_uint serial; /* with the pid, unique among the writes in progress */
-    snprintf(tmp, sizeof tmp, "%s%ld.%u", TMP_PREFIX, (long)getpid(),
-             atomic_fetch_add(&serial, 1));
+    tmp_name(tmp, (long)atomic_fetch_add(&serial, 1));
     int fd = openat(c->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     int ok = fd >= 0 && write_all(fd, h, DC_HEADER) == 0 && write_all(fd, data, len) == 0;
     int e = errno;
@@ -329,10 +351,10 @@ void dc_put(diskcache *c, const dc_key *k, uint64_t index, const void *data, siz
         ok = 0, e = errno;
     if (ok && renameat(c->dfd, tmp, c->dfd, name) != 0)
         ok = 0, e = errno;
+    settle(c, bytes, ok);
     if (!ok) {
         if (fd >= 0)
             unlinkat(c->dfd, tmp, 0);
-        unreserve(c, bytes);
         report(c, "cannot write a block", e);
     }
 }

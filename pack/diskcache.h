@@ -22,8 +22,10 @@
  *    keeps an estimate (a scan of DIR at open, plus what it writes); a write that would pass max
  *    first scans DIR and unlinks the least recently used files (by mtime: a hit touches its
  *    file) down to max - max/8, so a scan (one readdir and a stat per file) happens at most once
- *    per max/8 bytes written. A process also rescans every max/8 bytes it writes, to learn what
- *    others wrote: with several writers at once DIR may pass max by up to max/8 per writer.
+ *    per max/8 bytes written; this process's writes in progress count, and a block that does
+ *    not fit beside them is not stored. A process also rescans every max/8 bytes it writes, to
+ *    learn what others wrote: with several writers at once DIR may pass max by up to max/8 per
+ *    writer.
  *    Only files named as this module names them are counted or removed (and its temporary
  *    files left by a crash, after an hour); anything else in DIR is left alone.
  *  - Failures of the disk never fail a caller: dc_get misses, dc_put does nothing. The first

@@ -264,3 +264,40 @@ def test_a_file_as_the_directory_is_refused(server, mountpoint, tmp_path):
                        env=dict(os.environ, CKPTFS_CACHE_MAX="lots",
                                 CKPTFS_CACHE_DIR=str(f.parent)), timeout=60)
     assert p.returncode != 0 and "CKPTFS_CACHE_MAX" in p.stderr.decode()
+
+
+@pytest.fixture
+def faulty(served):
+    """The fault-injecting FileServer over the test's own served directory."""
+    with netlab.FileServer(served) as srv:
+        yield srv
+
+
+def test_weak_etag_keys_by_last_modified(mount, faulty, served, tmp_path):
+    faulty.fault("weak_etag")  # If-Match cannot use it: the date pins and keys the object
+    opts = [f"cache_dir={tmp_path / 'cache'}"]
+    for round_ in ("cold", "warm"):
+        before = len(faulty.requests())
+        with mount(faulty.url(NAME), options=opts) as mnt:
+            assert read_all(mnt) == want(served / NAME)
+        reqs = faulty.requests()[before:]
+        assert round_ == "cold" or len(reqs) == OPEN_REQUESTS, reqs
+
+
+@pytest.mark.parametrize("kind", ["bad_range", "truncate", "long_body"])
+def test_a_failed_fetch_is_not_stored(mount, faulty, served, tmp_path, kind):
+    """A block whose response was wrong is asked again or fails its read (EIO), and never
+    reaches DIR: the next mount, the server healed, reads every byte right."""
+    cache = tmp_path / "cache"
+    opts = [f"cache_dir={cache}"]
+    f = faulty.fault(kind, skip=1, every=2)  # the open passes, then every other one is spoiled
+    with mount(faulty.url(NAME), options=opts) as mnt:
+        paths = {t["name"]: mnt / t["path"] for t in read_index(mnt)["tensors"]}
+        got = netlab.read_many(paths.values(), uncached=True)
+    expect = want(served / NAME)
+    results = {n: got[str(p)] for n, p in paths.items()}
+    assert all(v == ("ok", expect[n]) or v == ("err", "EIO") for n, v in results.items()), got
+    assert f.hits > 0, "responses were spoiled"
+    faulty.clear()
+    with mount(faulty.url(NAME), options=opts) as mnt:
+        assert read_all(mnt) == expect

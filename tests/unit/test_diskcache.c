@@ -5,6 +5,8 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -94,14 +96,17 @@ Test(diskcache, header_checks_every_field_and_the_bytes)
     }
 }
 
+/* Bytes of the files in dir (temporary ones too), *files of them. Safe from many threads. */
 static size_t dir_bytes(const char *dir, size_t *files)
 {
     size_t total = 0;
     *files = 0;
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
+        char path[4096];
         struct stat st;
-        if (e->d_name[0] != '.' && stat(strf("%s/%s", dir, e->d_name), &st) == 0)
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && stat(path, &st) == 0)
             total += (size_t)st.st_size, ++*files;
     }
     if (d)
@@ -216,6 +221,51 @@ Test(diskcache, the_bound_evicts_the_least_recently_used)
     cr_assert(c);
     dc_put(c, &k, 99, data, sizeof data);
     cr_expect_leq(dir_bytes(dir, &files), (size_t)4 * FILE_BYTES);
+    dc_close(c);
+    empty_dir(dir);
+}
+
+enum { RACE_LEN = 4096, RACE_MAX = 4 * (DC_HEADER + RACE_LEN), RACE_THREADS = 8 };
+
+typedef struct racer {
+    diskcache *c;
+    const char *dir;
+    uint64_t first;
+    size_t worst; /* the most bytes this thread saw in dir */
+} racer;
+
+static void *race(void *arg)
+{
+    racer *r = arg;
+    dc_key k = key("https://h/m", "\"e\"", "", 1 << 30);
+    unsigned char data[RACE_LEN] = {0};
+    for (uint64_t i = r->first; i < r->first + 16; i++) {
+        dc_put(r->c, &k, i, data, sizeof data);
+        size_t files, now = dir_bytes(r->dir, &files);
+        r->worst = now > r->worst ? now : r->worst;
+    }
+    return NULL;
+}
+
+Test(diskcache, concurrent_writers_of_one_process_stay_within_the_bound)
+{
+    const char *dir = tmp_dir();
+    ck_error err;
+    diskcache *c = dc_open(dir, RACE_MAX, NULL, &err);
+    cr_assert(c, "%s", err.msg);
+    racer r[RACE_THREADS];
+    pthread_t t[RACE_THREADS];
+    for (int i = 0; i < RACE_THREADS; i++) {
+        r[i] = (racer){.c = c, .dir = dir, .first = 100 * (uint64_t)i};
+        cr_assert_eq(pthread_create(&t[i], NULL, race, &r[i]), 0);
+    }
+    for (int i = 0; i < RACE_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        cr_expect_leq(r[i].worst, (size_t)RACE_MAX, "thread %d saw %zu bytes", i, r[i].worst);
+    }
+    size_t files;
+    cr_expect_leq(dir_bytes(dir, &files), (size_t)RACE_MAX);
+    cr_expect_gt(files, 0);
     dc_close(c);
     empty_dir(dir);
 }
