@@ -9,10 +9,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -299,11 +302,6 @@ static int serve(struct fuse_session *se, const struct fuse_cmdline_opts *co)
     return rc;
 }
 
-/* Memory the parse frees is what the tree, index.json and the serving threads then use: on
- * this kind of machine a page the process touches for the first time costs microseconds (a
- * 5,000-tensor checkpoint's mount was half page faults), so blocks up to HEAP_REUSE stay in
- * the one heap that every thread shares, and are not handed back to the kernel between uses.
- * What stays is bounded: blocks above it still come from and go back to the kernel. */
 /* -o NAME=VALUE as a size into *v (0 when absent). 0, or -1 reported. */
 static int option_size(const char *name, const char *value, uint64_t *v)
 {
@@ -323,6 +321,11 @@ static void log_line(const char *line)
     ck_ll_log(full);
 }
 
+/* Memory the parse frees is what the tree, index.json and the serving threads then use: on
+ * this kind of machine a page the process touches for the first time costs microseconds (a
+ * 5,000-tensor checkpoint's mount was half page faults), so blocks up to HEAP_REUSE stay in
+ * the one heap that every thread shares, and are not handed back to the kernel between uses.
+ * What stays is bounded: blocks above it still come from and go back to the kernel. */
 enum { HEAP_REUSE = 32 << 20 };
 
 static void keep_freed_memory(void)
@@ -330,6 +333,72 @@ static void keep_freed_memory(void)
     mallopt(M_MMAP_THRESHOLD, HEAP_REUSE);
     mallopt(M_TRIM_THRESHOLD, HEAP_REUSE);
     mallopt(M_ARENA_MAX, 1);
+}
+
+/* The heap the parse is about to grow into, faulted in by a helper thread on the other core
+ * while the parse runs. A 5,000-tensor checkpoint's parse, tree and index.json touch ~800
+ * fresh pages, ~2 us each here, one after another on the thread the mount waits for: a fifth
+ * of the mount. The window is added to the heap by allocating and freeing it (it stays, as
+ * keep_freed_memory says); MADV_POPULATE_WRITE (Linux 5.14) maps its pages without writing
+ * them, so it may run while malloc hands the same pages out. Where the window did not come
+ * from the brk heap (another allocator, such as the sanitizers'), or the advice is refused,
+ * nothing is done: the faults stay on the parse's thread, as before. With one CPU to run on,
+ * the helper would only take turns with the parse, and fault pages the parse never uses.
+ * The window's size (prefault_size) is what such a parse's heap reaches anyway. */
+enum {
+    HEAP_PREFAULT = 4 << 20,  /* the most: a 5,000-tensor .pt's parse and tree take ~4 MiB */
+    PREFAULT_PER_BYTE = 3,    /* that file is 1.8 MB: ~3 bytes of heap per byte of a file */
+    PREFAULT_STEP = 256 << 10 /* also the least: a smaller parse is not worth a thread */
+};
+
+static struct {
+    char *start;
+    size_t len;
+} prefault;
+
+static void *prefault_run(void *arg)
+{
+    (void)arg;
+    /* In steps: while it populates, the advice holds the address space's lock for reading,
+     * and a step lets a writer (the parse's brk or mmap) in between. */
+    for (size_t off = 0; off < prefault.len; off += PREFAULT_STEP) {
+        size_t n = prefault.len - off < PREFAULT_STEP ? prefault.len - off : PREFAULT_STEP;
+        if (madvise(prefault.start + off, n, MADV_POPULATE_WRITE) != 0)
+            break;
+    }
+    return NULL;
+}
+
+/* Bytes of heap worth faulting ahead of the parse of SOURCE (a local path): a file's size
+ * bounds its metadata, so a small file gets a small window (or none); a directory of shards, or
+ * a file that cannot be looked at here (ck_open will say why), the largest. */
+static size_t prefault_size(const char *source)
+{
+    struct stat st;
+    if (stat(source, &st) != 0 || !S_ISREG(st.st_mode) ||
+        (uint64_t)st.st_size >= HEAP_PREFAULT / PREFAULT_PER_BYTE)
+        return HEAP_PREFAULT;
+    size_t n = (size_t)st.st_size * PREFAULT_PER_BYTE;
+    return n < PREFAULT_STEP ? 0 : n;
+}
+
+static void prefault_heap(const char *source)
+{
+    cpu_set_t cpus;
+    size_t size = prefault_size(source);
+    if (!size || sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) < 2)
+        return;
+    char *start = sbrk(0);
+    void *volatile window = malloc(size); /* volatile: the pair is not optimised out */
+    free(window);
+    char *end = sbrk(0);
+    if (start == (char *)-1 || end == (char *)-1 || end <= start)
+        return;
+    prefault.start = start;
+    prefault.len = (size_t)(end - start);
+    pthread_t t;
+    if (pthread_create(&t, NULL, prefault_run, NULL) == 0)
+        pthread_detach(t);
 }
 
 int main(int argc, char **argv)
@@ -384,6 +453,8 @@ int main(int argc, char **argv)
     http_configure(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
                                   .cache_dir = o.cache_dir, .cache_max = cache_max,
                                   .log = log_line});
+    if (!ck_source_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
+        prefault_heap(o.source);
     if (build_view(&m, o.source, &o) != 0)
         goto out;
     char abs[PATH_MAX];

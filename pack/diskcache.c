@@ -15,12 +15,14 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: dc_get streams */
 #include <xxhash.h>
 
 static const char MAGIC[8] = "ckdcblk1";
 static const char TMP_PREFIX[] = ".ckdc-tmp-";
 enum { STALE_TMP_S = 3600,   /* a temporary file this old was left by a crash */
-       TMP_NAME_MAX = sizeof TMP_PREFIX + 32 };
+       TMP_NAME_MAX = sizeof TMP_PREFIX + 32,
+       PASS_CHUNK = 64 << 10 };   /* dc_get: the bytes outside the range asked pass through this */
 
 struct diskcache {
     char *dir;
@@ -95,8 +97,9 @@ void dc_header(unsigned char h[DC_HEADER], const dc_key *k, uint64_t index, cons
     checksum(h + 40, data, len);
 }
 
-int dc_check(const unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
-             const void *data, size_t len)
+/* Whether h's fields (all but the checksum) are those of block `index` of k, len bytes long. */
+static int header_matches(const unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
+                          size_t len)
 {
     unsigned char want[DC_HEADER];
     memset(want, 0, sizeof want);
@@ -104,10 +107,17 @@ int dc_check(const unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
     memcpy(want + 8, k->hash, 16);
     put_le64(want + 24, index);
     put_le64(want + 32, len);
-    if (memcmp(h, want, 40) != 0 || memcmp(h + 56, want + 56, DC_HEADER - 56) != 0)
+    return memcmp(h, want, 40) == 0 && memcmp(h + 56, want + 56, DC_HEADER - 56) == 0;
+}
+
+int dc_check(const unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
+             const void *data, size_t len)
+{
+    if (!header_matches(h, k, index, len))
         return 0; /* checked before the bytes: another key's file costs no checksum */
-    checksum(want + 40, data, len);
-    return memcmp(h + 40, want + 40, 16) == 0;
+    unsigned char sum[16];
+    checksum(sum, data, len);
+    return memcmp(h + 40, sum, 16) == 0;
 }
 
 /* --- the directory ------------------------------------------------------------------------ */
@@ -285,19 +295,45 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-int dc_get(diskcache *c, const dc_key *k, uint64_t index, void *buf, size_t len)
+/* Reads the len bytes after fd's header into a running checksum: those in [from, to) straight
+ * into block at their place, the others through a small buffer of the stack's. 0, or -1. */
+static int read_summed(int fd, unsigned char *block, size_t len, size_t from, size_t to,
+                       unsigned char sum[16])
+{
+    unsigned char pass[PASS_CHUNK];
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    for (size_t pos = 0; pos < len;) {
+        int inside = pos >= from && pos < to;
+        size_t end = inside ? to : pos < from ? from : len;
+        end = !inside && end - pos > sizeof pass ? pos + sizeof pass : end;
+        unsigned char *dst = inside ? block + pos : pass;
+        if (ck_pread(fd, dst, end - pos, DC_HEADER + pos) != 0)
+            return -1;
+        XXH3_128bits_update(&st, dst, end - pos);
+        pos = end;
+    }
+    XXH128_hash_t h = XXH3_128bits_digest(&st);
+    put_le64(sum, h.low64);
+    put_le64(sum + 8, h.high64);
+    return 0;
+}
+
+int dc_get(diskcache *c, const dc_key *k, uint64_t index, unsigned char *block, size_t len,
+           size_t from, size_t n)
 {
     char name[DC_NAME_MAX];
     dc_name(k, index, name);
     int fd = openat(c->dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return -1;
-    unsigned char h[DC_HEADER];
+    unsigned char h[DC_HEADER], sum[16];
     struct stat st;
     int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
              (uint64_t)st.st_size == DC_HEADER + (uint64_t)len &&
-             ck_pread(fd, h, DC_HEADER, 0) == 0 && ck_pread(fd, buf, len, DC_HEADER) == 0 &&
-             dc_check(h, k, index, buf, len);
+             ck_pread(fd, h, DC_HEADER, 0) == 0 && header_matches(h, k, index, len) &&
+             read_summed(fd, block, len, from, from + n, sum) == 0 &&
+             memcmp(h + 40, sum, 16) == 0;
     if (ok)
         futimens(fd, NULL); /* used now: the last to be evicted (fails harmlessly read-only) */
     else

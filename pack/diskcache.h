@@ -13,7 +13,8 @@
  *  - A file is a DC_HEADER-byte header (magic, the key's hash, block index, length, XXH3-128 of
  *    the bytes) and the block's bytes. What is read from DIR is untrusted: a file of the wrong
  *    size, another key or index, or bytes whose checksum differs is a miss, and is removed;
- *    dc_get never returns wrong bytes (a file cut short by a crash is one of these).
+ *    dc_get never returns wrong bytes (a file cut short by a crash is one of these). A read of
+ *    part of a block (a run of http.c's pages) still reads and checks the whole file.
  *  - Concurrency: any number of threads and processes (mounts, ckpt, ckload) may share DIR. A
  *    block is written to a temporary file in DIR and renamed into place: a reader sees a whole
  *    file or none. Reads take no lock. Eviction unlinks, which never disturbs a reader that has
@@ -80,9 +81,13 @@ int dc_check(const unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
  * err->msg empty (see the contract). */
 diskcache *dc_open(const char *dir, uint64_t max, dc_log log, ck_error *err);
 
-/* Block `index` of k, exactly len bytes, into buf. 0, or -1 on a miss (buf's bytes are then
- * undefined). */
-int dc_get(diskcache *c, const dc_key *k, uint64_t index, void *buf, size_t len);
+/* Bytes [from, from+n) of block `index` of k (len bytes long) into block[from, from+n); the
+ * rest of block is not written (another thread may be filling it). The whole file is read and
+ * its checksum checked, streaming: the bytes outside the range pass through a small buffer, so
+ * a range costs no block-sized temporary. 0, or -1 on a miss (block[from, from+n) is then
+ * undefined: the caller fetches those bytes anew). */
+int dc_get(diskcache *c, const dc_key *k, uint64_t index, unsigned char *block, size_t len,
+           size_t from, size_t n);
 
 /* Stores block `index` of k (data[0, len)); what fails is reported once and forgotten. */
 void dc_put(diskcache *c, const dc_key *k, uint64_t index, const void *data, size_t len);

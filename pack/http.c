@@ -131,8 +131,8 @@ uint64_t http_next_window(uint64_t window, int sequential)
 {
     if (!sequential)
         return 0;
-    if (window < HTTP_BLOCK)
-        return HTTP_BLOCK;
+    if (window < HTTP_FLOOR)
+        return HTTP_FLOOR;
     return window * 2 > HTTP_MAX_WINDOW ? HTTP_MAX_WINDOW : window * 2;
 }
 
@@ -343,11 +343,13 @@ struct http_obj {
     uint64_t size;
     unsigned char *head;      /* bytes [0, head_len) from the open */
     size_t head_len;
-    pthread_mutex_t lock;     /* where, idle, window, next */
+    pthread_mutex_t lock;     /* where, idle */
     pthread_cond_t idle_cv;
     CURL *idle[2 * HTTP_CONNECTIONS];
     unsigned nidle, busy;     /* handles kept; handles lent out */
-    uint64_t window, next;    /* readahead: the window; where the last read ended */
+    uint64_t window, next;    /* readahead: the window; where the last read ended (cache lock) */
+    uint64_t *bounds;         /* where tensors begin and end, sorted (http_hint; cache lock) */
+    size_t nbounds;
     atomic_uint_fast64_t requests, bytes;
     atomic_int changed;
     atomic_int failing;       /* the last block fetched failed: no readahead until one works */
@@ -596,15 +598,28 @@ static int get_range(http_obj *o, unsigned char *buf, size_t len, uint64_t off, 
 
 /* --- the block cache ----------------------------------------------------------------------- */
 
+/* A block is filled in pages: a random read fetches only the pages around what it asks (within
+ * its tensor), a sequential one whole blocks. One 4 MiB buffer per block, as before, keeps the
+ * cache's accounting (cache_mem counts buffers) and its keys (object, block index) as they were;
+ * a block of few valid pages holds the rest of its buffer unused, the price of not keeping a
+ * second structure for small ranges. */
+#define PAGES (HTTP_BLOCK / HTTP_PAGE)
+_Static_assert(PAGES == 64, "a block's pages are the bits of a uint64_t");
+
 typedef struct block {
     http_obj *o;
     uint64_t at;          /* a multiple of HTTP_BLOCK */
     unsigned char *data;
     size_t len;
     uint64_t used;        /* LRU stamp */
-    int state;            /* 1 loading, 0 ready, -errno failed */
-    int ahead;            /* readahead: fetched once, not retried, dropped if it fails */
-    unsigned pins;        /* readers copying out of it without the lock: not evicted */
+    uint64_t valid;       /* pages holding the object's bytes */
+    uint64_t loading;     /* pages a fetch is writing: the block is not evicted */
+    uint64_t ahead;       /* pages fetched as readahead that no read has needed yet */
+    uint64_t failed;      /* pages whose fetch failed: the read that needs them takes err */
+    int err;
+    unsigned pins;        /* readers copying out of it without the lock, or its store to the
+                           * disk cache: not evicted */
+    int on_disk;          /* in the disk cache (pages came from there, or it was stored) */
 } block;
 
 /* Every block's buffer holds HTTP_BLOCK bytes; bytes counts them all, in use or spare. Spare
@@ -622,6 +637,13 @@ static struct {
 static uint64_t cache_limit(void)
 {
     return config.cache_mem ? config.cache_mem : HTTP_CACHE_MEM_DEFAULT;
+}
+
+/* The pages of a block that bytes [from, to) of it touch (from < to <= HTTP_BLOCK). */
+static uint64_t pages_of(uint64_t from, uint64_t to)
+{
+    uint64_t a = from / HTTP_PAGE, b = (to - 1) / HTTP_PAGE;
+    return (b == PAGES - 1 ? ~0ull : (1ull << (b + 1)) - 1) & ~((1ull << a) - 1);
 }
 
 static block *find_block(const http_obj *o, uint64_t at)
@@ -650,13 +672,13 @@ static void drop_block(size_t i)
     cache.v[i] = cache.v[--cache.n];
 }
 
-/* Drops the least recently used block that is not loading and was last used before stamp
+/* Drops the least recently used block that no fetch writes and was last used before stamp
  * keep (what the read in progress uses stays); 0 when there is none. */
 static int evict_lru(uint64_t keep)
 {
     size_t lru = SIZE_MAX;
     for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].state <= 0 && !cache.v[i].pins && cache.v[i].used < keep &&
+        if (!cache.v[i].loading && !cache.v[i].pins && cache.v[i].used < keep &&
             (lru == SIZE_MAX || cache.v[i].used < cache.v[lru].used))
             lru = i;
     if (lru != SIZE_MAX)
@@ -704,14 +726,21 @@ static unsigned char *take_buffer(int optional, uint64_t keep)
     }
 }
 
-/* A loading block of o at `at` (the caller fetches it), or NULL when it is cached or loading
- * already, or there is no room for it (optional: readahead) and no memory. Blocks used since
- * stamp keep are not evicted for it. Under the lock. */
-static block *claim_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
+/* The length of o's block at `at`: HTTP_BLOCK but for the last. */
+static size_t block_len(const http_obj *o, uint64_t at)
 {
-    if (find_block(o, at))
-        return NULL;
-    size_t len = (size_t)(o->size - at < HTTP_BLOCK ? o->size - at : HTTP_BLOCK);
+    return (size_t)(o->size - at < HTTP_BLOCK ? o->size - at : HTTP_BLOCK);
+}
+
+/* o's block at `at`, cached or new (no page valid yet); NULL when there is no room for it
+ * (optional: readahead) or no memory. Blocks used since stamp keep are not evicted for it.
+ * Under the lock. */
+static block *get_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
+{
+    block *had = find_block(o, at);
+    if (had)
+        return had;
+    size_t len = block_len(o, at);
     if (cache.n == cache.cap) {
         size_t cap = cache.cap ? 2 * cache.cap : 64;
         block *v = realloc(cache.v, cap * sizeof *v);
@@ -724,7 +753,7 @@ static block *claim_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
     if (!data)
         return NULL;
     block *b = &cache.v[cache.n++];
-    *b = (block){.o = o, .at = at, .data = data, .len = len, .used = ++cache.clock, .state = 1};
+    *b = (block){.o = o, .at = at, .data = data, .len = len, .used = ++cache.clock};
     return b;
 }
 
@@ -733,7 +762,7 @@ static block *claim_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
 static int fetch_block(http_obj *o, unsigned char *data, size_t len, uint64_t at, unsigned tries)
 {
     int cached = disk && o->keyed;
-    if (cached && dc_get(disk, &o->key, at / HTTP_BLOCK, data, len) == 0)
+    if (cached && dc_get(disk, &o->key, at / HTTP_BLOCK, data, len, 0, len) == 0)
         return 0;
     int rc = get_range(o, data, len, at, tries);
     if (rc == 0 && cached)
@@ -743,105 +772,166 @@ static int fetch_block(http_obj *o, unsigned char *data, size_t len, uint64_t at
 
 typedef struct fetch {
     http_obj *o;
-    uint64_t at;
-    size_t len;
+    uint64_t at;          /* the block */
+    uint64_t pages;       /* a run of its pages */
+    size_t from, len;     /* their bytes in the block */
     unsigned char *data;
     int ahead;
 } fetch;
 
+/* Writes b, whole now, to the disk cache. Pinned meanwhile, so that neither eviction nor
+ * free_obj takes its buffer; its pages are all valid, so no fetch writes them. Under the cache
+ * lock, which it drops while writing. */
+static void store_block(block *b)
+{
+    http_obj *o = b->o;
+    uint64_t at = b->at;
+    const unsigned char *data = b->data;
+    size_t len = b->len;
+    b->on_disk = 1;
+    b->pins++;
+    pthread_mutex_unlock(&cache.lock);
+    dc_put(disk, &o->key, at / HTTP_BLOCK, data, len);
+    pthread_mutex_lock(&cache.lock);
+    find_block(o, at)->pins--; /* b may have moved: found again by its key */
+    pthread_cond_broadcast(&cache.done); /* free_obj may wait for it */
+}
+
+/* Fetches f's pages: from the disk cache when it holds their block (only those bytes are
+ * written: the block's other pages may be another fetch's), else from the server; the fetch
+ * that makes a block whole stores it there, unless its pages came from there. */
 static void *fetch_main(void *arg)
 {
     fetch *f = arg;
-    int rc = fetch_block(f->o, f->data, f->len, f->at, f->ahead ? 1 : 0);
-    atomic_store(&f->o->failing, rc != 0);
+    http_obj *o = f->o;
+    int cached = disk && o->keyed;
+    int from_disk = cached && dc_get(disk, &o->key, f->at / HTTP_BLOCK, f->data,
+                                     block_len(o, f->at), f->from, f->len) == 0;
+    int rc = from_disk ? 0
+                       : get_range(o, f->data + f->from, f->len, f->at + f->from,
+                                   f->ahead ? 1 : 0);
+    if (!from_disk)
+        atomic_store(&o->failing, rc != 0);
     pthread_mutex_lock(&cache.lock);
-    for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].o == f->o && cache.v[i].at == f->at) {
-            cache.v[i].state = rc; /* a failure stays until a reader takes it */
-            if (rc && cache.v[i].ahead) /* nobody asked: a reader fetches it again */
-                drop_block(i);
-            break;
+    block *b = find_block(o, f->at); /* loading: never evicted meanwhile */
+    b->loading &= ~f->pages;
+    int completes = 0;
+    if (rc == 0) {
+        uint64_t whole = pages_of(0, b->len);
+        completes = b->valid != whole && (b->valid | f->pages) == whole;
+        b->valid |= f->pages;
+        b->on_disk |= from_disk;
+    } else {
+        b->ahead &= ~f->pages;
+        if (!f->ahead) { /* a reader waits for them: it takes the failure */
+            b->failed |= f->pages;
+            b->err = rc;
         }
+    }
     pthread_cond_broadcast(&cache.done);
+    if (completes && cached && !b->on_disk)
+        store_block(b);
     pthread_mutex_unlock(&cache.lock);
     free(f);
     return (void *)(intptr_t)rc;
 }
 
-/* Starts fetching block b (claimed, under the cache lock) on a thread of its own. */
-static int start_fetch(block *b)
+/* Starts fetching pages (a run) of block b; ahead: readahead, asked once. On a thread of its
+ * own, or, when mine is given and still empty, left there for the caller to run (fetch_main,
+ * without the lock): the read that waits for it anyway spares a thread's start and wake-up.
+ * Under the cache lock. */
+static int start_fetch(block *b, uint64_t pages, int ahead, fetch **mine)
 {
     fetch *f = malloc(sizeof *f);
     pthread_t t;
+    size_t first = (size_t)__builtin_ctzll(pages), end = PAGES - (size_t)__builtin_clzll(pages);
+    size_t from = first * HTTP_PAGE, to = end * HTTP_PAGE < b->len ? end * HTTP_PAGE : b->len;
     if (f) {
-        *f = (fetch){.o = b->o, .at = b->at, .len = b->len, .data = b->data, .ahead = b->ahead};
+        *f = (fetch){.o = b->o, .at = b->at, .pages = pages, .from = from, .len = to - from,
+                     .data = b->data, .ahead = ahead};
+        b->loading |= pages;
+        if (mine && !*mine) {
+            *mine = f;
+            return 0;
+        }
         if (pthread_create(&t, NULL, fetch_main, f) == 0) {
             pthread_detach(t);
             return 0;
         }
+        b->loading &= ~pages;
     }
     free(f);
-    b->state = -ENOMEM;
-    drop_block((size_t)(b - cache.v));
-    pthread_cond_broadcast(&cache.done);
     return -ENOMEM;
 }
 
-/* Whether fetches of o are still running (under the cache lock). */
-static int loading(const http_obj *o)
+/* Fetches the pages of b in mask that are neither held nor coming, a request per run (one of
+ * those the read needs may be left in *mine: start_fetch). A run holding none of the pages the
+ * read needs is readahead (asked once); with mark, the pages beyond need are marked ahead: the
+ * read that first needs them widens the window. */
+static int fill(block *b, uint64_t mask, uint64_t need, int mark, fetch **mine)
+{
+    uint64_t missing = mask & ~b->valid & ~b->loading;
+    while (missing) {
+        uint64_t run = missing & ~(missing + (missing & -missing)); /* the lowest run of bits */
+        int ahead = !(run & need);
+        int rc = start_fetch(b, run, ahead, ahead ? NULL : mine);
+        if (rc)
+            return ahead ? 0 : rc;
+        if (mark)
+            b->ahead |= run & ~need;
+        missing &= ~run;
+    }
+    return 0;
+}
+
+/* Whether fetches of o are still running, or its blocks being stored (under the cache lock). */
+static int busy(const http_obj *o)
 {
     for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].o == o && cache.v[i].state == 1)
+        if (cache.v[i].o == o && (cache.v[i].loading || cache.v[i].pins))
             return 1;
     return 0;
 }
 
-/* Copies [off, off+len) (within one or two blocks) out of the cache, fetching what is missing
- * and starting the readahead window's blocks. */
-static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+/* Where the tensor holding byte off ends: the first boundary after it (http_hint), else the
+ * object's end. */
+static uint64_t tensor_end(const http_obj *o, uint64_t off)
 {
-    pthread_mutex_lock(&o->lock);
-    /* Sequential within a block: the kernel's reads of one stream reach several threads of the
-     * daemon, and arrive a little out of order. */
-    int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
-    o->window = http_next_window(o->window, seq);
-    o->next = seq && off + len < o->next ? o->next : off + len;
-    uint64_t ahead = atomic_load(&o->failing) ? 0 : o->window;
-    pthread_mutex_unlock(&o->lock);
-    uint64_t first = off / HTTP_BLOCK * HTTP_BLOCK, last = (off + len - 1) / HTTP_BLOCK;
-    uint64_t stop = off + len + ahead < o->size ? off + len + ahead : o->size;
-    int rc = 0;
-    pthread_mutex_lock(&cache.lock);
-    uint64_t keep = cache.clock + 1; /* what this read touches stays until it has copied */
-    for (uint64_t at = first; at < stop && rc == 0; at += HTTP_BLOCK) {
-        block *had = find_block(o, at);
-        if (had && at / HTTP_BLOCK <= last)
-            had->used = ++cache.clock;
-        block *b = had ? NULL : claim_block(o, at, at / HTTP_BLOCK > last, keep);
-        if (b) {
-            b->ahead = at / HTTP_BLOCK > last;
-            rc = start_fetch(b);
-        }
+    size_t lo = 0, hi = o->nbounds;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (o->bounds[mid] <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
-    for (uint64_t at = first; at / HTTP_BLOCK <= last && rc == 0;) {
-        block *b = find_block(o, at);
-        if (!b) { /* it failed, or was dropped for room: fetch it again */
-            b = claim_block(o, at, 0, keep);
-            rc = b ? start_fetch(b) : -ENOMEM;
-            continue;
+    return lo < o->nbounds ? o->bounds[lo] : o->size;
+}
+
+/* Copies [off, off+len) out of the cache (within one or two blocks), fetching what is missing
+ * and what the readahead window covers. Under the cache lock, which it drops while copying. */
+static int copy_out(http_obj *o, unsigned char *buf, size_t len, uint64_t off, uint64_t keep)
+{
+    int rc = 0;
+    uint64_t last = (off + len - 1) / HTTP_BLOCK;
+    for (uint64_t at = off / HTTP_BLOCK * HTTP_BLOCK; at / HTTP_BLOCK <= last && rc == 0;) {
+        uint64_t from = off > at ? off - at : 0;
+        block *b = get_block(o, at, 0, keep);
+        if (!b)
+            return -ENOMEM;
+        uint64_t to = off + len - at < b->len ? off + len - at : b->len;
+        uint64_t need = pages_of(from, to);
+        if (need & b->failed) { /* taken: the next read asks again */
+            b->failed = 0;
+            return b->err;
         }
-        if (b->state == 1) {
-            pthread_cond_wait(&cache.done, &cache.lock);
+        if (need & ~b->valid) { /* coming (or dropped for room: asked again) */
+            rc = fill(b, need, need, 0, NULL);
+            if (rc == 0 && (need & ~b->valid & b->loading))
+                pthread_cond_wait(&cache.done, &cache.lock);
             continue;
-        }
-        if (b->state < 0) { /* taken: the next read asks again */
-            rc = b->state;
-            drop_block((size_t)(b - cache.v));
-            break;
         }
         b->used = ++cache.clock;
-        uint64_t from = off > at ? off - at : 0;
-        uint64_t to = off + len - at < b->len ? off + len - at : b->len;
         /* The copy runs unlocked, the block pinned: the other readers' copies and the fetches'
          * completions do not queue behind it. b may move meanwhile (the array is realloc'ed,
          * dropped blocks are swapped out): found again by its key. */
@@ -853,6 +943,69 @@ static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off
         find_block(o, at)->pins--;
         at += HTTP_BLOCK;
     }
+    return rc;
+}
+
+/* Reads [off, off+len) (within one or two blocks) through the cache. A read that finds its
+ * pages neither held nor coming, at a place the reads so far did not lead to (random), fetches
+ * at least HTTP_FLOOR bytes from it, within its tensor; a sequential one widens the readahead
+ * window when it misses or first needs pages fetched ahead, and keeps the window's blocks
+ * coming, whole. */
+static int read_cached(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+{
+    uint64_t end = off + len, first = off / HTTP_BLOCK * HTTP_BLOCK;
+    pthread_mutex_lock(&cache.lock);
+    uint64_t keep = cache.clock + 1; /* what this read touches stays until it has copied */
+    /* Sequential within a block: the kernel's reads of one stream reach several threads of the
+     * daemon, and arrive a little out of order. */
+    int seq = off <= o->next + HTTP_BLOCK && off + HTTP_BLOCK >= o->next;
+    o->next = seq && end < o->next ? o->next : end;
+    int missed = 0, fresh = 0;
+    for (uint64_t at = first; at < end; at += HTTP_BLOCK) {
+        block *b = find_block(o, at);
+        uint64_t to = end - at < HTTP_BLOCK ? end - at : HTTP_BLOCK;
+        uint64_t need = pages_of(off > at ? off - at : 0, to);
+        missed |= !b || (need & ~b->valid & ~b->loading) != 0;
+        fresh |= b && (need & b->ahead) != 0;
+        if (b)
+            b->ahead &= ~need;
+    }
+    o->window = !seq ? 0 : missed || fresh ? http_next_window(o->window, 1) : o->window;
+    uint64_t want = end;
+    if (!seq && missed) {
+        uint64_t floor = off + HTTP_FLOOR, stop = tensor_end(o, off);
+        want = floor < stop ? floor : stop;
+        want = want > end ? want : end;
+    } else if (!atomic_load(&o->failing) && o->window) {
+        want = end + o->window;
+        /* A long stream: whole blocks, the fewest requests; with a disk cache, any stream: a
+         * block is stored only whole, and a reader that goes on is likely to read it all. */
+        if (o->window >= HTTP_BLOCK || (disk && o->keyed))
+            want = (want + HTTP_BLOCK - 1) / HTTP_BLOCK * HTTP_BLOCK;
+    }
+    want = want < o->size ? want : o->size;
+    int rc = 0;
+    fetch *mine = NULL;
+    for (uint64_t at = first; at < want && rc == 0; at += HTTP_BLOCK) {
+        int beyond = at >= end; /* readahead only */
+        block *b = get_block(o, at, beyond, keep);
+        if (!b) {
+            rc = beyond ? 0 : -ENOMEM;
+            break;
+        }
+        if (at < end)
+            b->used = ++cache.clock;
+        uint64_t from = off > at ? off - at : 0, to = want - at < b->len ? want - at : b->len;
+        uint64_t need = end > at ? pages_of(from, end - at < b->len ? end - at : b->len) : 0;
+        rc = fill(b, pages_of(from, to), need, seq, &mine);
+    }
+    if (mine) { /* its pages are loading: nothing evicts the block meanwhile */
+        pthread_mutex_unlock(&cache.lock);
+        fetch_main(mine);
+        pthread_mutex_lock(&cache.lock);
+    }
+    if (rc == 0)
+        rc = copy_out(o, buf, len, off, keep);
     pthread_mutex_unlock(&cache.lock);
     return rc ? rc : atomic_load(&o->changed) ? -EIO : 0;
 }
@@ -887,7 +1040,7 @@ typedef struct blocks {
 static int copy_block(blocks *j, uint64_t i, unsigned char **bounce)
 {
     uint64_t at = i * HTTP_BLOCK, end = j->off + j->len;
-    size_t blen = (size_t)(j->o->size - at < HTTP_BLOCK ? j->o->size - at : HTTP_BLOCK);
+    size_t blen = block_len(j->o, at);
     uint64_t from = at > j->off ? at : j->off, to = at + blen < end ? at + blen : end;
     if (from == at && to == at + blen)
         return fetch_block(j->o, j->buf + (at - j->off), blen, at, 0);
@@ -985,10 +1138,24 @@ static void op_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes)
     *bytes = atomic_load(&o->bytes);
 }
 
+/* Takes a copy of the boundaries (sorted); without memory, reads go on without them. */
+static void op_hint(ck_file *f, const uint64_t *bounds, size_t n)
+{
+    http_obj *o = f->remote;
+    uint64_t *copy = n ? malloc(n * sizeof *copy) : NULL;
+    if (copy)
+        memcpy(copy, bounds, n * sizeof *copy);
+    pthread_mutex_lock(&cache.lock);
+    free(o->bounds);
+    o->bounds = copy;
+    o->nbounds = copy ? n : 0;
+    pthread_mutex_unlock(&cache.lock);
+}
+
 static void free_obj(http_obj *o)
 {
     pthread_mutex_lock(&cache.lock);
-    while (loading(o)) /* readahead still running: it writes into o's blocks */
+    while (busy(o)) /* readahead still running, or a store: they use o's blocks */
         pthread_cond_wait(&cache.done, &cache.lock);
     for (size_t i = cache.n; i-- > 0;)
         if (cache.v[i].o == o)
@@ -999,6 +1166,7 @@ static void free_obj(http_obj *o)
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->idle_cv);
     free(o->where);
+    free(o->bounds);
     free(o->url);
     free(o->head);
     free(o);
@@ -1011,7 +1179,7 @@ static void op_close(ck_file *f)
 }
 
 static const ck_source_ops http_ops = {
-    .pread = op_pread, .same = op_same, .close = op_close, .stats = op_stats,
+    .pread = op_pread, .same = op_same, .close = op_close, .stats = op_stats, .hint = op_hint,
 };
 
 int http_open(const char *url, const char *what, ck_file *f, ck_error *err)

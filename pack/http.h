@@ -17,17 +17,34 @@
  *    it is for, never to another host a redirect names. The token is never put in a message.
  *  - TLS is verified against the system store, or the file of CA certificates that
  *    http_configure names (or CKPTFS_CACERT). Nothing turns verification off.
- *  - Reads go through a block cache shared by every open object and bounded by cache_mem:
- *    HTTP_BLOCK-byte aligned blocks, fetched on parallel connections (at most HTTP_CONNECTIONS
- *    per object), with a readahead window that doubles on sequential reads (beginning within a
- *    block of where the reads so far ended) up to HTTP_MAX_WINDOW and closes on a random one. A readahead block is asked once, not retried:
- *    if it fails, the read that needs it asks again, with retries. A read of HTTP_BLOCK bytes or
- *    more skips the cache: it is split into parallel range requests straight into the caller's
- *    buffer.
+ *  - Reads go through a block cache shared by every open object and bounded by cache_mem (it
+ *    counts block buffers, full or not): HTTP_BLOCK-byte aligned blocks, each filled in
+ *    HTTP_PAGE pages, fetched on parallel connections (at most HTTP_CONNECTIONS per object). A
+ *    read whose pages are neither held nor coming, away from where the reads so far ended
+ *    (random), fetches the pages from it to HTTP_FLOOR bytes on, no further than the end of the
+ *    tensor it lies in (the boundaries http_hint was given; without them, the floor). Sequential
+ *    reads (beginning within a block of where the reads so far ended) open a readahead window,
+ *    from HTTP_FLOOR, doubled by a read that misses or first needs pages fetched ahead, up to
+ *    HTTP_MAX_WINDOW, in whole blocks once it spans one; a random read closes it. A readahead
+ *    request is asked once, not retried: if it fails, the read that needs its pages asks again,
+ *    with retries. A read of HTTP_BLOCK bytes or more skips the cache: it is split into
+ *    parallel range requests straight into the caller's buffer.
  *  - With a disk cache (http_config's cache_dir, else CKPTFS_CACHE_DIR; cache_max, else
- *    CKPTFS_CACHE_MAX), opened on the first URL: a block found there (diskcache.h: keyed by
- *    the URL without its secrets, the validator and the size) is not requested, and a block
- *    fetched is stored. A read of HTTP_BLOCK bytes or more then goes block by block on the
+ *    CKPTFS_CACHE_MAX), opened on the first URL, blocks on disk stay whole HTTP_BLOCK blocks
+ *    with their checksum (diskcache.h: keyed by the URL without its secrets, the validator and
+ *    the size). A fetch of a run of pages first looks its block up there: when present, only
+ *    the run's pages are filled from the file (the whole file is read, the rest through a small
+ *    buffer, and its checksum checked: a mismatch is a miss and the run is fetched from the
+ *    server, overwriting what was copied: those pages are no one else's until valid). The
+ *    fetch that makes a block whole (all its pages valid) stores it, the block pinned while it
+ *    is written, so that neither eviction nor a close takes its buffer. A random miss fetches
+ *    only its pages from the network, as without a disk cache, not its whole block so that it
+ *    could be stored: a whole block per miss cost 9x the bytes and 3x the p50 of a random
+ *    64 KiB slice (2.58 against 0.29 MiB, 1.12 against 0.36 ms: BENCHMARKS.md, "Random reads,
+ *    second round"), paid on every first read for a gain only on a later mount that reads the
+ *    same block again. Sequential reads fetch whole blocks from their first miss on (not only
+ *    once the window spans one), and the loader reads whole blocks, so both store what they
+ *    read; a block read at random is stored once its pages have all been read. A read of HTTP_BLOCK bytes or more then goes block by block on the
  *    parallel connections, each block whole from disk or fetched whole (the ends of the read
  *    through a buffer), so that the next load finds them. An object without a validator is
  *    not cached on disk. A cached block is served without asking the server, as one in memory
@@ -47,6 +64,8 @@
 #define HTTP_HEAD_BYTES (256u << 10)
 #define HTTP_BLOCK (4u << 20)
 #define HTTP_MAX_WINDOW (16u * HTTP_BLOCK)
+#define HTTP_PAGE (64u << 10)   /* a block's unit of fill */
+#define HTTP_FLOOR (256u << 10)   /* a random miss's fetch, at least */
 #define HTTP_CONNECTIONS 8u
 #define HTTP_TRIES 4u
 #define HTTP_BUDGET_S 60.0
@@ -100,7 +119,7 @@ double http_retry_after(const char *v, double now);
  * server asked. */
 double http_backoff(unsigned attempt, double retry_after, double r);
 
-/* The readahead window after a read: doubled (from HTTP_BLOCK, up to HTTP_MAX_WINDOW) when the
+/* The readahead window after a read: doubled (from HTTP_FLOOR, up to HTTP_MAX_WINDOW) when the
  * read began where the last one ended, else 0. */
 uint64_t http_next_window(uint64_t window, int sequential);
 

@@ -179,6 +179,16 @@ int hub_pick(const char *const *names, size_t n, size_t *picked, const char *rep
     return (int)k;
 }
 
+/* Whether s is a commit id as the Hub writes one: 40 lowercase hex digits (huggingface_hub's
+ * REGEX_COMMIT_HASH). */
+static int is_commit(const char *s)
+{
+    int hex = s && strlen(s) == 40;
+    for (const char *c = s; hex && *c; c++)
+        hex = (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f');
+    return hex;
+}
+
 /* The revision API's answer: the commit and the file names (pointers into root). */
 static int revision_info(const hub_ref *r, const char *loc, cJSON **root, const char **sha,
                          ck_error *err)
@@ -203,10 +213,7 @@ static int revision_info(const hub_ref *r, const char *loc, cJSON **root, const 
     free(body);
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(*root, "sha");
     *sha = cJSON_IsString(s) ? s->valuestring : NULL;
-    int hex = *sha && strlen(*sha) == 40;
-    for (const char *c = *sha; hex && *c; c++)
-        hex = (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f');
-    if (!hex || !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(*root, "siblings"))) {
+    if (!is_commit(*sha) || !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(*root, "siblings"))) {
         cJSON_Delete(*root);
         return ck_fail(err, loc, "the Hub's revision answer has no commit sha of 40 hex digits "
                        "or no siblings");
@@ -264,7 +271,14 @@ int hub_open(const char *loc, ck_index **out, ck_error *err)
         return -1;
     if (!r.path[0])
         return open_repository(&r, loc, out, err);
-    char *url = hub_resolve_url(r.repo, r.revision, r.path);
+    /* A branch or tag moves: the file is opened at the commit it names now, so that every
+     * later request (and the shards an index names beside it) resolves that commit. */
+    cJSON *root = NULL;
+    const char *sha = r.revision;
+    if (!is_commit(r.revision) && revision_info(&r, loc, &root, &sha, err))
+        return -1;
+    char *url = hub_resolve_url(r.repo, sha, r.path);
+    cJSON_Delete(root);
     if (!url)
         return ck_fail(err, loc, "out of memory");
     int rc = ck_open(url, out, err);

@@ -2,7 +2,9 @@
  *
  * Contract:
  *  - hf://ORG/REPO[@REVISION]/PATH is the Hub's resolve URL
- *    {endpoint}/ORG/REPO/resolve/{REVISION, default main}/PATH, opened as any URL.
+ *    {endpoint}/ORG/REPO/resolve/{COMMIT}/PATH, opened as any URL, where COMMIT is REVISION
+ *    when that is a commit id (40 hex digits), else the commit sha the revision API (below)
+ *    reports for it (default main): a branch that moves while mounted changes nothing.
  *  - hf://ORG/REPO[@REVISION] alone asks the revision API
  *    (GET {endpoint}/api/models/ORG/REPO/revision/{REVISION}: JSON with "sha" and
  *    "siblings"[].rfilename), pins the commit sha it reports, and opens the repository's

@@ -154,6 +154,12 @@ int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off)
     return f->ops ? f->ops->pread(f, buf, len, off) : ck_pread(f->fd, buf, len, off);
 }
 
+void ck_file_hint(ck_file *f, const uint64_t *bounds, size_t n)
+{
+    if (f->ops)
+        f->ops->hint(f, bounds, n);
+}
+
 int ck_file_is_local(const ck_file *f)
 {
     return !f->ops;
@@ -233,7 +239,53 @@ fail:
     return -1;
 }
 
-int ck_open(const char *source, ck_index **out, ck_error *err)
+/* A place in a source file: where a tensor begins or ends. */
+typedef struct bound {
+    uint32_t file;
+    uint64_t at;
+} bound;
+
+static int by_place(const void *a, const void *b)
+{
+    const bound *x = a, *y = b;
+    return x->file != y->file ? (x->file > y->file) - (x->file < y->file)
+                              : (x->at > y->at) - (x->at < y->at);
+}
+
+/* Hands every remote file of ix where its tensors begin and end (ck_file_hint): a strided
+ * tensor's first element only, its span being no extent. Without memory, no hint: reads go on
+ * unhinted. */
+static void hint_bounds(ck_index *ix)
+{
+    int remote = 0;
+    for (uint32_t i = 0; i < ix->nfiles; i++)
+        remote |= !ck_file_is_local(&ix->files[i]);
+    bound *v = remote ? malloc(2 * ix->nentries * sizeof *v + 1) : NULL;
+    uint64_t *at = v ? malloc(2 * ix->nentries * sizeof *at + 1) : NULL;
+    size_t n = 0;
+    for (size_t i = 0; at && i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        if (e->kind != CK_TENSOR || ck_file_is_local(&ix->files[e->ext.file]))
+            continue;
+        v[n++] = (bound){e->ext.file, e->ext.offset};
+        if (e->layout != CK_STRIDED)
+            v[n++] = (bound){e->ext.file, e->ext.offset + e->ext.length};
+    }
+    if (at)
+        qsort(v, n, sizeof *v, by_place);
+    for (size_t i = 0, k; at && i < n; i = k) {
+        size_t m = 0;
+        for (k = i; k < n && v[k].file == v[i].file; k++)
+            if (m == 0 || at[m - 1] != v[k].at)
+                at[m++] = v[k].at;
+        ck_file_hint(&ix->files[v[i].file], at, m);
+    }
+    free(at);
+    free(v);
+}
+
+/* What ck_open opens, before the hints. */
+static int open_any(const char *source, ck_index **out, ck_error *err)
 {
     *out = NULL;
     if (hub_is_url(source))
@@ -244,4 +296,12 @@ int ck_open(const char *source, ck_index **out, ck_error *err)
         return gguf_dir_probe(source) ? gguf_open_dir(source, out, err)
                                       : st_open_dir(source, out, err);
     return open_file(source, out, err);
+}
+
+int ck_open(const char *source, ck_index **out, ck_error *err)
+{
+    int rc = open_any(source, out, err);
+    if (rc == 0)
+        hint_bounds(*out);
+    return rc;
 }

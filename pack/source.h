@@ -19,6 +19,8 @@
  *    ck_source_shown: a URL's userinfo ("user:password@"), query (a presigned URL's signature)
  *    and fragment are secrets, never printed.
  *  - Functions taking a const ck_file are safe to call from many threads at once.
+ *  - Where a file's tensors begin and end is the index's: ck_open hands it to the file
+ *    (ck_file_hint), and a remote file sizes its requests by it.
  */
 #ifndef CK_SOURCE_H
 #define CK_SOURCE_H
@@ -39,6 +41,8 @@ typedef struct ck_source_ops {
     void (*close)(ck_file *f);
     /* Requests made and bytes received so far. */
     void (*stats)(const ck_file *f, uint64_t *requests, uint64_t *bytes);
+    /* Where the file's tensors begin and end (see ck_file_hint). */
+    void (*hint)(ck_file *f, const uint64_t *bounds, size_t n);
 } ck_source_ops;
 
 struct ck_file {
@@ -99,6 +103,11 @@ int ck_file_is_local(const ck_file *f);
 
 /* Whether f is still the file that was opened (see the contract). */
 int ck_file_still(const ck_file *f);
+
+/* Tells a remote f where its tensors begin and end: n offsets, sorted, distinct (copied), so that
+ * a random read's fetch stops at its tensor's end. ck_open gives them once the index is built;
+ * a local file takes no hint. */
+void ck_file_hint(ck_file *f, const uint64_t *bounds, size_t n);
 
 /* Requests made and bytes received for f (0 and 0 for a local file). */
 void ck_file_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes);

@@ -9,6 +9,7 @@ The servers are netlab's (127.0.0.1 only); every read runs in a child process.""
 import concurrent.futures
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -158,6 +159,59 @@ def test_damaged_cache_files_are_misses(mount, server, served, tmp_path, damage)
     assert len(reqs) > OPEN_REQUESTS, "the damaged blocks were fetched again"
     third, reqs = mounted_read(mount, server, server.url(NAME), opts)
     assert third == first and len(reqs) == OPEN_REQUESTS, "and stored whole again"
+
+
+BLOCK = 4 << 20  # http.h's HTTP_BLOCK: the unit a file in DIR holds
+PIECE = 64 << 10  # a random read, http.h's HTTP_PAGE: a random miss fetches pages, not blocks
+
+
+def random_reads(mnt, expect, rng, count=None):
+    """Reads PIECE bytes at offsets of every tensor file (all its pieces shuffled, or count at
+    random), each against the library's bytes of the local file."""
+    paths = {t["name"]: mnt / t["path"] for t in read_index(mnt)["tensors"]}
+    pieces = [(n, at) for n in sorted(expect) for at in range(0, len(expect[n]), PIECE)]
+    rng.shuffle(pieces)
+    for name, at in pieces[:count]:
+        fd = os.open(paths[name], os.O_RDONLY)
+        try:
+            got = os.pread(fd, PIECE, at)
+        finally:
+            os.close(fd)
+        assert got == expect[name][at:at + PIECE], (name, at)
+
+
+def test_random_reads_fill_pages_from_disk(mount, server, served, tmp_path):
+    """A stored block serves a random read's pages (the file's checksum checked): no request."""
+    cache = tmp_path / "cache"
+    opts = [f"cache_dir={cache}"]
+    expect = {n: t[2] for n, t in library_view(served / NAME)[0].items()}
+    mounted_read(mount, server, server.url(NAME), opts)  # sequential: every block stored
+    mark = server.mark()
+    with mount(server.url(NAME), options=opts) as mnt:
+        random_reads(mnt, expect, random.Random(5), count=200)
+    assert len(server.requests(since=mark)) == OPEN_REQUESTS
+
+
+def test_a_block_read_at_random_is_stored_when_whole(mount, server, served, tmp_path):
+    """Random reads fetch pages, not blocks; a block is stored once its pages have all been
+    read, so a second mount asks only for what lies in the blocks that never became whole (the
+    first: its first bytes came with the open and were never fetched into it)."""
+    cache = tmp_path / "cache"
+    opts = [f"cache_dir={cache}"]
+    expect = {n: t[2] for n, t in library_view(served / NAME)[0].items()}
+    mark = server.mark()
+    with mount(server.url(NAME), options=opts) as mnt:
+        random_reads(mnt, expect, random.Random(6))
+    reqs = server.requests(since=mark)
+    sizes = [r["body_bytes"] for r in reqs[OPEN_REQUESTS:]]
+    assert max(sizes) < BLOCK, "random misses fetched pages, not whole blocks"
+    stored = len(files(cache))
+    blocks = -(-(served / NAME).stat().st_size // BLOCK)
+    assert stored == blocks - 1, files(cache)
+    again, reqs = mounted_read(mount, server, server.url(NAME), opts)
+    assert again == want(served / NAME)
+    assert all(int(r["range"].split("=")[1].split("-")[0]) < BLOCK
+               for r in reqs[OPEN_REQUESTS:]), reqs
 
 
 def test_two_concurrent_mounts_share_the_directory(mount, server, served, tmp_path):

@@ -151,6 +151,26 @@ def test_branch_is_pinned_to_its_commit(mount, env, local):
         assert_mount_matches(mnt, sha_map(local["single"]))
 
 
+def test_file_at_a_branch_is_pinned_to_its_commit(mount, local, tmp_path, monkeypatch):
+    """hf://ORG/REPO@BRANCH/PATH keeps the commit the branch named at mount: after a push to the
+    branch, reads (which go back to the Hub: this stand-in has no CDN, its resolve serves the
+    bytes) still get the old commit's bytes, every one of them asked at that commit."""
+    store = tmp_path / "store"
+    store.mkdir()
+    with netlab.HubServer(store) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.base)
+        monkeypatch.setenv("HF_HOME", str(tmp_path))
+        old = hub.add_repo("org/moving", {"model.safetensors": local["single"].read_bytes()})
+        with mount("hf://org/moving@main/model.safetensors") as mnt:
+            new = hub.add_repo("org/moving", {"model.safetensors": local["changed"].read_bytes()})
+            assert new != old
+            assert_mount_matches(mnt, sha_map(local["single"]))
+        resolves = [r for r in hub.requests() if "/resolve/" in r["uri"]]
+        assert len(resolves) > 1 and all(f"/resolve/{old}/" in r["uri"] for r in resolves), resolves
+        with mount("hf://org/moving@main/model.safetensors") as mnt:
+            assert_mount_matches(mnt, sha_map(local["changed"]))
+
+
 def _token_nowhere(hub, *texts):
     for t in texts:
         assert hub.token not in (t.decode(errors="replace") if isinstance(t, bytes) else t)

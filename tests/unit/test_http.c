@@ -80,11 +80,11 @@ Test(http, backoff_grows_is_capped_and_jittered)
 Test(http, readahead_window)
 {
     uint64_t w = http_next_window(0, 0);
-    cr_expect_eq(w, 0, "a random read reads no more than asked");
+    cr_expect_eq(w, 0, "a random read opens no window");
     w = http_next_window(w, 1);
-    cr_expect_eq(w, HTTP_BLOCK);
+    cr_expect_eq(w, HTTP_FLOOR);
     w = http_next_window(w, 1);
-    cr_expect_eq(w, 2 * HTTP_BLOCK);
+    cr_expect_eq(w, 2 * HTTP_FLOOR);
     for (int i = 0; i < 20; i++)
         w = http_next_window(w, 1);
     cr_expect_eq(w, HTTP_MAX_WINDOW);
