@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../pack/http.h" /* http_configure: -o cacert, cache_mem */
+#include "../pack/http.h" /* http_configure: -o cacert, cache_mem, cache_dir, cache_max */
 #include "../pack/size.h"
 #include "ll.h"
 
@@ -40,6 +40,8 @@ struct ck_opts {
     unsigned readahead_kb;
     char *cache_mem;
     char *cacert;
+    char *cache_dir;
+    char *cache_max;
 };
 
 #define CK_OPT(t, p) {t, offsetof(struct ck_opts, p), 1}
@@ -54,6 +56,8 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("readahead=%u", readahead_kb),
     CK_OPT("cache_mem=%s", cache_mem),
     CK_OPT("cacert=%s", cacert),
+    CK_OPT("cache_dir=%s", cache_dir),
+    CK_OPT("cache_max=%s", cache_max),
     FUSE_OPT_END,
 };
 
@@ -77,6 +81,9 @@ static void usage(const char *prog)
            "    -o readahead=KB        the mount's kernel readahead window, set when permitted\n"
            "                           (root); 0 keeps the kernel's 128 (default 4096)\n"
            "    -o cache_mem=SIZE      a URL source's block cache (e.g. 64M, 1G; default 256M)\n"
+           "    -o cache_dir=DIR       keep a URL source's blocks in DIR, for later mounts and\n"
+           "                           loads (created 0700; also CKPTFS_CACHE_DIR)\n"
+           "    -o cache_max=SIZE      DIR's bound (default 10G; also CKPTFS_CACHE_MAX)\n"
            "    -o cacert=FILE         CA certificates (PEM) for https sources (default: the\n"
            "                           system's; also CKPTFS_CACERT)\n"
            "    -o allow_other         let other users in (needs user_allow_other in\n"
@@ -295,6 +302,25 @@ static int serve(struct fuse_session *se, const struct fuse_cmdline_opts *co)
     return rc;
 }
 
+/* -o NAME=VALUE as a size into *v (0 when absent). 0, or -1 reported. */
+static int option_size(const char *name, const char *value, uint64_t *v)
+{
+    *v = value ? parse_size(value, 0) : 0;
+    if (value && !*v) {
+        fprintf(stderr, "ckptfs: -o %s=%s: not a size (e.g. 64M, 1G)\n", name, value);
+        return -1;
+    }
+    return 0;
+}
+
+/* A line of the disk cache's, where the daemon's go (stderr, then syslog once detached). */
+static void log_line(const char *line)
+{
+    char full[1100];
+    snprintf(full, sizeof full, "ckptfs: %s", line);
+    ck_ll_log(full);
+}
+
 /* Memory the parse frees is what the tree, index.json and the serving threads then use: on
  * this kind of machine a page the process touches for the first time costs microseconds (a
  * 5,000-tensor checkpoint's mount was half page faults), so blocks up to HEAP_REUSE stay in
@@ -426,12 +452,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
         goto out;
     }
-    uint64_t cache_mem = o.cache_mem ? parse_size(o.cache_mem, 0) : 0;
-    if (o.cache_mem && !cache_mem) {
-        fprintf(stderr, "ckptfs: -o cache_mem=%s: not a size (e.g. 64M, 1G)\n", o.cache_mem);
+    uint64_t cache_mem, cache_max;
+    if (option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
+        option_size("cache_max", o.cache_max, &cache_max) != 0)
         goto out;
-    }
-    http_configure(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem});
+    http_configure(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
+                                  .cache_dir = o.cache_dir, .cache_max = cache_max,
+                                  .log = log_line});
     if (!ck_source_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
         prefault_heap(o.source);
     if (build_view(&m, o.source, &o) != 0)
@@ -475,6 +502,8 @@ out:
     free(o.source);
     free(o.cacert);
     free(o.cache_mem);
+    free(o.cache_dir);
+    free(o.cache_max);
     fuse_opt_free_args(&args);
     return status;
 }

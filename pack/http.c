@@ -1,6 +1,8 @@
 /* http.c — remote source files over HTTP(S) through libcurl, loaded on first use (http.h). */
 #include "http.h"
+#include "diskcache.h"
 #include "hub.h" /* hub_token_for: the Hub's token, for its own origin only */
+#include "size.h" /* parse_size: CKPTFS_CACHE_MAX */
 
 #include <curl/curl.h>
 #include <dlfcn.h>
@@ -152,14 +154,37 @@ static struct {
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
 static http_config config;
-static char *config_cacert;
+static char *config_cacert, *config_cache_dir;
 
 void http_configure(const http_config *c)
 {
     free(config_cacert);
+    free(config_cache_dir);
     config_cacert = c->cacert ? strdup(c->cacert) : NULL;
+    config_cache_dir = c->cache_dir ? strdup(c->cache_dir) : NULL;
     config = *c;
     config.cacert = config_cacert;
+    config.cache_dir = config_cache_dir;
+}
+
+/* The disk cache, opened on the first URL (options win over the environment): NULL when there
+ * is none; disk_err holds why http_open refuses when the configuration is wrong. */
+static diskcache *disk;
+static ck_error disk_err;
+static pthread_once_t disk_once = PTHREAD_ONCE_INIT;
+
+static void open_disk(void)
+{
+    const char *dir = config.cache_dir ? config.cache_dir : getenv("CKPTFS_CACHE_DIR");
+    const char *max_env = getenv("CKPTFS_CACHE_MAX");
+    uint64_t max = config.cache_max;
+    if (!dir || !*dir)
+        return;
+    if (!max && max_env && *max_env && !(max = parse_size(max_env, 0))) {
+        ck_fail(&disk_err, "CKPTFS_CACHE_MAX", "'%s' is not a size (e.g. 512M, 10G)", max_env);
+        return;
+    }
+    disk = dc_open(dir, max, config.log, &disk_err);
 }
 
 static void load_curl(void)
@@ -329,6 +354,8 @@ struct http_obj {
     atomic_uint_fast64_t requests, bytes;
     atomic_int changed;
     atomic_int failing;       /* the last block fetched failed: no readahead until one works */
+    dc_key key;               /* in the disk cache, when keyed */
+    int keyed;
 };
 
 static CURL *take_handle(http_obj *o)
@@ -591,10 +618,11 @@ typedef struct block {
     uint64_t ahead;       /* pages fetched as readahead that no read has needed yet */
     uint64_t failed;      /* pages whose fetch failed: the read that needs them takes err */
     int err;
-    unsigned pins;        /* readers copying out of it without the lock, and holds (op_hold):
-                           * not evicted, its buffer not reused */
+    unsigned pins;        /* readers copying out of it without the lock, holds (op_hold), or
+                           * its store to the disk cache: not evicted, its buffer not reused */
     int passed;           /* a read reached the last byte of the whole block: streamed through,
                            * likely done with */
+    int on_disk;          /* in the disk cache (pages came from there, or it was stored) */
 } block;
 
 /* Every block's buffer holds HTTP_BLOCK bytes; bytes counts them all, in use or spare. Spare
@@ -707,6 +735,12 @@ static unsigned char *take_buffer(int optional, uint64_t keep)
     }
 }
 
+/* The length of o's block at `at`: HTTP_BLOCK but for the last. */
+static size_t block_len(const http_obj *o, uint64_t at)
+{
+    return (size_t)(o->size - at < HTTP_BLOCK ? o->size - at : HTTP_BLOCK);
+}
+
 /* o's block at `at`, cached or new (no page valid yet); NULL when there is no room for it
  * (optional: readahead) or no memory. Blocks used since stamp keep are not evicted for it.
  * Under the lock. */
@@ -715,7 +749,7 @@ static block *get_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
     block *had = find_block(o, at);
     if (had)
         return had;
-    size_t len = (size_t)(o->size - at < HTTP_BLOCK ? o->size - at : HTTP_BLOCK);
+    size_t len = block_len(o, at);
     if (cache.n == cache.cap) {
         size_t cap = cache.cap ? 2 * cache.cap : 64;
         block *v = realloc(cache.v, cap * sizeof *v);
@@ -732,6 +766,19 @@ static block *get_block(http_obj *o, uint64_t at, int optional, uint64_t keep)
     return b;
 }
 
+/* Block `at` of o (len bytes) into data: from the disk cache when it has it, else fetched (tried
+ * at most tries times; 0: as configured) and stored there. */
+static int fetch_block(http_obj *o, unsigned char *data, size_t len, uint64_t at, unsigned tries)
+{
+    int cached = disk && o->keyed;
+    if (cached && dc_get(disk, &o->key, at / HTTP_BLOCK, data, len, 0, len) == 0)
+        return 0;
+    int rc = get_range(o, data, len, at, tries);
+    if (rc == 0 && cached)
+        dc_put(disk, &o->key, at / HTTP_BLOCK, data, len);
+    return rc;
+}
+
 typedef struct fetch {
     http_obj *o;
     uint64_t at;          /* the block */
@@ -741,16 +788,48 @@ typedef struct fetch {
     int ahead;
 } fetch;
 
+/* Writes b, whole now, to the disk cache. Pinned meanwhile, so that neither eviction nor
+ * free_obj takes its buffer; its pages are all valid, so no fetch writes them. Under the cache
+ * lock, which it drops while writing. */
+static void store_block(block *b)
+{
+    http_obj *o = b->o;
+    uint64_t at = b->at;
+    const unsigned char *data = b->data;
+    size_t len = b->len;
+    b->on_disk = 1;
+    b->pins++;
+    pthread_mutex_unlock(&cache.lock);
+    dc_put(disk, &o->key, at / HTTP_BLOCK, data, len);
+    pthread_mutex_lock(&cache.lock);
+    find_block(o, at)->pins--; /* b may have moved: found again by its key */
+    pthread_cond_broadcast(&cache.done); /* free_obj may wait for it */
+}
+
+/* Fetches f's pages: from the disk cache when it holds their block (only those bytes are
+ * written: the block's other pages may be another fetch's), else from the server; the fetch
+ * that makes a block whole stores it there, unless its pages came from there. */
 static void *fetch_main(void *arg)
 {
     fetch *f = arg;
-    int rc = get_range(f->o, f->data + f->from, f->len, f->at + f->from, f->ahead ? 1 : 0);
-    atomic_store(&f->o->failing, rc != 0);
+    http_obj *o = f->o;
+    int cached = disk && o->keyed;
+    int from_disk = cached && dc_get(disk, &o->key, f->at / HTTP_BLOCK, f->data,
+                                     block_len(o, f->at), f->from, f->len) == 0;
+    int rc = from_disk ? 0
+                       : get_range(o, f->data + f->from, f->len, f->at + f->from,
+                                   f->ahead ? 1 : 0);
+    if (!from_disk)
+        atomic_store(&o->failing, rc != 0);
     pthread_mutex_lock(&cache.lock);
-    block *b = find_block(f->o, f->at); /* loading: never evicted meanwhile */
+    block *b = find_block(o, f->at); /* loading: never evicted meanwhile */
     b->loading &= ~f->pages;
+    int completes = 0;
     if (rc == 0) {
+        uint64_t whole = pages_of(0, b->len);
+        completes = b->valid != whole && (b->valid | f->pages) == whole;
         b->valid |= f->pages;
+        b->on_disk |= from_disk;
     } else {
         b->ahead &= ~f->pages;
         if (!f->ahead) { /* a reader waits for them: it takes the failure */
@@ -759,6 +838,8 @@ static void *fetch_main(void *arg)
         }
     }
     pthread_cond_broadcast(&cache.done);
+    if (completes && cached && !b->on_disk)
+        store_block(b);
     pthread_mutex_unlock(&cache.lock);
     free(f);
     return (void *)(intptr_t)rc;
@@ -812,11 +893,11 @@ static int fill(block *b, uint64_t mask, uint64_t need, int mark, fetch **mine)
     return 0;
 }
 
-/* Whether fetches of o are still running (under the cache lock). */
-static int loading(const http_obj *o)
+/* Whether fetches of o are still running, or its blocks being stored (under the cache lock). */
+static int busy(const http_obj *o)
 {
     for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].o == o && cache.v[i].loading)
+        if (cache.v[i].o == o && (cache.v[i].loading || cache.v[i].pins))
             return 1;
     return 0;
 }
@@ -872,7 +953,9 @@ static int start_reads(http_obj *o, size_t len, uint64_t off, uint64_t keep, fet
         want = want > end ? want : end;
     } else if (!atomic_load(&o->failing) && o->window) {
         want = end + o->window;
-        if (o->window >= HTTP_BLOCK) /* a long stream: whole blocks, the fewest requests */
+        /* A long stream: whole blocks, the fewest requests; with a disk cache, any stream: a
+         * block is stored only whole, and a reader that goes on is likely to read it all. */
+        if (o->window >= HTTP_BLOCK || (disk && o->keyed))
             want = (want + HTTP_BLOCK - 1) / HTTP_BLOCK * HTTP_BLOCK;
     }
     want = want < o->size ? want : o->size;
@@ -1001,9 +1084,68 @@ static void *part_main(void *arg)
     return NULL;
 }
 
+/* A large read with a disk cache: the blocks it touches, taken in turn by up to
+ * HTTP_CONNECTIONS threads, each block whole (fetch_block); a block the read covers only in
+ * part goes through a buffer of the thread's. */
+typedef struct blocks {
+    http_obj *o;
+    unsigned char *buf;
+    size_t len;
+    uint64_t off, last;       /* last: the index of the last block */
+    atomic_uint_fast64_t next; /* the index of the next block to take */
+    atomic_int rc;
+} blocks;
+
+static int copy_block(blocks *j, uint64_t i, unsigned char **bounce)
+{
+    uint64_t at = i * HTTP_BLOCK, end = j->off + j->len;
+    size_t blen = block_len(j->o, at);
+    uint64_t from = at > j->off ? at : j->off, to = at + blen < end ? at + blen : end;
+    if (from == at && to == at + blen)
+        return fetch_block(j->o, j->buf + (at - j->off), blen, at, 0);
+    if (!*bounce && !(*bounce = malloc(HTTP_BLOCK)))
+        return -ENOMEM;
+    int rc = fetch_block(j->o, *bounce, blen, at, 0);
+    if (rc == 0)
+        memcpy(j->buf + (from - j->off), *bounce + (from - at), (size_t)(to - from));
+    return rc;
+}
+
+static void *blocks_main(void *arg)
+{
+    blocks *j = arg;
+    unsigned char *bounce = NULL;
+    for (uint64_t i; !atomic_load(&j->rc) && (i = atomic_fetch_add(&j->next, 1)) <= j->last;) {
+        int rc = copy_block(j, i, &bounce);
+        if (rc)
+            atomic_compare_exchange_strong(&j->rc, &(int){0}, rc);
+    }
+    free(bounce);
+    return NULL;
+}
+
+static int read_blocks(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
+{
+    blocks j = {.o = o, .buf = buf, .len = len, .off = off, .last = (off + len - 1) / HTTP_BLOCK};
+    atomic_init(&j.next, off / HTTP_BLOCK);
+    atomic_init(&j.rc, 0);
+    uint64_t count = j.last - off / HTTP_BLOCK + 1;
+    size_t n = count < HTTP_CONNECTIONS ? (size_t)count : HTTP_CONNECTIONS;
+    pthread_t t[HTTP_CONNECTIONS];
+    size_t started = 0;
+    while (started + 1 < n && pthread_create(&t[started], NULL, blocks_main, &j) == 0)
+        started++;
+    blocks_main(&j);
+    for (size_t i = 0; i < started; i++)
+        pthread_join(t[i], NULL);
+    return atomic_load(&j.rc);
+}
+
 /* A large read, in up to HTTP_CONNECTIONS parallel requests of at least HTTP_BLOCK bytes. */
 static int read_direct(http_obj *o, unsigned char *buf, size_t len, uint64_t off)
 {
+    if (disk && o->keyed)
+        return read_blocks(o, buf, len, off);
     size_t n = len / HTTP_BLOCK < HTTP_CONNECTIONS ? len / HTTP_BLOCK : HTTP_CONNECTIONS;
     size_t each = (len + n - 1) / n;
     part parts[HTTP_CONNECTIONS];
@@ -1122,7 +1264,7 @@ static void op_hint(ck_file *f, const uint64_t *bounds, size_t n)
 static void free_obj(http_obj *o)
 {
     pthread_mutex_lock(&cache.lock);
-    while (loading(o)) /* readahead still running: it writes into o's blocks */
+    while (busy(o)) /* readahead still running, or a store: they use o's blocks */
         pthread_cond_wait(&cache.done, &cache.lock);
     for (size_t i = cache.n; i-- > 0;)
         if (cache.v[i].o == o)
@@ -1156,6 +1298,11 @@ int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
     ck_source_shown(url, shown, sizeof shown);
     if (have_curl(shown, err))
         return -1;
+    pthread_once(&disk_once, open_disk);
+    if (disk_err.msg[0]) {
+        *err = disk_err;
+        return -1;
+    }
     http_obj *o = calloc(1, sizeof *o);
     if (o) {
         o->url = strdup(url);
@@ -1189,6 +1336,7 @@ int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
         time_t t = (time_t)ft;
         strftime(o->since, sizeof o->since, "%a, %d %b %Y %H:%M:%S GMT", gmtime_r(&t, &tm));
     }
+    o->keyed = dc_key_of(url, o->etag, o->since, o->size, &o->key) == 0;
     o->window = 0;
     o->next = o->head_len;
     *f = (ck_file){.path = o->shown, .fd = -1, .size = o->size,

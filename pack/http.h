@@ -29,12 +29,34 @@
  *    request is asked once, not retried: if it fails, the read that needs its pages asks again,
  *    with retries. A read of HTTP_BLOCK bytes or more skips the cache: it is split into
  *    parallel range requests straight into the caller's buffer.
+ *  - With a disk cache (http_config's cache_dir, else CKPTFS_CACHE_DIR; cache_max, else
+ *    CKPTFS_CACHE_MAX), opened on the first URL, blocks on disk stay whole HTTP_BLOCK blocks
+ *    with their checksum (diskcache.h: keyed by the URL without its secrets, the validator and
+ *    the size). A fetch of a run of pages first looks its block up there: when present, only
+ *    the run's pages are filled from the file (the whole file is read, the rest through a small
+ *    buffer, and its checksum checked: a mismatch is a miss and the run is fetched from the
+ *    server, overwriting what was copied: those pages are no one else's until valid). The
+ *    fetch that makes a block whole (all its pages valid) stores it, the block pinned while it
+ *    is written, so that neither eviction nor a close takes its buffer. A random miss fetches
+ *    only its pages from the network, as without a disk cache, not its whole block so that it
+ *    could be stored: a whole block per miss cost 9x the bytes and 3x the p50 of a random
+ *    64 KiB slice (2.58 against 0.29 MiB, 1.12 against 0.36 ms: BENCHMARKS.md, "Random reads,
+ *    second round"), paid on every first read for a gain only on a later mount that reads the
+ *    same block again. Sequential reads fetch whole blocks from their first miss on (not only
+ *    once the window spans one), and the loader reads whole blocks, so both store what they
+ *    read; a block read at random is stored once its pages have all been read. A read of HTTP_BLOCK bytes or more then goes block by block on the
+ *    parallel connections, each block whole from disk or fetched whole (the ends of the read
+ *    through a buffer), so that the next load finds them. An object without a validator is
+ *    not cached on disk. A cached block is served without asking the server, as one in memory
+ *    is. http_open fails when the directory exists and is not a directory, or
+ *    CKPTFS_CACHE_MAX is not a size.
  *  - A read may be lent in place (ck_file_hold) rather than copied, a block at a time, once the
  *    pages it covers are held (fetched as a copying read's are): the block is pinned, never
  *    evicted nor its buffer reused, until ck_file_release. Pinned blocks may take the cache past
  *    cache_mem by the blocks of the holds in progress (FUSE's threads). A whole block that a
  *    read has passed (reached its last byte), neither pinned nor loading, gives its buffer to a
- *    new block before the cache grows.
+ *    new block before the cache grows. Holds and the disk cache's stores pin alike, so a block
+ *    being written to disk may be lent, and one lent may be stored.
  *  - libcurl is loaded (dlopen) on the first URL, so a local source never pays for it.
  */
 #ifndef CK_HTTP_H
@@ -61,6 +83,9 @@
 typedef struct http_config {
     const char *cacert; /* a PEM file of CA certificates, or NULL: the system store */
     uint64_t cache_mem; /* bytes of block cache; 0: HTTP_CACHE_MEM_DEFAULT */
+    const char *cache_dir; /* the disk cache's directory (diskcache.h), or NULL: none */
+    uint64_t cache_max;    /* its bound; 0: DC_MAX_DEFAULT */
+    void (*log)(const char *line); /* where the disk cache reports; NULL: stderr */
 } http_config;
 
 /* Sets the configuration for every later open (copied). Call before the first open. */
