@@ -38,6 +38,13 @@ struct diskcache {
 
 /* --- keys, names, headers ------------------------------------------------------------------ */
 
+/* An XXH3-128 hash as 16 bytes, low half first: how keys and checksums are written. */
+static void put_hash(unsigned char out[16], XXH128_hash_t h)
+{
+    put_le64(out, h.low64);
+    put_le64(out + 8, h.high64);
+}
+
 int dc_key_of(const char *url, const char *etag, const char *last_modified, uint64_t size,
               dc_key *k)
 {
@@ -51,10 +58,8 @@ int dc_key_of(const char *url, const char *etag, const char *last_modified, uint
                      etag[0] ? etag : last_modified, (unsigned long long)size);
     if (n < 0)
         return -1;
-    XXH128_hash_t h = XXH3_128bits(text, (size_t)n);
+    put_hash(k->hash, XXH3_128bits(text, (size_t)n));
     free(text);
-    put_le64(k->hash, h.low64);
-    put_le64(k->hash + 8, h.high64);
     return 0;
 }
 
@@ -78,23 +83,25 @@ static int is_block_name(const char *name)
     return name[49] == 0;
 }
 
-static void checksum(unsigned char out[16], const void *data, size_t len)
-{
-    XXH128_hash_t h = XXH3_128bits(data, len);
-    put_le64(out, h.low64);
-    put_le64(out + 8, h.high64);
-}
-
 /* Layout: magic (8), key hash (16), index (8), length (8), XXH3-128 of the bytes (16), zeros. */
-void dc_header(unsigned char h[DC_HEADER], const dc_key *k, uint64_t index, const void *data,
-               size_t len)
+enum { SUM_AT = 40, SUM_END = SUM_AT + 16 };
+
+/* The header of block `index` of k, len bytes long, but for its checksum (zeros). */
+static void header_fields(unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
+                          size_t len)
 {
     memset(h, 0, DC_HEADER);
     memcpy(h, MAGIC, 8);
     memcpy(h + 8, k->hash, 16);
     put_le64(h + 24, index);
     put_le64(h + 32, len);
-    checksum(h + 40, data, len);
+}
+
+void dc_header(unsigned char h[DC_HEADER], const dc_key *k, uint64_t index, const void *data,
+               size_t len)
+{
+    header_fields(h, k, index, len);
+    put_hash(h + SUM_AT, XXH3_128bits(data, len));
 }
 
 /* Whether h's fields (all but the checksum) are those of block `index` of k, len bytes long. */
@@ -102,12 +109,9 @@ static int header_matches(const unsigned char h[DC_HEADER], const dc_key *k, uin
                           size_t len)
 {
     unsigned char want[DC_HEADER];
-    memset(want, 0, sizeof want);
-    memcpy(want, MAGIC, 8);
-    memcpy(want + 8, k->hash, 16);
-    put_le64(want + 24, index);
-    put_le64(want + 32, len);
-    return memcmp(h, want, 40) == 0 && memcmp(h + 56, want + 56, DC_HEADER - 56) == 0;
+    header_fields(want, k, index, len);
+    return memcmp(h, want, SUM_AT) == 0 &&
+           memcmp(h + SUM_END, want + SUM_END, DC_HEADER - SUM_END) == 0;
 }
 
 int dc_check(const unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
@@ -116,8 +120,8 @@ int dc_check(const unsigned char h[DC_HEADER], const dc_key *k, uint64_t index,
     if (!header_matches(h, k, index, len))
         return 0; /* checked before the bytes: another key's file costs no checksum */
     unsigned char sum[16];
-    checksum(sum, data, len);
-    return memcmp(h + 40, sum, 16) == 0;
+    put_hash(sum, XXH3_128bits(data, len));
+    return memcmp(h + SUM_AT, sum, 16) == 0;
 }
 
 /* --- the directory ------------------------------------------------------------------------ */
@@ -280,21 +284,6 @@ void dc_close(diskcache *c)
     free(c);
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-    for (size_t put = 0; put < len;) {
-        ssize_t w = write(fd, (const char *)buf + put, len - put);
-        if (w < 0 && errno != EINTR)
-            return -1;
-        if (w == 0) {
-            errno = ENOSPC;
-            return -1;
-        }
-        put += w > 0 ? (size_t)w : 0;
-    }
-    return 0;
-}
-
 /* Reads the len bytes after fd's header into a running checksum: those in [from, to) straight
  * into block at their place, the others through a small buffer of the stack's. 0, or -1. */
 static int read_summed(int fd, unsigned char *block, size_t len, size_t from, size_t to,
@@ -313,9 +302,7 @@ static int read_summed(int fd, unsigned char *block, size_t len, size_t from, si
         XXH3_128bits_update(&st, dst, end - pos);
         pos = end;
     }
-    XXH128_hash_t h = XXH3_128bits_digest(&st);
-    put_le64(sum, h.low64);
-    put_le64(sum + 8, h.high64);
+    put_hash(sum, XXH3_128bits_digest(&st));
     return 0;
 }
 
@@ -333,7 +320,7 @@ int dc_get(diskcache *c, const dc_key *k, uint64_t index, unsigned char *block, 
              (uint64_t)st.st_size == DC_HEADER + (uint64_t)len &&
              ck_pread(fd, h, DC_HEADER, 0) == 0 && header_matches(h, k, index, len) &&
              read_summed(fd, block, len, from, from + n, sum) == 0 &&
-             memcmp(h + 40, sum, 16) == 0;
+             memcmp(h + SUM_AT, sum, 16) == 0;
     if (ok)
         futimens(fd, NULL); /* used now: the last to be evicted (fails harmlessly read-only) */
     else
@@ -381,8 +368,10 @@ void dc_put(diskcache *c, const dc_key *k, uint64_t index, const void *data, siz
     static atomic_uint serial; /* with the pid, unique among the writes in progress */
     tmp_name(tmp, (long)atomic_fetch_add(&serial, 1));
     int fd = openat(c->dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    int ok = fd >= 0 && write_all(fd, h, DC_HEADER) == 0 && write_all(fd, data, len) == 0;
-    int e = errno;
+    int e = fd < 0 ? errno : -ck_write_all(fd, h, DC_HEADER);
+    if (!e)
+        e = -ck_write_all(fd, data, len);
+    int ok = !e;
     if (fd >= 0 && close(fd) != 0 && ok)
         ok = 0, e = errno;
     if (ok && renameat(c->dfd, tmp, c->dfd, name) != 0)

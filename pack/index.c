@@ -207,6 +207,21 @@ int ck_pread(int fd, void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+int ck_write_all(int fd, const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -errno : -EIO;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off)
 {
     return ck_file_read(&ix->files[file], buf, len, off);

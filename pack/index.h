@@ -116,6 +116,9 @@ void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token);
 
 /* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
 int ck_pread(int fd, void *buf, size_t len, uint64_t off);
+/* Writes all len bytes of buf to fd (short writes and EINTR retried). 0, or -errno; a write
+ * that makes no progress gives -EIO. */
+int ck_write_all(int fd, const void *buf, size_t len);
 /* ck_file_read of source file `file` of ix: how the index's users read a source's bytes. */
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off);
 /* Whether st (an fstat or stat) describes f as it was when opened: same device and inode, size

@@ -577,20 +577,6 @@ int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
     return rc;
 }
 
-static int write_all(int fd, const unsigned char *p, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return w < 0 ? -errno : -EIO;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Copies the rest of a contiguous tensor's bytes (from *at) in the kernel with copy_file_range:
  * no pass through user space, and a reflink where the filesystem has them. 0 when done; 1 when
  * the kernel cannot copy between these files (the caller reads and writes the rest); -errno,
@@ -651,7 +637,7 @@ int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
             if (rc == 0 && blob)
                 XXH3_64bits_update(st, buf, n);
             if (rc == 0)
-                rc = write_all(fd, buf, n);
+                rc = ck_write_all(fd, buf, n);
             at += n;
             done += n;
             if (rc == 0 && progress && progress(ctx, done, sy->size))

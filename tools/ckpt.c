@@ -165,21 +165,13 @@ static int cmd_ls(int argc, char **argv)
     return rc ? 1 : 0;
 }
 
-/* Streams an entry to fd 1 in bounded chunks. */
 /* Writes n bytes of buf to stdout. */
 static int write_out(const char *buf, size_t n)
 {
-    for (size_t done = 0; done < n;) {
-        ssize_t w = write(1, buf + done, n - done);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            fprintf(stderr, "ckpt: stdout: %s\n", strerror(errno));
-            return -1;
-        }
-        done += (size_t)w;
-    }
-    return 0;
+    int rc = ck_write_all(1, buf, n);
+    if (rc)
+        fprintf(stderr, "ckpt: stdout: %s\n", strerror(-rc));
+    return rc ? -1 : 0;
 }
 
 static int write_entry(const ck_index *ix, const ck_entry *e, const char *source)
