@@ -788,21 +788,32 @@ typedef struct fetch {
     int ahead;
 } fetch;
 
+/* Unpins the block whose buffer is data (under the cache lock). Blocks move in the array (it is
+ * realloc'ed, dropped blocks are swapped out), but a pinned block keeps its buffer. */
+static void unpin_block(const unsigned char *data)
+{
+    for (size_t i = 0; i < cache.n; i++)
+        if (cache.v[i].data == data) {
+            cache.v[i].pins--;
+            return;
+        }
+}
+
 /* Writes b, whole now, to the disk cache. Pinned meanwhile, so that neither eviction nor
  * free_obj takes its buffer; its pages are all valid, so no fetch writes them. Under the cache
  * lock, which it drops while writing. */
 static void store_block(block *b)
 {
-    http_obj *o = b->o;
-    uint64_t at = b->at;
+    const dc_key *key = &b->o->key;
+    uint64_t index = b->at / HTTP_BLOCK;
     const unsigned char *data = b->data;
     size_t len = b->len;
     b->on_disk = 1;
     b->pins++;
     pthread_mutex_unlock(&cache.lock);
-    dc_put(disk, &o->key, at / HTTP_BLOCK, data, len);
+    dc_put(disk, key, index, data, len);
     pthread_mutex_lock(&cache.lock);
-    find_block(o, at)->pins--; /* b may have moved: found again by its key */
+    unpin_block(data);
     pthread_cond_broadcast(&cache.done); /* free_obj may wait for it */
 }
 
@@ -1021,17 +1032,6 @@ static int pin_pages(http_obj *o, uint64_t at, uint64_t off, uint64_t end, uint6
     }
 }
 
-/* Unpins the block whose buffer is data (under the cache lock). Blocks move in the array (it is
- * realloc'ed, dropped blocks are swapped out), but a pinned block keeps its buffer. */
-static void unpin_block(const unsigned char *data)
-{
-    for (size_t i = 0; i < cache.n; i++)
-        if (cache.v[i].data == data) {
-            cache.v[i].pins--;
-            return;
-        }
-}
-
 /* Copies [off, off+len) out of the cache, a block at a time, waiting for its pages. Under the
  * cache lock, which it drops while copying. */
 static int copy_out(http_obj *o, unsigned char *buf, size_t len, uint64_t off, uint64_t keep)
@@ -1168,14 +1168,18 @@ static int read_direct(http_obj *o, unsigned char *buf, size_t len, uint64_t off
 
 /* --- the ops ------------------------------------------------------------------------------ */
 
+/* Whether [off, off+len) cannot be read from o: it changed, or the range passes its end. */
+static int unreadable(const http_obj *o, size_t len, uint64_t off)
+{
+    return atomic_load(&o->changed) || off > o->size || len > o->size - off;
+}
+
 static int op_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
 {
     http_obj *o = f->remote;
-    if (atomic_load(&o->changed))
-        return -EIO;
-    if (len == 0)
-        return 0;
-    if (off > o->size || len > o->size - off)
+    if (len == 0) /* nothing to read, anywhere */
+        return atomic_load(&o->changed) ? -EIO : 0;
+    if (unreadable(o, len, off))
         return -EIO;
     if (off + len <= o->head_len) {
         memcpy(buf, o->head + off, len);
@@ -1192,9 +1196,7 @@ static ssize_t op_hold(const ck_file *f, size_t len, uint64_t off, const void **
                        void **token)
 {
     http_obj *o = f->remote;
-    if (atomic_load(&o->changed))
-        return -EIO;
-    if (off > o->size || len > o->size - off)
+    if (unreadable(o, len, off))
         return -EIO;
     *token = NULL;
     if (off + len <= o->head_len) {

@@ -271,10 +271,12 @@ static void hint_bounds(ck_index *ix)
     int remote = 0;
     for (uint32_t i = 0; i < ix->nfiles; i++)
         remote |= !ck_file_is_local(&ix->files[i]);
-    bound *v = remote ? malloc(2 * ix->nentries * sizeof *v + 1) : NULL;
-    uint64_t *at = v ? malloc(2 * ix->nentries * sizeof *at + 1) : NULL;
+    if (!remote)
+        return;
+    bound *v = malloc(2 * ix->nentries * sizeof *v + 1);
+    uint64_t *at = malloc(2 * ix->nentries * sizeof *at + 1);
     size_t n = 0;
-    for (size_t i = 0; at && i < ix->nentries; i++) {
+    for (size_t i = 0; v && at && i < ix->nentries; i++) {
         const ck_entry *e = &ix->entries[i];
         if (e->kind != CK_TENSOR || ck_file_is_local(&ix->files[e->ext.file]))
             continue;
@@ -282,9 +284,9 @@ static void hint_bounds(ck_index *ix)
         if (e->layout != CK_STRIDED)
             v[n++] = (bound){e->ext.file, e->ext.offset + e->ext.length};
     }
-    if (at)
+    if (n > 1) /* n is 0 without memory */
         qsort(v, n, sizeof *v, by_place);
-    for (size_t i = 0, k; at && i < n; i = k) {
+    for (size_t i = 0, k; i < n; i = k) {
         size_t m = 0;
         for (k = i; k < n && v[k].file == v[i].file; k++)
             if (m == 0 || at[m - 1] != v[k].at)
