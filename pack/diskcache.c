@@ -225,7 +225,8 @@ static void scan_and_evict(diskcache *c, uint64_t incoming)
         return;
     if (total + incoming > c->max) {
         uint64_t target = c->max - c->slack > incoming ? c->max - c->slack - incoming : 0;
-        qsort(v, n, sizeof *v, older);
+        if (n > 1) /* v is NULL when DIR holds no block: only others' writes in progress */
+            qsort(v, n, sizeof *v, older);
         for (size_t i = 0; i < n && total > target; i++)
             if (unlinkat(c->dfd, v[i].name, 0) == 0 || errno == ENOENT) /* or another's */
                 total -= v[i].bytes;
