@@ -12,17 +12,21 @@ CFLAGS  ?= -O2 -g
 # -fPIC (the core also goes into libckload.so) would otherwise keep a file's calls of its own
 # global functions from being inlined, in case another object interposed them: nothing does
 # (libckload.so exports only its ckl_ API), and the mount's parse runs 2% fewer instructions.
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wvla -fno-strict-aliasing -fPIC \
+# WERROR: scripts/gpu-run retries a device build without it (a newer compiler's new warning must
+# not cost the one GPU run), and reports the warnings.
+WERROR  ?= -Werror
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wshadow -Wvla -fno-strict-aliasing -fPIC \
            -fno-semantic-interposition $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
 
 # libckload uses the CUDA runtime where the toolkit is (its CUDA backend, cuda/backend_cuda.c);
 # elsewhere it is built for the CPU only (cuda/backend_nocuda.c says so).
 CUDA_HOME ?= /usr/local/cuda
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
 HAVE_CUDA := $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h)
 ifneq ($(HAVE_CUDA),)
 CUDA_CFLAGS := -I$(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+CUDA_LIBS   := -L$(CUDA_LIBDIR) -lcudart -Wl,-rpath,$(CUDA_LIBDIR)
 endif
 # The soname's number is the ABI version, which ckload.h owns.
 CKL_ABI := $(shell sed -n 's/^\#define CKL_ABI_VERSION //p' cuda/ckload.h)
@@ -140,6 +144,7 @@ bench: all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-pack
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-npy
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
+	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gpu
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gguf
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-convert
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-diff
@@ -187,7 +192,7 @@ clean:
 # FAKECUDA_RUNS seeded runs of the pipeline test (more with `make cuda-fake-soak`); each run's
 # seed is printed when it fails, FAKECUDA_SEED=N replays it.
 ifneq ($(HAVE_CUDA),)
-CUDART_SONAME := $(shell objdump -p $(CUDA_HOME)/lib64/libcudart.so 2>/dev/null | \
+CUDART_SONAME := $(shell objdump -p $(CUDA_LIBDIR)/libcudart.so 2>/dev/null | \
                    sed -n 's/^ *SONAME *//p')
 FAKECUDA      := $(BUILD)/fakecuda/$(CUDART_SONAME)
 FAKECUDA_RUNS ?= 10

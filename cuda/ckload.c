@@ -26,14 +26,17 @@
 #include <xxhash.h>
 
 /* The readers and chunk size a load picks where its caller left them 0 (choose_readers): the
- * usual ones, and those for a host load mostly read through the O_DIRECT bounce. */
-enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BOUNCED_THREADS = 8 };
+ * usual ones, those for a host load mostly read through the O_DIRECT bounce, and those of a
+ * load staged through pinned buffers (CUDA: the sweep on an H200, BENCHMARKS.md issue 29). */
+enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BOUNCED_THREADS = 8,
+       STAGED_THREADS = 8 };
 /* The io_uring engine's reads in flight (open_ring), and how much of the block its helper faults
  * in at a time (fault_ahead). */
 enum { RING_DEPTH = 32 };
 #define FAULT_STEP ((size_t)32 << 20)
 #define DEFAULT_BUFFER ((size_t)16 << 20)
 #define BOUNCED_BUFFER ((size_t)4 << 20)
+#define STAGED_BUFFER ((size_t)4 << 20)
 /* An error message, with its NUL, fits in the path's length and this (ckload.h). */
 enum { ERR_ROOM = 512 };
 
@@ -778,10 +781,19 @@ static int open_direct_all(ckl_load *l)
  * smaller chunks keep the disk busy while others copy: measured before blobs kept their phase,
  * a cold 1.5 GiB safetensors file, all through the bounce, loaded at 0.74-0.77x its pack with
  * 4 x 16 MiB, 0.86-0.91x with 8 x 4 MiB (medians, 2 shared cores, 4 runs of 9-15 rounds).
- * Whole pages read in place (a pack, most sources now) keep the usual 4 x 16 MiB. */
+ * Whole pages read in place (a pack, most sources now) keep the usual 4 x 16 MiB. A staged
+ * load (CUDA) is bound by its pinned copies, not the disk: on an H200, page cache hot, 8 x 4 MiB
+ * gave 37 GB/s where 4 x 16 MiB gave 19 (and 16 threads or 64 MiB less). */
 static void choose_readers(ckl_load *l)
 {
     const ck_plan *p = l->plan;
+    if (!l->be->in_place) {
+        if (!l->opt.threads)
+            l->opt.threads = STAGED_THREADS;
+        if (!l->opt.buffer_size)
+            l->opt.buffer_size = STAGED_BUFFER;
+        return;
+    }
     uint64_t bounced = 0, total = 0;
     for (size_t b = 0; b < p->nblobs; b++) {
         const ck_plan_blob *bl = &p->blobs[b];

@@ -85,10 +85,10 @@ typedef struct ckl_load ckl_load;
 typedef struct ckl_options {
     int device;              /* enum ckl_device */
     int cuda_device;         /* ordinal, for CKL_CUDA / CKL_AUTO */
-    unsigned threads;        /* reader threads; 0: chosen per load (4, or 8 for a host
-                              * load mostly read O_DIRECT out of phase) */
+    unsigned threads;        /* reader threads; 0: chosen per load (8 for CUDA and for a
+                              * host load mostly read O_DIRECT out of phase, else 4) */
     size_t buffer_size;      /* bytes per staging buffer and per read; 0: chosen per load
-                              * (16 MiB, or 4 MiB where threads would be 8) */
+                              * (4 MiB where threads would be 8, else 16 MiB) */
     unsigned buffers;        /* pinned staging buffers per reader thread (CUDA); 0: default (2) */
     const char *only;        /* NULL, or a prefix / glob over names (as ckpt pack --only) */
     int verify;              /* a pack: check every blob's XXH3 as its bytes stream; other

@@ -85,3 +85,36 @@ def machine():
     fuse = subprocess.run(["fusermount3", "-V"], capture_output=True, text=True).stdout.strip()
     return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Linux {platform.release()}, "
             f"{fuse}")
+
+
+CHUNK = 64 << 20
+
+
+def evict(path):
+    """Drops path from the page cache (written back first: dirty pages cannot be dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def warm(path):
+    """Reads path once, so that its pages are in the page cache."""
+    buf = bytearray(CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+class Owned(dict):
+    """A peer's tensors, and what must be closed once they are no longer used."""
+    def __init__(self, tensors, close):
+        super().__init__(tensors)
+        self.close = close
+
+
+def release(out):
+    """Frees what a load returned that the garbage collector does not (a peer's own buffers)."""
+    getattr(out, "close", lambda: None)()

@@ -335,7 +335,7 @@ class Load:
     """One load (ckl_load): started at once, tensors handed out as they land.
 
     Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None,
-         slices=None, rank=0, world_size=1)
+         slices=None, rank=0, world_size=1, buffers=0)
     raises RuntimeError ("ckload: FILE: what is wrong", libckload's line) when the load cannot
     start. on_ready(i) runs on a loader thread as tensor i lands. slices: [(glob, dim), ...], the
     tensor-parallel rules (the first whose glob, a prefix or glob as `only`, selects a name
@@ -349,11 +349,11 @@ class Load:
                  verify: bool = False, threads: int = 0, buffer_size: int = 0,
                  on_ready: Optional[Callable[[int], None]] = None,
                  slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
-                 world_size: int = 1, _read: int = READ_ALL) -> None:
+                 world_size: int = 1, buffers: int = 0, _read: int = READ_ALL) -> None:
         lib = library()
         dev, ordinal = _parse_device(device)
-        if int(threads) < 0 or int(buffer_size) < 0:
-            raise ValueError("ckload: threads and buffer_size must be >= 0")
+        if int(threads) < 0 or int(buffer_size) < 0 or int(buffers) < 0:
+            raise ValueError("ckload: threads, buffer_size and buffers must be >= 0")
         o = Options()
         lib.ckl_default_options(_c.byref(o))
         o.device, o.cuda_device = dev, ordinal
@@ -361,6 +361,8 @@ class Load:
             o.threads = int(threads)
         if buffer_size:
             o.buffer_size = int(buffer_size)
+        if buffers:
+            o.buffers = int(buffers)
         self._only = None if only is None else os.fsencode(only)
         o.only = self._only
         o.verify = 1 if verify else 0
@@ -519,18 +521,19 @@ class Load:
 def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
          verify: bool = False, threads: int = 0, buffer_size: int = 0,
          slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
-         world_size: int = 1) -> Dict[str, torch.Tensor]:
+         world_size: int = 1, buffers: int = 0) -> Dict[str, torch.Tensor]:
     """Loads the checkpoint at path (a pack file, a mount's .ckptfs/checkpoint.pack, a
     safetensors file, a shard directory, a PyTorch file) and returns {name: torch.Tensor} in
     pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA when libckload can use a
     device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
     checksums, checked as the bytes stream; for other sources, which store none, only that each
-    source file is unchanged while it is read. threads, buffer_size: 0 to let
-    libckload choose per load (ckload.h). slices, rank, world_size: this rank's tensor-parallel
+    source file is unchanged while it is read. threads, buffer_size, buffers (pinned
+    staging buffers per thread, CUDA): 0 to let libckload choose per load (ckload.h). slices, rank, world_size: this rank's tensor-parallel
     parts (Load). Raises RuntimeError ("ckload: FILE: what is wrong")
     on any failure; then no tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
-              buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size) as ld:
+              buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size,
+              buffers=buffers) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
 
@@ -701,12 +704,24 @@ class DistributedLoad(Load):
             return self._agree(h, why)
         if self._rank == 0:
             ptr, n, *_ = self._others[r].blobs()[k]
-            self._dist.send(self._bytes(ptr, n), dst=self._global(r), group=self._group)
+            part = self._bytes(ptr, n)
+            self._dist.send(part.cpu() if self._host_p2p() else part, dst=self._global(r),
+                            group=self._group)
         elif self._rank == r:
             ptr, n, *_ = blobs[parts[k]]
-            self._dist.recv(self._bytes(ptr, n), src=self._global(0), group=self._group)
+            part = self._bytes(ptr, n)
+            into = torch.empty(n, dtype=torch.uint8) if self._host_p2p() else part
+            self._dist.recv(into, src=self._global(0), group=self._group)
+            if into is not part:
+                part.copy_(into)  # from pageable memory: done when copy_ returns
             self._put(h, parts[k])
         return True
+
+    def _host_p2p(self):
+        """Whether a part goes through host memory: gloo sends and receives only CPU tensors
+        (it broadcasts CUDA ones), so a CUDA load over gloo stages its parts in host memory."""
+        return (self.device.startswith("cuda") and
+                self._dist.get_backend(self._group) == "gloo")
 
     def _send_all(self, h, steps):
         """The schedule, step by step; then the ranks agree that every blob read here for this

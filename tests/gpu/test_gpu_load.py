@@ -25,8 +25,11 @@ def check_cuda_load(sd, expected):
 
 
 def free_device_memory():
+    """cudaMemGetInfo's free bytes once torch's allocator holds no cached block: what is left
+    in use is what live tensors and the CUDA context hold."""
     gc.collect()
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     return torch.cuda.mem_get_info(0)[0]
 
 
@@ -109,7 +112,7 @@ def test_out_of_device_memory_leaves_nothing(tmp_path, mount, warm):
             ckload.load(mnt / ".ckptfs/checkpoint.pack", device="cuda:0")
         p = ckpt_load(mnt / ".ckptfs/checkpoint.pack", "--device", "cuda:0")
         assert p.returncode == 1 and p.stderr.count(b"\n") == 1, p.stderr
-    assert free_device_memory() == warm
+    assert free_device_memory() >= warm  # nothing kept (the driver may give back more)
 
 
 def test_corrupt_pack_leaves_nothing(tmp_path, warm):
@@ -117,11 +120,11 @@ def test_corrupt_pack_leaves_nothing(tmp_path, warm):
     flip_byte(out, pack_header(out)["data_offset"] + 1)
     with pytest.raises(RuntimeError, match="checksum"):
         ckload.load(out, device="cuda:0", verify=True)
-    assert free_device_memory() == warm
+    assert free_device_memory() >= warm
     os.truncate(out, pack_header(out)["data_offset"] + 10)
     with pytest.raises(RuntimeError):
         ckload.load(out, device="cuda:0")
-    assert free_device_memory() == warm
+    assert free_device_memory() >= warm
 
 
 def test_no_such_device(tmp_path):

@@ -108,7 +108,9 @@ def mountpoint(fuse, mount_base):
 
 @pytest.fixture(scope="session")
 def corpus():
-    d = Path("/work/shared/corpus")
+    """The real-checkpoint corpus: ../shared/corpus, or CKPTFS_CORPUS (a copy of it, where the
+    tests run on another machine: scripts/gpu-run)."""
+    d = Path(os.environ.get("CKPTFS_CORPUS", "/work/shared/corpus"))
     if not d.is_dir():
         pytest.fail(f"{d} (the real-checkpoint corpus) is missing")
     return d

@@ -128,7 +128,7 @@ def safetensors_tensors(path, src=None):
 
 
 def torch_tensors(path):
-    return torch.load(path, map_location="cpu")
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 # Header reads (the index) go through the page cache, with its readahead: at most this much.
