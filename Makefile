@@ -52,10 +52,17 @@ endif
 VERSION  := $(shell cat VERSION)
 
 CORE_SRC := $(wildcard pack/*.c)
-VIEW_SRC := fs/tree.c fs/view.c fs/core.c
+# libckpt.a: the core (pack/) and what the loader needs of fs/ (a mount's names and sources,
+# the tree that finds a mount's subdirectory); the views and the filesystem core are the mount's
+# and the tools'.
+MOUNTINFO_SRC := fs/mountinfo.c fs/tree.c
+VIEW_SRC := fs/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c
 TOOL_SRC := $(wildcard tools/*.c)
-LOAD_SRC := cuda/ckload.c cuda/uring.c cuda/mount.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
+# The loader's planning (which blobs, where in the block, tensor-parallel parts): the loader's,
+# and the unit tests' and the plan fuzzer's.
+PLAN_SRC := cuda/plan.c cuda/slice.c
+LOAD_SRC := $(PLAN_SRC) cuda/ckload.c cuda/uring.c cuda/mount.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
             cuda/backend_$(if $(HAVE_CUDA),cuda,nocuda).c
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
@@ -72,15 +79,15 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/libckpt.a: $(call obj,$(CORE_SRC) $(VIEW_SRC))
-	$(AR) rcs $@ $^
+$(BUILD)/libckpt.a: $(call obj,$(CORE_SRC) $(MOUNTINFO_SRC))
+	rm -f $@ && $(AR) rcs $@ $^
 
 # ckptfs starts on every mount, and its start is part of what a mount costs: the libraries that
 # ship an archive are linked into it, so the dynamic loader has three objects fewer to find, map
 # and relocate (BENCHMARKS.md, issue 13 fourth round). cJSON ships none; ckpt and libckload,
 # which start once per load, stay as they are.
 CKPTFS_STATIC := -lfuse3 -lxxhash -lz
-$(BUILD)/ckptfs: $(call obj,$(FS_SRC)) $(BUILD)/libckpt.a
+$(BUILD)/ckptfs: $(call obj,$(FS_SRC) $(VIEW_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic $(CKPTFS_STATIC) -Wl,-Bdynamic \
 	    $(filter-out $(CKPTFS_STATIC),$(LDLIBS)) -o $@
 
@@ -92,7 +99,7 @@ $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: VERSION
 $(BUILD)/ckpt $(BUILD)/libckload.so: LDLIBS += -luring
 # ckpt diff and stats take square roots (tools/inspect.c).
 $(BUILD)/ckpt: LDLIBS += -lm
-$(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC)) $(BUILD)/libckpt.a
+$(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC) fs/view.c) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(CUDA_LIBS) -o $@
 
 # Exports only the ckl_ API (cuda/ckload.map); -z defs: every symbol it needs is resolved now.
@@ -104,7 +111,7 @@ $(BUILD)/python/%.py: cuda/python/%.py
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-$(BUILD)/test_unit: $(call obj,$(UNIT_SRC)) $(BUILD)/libckpt.a
+$(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(VIEW_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
 setup:
@@ -113,7 +120,7 @@ setup:
 # Unit tests (criterion), the inputs that once crashed a parser (tests/regress, fuzz/fuzz.mk),
 # then integration tests (pytest: real mounts, checked against torch, numpy and the safetensors
 # library).
-test: setup
+test: setup check-layers
 	$(MAKE) all $(BUILD)/test_unit $(FUZZ_REPLAY)
 	{ $(BUILD)/test_unit --jobs 2; echo $$? >$(BUILD)/test_unit.rc; } 2>&1 | tee $(BUILD)/test_unit.log
 	@# criterion counts a test that leaks as passed (its child reports the leak after the result)
@@ -121,6 +128,10 @@ test: setup
 	$(MAKE) fuzz-replay
 	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
 	$(if $(HAVE_CUDA),$(MAKE) test-cuda-fake)
+
+# Every #include goes downward through the layers (scripts/check-layers says which they are).
+check-layers:
+	$(PYTHON) scripts/check-layers
 
 # The unit tests under valgrind (memcheck, full leak check). Criterion re-executes the binary
 # for each test, so children are traced (not python, which the pickle tests run) and each
@@ -224,5 +235,5 @@ endif
 
 include fuzz/fuzz.mk
 
-.PHONY: all setup test valgrind gpu-test bench demo install clean
+.PHONY: all setup test check-layers valgrind gpu-test bench demo install clean
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -8,8 +8,8 @@
 
 #include "../pack/index.h"
 #include "../pack/bytes.h"
-#include "../pack/plan.h"
-#include "../pack/slice.h"
+#include "plan.h"
+#include "slice.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -107,7 +107,7 @@ void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
 
 struct ckl_load {
     atomic_int refs;
-    char *path;              /* as shown in messages (ck_source_shown); in the same allocation,
+    char *path;              /* as shown in messages (ck_location_shown); in the same allocation,
                               * as is err */
     ck_index *ix;            /* src.ix */
     load_source src;          /* what path stands for: the index, the selection (mount.h) */
@@ -118,7 +118,7 @@ struct ckl_load {
     ckl_pool *pool;
     int own_pool;
     unsigned char *block;    /* host or device, plan->block_size bytes (at least 1) */
-    ck_plan *plan;           /* which tensors and blobs, and where they go (pack/plan.h) */
+    ck_plan *plan;           /* which tensors and blobs, and where they go (plan.h) */
     atomic_int *landed;      /* per plan blob: in place */
     uint64_t *stored_sums;   /* per plan blob, from a pack's trailer; only with verify */
     ckl_tensor *tensors;     /* per plan tensor */
@@ -250,7 +250,7 @@ static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
         return -1;
     }
     int part = l->opt.verify && bl->pack_blob == CK_PLAN_NONE; /* no checksum of its own */
-    if ((l->check_files || part) && !ck_file_same(l->ix, bl->file)) {
+    if ((l->check_files || part) && !ck_file_unchanged(&l->ix->files[bl->file])) {
         set_error(l, "tensor '%s': %s changed while it was read", bl->name,
                   l->ix->files[bl->file].path);
         return -1;
@@ -267,7 +267,7 @@ static void finish_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
         set_error(l, "tensor '%s': %s", l->plan->blobs[b].name, why);
 }
 
-/* Whether this process reads blob b itself (ckl_options.read; pack/plan.h ck_plan_share). */
+/* Whether this process reads blob b itself (ckl_options.read; plan.h ck_plan_share). */
 static int reads(const ckl_load *l, size_t b)
 {
     uint32_t owner = l->plan->blobs[b].owner;
@@ -583,7 +583,7 @@ void ckl_default_options(ckl_options *o)
     o->buffers = DEFAULT_STAGES;
 }
 
-/* The plan (pack/plan.h: a pack's layout as its reader checked it, or any other source's as its
+/* The plan (plan.h: a pack's layout as its reader checked it, or any other source's as its
  * virtual pack), each tensor's view of the block-to-be, per-blob readiness, and with verify a
  * pack's stored checksums. */
 static int plan(ckl_load *l, char *err, size_t errlen)
@@ -746,7 +746,7 @@ static int open_direct(const ckl_load *l, uint32_t f)
         return -1;
     int fd = open(cf->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
     struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) != 0 || !ck_file_unchanged(cf, &st))) {
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !ck_file_matches(cf, &st))) {
         close(fd);
         fd = -1;
     }
@@ -841,11 +841,11 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     size_t plen = strlen(path) + 1, errcap = plen - 1 + ERR_ROOM;
     ckl_load *l = calloc(1, sizeof *l + plen + errcap);
     if (!l) {
-        size_t n = strlen(ck_source_shown(path, err, errlen));
+        size_t n = strlen(ck_location_shown(path, err, errlen));
         snprintf(err + n, errlen - n, ": out of memory");
         return -1;
     }
-    l->path = ck_source_shown(path, (char *)(l + 1), plen); /* for messages: no secrets */
+    l->path = ck_location_shown(path, (char *)(l + 1), plen); /* for messages: no secrets */
     l->err = l->path + plen;
     l->errcap = errcap;
     atomic_init(&l->refs, 1);

@@ -8,7 +8,7 @@
  *  - ckl_load opens any source ckptfs mounts — a pack (a file, or a mount's
  *    .ckptfs/checkpoint.pack), a safetensors file, a directory of shards, a PyTorch zip or
  *    legacy file — with no conversion: every source is laid out as its pack would be
- *    (pack/synth.c), natural name order, tied tensors loaded once and shared, values left out,
+ *    (as `ckpt pack` would write it), natural name order, tied tensors loaded once and shared, values left out,
  *    strided PyTorch tensors gathered chunk by chunk on the way (into the staging buffer for
  *    CUDA, into the block for the host). It allocates one destination block for the selected
  *    tensors (device memory for CUDA, page-aligned host memory for the CPU) and starts reader
@@ -16,13 +16,13 @@
  *    name, dtype, shape, pointer. ckl_read_path tells where the bytes are read from. Each
  *    tensor's pointer is 256-byte aligned, except where a host load reads a source O_DIRECT
  *    straight into the block: there a tensor takes its file offset's phase (as an mmap of the
- *    file would place it; pack/plan.h ck_plan_keep_phase) and is aligned at least to its
+ *    file would place it) and is aligned at least to its
  *    element (to 256 bytes where its file offset is: every tensor of a pack).
  *  - A path inside a ckptfs mount (its root, .ckptfs/checkpoint.pack, a directory: the tensors
  *    under it, a tensor file: that tensor) is read from the mount's source files directly, with
  *    the caller's own credentials, when they are visible, readable and the very files the mount
  *    parsed (device, inode, size, mtime); else, or with CKLOAD_BYPASS=0, through the mount's
- *    .ckptfs/checkpoint.pack with the same selection (cuda/mount.h). A source file changed
+ *    .ckptfs/checkpoint.pack with the same selection. A source file changed
  *    after mounting is never read as if it were the old one: the bypass checks each file after
  *    reading from it, and the mount checks its sources on every read.
  *  - verify: a pack stores an XXH3 per blob, checked as its bytes stream. Other sources store
@@ -46,9 +46,9 @@
  *    holds one more, so device memory is freed when the last exported tensor is deleted.
  *  - Pools of pinned buffers outlive loads: pass the same ckl_pool to many loads.
  *  - Many processes (ranks) loading one checkpoint: slice rules load each rank's part of the
- *    tensors they cut, read straight from the source (pack/slice.h); a read share (read) has
+ *    tensors they cut, read straight from the source; a read share (read) has
  *    this process read only its blobs and its caller bring in the others (ckl_blob_put), each
- *    tensor ready, as ever, once its blob has landed (cuda/python/ckload.py load_distributed).
+ *    tensor ready, as ever, once its blob has landed (the Python module's load_distributed).
  *  - ABI: CKL_ABI_VERSION changes (with the library's soname, libckload.so.N) whenever a struct
  *    or a signature below does. A binding that mirrors the structs by hand checks them against
  *    ckl_abi_version and ckl_layout when it loads the library.
@@ -64,7 +64,7 @@
 enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
 
 /* Who reads which bytes when world_size processes load one checkpoint together (ckl_options.read;
- * pack/plan.h ck_plan_share): each everything; each whole blob by one rank, balanced by size
+ * the plan's read share): each everything; each whole blob by one rank, balanced by size
  * (each part by its own rank); everything by rank 0. The bytes a process does not read come from
  * its caller (ckl_blob_put), e.g. a torch.distributed broadcast from the rank that read them.
  * CKL_READ_PARTS loads only the parts the slice rules cut for `rank`, all read here: what rank 0
@@ -73,7 +73,7 @@ enum ckl_read { CKL_READ_ALL = 0, CKL_READ_BALANCED = 1, CKL_READ_RANK0 = 2, CKL
 
 /* A slice rule: tensors whose name glob selects (a prefix or glob, as `only`) are cut along dim
  * into world_size parts as torch.chunk cuts them, and this process loads part `rank`; dim -1:
- * whole (replicated). The first rule that selects a name decides (pack/slice.h). */
+ * whole (replicated). The first rule that selects a name decides. */
 typedef struct ckl_slice {
     const char *glob;
     int dim;

@@ -2,7 +2,8 @@
  * (see mount.h). */
 #include "mount.h"
 
-#include "../fs/core.h"
+#include "../fs/mountinfo.h"
+#include "../pack/open.h"
 #include "../fs/tree.h"
 
 #include <errno.h>
@@ -80,7 +81,7 @@ static ck_index *open_bypass(const char *root)
     ck_source_file *files = NULL;
     ck_index *ix = NULL;
     ck_error e;
-    if (v && ck_fs_parse_sources(v, len, &source, &files, &n) == 0 &&
+    if (v && ck_sources_parse(v, len, &source, &files, &n) == 0 &&
         ck_open(source, &ix, &e) == 0) {
         int same = ix->nfiles == n;
         for (uint32_t i = 0; same && i < n; i++)
@@ -142,7 +143,7 @@ static int in_vdir(const char *rel)
 static int is_pack(const char *rel)
 {
     return in_vdir(rel) && rel[strlen(CK_VDIR)] == '/' &&
-           strcmp(rel + strlen(CK_VDIR) + 1, ck_vfiles[CK_VFILE_PACK].name) == 0;
+           strcmp(rel + strlen(CK_VDIR) + 1, CK_VFILE_PACK_NAME) == 0;
 }
 
 /* A path inside the mount at root: the sources or the virtual pack, and the selection. */
@@ -150,7 +151,7 @@ static int open_in_mount(const char *path, const char *root, const char *rel, lo
                          char *err, size_t errlen)
 {
     char pack[PATH_MAX];
-    snprintf(pack, sizeof pack, "%s/%s/%s", root, CK_VDIR, ck_vfiles[CK_VFILE_PACK].name);
+    snprintf(pack, sizeof pack, "%s/%s/%s", root, CK_VDIR, CK_VFILE_PACK_NAME);
     const char *bypass = getenv("CKLOAD_BYPASS");
     out->ix = bypass && strcmp(bypass, "0") == 0 ? NULL : open_bypass(root);
     out->read_path = out->ix ? "bypass" : "mount";

@@ -12,7 +12,7 @@
 
 const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT] = {
     [CK_VFILE_INDEX_JSON] = {"index.json", CK_NODE_MEMFILE},
-    [CK_VFILE_PACK] = {"checkpoint.pack", CK_NODE_SYNTH},
+    [CK_VFILE_PACK] = {CK_VFILE_PACK_NAME, CK_NODE_SYNTH},
     [CK_VFILE_SAFETENSORS] = {"checkpoint.safetensors", CK_NODE_SYNTH},
 };
 
@@ -27,7 +27,7 @@ enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_COUNT };
 static char *absolute(const char *p, const char *src, ck_error *err)
 {
     char cwd[PATH_MAX], *out = NULL;
-    if (ck_source_is_url(p))
+    if (ck_location_is_url(p))
         p = "/"; /* a URL has no path to watch: source_check asks the remote file itself */
     if (p[0] != '/' && !getcwd(cwd, sizeof cwd))
         return ck_fail(err, src, "cannot name the working directory: %s", strerror(errno)), NULL;
@@ -53,19 +53,7 @@ int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err)
     const char *src = ck_index_source(fs->ix);
     char *abs = absolute(source, src, err), *v = NULL;
     size_t len = 0;
-    FILE *f = abs ? open_memstream(&v, &len) : NULL;
-    if (f) {
-        fprintf(f, "%s%c", abs, 0);
-        for (uint32_t i = 0; i < fs->ix->nfiles; i++) {
-            const ck_file *cf = &fs->ix->files[i];
-            fprintf(f, "%llu %llu %llu %lld.%09ld %s%c", (unsigned long long)cf->dev,
-                    (unsigned long long)cf->ino, (unsigned long long)cf->size,
-                    (long long)cf->mtime.tv_sec, cf->mtime.tv_nsec, fs->src_path[i], 0);
-        }
-    }
-    int bad = !f || ferror(f);
-    if (f)
-        bad |= fclose(f) != 0;
+    int bad = !abs || ck_sources_encode(abs, fs->ix, (const char *const *)fs->src_path, &v, &len);
     free(abs);
     if (bad) {
         free(v);
@@ -74,44 +62,6 @@ int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err)
     free(fs->sources);
     fs->sources = v;
     fs->sources_len = len;
-    return 0;
-}
-
-/* One "DEV INO SIZE SEC.NSEC PATH" record of user.ckptfs.sources. */
-static int parse_source_file(char *s, ck_source_file *f)
-{
-    unsigned long long dev, ino, size;
-    long long sec;
-    long nsec;
-    int at = -1;
-    if (sscanf(s, "%llu %llu %llu %lld.%9ld %n", &dev, &ino, &size, &sec, &nsec, &at) != 5 ||
-        at < 1 || s[at - 1] != ' ' || s[at] != '/' || nsec < 0)
-        return -1;
-    *f = (ck_source_file){.path = s + at, .dev = dev, .ino = ino, .size = size,
-                          .mtime = {.tv_sec = (time_t)sec, .tv_nsec = nsec}};
-    return 0;
-}
-
-int ck_fs_parse_sources(char *v, size_t len, const char **source, ck_source_file **files,
-                        size_t *nfiles)
-{
-    *files = NULL;
-    *nfiles = 0;
-    if (len == 0 || v[len - 1] != 0 || v[0] != '/')
-        return -1;
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++)
-        n += v[i] == 0;
-    *source = v;
-    if (!(*files = calloc(n, sizeof **files)))
-        return -1;
-    for (char *s = v + strlen(v) + 1; s < v + len; s += strlen(s) + 1)
-        if (parse_source_file(s, &(*files)[(*nfiles)++]) != 0) {
-            free(*files);
-            *files = NULL;
-            *nfiles = 0;
-            return -1;
-        }
     return 0;
 }
 
@@ -359,13 +309,13 @@ static int source_check(const ck_fs *fs, uint32_t file)
     struct stat st;
     /* The open descriptor first: a write or truncate changes its size or mtime. A remote file
      * is checked by every request it makes (source.h). */
-    if (!ck_file_same(fs->ix, file))
+    if (!ck_file_unchanged(&fs->ix->files[file]))
         return -EIO;
     if (!ck_file_is_local(f))
         return 0;
     /* Then the path: a file renamed over it leaves our descriptor on the old, intact inode,
      * whose bytes are no longer what SOURCE holds (the same inode passed the check above). */
-    if (stat(fs->src_path[file], &st) != 0 || !ck_file_unchanged(f, &st))
+    if (stat(fs->src_path[file], &st) != 0 || !ck_file_matches(f, &st))
         return -ESTALE;
     return 0;
 }

@@ -33,11 +33,11 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "mountinfo.h"
 #include "tree.h"
 #include "../pack/synth.h"
 
 enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_COUNT };
-#define CK_VDIR ".ckptfs"
 #define CK_ROOT_INO 1
 extern const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT];
 
@@ -79,25 +79,9 @@ int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_
  * on first use. Nothing happens if no thread can be started (it is then made on first use). */
 void ck_fs_prepare(ck_fs *fs);
 /* Publishes SOURCE (as mounted) and each source file's identity on the root, as the xattr
- * user.ckptfs.sources, so that a loader can read the sources itself rather than through FUSE
- * (README "The mount"): a list of NUL-terminated strings, SOURCE made absolute, then one per
- * file of the index, in its order, "DEV INO SIZE SEC.NSEC PATH" (decimal; the device, inode,
- * size and mtime recorded when the file was parsed; PATH absolute). 0, or -1 with err set. */
-#define CK_SOURCES_XATTR "user.ckptfs.sources"
+ * CK_SOURCES_XATTR (mountinfo.h), so that a loader can read the sources itself rather than
+ * through FUSE. 0, or -1 with err set. */
 int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err);
-
-/* One source file as user.ckptfs.sources tells it. */
-typedef struct ck_source_file {
-    const char *path;
-    uint64_t dev, ino, size;
-    struct timespec mtime;
-} ck_source_file;
-
-/* Parses a user.ckptfs.sources value of len bytes in place: *source and the paths of
- * (*files)[0 .. *nfiles) (malloc'ed; the caller frees it) point into v. 0, or -1 when the value
- * is malformed or memory runs out. */
-int ck_fs_parse_sources(char *v, size_t len, const char **source, ck_source_file **files,
-                        size_t *nfiles);
 
 /* Frees everything, the index included, once ck_fs_prepare's thread is done. A zeroed ck_fs is
  * fine. */

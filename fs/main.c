@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../pack/http.h" /* http_configure: -o cacert, cache_mem, cache_dir, cache_max */
+#include "../pack/open.h"
 #include "../pack/size.h"
 #include "ll.h"
 
@@ -138,11 +139,11 @@ static int mountpoint_fd(const char *mnt)
 }
 
 /* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df`, as
- * ck_source_shown has it (a URL without its userinfo and query: they are secrets). */
+ * ck_location_shown has it (a URL without its userinfo and query: they are secrets). */
 static int add_mount_opts(struct fuse_args *args, const char *source)
 {
     char *opts = NULL, *fsname = NULL, shown[CK_SHOWN_MAX];
-    int rc = asprintf(&fsname, "fsname=%s", ck_source_shown(source, shown, sizeof shown)) < 0 ||
+    int rc = asprintf(&fsname, "fsname=%s", ck_location_shown(source, shown, sizeof shown)) < 0 ||
              fuse_opt_add_opt(&opts, "ro,default_permissions,subtype=ckptfs") ||
              fuse_opt_add_opt_escaped(&opts, fsname) || /* a ',' in SOURCE stays in the name */
              fuse_opt_add_arg(args, "-o") || fuse_opt_add_arg(args, opts);
@@ -206,7 +207,7 @@ static int build_view(ck_mount *m, const char *source, const struct ck_opts *o)
         ck_fs_init(&m->fs, ix, o->uid_set ? o->uid : getuid(), o->gid_set ? o->gid : getgid(),
                    ck_ll_log, &err) != 0 ||
         /* A URL's mount has no sources to bypass it with: loads read it through the mount. */
-        (!ck_source_is_url(source) && ck_fs_publish_sources(&m->fs, source, &err) != 0)) {
+        (!ck_location_is_url(source) && ck_fs_publish_sources(&m->fs, source, &err) != 0)) {
         fprintf(stderr, "ckptfs: %s\n", err.msg);
         return -1;
     }
@@ -418,7 +419,7 @@ int main(int argc, char **argv)
     int status = 1, mounted = 0, ready = -1;
 
     /* Before anything else: the daemon lives long, and `ps` would show SOURCE's secrets. */
-    if (ck_source_hide_args(argc, argv) != 0) {
+    if (ck_location_hide_args(argc, argv) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
         return 1;
     }
@@ -459,12 +460,12 @@ int main(int argc, char **argv)
     http_configure(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
                                   .cache_dir = o.cache_dir, .cache_max = cache_max,
                                   .log = log_line});
-    if (!ck_source_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
+    if (!ck_location_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
         prefault_heap(o.source);
     if (build_view(&m, o.source, &o) != 0)
         goto out;
     char abs[PATH_MAX];
-    if (add_mount_opts(&args, !ck_source_is_url(o.source) && realpath(o.source, abs)
+    if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
                                   ? abs : o.source) != 0 ||
         pthread_key_create(&m.read_buf, free) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");

@@ -6,6 +6,7 @@
  * cJSON_PrintUnformatted gave: the same members in the same order, strings escaped the same way.
  */
 #include "view.h"
+#include "../pack/json.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -75,49 +76,16 @@ static void put_uint(jtext *j, uint64_t v)
     put(j, buf, uint_text(v, buf));
 }
 
-/* Whether any of the 8 bytes in w is below 0x20, '"' or '\\' (a byte that needs an escape).
- * The usual bit tricks: a zero byte of w - 0x01.., where w's byte had no high bit. */
-static int word_has_special(uint64_t w)
+static void put_text(void *j, const char *s, size_t n)
 {
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    uint64_t q = w ^ (ones * '"'), b = w ^ (ones * '\\');
-    return ((((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((b - ones) & ~b)) & highs) != 0;
+    put(j, s, n);
 }
 
-/* s (n bytes of UTF-8) as a JSON string, escaped as cJSON escapes: '"', '\\' and the control
- * bytes below 0x20 (\b \f \n \r \t by name, the rest as \u00XX); everything else as it is. */
+/* s (n bytes of UTF-8: the index's names and paths are) as a JSON string, escaped as cJSON
+ * escapes. */
 static void put_string(jtext *j, const char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
-    /* 1 for the bytes that need an escape: one look-up a byte in the scan over plain runs. */
-    static const unsigned char special[256] = {
-        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x00-0x1f */
-        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ['"'] = 1, ['\\'] = 1,
-    };
-    PUT_LIT(j, "\"");
-    for (size_t i = 0; i < n;) {
-        size_t run = i;
-        uint64_t w; /* eight plain bytes at a time, then one */
-        while (n - run >= sizeof w && (memcpy(&w, s + run, sizeof w), !word_has_special(w)))
-            run += sizeof w;
-        while (run < n && !special[(unsigned char)s[run]])
-            run++;
-        put(j, s + i, run - i);
-        if (run == n)
-            break;
-        unsigned char c = (unsigned char)s[run];
-        const char *named = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b"
-                          : c == '\f' ? "\\f" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
-                          : c == '\t' ? "\\t" : NULL;
-        if (named) {
-            put(j, named, 2);
-        } else {
-            char u[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            put(j, u, sizeof u);
-        }
-        i = run + 1;
-    }
-    PUT_LIT(j, "\"");
+    ck_json_string(put_text, j, s, n, CK_JSON_UTF8 | CK_JSON_NAMED);
 }
 
 static void put_cstring(jtext *j, const char *s)

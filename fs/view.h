@@ -1,6 +1,6 @@
 /* view.h — what the mount's own files say about an index. No FUSE here.
  * Contract: the strings returned are malloc'ed and the caller frees them; JSON is UTF-8 and
- * follows the formats documented in README.md ("The mount").
+ * follows the formats documented in docs/SEMANTICS.md ("The mount").
  */
 #ifndef CK_VIEW_H
 #define CK_VIEW_H

@@ -8,8 +8,9 @@
  * each tensor's blob holding exactly its bytes, block places aligned and apart, and the tensors
  * of each blob listed once, under it; and again once blobs keep their file phase (a modulus of
  * 512 to 4096 bytes, from the selector byte). */
+#include "../pack/names.h"
 #include "../pack/packfile.h"
-#include "../pack/plan.h"
+#include "../cuda/plan.h"
 #include "../pack/synth.h"
 #include "fuzz.h"
 

@@ -1,8 +1,8 @@
 /* diskcache.c — a directory of remote objects' blocks, shared by processes (diskcache.h). */
 #include "diskcache.h"
 #include "bytes.h"
-#include "index.h" /* ck_pread */
-#include "source.h" /* ck_source_shown: the key's URL, without its secrets */
+#include "location.h" /* ck_location_shown: the key's URL, without its secrets */
+#include "source.h"   /* ck_pread, ck_write_all */
 
 #include <dirent.h>
 #include <errno.h>
@@ -51,7 +51,7 @@ int dc_key_of(const char *url, const char *etag, const char *last_modified, uint
     if (!etag[0] && !last_modified[0])
         return -1;
     char shown[CK_SHOWN_MAX];
-    if (strlen(ck_source_shown(url, shown, sizeof shown)) + 1 >= sizeof shown)
+    if (strlen(ck_location_shown(url, shown, sizeof shown)) + 1 >= sizeof shown)
         return -1; /* cut: another object's URL could be cut to the same text */
     char *text = NULL;
     int n = asprintf(&text, "%s\n%c%s\n%llu", shown, etag[0] ? 'E' : 'L',
@@ -138,7 +138,7 @@ static void report(diskcache *c, const char *what, int e)
     char line[1024];
     char shown[512];
     snprintf(line, sizeof line, "%s: disk cache: %s (%s): blocks come from the network",
-             ck_source_shown(c->dir, shown, sizeof shown), what, strerror(e));
+             ck_location_shown(c->dir, shown, sizeof shown), what, strerror(e));
     c->log(line);
 }
 

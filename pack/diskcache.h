@@ -3,7 +3,7 @@
  * No FUSE, no curl: it stores and finds blocks; http.c decides what is a block and fetches.
  *
  * Contract:
- *  - Key: an object is known by its URL as shown (ck_source_shown: without userinfo, query and
+ *  - Key: an object is known by its URL as shown (ck_location_shown: without userinfo, query and
  *    fragment: a presigned URL's signature changes on every presign, and is a secret), the
  *    validator captured at open (a strong ETag, else Last-Modified) and its size. An object
  *    without a validator has no key: it is never cached on disk (nothing would say a block is

@@ -1,5 +1,5 @@
 #include "error.h"
-#include "source.h"
+#include "location.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,10 +8,10 @@ int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
 {
     if (!err)
         return -1;
-    /* file may be a URL: its secrets never reach a message (ck_source_shown). */
+    /* file may be a URL: its secrets never reach a message (ck_location_shown). */
     char shown[sizeof err->msg];
     int n = snprintf(err->msg, sizeof err->msg, "%s: ",
-                     ck_source_shown(file, shown, sizeof shown));
+                     ck_location_shown(file, shown, sizeof shown));
     if (n < 0 || (size_t)n >= sizeof err->msg)
         n = 0;
     va_list ap;

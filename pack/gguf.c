@@ -1,6 +1,7 @@
 /* gguf.c — GGUF files and split sets (see gguf.h). */
 #include "gguf.h"
 #include "bytes.h"
+#include "json.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -173,34 +174,16 @@ static int jreset(jbuf *j)
     return jopen(j);
 }
 
-/* s as a JSON string. A byte that breaks UTF-8 becomes U+FFFD: JSON text cannot hold it, and
- * the value's own file keeps the raw bytes. */
+static void jput_text(void *j, const char *s, size_t n)
+{
+    jput(j, s, n);
+}
+
+/* s as a JSON string (ck_json_string: a byte that breaks UTF-8 becomes U+FFFD, the value's own
+ * file keeping the raw bytes). */
 static void jstring(jbuf *j, const unsigned char *s, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
-    jput(j, "\"", 1);
-    for (size_t i = 0; i < n;) {
-        size_t ok = i + ck_utf8_invalid_at(s + i, n - i);
-        size_t run = i;
-        for (; i < ok; i++) {
-            unsigned char c = s[i];
-            if (c >= 0x20 && c != '"' && c != '\\')
-                continue;
-            jput(j, s + run, i - run);
-            char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            if (c == '"' || c == '\\')
-                jput(j, (char[]){'\\', (char)c}, 2);
-            else
-                jput(j, esc, 6);
-            run = i + 1;
-        }
-        jput(j, s + run, i - run);
-        if (i < n) {
-            jputs(j, "\\ufffd");
-            i++;
-        }
-    }
-    jput(j, "\"", 1);
+    ck_json_string(jput_text, j, (const char *)s, n, 0);
 }
 
 static void jfloat(jbuf *j, double v, int digits)

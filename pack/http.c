@@ -1,7 +1,7 @@
 /* http.c — remote source files over HTTP(S) through libcurl, loaded on first use (http.h). */
 #include "http.h"
 #include "diskcache.h"
-#include "hub.h" /* hub_token_for: the Hub's token, for its own origin only */
+#include "location.h"
 #include "size.h" /* parse_size: CKPTFS_CACHE_MAX */
 
 #include <curl/curl.h>
@@ -21,7 +21,7 @@
 
 int http_is_url(const char *loc)
 {
-    return strncasecmp(loc, "http://", 7) == 0 || strncasecmp(loc, "https://", 8) == 0;
+    return ck_location_scheme(loc) == CK_SCHEME_HTTP;
 }
 
 /* A decimal number of at most 19 digits at *p, advancing; -1 when there is none. */
@@ -155,6 +155,12 @@ static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
 static http_config config;
 static char *config_cacert, *config_cache_dir;
+static _Atomic(http_token_fn) token_source;
+
+void http_set_token_source(http_token_fn fn)
+{
+    atomic_store(&token_source, fn);
+}
 
 void http_configure(const http_config *c)
 {
@@ -336,7 +342,7 @@ static double now_s(void)
 
 struct http_obj {
     char *url;                /* as given: what a redirect target expires back to */
-    char shown[1024];         /* url as shown in messages (ck_source_shown) */
+    char shown[1024];         /* url as shown in messages (ck_location_shown) */
     char *where;              /* the last redirect's target, tried first (lock) */
     char etag[256];           /* strong, "" when the server gave none */
     char since[64];           /* If-Unmodified-Since's date when there is no strong ETag */
@@ -417,7 +423,8 @@ static struct curl_slist *headers(const request *q, const char *url)
         snprintf(line, sizeof line, "If-Unmodified-Since: %s", q->o->since);
         hs = cu.slist_append(hs, line);
     }
-    char *auth = http_same_origin(url, q->url) ? hub_token_for(q->url) : NULL;
+    http_token_fn token_for = atomic_load(&token_source);
+    char *auth = token_for && http_same_origin(url, q->url) ? token_for(q->url) : NULL;
     if (auth) {
         char *a = NULL;
         if (asprintf(&a, "Authorization: Bearer %s", auth) >= 0) {
@@ -1294,10 +1301,16 @@ static const ck_source_ops http_ops = {
     .hold = op_hold, .release = op_release,
 };
 
+int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err)
+{
+    return http_is_url(loc) ? http_open(loc, what, f, err)
+                            : ck_source_open_local(loc, what, f, err);
+}
+
 int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
 {
     char shown[1024];
-    ck_source_shown(url, shown, sizeof shown);
+    ck_location_shown(url, shown, sizeof shown);
     if (have_curl(shown, err))
         return -1;
     pthread_once(&disk_once, open_disk);
@@ -1350,7 +1363,7 @@ int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
 int http_get(const char *url, size_t max, char **body, size_t *len, ck_error *err)
 {
     char shown[1024];
-    ck_source_shown(url, shown, sizeof shown);
+    ck_location_shown(url, shown, sizeof shown);
     *body = NULL;
     if (have_curl(shown, err))
         return -1;

@@ -7,7 +7,7 @@
  *  - Every later request is pinned to that validator (If-Match, else If-Unmodified-Since) and
  *    checked: status 206, a Content-Range of exactly the bytes asked and the size seen at open,
  *    a body of exactly that length, the same ETag. Anything else fails the read with -EIO, and
- *    a changed object (412, another ETag or size) marks the file changed for good: ck_file_still
+ *    a changed object (412, another ETag or size) marks the file changed for good: ck_file_unchanged
  *    is 0 from then on. A read never returns part of what was asked.
  *  - Connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter
  *    (Retry-After honoured), at most HTTP_TRIES attempts within HTTP_BUDGET_S seconds
@@ -39,10 +39,7 @@
  *    fetch that makes a block whole (all its pages valid) stores it, the block pinned while it
  *    is written, so that neither eviction nor a close takes its buffer. A random miss fetches
  *    only its pages from the network, as without a disk cache, not its whole block so that it
- *    could be stored: a whole block per miss cost 9x the bytes and 3x the p50 of a random
- *    64 KiB slice (2.58 against 0.29 MiB, 1.12 against 0.36 ms: BENCHMARKS.md, "Random reads,
- *    second round"), paid on every first read for a gain only on a later mount that reads the
- *    same block again. Sequential reads fetch whole blocks from their first miss on (not only
+ *    could be stored (why: BENCHMARKS.md, "Random reads, second round"). Sequential reads fetch whole blocks from their first miss on (not only
  *    once the window spans one), and the loader reads whole blocks, so both store what they
  *    read; a block read at random is stored once its pages have all been read. A read of HTTP_BLOCK bytes or more then goes block by block on the
  *    parallel connections, each block whole from disk or fetched whole (the ends of the read
@@ -90,6 +87,12 @@ typedef struct http_config {
 
 /* Sets the configuration for every later open (copied). Call before the first open. */
 void http_configure(const http_config *c);
+
+/* Where a request finds its bearer token: fn(url) returns the token for url (malloc'ed; wiped
+ * and freed after use), or NULL for none; with no source set, no request carries one. The
+ * transport knows no credential: the opener hands it the Hub's (open.c: hub_token_for). */
+typedef char *(*http_token_fn)(const char *url);
+void http_set_token_source(http_token_fn fn);
 
 /* Whether loc is an http:// or https:// URL. */
 int http_is_url(const char *loc);

@@ -1,21 +1,20 @@
 /* hub.c — hf:// locations: resolve URLs, the revision API, the token (hub.h). */
 #include "hub.h"
 #include "http.h"
-#include "safetensors.h"
+#include "location.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define HUB_SCHEME "hf://"
 #define HUB_DEFAULT_ENDPOINT "https://huggingface.co"
 #define HUB_INDEX "model.safetensors.index.json"
 #define HUB_MAX_API (16u << 20) /* a revision answer: the siblings of a large repository */
 
 int hub_is_url(const char *loc)
 {
-    return strncmp(loc, HUB_SCHEME, strlen(HUB_SCHEME)) == 0;
+    return ck_location_scheme(loc) == CK_SCHEME_HUB;
 }
 
 /* Whether s[0..n) is a name the Hub allows for an organisation, repository or path segment. */
@@ -33,7 +32,7 @@ static int plain_segment(const char *s, size_t n)
 int hub_parse(const char *loc, hub_ref *r, ck_error *err)
 {
     *r = (hub_ref){0};
-    const char *p = loc + strlen(HUB_SCHEME);
+    const char *p = loc + CK_HUB_SCHEME_LEN;
     size_t org = strcspn(p, "/");
     const char *name = p + org + (p[org] == '/');
     size_t repo = strcspn(name, "/@");
@@ -221,8 +220,9 @@ static int revision_info(const hub_ref *r, const char *loc, cJSON **root, const 
     return 0;
 }
 
-/* The repository's weights at r's revision, pinned to the commit the Hub reports. */
-static int open_repository(const hub_ref *r, const char *loc, ck_index **out, ck_error *err)
+/* The repository's weights at r's revision, pinned to the commit the Hub reports: one file, or
+ * the first of several shards and all their names. */
+static int locate_repository(const hub_ref *r, const char *loc, hub_target *t, ck_error *err)
 {
     cJSON *root = NULL;
     const char *sha = NULL;
@@ -241,47 +241,46 @@ static int open_repository(const hub_ref *r, const char *loc, ck_index **out, ck
     int m = rc == 0 ? hub_pick(names, k, picked, r->repo, err) : -1;
     if (m == 0)
         m = ck_fail(err, loc, "holds no checkpoint file at %s", sha);
-    char *first = m > 0 ? hub_resolve_url(r->repo, sha, names[picked[0]]) : NULL;
-    if (m > 0 && !first)
-        m = ck_fail(err, loc, "out of memory");
-    if (m == 1) {
-        rc = ck_open(first, out, err);
-    } else if (m > 1) {
-        const char **shards = malloc((size_t)m * sizeof *shards);
-        for (int i = 0; shards && i < m; i++)
-            shards[i] = names[picked[i]];
-        rc = shards ? st_open_names(first, shards, (size_t)m, out, err)
-                    : ck_fail(err, loc, "out of memory");
-        free(shards);
-    } else {
-        rc = -1;
-    }
-    free(first);
+    t->url = m > 0 ? hub_resolve_url(r->repo, sha, names[picked[0]]) : NULL;
+    t->shards = m > 1 ? calloc((size_t)m, sizeof *t->shards) : NULL;
+    rc = m > 0 && t->url && (m == 1 || t->shards) ? 0 : -1;
+    for (int i = 0; rc == 0 && m > 1 && i < m; i++, t->nshards++)
+        if (!(t->shards[i] = strdup(names[picked[i]])))
+            rc = -1;
+    if (rc && m > 0)
+        ck_fail(err, loc, "out of memory");
+    if (rc)
+        hub_target_free(t);
     free(names);
     free(picked);
     cJSON_Delete(root);
     return rc;
 }
 
-int hub_open(const char *loc, ck_index **out, ck_error *err)
+int hub_locate(const char *loc, hub_target *t, ck_error *err)
 {
     hub_ref r;
-    *out = NULL;
+    *t = (hub_target){0};
     if (hub_parse(loc, &r, err))
         return -1;
     if (!r.path[0])
-        return open_repository(&r, loc, out, err);
+        return locate_repository(&r, loc, t, err);
     /* A branch or tag moves: the file is opened at the commit it names now, so that every
      * later request (and the shards an index names beside it) resolves that commit. */
     cJSON *root = NULL;
     const char *sha = r.revision;
     if (!is_commit(r.revision) && revision_info(&r, loc, &root, &sha, err))
         return -1;
-    char *url = hub_resolve_url(r.repo, sha, r.path);
+    t->url = hub_resolve_url(r.repo, sha, r.path);
     cJSON_Delete(root);
-    if (!url)
-        return ck_fail(err, loc, "out of memory");
-    int rc = ck_open(url, out, err);
-    free(url);
-    return rc;
+    return t->url ? 0 : ck_fail(err, loc, "out of memory");
+}
+
+void hub_target_free(hub_target *t)
+{
+    for (size_t i = 0; i < t->nshards; i++)
+        free(t->shards[i]);
+    free(t->shards);
+    free(t->url);
+    *t = (hub_target){0};
 }

@@ -7,13 +7,14 @@
  *    reports for it (default main): a branch that moves while mounted changes nothing.
  *  - hf://ORG/REPO[@REVISION] alone asks the revision API
  *    (GET {endpoint}/api/models/ORG/REPO/revision/{REVISION}: JSON with "sha" and
- *    "siblings"[].rfilename), pins the commit sha it reports, and opens the repository's
+ *    "siblings"[].rfilename), pins the commit sha it reports, and resolves to the repository's
  *    weights at that commit: model.safetensors.index.json if present, else its top-level
  *    *.safetensors (one, or all as shards), else its single checkpoint file.
  *  - The endpoint is HF_ENDPOINT (default https://huggingface.co), as huggingface_hub reads it.
  *    The token is HF_TOKEN, else the file huggingface_hub writes: $HF_TOKEN_PATH, else
  *    $HF_HOME/token, else $XDG_CACHE_HOME/huggingface/token, else ~/.cache/huggingface/token.
- *    It is sent only to the endpoint's origin (http.c asks hub_token_for), never printed.
+ *    It is sent only to the endpoint's origin (the opener hands hub_token_for to the transport:
+ *    http_set_token_source), never printed.
  *  - Names are checked: ORG and REPO of [A-Za-z0-9._-] (not "." or ".."), a PATH of such
  *    segments separated by '/', none empty, "." or "..".
  */
@@ -23,7 +24,6 @@
 #include <stddef.h>
 
 #include "error.h"
-#include "index.h"
 
 typedef struct hub_ref {
     char repo[256];     /* ORG/REPO */
@@ -56,7 +56,16 @@ char *hub_resolve_url(const char *repo, const char *revision, const char *path);
 int hub_pick(const char *const *names, size_t n, size_t *picked, const char *repo,
              ck_error *err);
 
-/* Opens an hf:// location (see the contract). 0, or -1 with err set. */
-int hub_open(const char *loc, ck_index **out, ck_error *err);
+/* What an hf:// location resolves to (see the contract): the URL of the file to open, or with
+ * shards the first shard's URL and every shard's file name beside it (each malloc'ed). */
+typedef struct hub_target {
+    char *url;
+    char **shards;   /* NULL for one file */
+    size_t nshards;
+} hub_target;
+
+/* Resolves loc into *t (hub_target_free releases it). 0, or -1 with err set and *t empty. */
+int hub_locate(const char *loc, hub_target *t, ck_error *err);
+void hub_target_free(hub_target *t);
 
 #endif

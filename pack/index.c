@@ -5,8 +5,6 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 void *ck_index_alloc(ck_index *ix, size_t n)
 {
@@ -188,48 +186,9 @@ int ck_tensor_nbytes(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint
     return ck_dtype_nbytes(dt, count, nbytes);
 }
 
-int ck_pread(int fd, void *buf, size_t len, uint64_t off)
-{
-    unsigned char *p = buf;
-    while (len) {
-        ssize_t n = pread(fd, p, len, (off_t)off);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (n == 0)
-            return -EIO;
-        p += n;
-        len -= (size_t)n;
-        off += (uint64_t)n;
-    }
-    return 0;
-}
-
-int ck_write_all(int fd, const void *buf, size_t len)
-{
-    const unsigned char *p = buf;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return n < 0 ? -errno : -EIO;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off)
 {
     return ck_file_read(&ix->files[file], buf, len, off);
-}
-
-int ck_file_same(const ck_index *ix, uint32_t f)
-{
-    return ck_file_still(&ix->files[f]);
 }
 
 int ck_same_shape(const ck_entry *a, const ck_entry *b)
@@ -237,12 +196,6 @@ int ck_same_shape(const ck_entry *a, const ck_entry *b)
     /* A scalar's shape may be NULL, which memcmp may not be given even for 0 bytes. */
     return a->rank == b->rank &&
            (!a->rank || memcmp(a->shape, b->shape, a->rank * sizeof *a->shape) == 0);
-}
-
-int ck_file_unchanged(const ck_file *f, const struct stat *st)
-{
-    return st->st_dev == f->dev && st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&
-           st->st_mtim.tv_sec == f->mtime.tv_sec && st->st_mtim.tv_nsec == f->mtime.tv_nsec;
 }
 
 /* Strided tensors. The elements a request covers are gathered in batches: each element's source

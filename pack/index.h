@@ -17,7 +17,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -82,16 +81,16 @@ typedef struct ck_index {
     size_t nentries;
     ck_meta *meta;
     size_t nmeta;
+    /* a pack's checked layout and its file, NULL for other formats: read it through
+     * pack_layout_of (packfile.h) */
+    const struct pack_layout *pack;
+    uint32_t pack_file;
     /* private to index.c */
     size_t cap_entries, cap_meta, cap_files;
     ck_arena *arena;
 } ck_index;
 
 #define CK_MAX_RANK 64
-
-/* Opens SOURCE (a file, or a directory of shards), detects its format by content and parses
- * its headers. No tensor data is read. On failure returns -1 with err set and *out NULL. */
-int ck_open(const char *source, ck_index **out, ck_error *err);
 
 void ck_index_free(ck_index *ix);
 
@@ -114,20 +113,8 @@ ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_
                       const void **ptr, void **token);
 void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token);
 
-/* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
-int ck_pread(int fd, void *buf, size_t len, uint64_t off);
-/* Writes all len bytes of buf to fd (short writes and EINTR retried). 0, or -errno; a write
- * that makes no progress gives -EIO. */
-int ck_write_all(int fd, const void *buf, size_t len);
 /* ck_file_read of source file `file` of ix: how the index's users read a source's bytes. */
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off);
-/* Whether st (an fstat or stat) describes f as it was when opened: same device and inode, size
- * and modification time. How the mount and the loader tell a changed source. */
-int ck_file_unchanged(const ck_file *f, const struct stat *st);
-/* Whether source file f is still the file the index opened: a local one by its open descriptor
- * (the same device and inode, size and mtime: ck_file_unchanged on an fstat), a remote one by
- * its size and validator (ck_file_still). */
-int ck_file_same(const ck_index *ix, uint32_t f);
 /* Whether tensors a and b have the same rank and dims (their strides aside). */
 int ck_same_shape(const ck_entry *a, const ck_entry *b);
 

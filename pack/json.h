@@ -1,6 +1,10 @@
-/* json.h — integers in JSON, which cJSON holds as doubles: a double counts by one only below
- * 2^53, and cJSON prints a large one in exponent form (1.15292150460684698e+18).
- * Contract: ck_json_uint makes a number node from v's exact decimal text, never through a
+/* json.h — what ckptfs writes as JSON beside cJSON: strings, and integers exactly.
+ * Contract: ck_json_string is the one JSON string writer (index.json, GGUF metadata): '"' and
+ * '\\' escaped, the control bytes as \u00XX (or by name where they have one), everything else as
+ * it is; unless the caller vouches the text is UTF-8, a byte that breaks UTF-8 becomes \ufffd
+ * (JSON text cannot hold it). Integers: cJSON holds numbers as doubles, which
+ * count by one only below 2^53 and print large in exponent form (1.15292150460684698e+18).
+ * ck_json_uint makes a number node from v's exact decimal text, never through a
  * double (NULL on out-of-memory; cJSON's adders then add nothing). ck_json_count reads a node
  * as a count only when a double holds it exactly, a whole number with 0 <= n < 2^53: 0, or -1
  * for anything else. A double cannot tell 2 from 2.0: a reader that must refuse the spelling
@@ -10,7 +14,19 @@
 #define CK_JSON_H
 
 #include <cjson/cJSON.h>
+#include <stddef.h>
 #include <stdint.h>
+
+/* Where ck_json_string writes: n bytes at s, to ctx. */
+typedef void (*ck_json_put)(void *ctx, const char *s, size_t n);
+
+/* How ck_json_string writes: CK_JSON_UTF8, s is known to be UTF-8 (nothing is replaced);
+ * CK_JSON_NAMED, \b \f \n \r \t by name as cJSON prints them (else every control byte as
+ * \u00XX, as the GGUF metadata's JSON has always been spelled). */
+enum { CK_JSON_UTF8 = 1, CK_JSON_NAMED = 2 };
+
+/* s (n bytes) as a JSON string, quotes included, through put. */
+void ck_json_string(ck_json_put put, void *ctx, const char *s, size_t n, int how);
 
 cJSON *ck_json_uint(uint64_t v);
 int ck_json_count(const cJSON *v, uint64_t *out);

@@ -26,7 +26,7 @@
  *    element is whole bytes (BF16, the F8 types, C32) is served as raw records '|VN' of its
  *    element size N, shape kept; a sub-byte or block type (F4, the F6 types, ggml's quantized
  *    types) as its bytes, '|u1' of shape (nbytes,). The true dtype is the tensor's
- *    user.ckptfs.dtype xattr (README "The mount").
+ *    user.ckptfs.dtype xattr (docs/SEMANTICS.md "The mount").
  */
 #ifndef CK_NPY_H
 #define CK_NPY_H

@@ -1,7 +1,7 @@
 /* packfile.c — the pack reader: header and index only, every rule of FORMAT.md checked. */
 #include "packfile.h"
 #include "bytes.h"
-#include "synth.h"
+#include "names.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -507,7 +507,7 @@ static int parse_index(pack_reader *r, uint64_t file_size)
 
 int pack_read_file(ck_index *ix, uint32_t file, ck_error *err)
 {
-    ck_file *f = &ix->files[file];
+    const ck_file *f = &ix->files[file];
     unsigned char raw[PACK_HEADER_SIZE];
     pack_header h;
     if (f->size < PACK_HEADER_SIZE)
@@ -543,12 +543,14 @@ int pack_read_file(ck_index *ix, uint32_t file, ck_error *err)
             rc = parse_index(&r, f->size);
     }
     free(index);
-    if (rc == 0)
-        f->pack = r.layout;
+    if (rc == 0) {
+        ix->pack = r.layout;
+        ix->pack_file = file;
+    }
     return rc;
 }
 
 const pack_layout *pack_layout_of(const ck_index *ix, uint32_t file)
 {
-    return file < ix->nfiles ? ix->files[file].pack : NULL;
+    return ix->pack && file == ix->pack_file ? ix->pack : NULL;
 }

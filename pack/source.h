@@ -6,8 +6,8 @@
  *  - ck_file_read returns exactly len bytes, or -errno: never a short count. A file that ends
  *    first, or a remote object that no longer answers as it did at open (its validator changed,
  *    a response that is not exactly the range asked for), gives -EIO.
- *  - ck_file_same says whether the file is still what was opened: a local file by its open
- *    descriptor (device, inode, size, mtime: ck_file_unchanged); a remote one by its size and
+ *  - ck_file_unchanged says whether the file is still what was opened: a local file by its
+ *    open descriptor (device, inode, size, mtime: ck_file_matches); a remote one by its size and
  *    validator (ETag or Last-Modified) captured at open, which every later request is pinned to.
  *  - A remote file has no descriptor (fd is -1): whoever reads it uses ck_file_read only, never
  *    pread, O_DIRECT, mmap or fadvise on it (ck_file_is_local tells them apart).
@@ -15,9 +15,7 @@
  *    hf://. Files a checkpoint names beside it (shards, splits) are opened by
  *    ck_source_sibling: only a plain file name is accepted, resolved in the source's own
  *    directory (a URL's directory for a URL), never a path the checkpoint chose.
- *  - A location is shown (in messages, `mount`, a process's command line) only through
- *    ck_source_shown: a URL's userinfo ("user:password@"), query (a presigned URL's signature)
- *    and fragment are secrets, never printed.
+ *  - A location is shown only as location.h says (ck_location_shown).
  *  - ck_file_hold lends the bytes at off in place, without a copy, where the source keeps them
  *    in memory (a remote file's cached blocks): the same bytes and checks as ck_file_read, held
  *    until ck_file_release, one piece (a block) at a time. Where it cannot (a local file) it
@@ -35,6 +33,7 @@
 #include <time.h>
 
 #include "error.h"
+#include "location.h"
 
 typedef struct ck_file ck_file;
 
@@ -58,32 +57,16 @@ struct ck_file {
     struct timespec mtime;   /* local: st_mtim; remote: Last-Modified where the server says */
     dev_t dev;               /* local only */
     ino_t ino;               /* local only */
-    const struct pack_layout *pack; /* a pack's checked layout, NULL for other files: read it
-                                     * through pack_layout_of (packfile.h) */
     const ck_source_ops *ops; /* NULL for a local file */
     void *remote;             /* the ops' state */
 };
 
-/* Whether loc names a remote source (http://, https://, hf://) rather than a path. */
-int ck_source_is_url(const char *loc);
-
-/* Room for a shown location: a local path (PATH_MAX) whole; a longer URL is cut. */
-#define CK_SHOWN_MAX 4096
-
-/* loc as it may be shown, into buf (cap > 0 bytes, cut to fit): a URL without its userinfo,
- * query and fragment ("http://u:pw@h/m?sig#f" -> "http://h/m"); anything else as is. Returns
- * buf, so that it goes straight into a printf. */
-char *ck_source_shown(const char *loc, char *buf, size_t cap);
-
-/* Hides the secrets of argv's URL arguments from `ps` and /proc/PID/cmdline: each such argv[i]
- * is pointed at a heap copy (what the program goes on to read), and the original, in the
- * process's argument block, is rewritten in place to its shown form, NUL-padded. 0, or -1 when
- * memory runs out (the arguments from the one it ran out on stay as they were). */
-int ck_source_hide_args(int argc, char **argv);
-
 /* Opens loc (a path of a regular file, or an http(s) URL) into *f. On failure -1 with err set
- * ("LOC: cannot open WHAT: why"; what may be NULL). */
+ * ("LOC: cannot open WHAT: why"; what may be NULL). Defined in http.c, above both kinds. */
 int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err);
+
+/* ck_source_open of a path: a local file. */
+int ck_source_open_local(const char *loc, const char *what, ck_file *f, ck_error *err);
 
 /* A local file already open as fd (taken: closed on failure) into *f, which names it path: what
  * ck_source_open does once it has the descriptor. 0, or -1 with err set (cannot stat, not a
@@ -115,8 +98,21 @@ void ck_file_release(const ck_file *f, void *token);
 /* Whether f is a local file, with a descriptor that pread, O_DIRECT and mmap may use. */
 int ck_file_is_local(const ck_file *f);
 
-/* Whether f is still the file that was opened (see the contract). */
-int ck_file_still(const ck_file *f);
+/* Whether f is still the file that was opened (see the contract): the one test of it. */
+int ck_file_unchanged(const ck_file *f);
+
+/* Whether st (an fstat or stat) describes f as it was when opened: same device and inode, size
+ * and modification time. What ck_file_unchanged asks of a local file's descriptor, and what the
+ * mount asks of a source's path and the loader of its own descriptor. */
+struct stat;
+int ck_file_matches(const ck_file *f, const struct stat *st);
+
+/* Reads exactly len bytes of fd at off. 0, or -errno; a file that ends first gives -EIO. */
+int ck_pread(int fd, void *buf, size_t len, uint64_t off);
+
+/* Writes all len bytes of buf to fd (short writes and EINTR retried). 0, or -errno; a write
+ * that makes no progress gives -EIO. */
+int ck_write_all(int fd, const void *buf, size_t len);
 
 /* Tells a remote f where its tensors begin and end: n offsets, sorted, distinct (copied), so that
  * a random read's fetch stops at its tensor's end. ck_open gives them once the index is built;

@@ -2,10 +2,10 @@
 #include "synth.h"
 #include "bytes.h"
 #include "json.h"
+#include "names.h"
 #include "packfile.h"
 
 #include <errno.h>
-#include <fnmatch.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,45 +102,6 @@ uint64_t ck_synth_size(const ck_synth *sy)
     return sy->size;
 }
 
-/* --- natural order and selection -------------------------------------------------------- */
-
-static int is_digit(char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-int ck_natural_cmp(const char *a, size_t alen, const char *b, size_t blen)
-{
-    size_t i = 0, j = 0;
-    while (i < alen && j < blen) {
-        if (is_digit(a[i]) && is_digit(b[j])) {
-            size_t i0 = i, j0 = j;
-            while (i0 < alen && a[i0] == '0')
-                i0++;
-            while (j0 < blen && b[j0] == '0')
-                j0++;
-            size_t ie = i0, je = j0;
-            while (ie < alen && is_digit(a[ie]))
-                ie++;
-            while (je < blen && is_digit(b[je]))
-                je++;
-            if (ie - i0 != je - j0) /* more significant digits: the larger number */
-                return ie - i0 < je - j0 ? -1 : 1;
-            int c = memcmp(a + i0, b + j0, ie - i0);
-            if (c)
-                return c;
-            if (ie - i != je - j) /* equal values: fewer leading zeros first */
-                return ie - i < je - j ? -1 : 1;
-            i = ie, j = je;
-            continue;
-        }
-        if (a[i] != b[j])
-            return (unsigned char)a[i] < (unsigned char)b[j] ? -1 : 1;
-        i++, j++;
-    }
-    return (alen - i > 0) - (blen - j > 0);
-}
-
 static int by_natural_name(const void *x, const void *y, void *ixp)
 {
     const ck_index *ix = ixp;
@@ -148,15 +109,6 @@ static int by_natural_name(const void *x, const void *y, void *ixp)
     return ck_natural_cmp(a->name, a->name_len, b->name, b->name_len);
 }
 
-int ck_name_selected(const char *name, size_t len, const char *only)
-{
-    if (!only)
-        return 1;
-    size_t n = strlen(only);
-    if (len >= n && memcmp(name, only, n) == 0 && (len == n || name[n] == '.'))
-        return 1;
-    return fnmatch(only, name, 0) == 0;
-}
 
 /* The selected entries (by only, and by keep unless it is NULL) in natural order; NULL with err
  * set on failure. */
@@ -648,7 +600,7 @@ int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
     }
     /* A source written to meanwhile (a new mtime) may have given old and new bytes mixed. */
     for (uint32_t f = 0; rc == 0 && f < sy->ix->nfiles; f++)
-        if (!ck_file_same(sy->ix, f))
+        if (!ck_file_unchanged(&sy->ix->files[f]))
             rc = -EIO;
     free(buf);
     free(sums);

@@ -75,15 +75,8 @@ int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
 typedef int (*ck_progress)(void *ctx, uint64_t done, uint64_t total);
 
 /* Writes the whole file to fd from its current position. 0, or -errno: -EIO when a source is
- * shorter than its index says, or is not by the end the file the index opened (ck_file_same:
+ * shorter than its index says, or is not by the end the file the index opened (ck_file_unchanged:
  * written to meanwhile, it may have given old and new bytes mixed). */
 int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx);
-
-/* Whether name (len bytes) is selected by only: NULL selects all; else a name that equals only
- * or continues it with '.', or that matches it as a glob (fnmatch). */
-int ck_name_selected(const char *name, size_t len, const char *only);
-
-/* Natural order of names: digit runs compare as numbers ("layers.2" < "layers.10"). */
-int ck_natural_cmp(const char *a, size_t alen, const char *b, size_t blen);
 
 #endif

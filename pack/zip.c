@@ -18,7 +18,7 @@
 #include <zlib.h>
 
 #include "bytes.h"
-#include "index.h" /* ck_pread */
+#include "source.h" /* ck_pread */
 #include "seed.h"
 
 #define SIG_LOCAL 0x04034b50u   /* local file header */

@@ -11,6 +11,7 @@
 #include "../fs/view.h"
 #include "../pack/npy.h"
 #include "../pack/http.h" /* http_configure: --cacert */
+#include "../pack/open.h"
 #include "../pack/packfile.h"
 #include "../cuda/ckload.h"
 #include "../pack/synth.h"
@@ -106,7 +107,7 @@ static int print_json(const ck_index *ix, const char *source)
     ck_tree_free(tree);
     if (!json) {
         char shown[CK_SHOWN_MAX];
-        fprintf(stderr, "ckpt: %s: out of memory\n", ck_source_shown(source, shown, sizeof shown));
+        fprintf(stderr, "ckpt: %s: out of memory\n", ck_location_shown(source, shown, sizeof shown));
         return -1;
     }
     fwrite(json, 1, len, stdout);
@@ -127,7 +128,7 @@ static void report_requests(const ck_index *ix, const char *source)
         bytes += b;
     }
     fprintf(stderr, "ckpt: %s: %llu requests, %llu bytes for the headers of %u file%s\n",
-            ck_source_shown(source, shown, sizeof shown), (unsigned long long)requests,
+            ck_location_shown(source, shown, sizeof shown), (unsigned long long)requests,
             (unsigned long long)bytes, ix->nfiles, ix->nfiles == 1 ? "" : "s");
 }
 
@@ -155,7 +156,7 @@ static int cmd_ls(int argc, char **argv)
         rc = print_json(ix, source);
     else
         print_table(ix);
-    if (ck_source_is_url(source))
+    if (ck_location_is_url(source))
         report_requests(ix, source);
     ck_index_free(ix);
     if (fflush(stdout) != 0 || ferror(stdout)) {
@@ -188,7 +189,7 @@ static int write_entry(const ck_index *ix, const ck_entry *e, const char *source
         if (n <= 0) {
             char shown[CK_SHOWN_MAX];
             fprintf(stderr, "ckpt: %s: cannot read tensor '%s': %s\n",
-                    ck_source_shown(source, shown, sizeof shown), e->name,
+                    ck_location_shown(source, shown, sizeof shown), e->name,
                     strerror(n < 0 ? (int)-n : EIO));
             rc = -1;
         }
@@ -225,7 +226,7 @@ static int cmd_cat(int argc, char **argv)
     int raw, rc = 1;
     if (!e || e->kind != CK_TENSOR)
         fprintf(stderr, "ckpt: %s: no tensor named '%s'\n",
-                ck_source_shown(args[0], shown, sizeof shown), args[1]);
+                ck_location_shown(args[0], shown, sizeof shown), args[1]);
     else if (!npy || write_out((const char *)head, npy_header_make(e->dtype, e->rank, e->shape,
                                                                    e->nbytes, head, &raw)) == 0)
         rc = write_entry(ix, e, args[0]) != 0;
@@ -352,7 +353,7 @@ static int cmd_verify(int argc, char **argv)
     if (open_source(argv[1], &ix) != 0)
         return 1;
     char shown[CK_SHOWN_MAX];
-    ck_source_shown(argv[1], shown, sizeof shown);
+    ck_location_shown(argv[1], shown, sizeof shown);
     int rc = 1;
     if (!pack_layout_of(ix, 0)) {
         fprintf(stderr, "ckpt: %s: not a pack (it is %s)\n", shown, ix->format);
@@ -511,7 +512,7 @@ static int cmd_load(int argc, char **argv)
         int sums = strcmp(rp, "pack") == 0 || strcmp(rp, "mount") == 0; /* the pack read */
         char shown[CK_SHOWN_MAX];
         printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), %s%s\n",
-               ck_source_shown(path, shown, sizeof shown), ckl_count(l),
+               ck_location_shown(path, shown, sizeof shown), ckl_count(l),
                (unsigned long long)bytes, dev, dt,
                dt > 0 ? (double)bytes / dt / 1e9 : 0.0, read_path_words(rp),
                !o.verify ? "" : sums ? ", checksums match" : ", sources unchanged");
@@ -625,7 +626,7 @@ static const ck_command *find_command(const char *name)
 int main(int argc, char **argv)
 {
     /* A load, pack or convert runs long, and `ps` would show a URL SOURCE's secrets. */
-    if (ck_source_hide_args(argc, argv) != 0) {
+    if (ck_location_hide_args(argc, argv) != 0) {
         fprintf(stderr, "ckpt: out of memory\n");
         return 1;
     }

@@ -16,7 +16,8 @@
 int cmd_convert(int argc, char **argv);
 extern const char convert_usage[], convert_help[];
 
-/* tools/inspect.c: diff exits 0 (same), 1 (different), 2 (trouble); info and stats 0, or 1/2. */
+/* tools/diff.c, info.c, stats.c: diff exits 0 (same), 1 (different), 2 (trouble); info and stats
+ * 0, or 1/2. */
 int cmd_diff(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_stats(int argc, char **argv);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../pack/json.h"
+#include "../pack/open.h"
 #include "../pack/synth.h"
 #include "commands.h"
 #include "outfile.h"
@@ -126,7 +127,7 @@ static int make_plan(const ck_index *ix, const options *o, plan *p)
             char shown[CK_SHOWN_MAX];
             fprintf(stderr, "ckpt: %s: tensor '%s' is %s, which safetensors lacks "
                     "(--skip-unsupported leaves such tensors out)\n",
-                    ck_source_shown(o->source, shown, sizeof shown), e->name,
+                    ck_location_shown(o->source, shown, sizeof shown), e->name,
                     ck_dtype_name(e->dtype));
             rc = -1;
         } else if (e->dtype >= CK_ST_DTYPE_COUNT) {

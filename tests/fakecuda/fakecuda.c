@@ -1,6 +1,6 @@
 /* fakecuda.c — a stand-in for the CUDA runtime (libcudart), stricter than the hardware, so that
  * libckload's CUDA branch runs in every test run on machines without a GPU (fakecuda.h: the
- * contract and the configuration; README.md: what it checks and what only hardware shows).
+ * contract and the configuration; docs/TESTING.md: what it checks and what only hardware shows).
  *
  * Model: device memory is a memfd mapped twice, PROT_NONE at the address the caller gets (a host
  * dereference crashes) and read-write where only this file's copies see it. Each stream has a

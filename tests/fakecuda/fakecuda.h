@@ -7,7 +7,7 @@
  *  - It implements the CUDA runtime functions libckload calls (their signatures are the
  *    toolkit's: fakecuda.c includes cuda_runtime_api.h), plus cudaMemcpy, cudaMemGetInfo and
  *    cudaGetDevice for the tests and the device bookkeeping, and nothing else.
- *  - It is stricter than hardware (README.md says how); a misuse it can see without failing
+ *  - It is stricter than hardware (docs/TESTING.md says how); a misuse it can see without failing
  *    the call is counted as a "violation" and described on stderr.
  *  - Configuration: the environment variable FAKECUDA at load time, or fakecuda_configure(spec)
  *    later, a list of words separated by spaces or commas:

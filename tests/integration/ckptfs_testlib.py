@@ -289,7 +289,7 @@ def torch_bytes(t):
 
 # --- the mount -----------------------------------------------------------------------------
 
-# The mount's own files (README.md, "The mount").
+# The mount's own files (docs/SEMANTICS.md, "The mount").
 VIRTUAL_FILES = {".ckptfs/index.json", ".ckptfs/checkpoint.pack", ".ckptfs/checkpoint.safetensors"}
 
 

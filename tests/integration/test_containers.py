@@ -1,4 +1,4 @@
-"""Containers and permissions (README "Containers and fstab"): a mount inside a new mount
+"""Containers and permissions (docs/CONTAINERS.md): a mount inside a new mount
 namespace, allow_other and the default owner-only access, a /dev/fuse descriptor mounted by a
 privileged helper and passed as /dev/fd/N, `mount -t fuse.ckptfs` and an fstab line through the
 installed mount.fuse.ckptfs helper, and mount(8)'s options."""
@@ -223,7 +223,7 @@ umount {mnt}
 
 
 def test_fstab_line(source, tmp_path, installed):
-    """The fstab line README documents, through `mount --fstab FILE MOUNTPOINT`."""
+    """The fstab line docs/CONTAINERS.md documents, through `mount --fstab FILE MOUNTPOINT`."""
     lib, _ = library_view(source)
     mnt = tmp_path / "mnt"
     mnt.mkdir()

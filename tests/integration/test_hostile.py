@@ -835,7 +835,7 @@ def test_unreadable_file(tmp_path, fuse):
         shutil.rmtree(base, ignore_errors=True)
 
 
-# --- names: escaping is accepted and contained, as README "Names to paths" decides ---------------
+# --- names: escaping is accepted and contained, as docs/SEMANTICS.md "Names to paths" decides ---------------
 
 ESCAPING = ["../../etc/passwd", "/abs", "..", ".", "a/../../b", "%2F", "..%2F", "a\\b", "~"]
 

@@ -60,7 +60,7 @@ def ckpt(*args, timeout=120):
 
 
 def expected(path):
-    """{name: (dtype, shape, row-major bytes)} as numpy reads path; the name rule of README."""
+    """{name: (dtype, shape, row-major bytes)} as numpy reads path; the name rule of docs/SEMANTICS.md."""
     path = Path(path)
     if path.suffix == ".npy":
         a = np.load(path)
@@ -195,7 +195,7 @@ def test_npy_format_versions(tmp_path, mount, version):
 @pytest.mark.parametrize("compressed", [False, True])
 def test_npz_every_dtype(tmp_path, mount, compressed):
     arr = arrays()
-    if compressed:  # a Fortran-ordered compressed member is refused (README); C order here
+    if compressed:  # a Fortran-ordered compressed member is refused (docs/FORMATS.md); C order here
         arr = {k: np.ascontiguousarray(v) for k, v in arr.items()}
     src = tmp_path / "all.npz"
     (np.savez_compressed if compressed else np.savez)(src, **arr)

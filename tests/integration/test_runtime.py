@@ -1,7 +1,7 @@
 """Faults while mounted: the source changing under the mount, many concurrent readers, signals
 and unmounts under load, a full disk under `ckpt pack`.
 
-README "Guarantees": a source that is modified, truncated, replaced (renamed over) or removed
+docs/SEMANTICS.md "Guarantees": a source that is modified, truncated, replaced (renamed over) or removed
 while mounted makes reads fail with EIO or ESTALE, and opens fail with ESTALE; a read never
 returns short or changed bytes."""
 import errno

@@ -396,7 +396,7 @@ def test_xattrs(mnt, index, lib):
         buf = ctypes.create_string_buffer(5)
         assert libc.listxattr(p, buf, ctypes.c_size_t(5)) == -1
         assert ctypes.get_errno() == errno.ERANGE
-    assert os.listxattr(mnt) == ["user.ckptfs.sources"]  # for loaders (README "The mount")
+    assert os.listxattr(mnt) == ["user.ckptfs.sources"]  # for loaders (docs/SEMANTICS.md "The mount")
     for p in (mnt, mnt / "model", mnt / ".ckptfs", mnt / ".ckptfs" / "index.json"):
         assert p == mnt or os.listxattr(p) == []
         with pytest.raises(OSError) as ex:

@@ -142,7 +142,7 @@ def test_parts_through_a_mount(tmp_path, mount, monkeypatch):
 
 
 def test_a_dim0_part_is_a_byte_range_of_the_tensor_file(tmp_path, mount):
-    """README's dd recipe: rows [s, e) of the mount's tensor file, s = r * ceil(n / N)."""
+    """docs/LOADER.md's dd recipe: rows [s, e) of the mount's tensor file, s = r * ceil(n / N)."""
     import json
     import os
     import subprocess

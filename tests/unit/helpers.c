@@ -1,4 +1,5 @@
 #include "helpers.h"
+#include "../../pack/open.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

@@ -928,7 +928,7 @@ Test(core, sources_xattr)
     const char *source;
     ck_source_file *files;
     size_t nfiles;
-    cr_assert_eq(ck_fs_parse_sources(buf, (size_t)n, &source, &files, &nfiles), 0);
+    cr_assert_eq(ck_sources_parse(buf, (size_t)n, &source, &files, &nfiles), 0);
     cr_assert_str_eq(source, strf("%s/some/source", cwd));
     cr_assert_eq(nfiles, fs->ix->nfiles);
     struct stat st;
@@ -963,7 +963,7 @@ Test(core, sources_xattr_malformed)
         const char *source;
         ck_source_file *files = (ck_source_file *)v;
         size_t nfiles = 7;
-        cr_assert_eq(ck_fs_parse_sources(v, bad[i].len, &source, &files, &nfiles), -1, "%zu", i);
+        cr_assert_eq(ck_sources_parse(v, bad[i].len, &source, &files, &nfiles), -1, "%zu", i);
         cr_assert_null(files);
         cr_assert_eq(nfiles, 0);
     }
@@ -971,7 +971,7 @@ Test(core, sources_xattr_malformed)
     const char *source;
     ck_source_file *files;
     size_t nfiles;
-    cr_assert_eq(ck_fs_parse_sources(ok, sizeof ok - 1, &source, &files, &nfiles), 0);
+    cr_assert_eq(ck_sources_parse(ok, sizeof ok - 1, &source, &files, &nfiles), 0);
     cr_assert_str_eq(source, "/src");
     cr_assert_eq(nfiles, 2);
     cr_assert_str_eq(files[0].path, "/a b");

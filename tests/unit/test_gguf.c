@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../../pack/gguf.h"
+#include "../../pack/open.h"
 #include "helpers.h"
 
 TestSuite(gguf_ok, .fini = tmp_cleanup);

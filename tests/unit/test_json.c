@@ -1,6 +1,7 @@
 /* pack/json.h: integers into JSON text exactly, and back only where a double is exact. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../../pack/json.h"
 
@@ -49,4 +50,59 @@ Test(json, count_only_below_2_to_the_53)
                                       "null", "[1]"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         cr_assert_eq(count_of(bad[i], &n), -1, "%s", bad[i]);
+}
+
+/* A growing buffer for ck_json_string. */
+typedef struct text {
+    char s[4096];
+    size_t n;
+} text;
+
+static void put_into(void *ctx, const char *s, size_t n)
+{
+    text *t = ctx;
+    cr_assert_leq(t->n + n, sizeof t->s);
+    memcpy(t->s + t->n, s, n);
+    t->n += n;
+}
+
+/* Every byte string of UTF-8 escapes as cJSON escapes it (cJSON_PrintUnformatted, the
+ * independent reference), whatever its control bytes, quotes and backslashes. */
+Test(json, string_escapes_as_cjson_does)
+{
+    srand(24);
+    for (int round = 0; round < 2000; round++) {
+        char s[64];
+        size_t n = (size_t)(rand() % 40);
+        for (size_t i = 0; i < n; i++) {
+            static const char pick[] = "ab\"\\/\n\t\r\b\f\x01\x1f\x7f ~";
+            s[i] = rand() % 3 ? pick[rand() % (sizeof pick - 1)] : (char)(0x20 + rand() % 95);
+        }
+        s[n] = 0;
+        text t = {.n = 0};
+        ck_json_string(put_into, &t, s, n, CK_JSON_UTF8 | CK_JSON_NAMED);
+        cJSON *ref = cJSON_CreateString(s);
+        char *want = cJSON_PrintUnformatted(ref);
+        cr_assert_eq(t.n, strlen(want), "round %d", round);
+        cr_assert(memcmp(t.s, want, t.n) == 0, "round %d: %.*s against %s", round, (int)t.n,
+                  t.s, want);
+        free(want);
+        cJSON_Delete(ref);
+    }
+}
+
+/* Unvouched text: each byte that breaks UTF-8 is U+FFFD, control bytes all \u00XX; what cJSON
+ * parses back is the text with those replacements. */
+Test(json, string_replaces_what_is_not_utf8)
+{
+    static const char s[] = "a\xff" "b\xc3\xa9\n\xe2\x82" "\"";
+    text t = {.n = 0};
+    ck_json_string(put_into, &t, s, sizeof s - 1, 0);
+    cr_assert_eq(t.n, strlen("\"a\\ufffdb\xc3\xa9\\u000a\\ufffd\\ufffd\\\"\""));
+    cr_assert(memcmp(t.s, "\"a\\ufffdb\xc3\xa9\\u000a\\ufffd\\ufffd\\\"\"", t.n) == 0,
+              "%.*s", (int)t.n, t.s);
+    t.s[t.n] = 0;
+    cJSON *back = cJSON_Parse(t.s);
+    cr_assert_str_eq(cJSON_GetStringValue(back), "a\xef\xbf\xbd" "b\xc3\xa9\n\xef\xbf\xbd\xef\xbf\xbd\"");
+    cJSON_Delete(back);
 }

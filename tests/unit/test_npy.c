@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "../../pack/npy.h"
+#include "../../pack/open.h"
 #include "../../pack/zip.h"
 #include "helpers.h"
 

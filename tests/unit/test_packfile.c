@@ -9,7 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../pack/open.h"
 #include "../../pack/packfile.h"
+#include "../../pack/names.h"
 #include "../../pack/synth.h"
 #include "helpers.h"
 

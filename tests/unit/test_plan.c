@@ -1,4 +1,4 @@
-/* The load plan (pack/plan.h) over packs built byte by byte by the helpers: which tensors,
+/* The load plan (plan.h) over packs built byte by byte by the helpers: which tensors,
  * which blobs, where in the block, the tensors of each blob, the stored sums, and the errors;
  * and over other sources, whose plan must be the plan of their virtual pack (synth.h). */
 #include <criterion/criterion.h>
@@ -8,7 +8,7 @@
 #include <xxhash.h>
 
 #include "../../pack/bytes.h"
-#include "../../pack/plan.h"
+#include "../../cuda/plan.h"
 #include "../../pack/synth.h"
 #include "helpers.h"
 

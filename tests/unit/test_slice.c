@@ -1,12 +1,13 @@
-/* Slices (pack/slice.h): torch.chunk's parts, the views of contiguous and strided entries and
+/* Slices (slice.h): torch.chunk's parts, the views of contiguous and strided entries and
  * the bytes ck_entry_read gives of them (against a gather written here, element by element),
  * the refusals, the rules; and the plan of parts (ck_plan_make_sliced) and its shares. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/plan.h"
-#include "../../pack/slice.h"
+#include "../../pack/open.h"
+#include "../../cuda/plan.h"
+#include "../../cuda/slice.h"
 #include "helpers.h"
 
 TestSuite(slice, .fini = tmp_cleanup);

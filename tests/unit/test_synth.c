@@ -9,9 +9,11 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "../../pack/names.h"
 #include "../../pack/synth.h"
 #include "helpers.h"
 

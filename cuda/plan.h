@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "index.h"
+#include "../pack/index.h"
 
 #define CK_PLAN_ALIGN 256u      /* every tensor can be the target of an aligned GPU copy */
 #define CK_PLAN_NONE UINT32_MAX /* the blob of an empty tensor */

@@ -1,6 +1,6 @@
 /* slice.c — one rank's part of a tensor as a view of its entry (slice.h). */
 #include "slice.h"
-#include "synth.h" /* ck_name_selected: rules read globs as --only does */
+#include "../pack/names.h" /* ck_name_selected: rules read globs as --only does */
 
 #include <string.h>
 

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "index.h"
+#include "../pack/index.h"
 
 typedef struct ck_slice_rule {
     const char *glob; /* a glob or prefix over names, as --only */

@@ -1,11 +1,12 @@
 /* plan.c — a load's plan: from a pack's checked layout, or from the virtual pack's grouping of
  * any other source (see plan.h). */
 #include "plan.h"
-#include "bytes.h"
-#include "dtype.h"
-#include "packfile.h"
+#include "../pack/bytes.h"
+#include "../pack/dtype.h"
+#include "../pack/names.h"
+#include "../pack/packfile.h"
 #include "slice.h"
-#include "synth.h"
+#include "../pack/synth.h"
 
 #include <errno.h>
 #include <stdlib.h>

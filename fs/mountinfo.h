@@ -1,0 +1,42 @@
+/* mountinfo.h — what a mount tells a loader about itself: where its virtual files are, and
+ * which source files it parsed.
+ *
+ * Contract: the root of a mount carries the xattr CK_SOURCES_XATTR: a list of NUL-terminated
+ * strings, the SOURCE as mounted (made absolute), then one per file of the index, in its order,
+ * "DEV INO SIZE SEC.NSEC PATH" (decimal; the device, inode, size and mtime recorded when the
+ * file was parsed; PATH absolute). The mount writes it (ck_sources_encode), a loader reads it
+ * (ck_sources_parse) and opens the files itself only when they are still these very files.
+ * The virtual files live in CK_VDIR at the root: the pack is CK_VFILE_PACK_NAME there.
+ */
+#ifndef CK_MOUNTINFO_H
+#define CK_MOUNTINFO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "../pack/index.h"
+
+#define CK_VDIR ".ckptfs"
+#define CK_VFILE_PACK_NAME "checkpoint.pack"
+#define CK_SOURCES_XATTR "user.ckptfs.sources"
+
+/* The xattr's value for source (absolute) and ix's files, opened as paths[i] (absolute), into
+ * *v (malloc'ed, *len bytes). 0, or -1 when memory runs out. */
+int ck_sources_encode(const char *source, const ck_index *ix, const char *const *paths,
+                      char **v, size_t *len);
+
+/* One source file as the xattr tells it. */
+typedef struct ck_source_file {
+    const char *path;
+    uint64_t dev, ino, size;
+    struct timespec mtime;
+} ck_source_file;
+
+/* Parses a value of len bytes in place: *source and the paths of (*files)[0 .. *nfiles)
+ * (malloc'ed; the caller frees it) point into v. 0, or -1 when the value is malformed or
+ * memory runs out. */
+int ck_sources_parse(char *v, size_t len, const char **source, ck_source_file **files,
+                     size_t *nfiles);
+
+#endif

@@ -1,0 +1,41 @@
+/* location.h — how a checkpoint's location is named and shown.
+ *
+ * Contract:
+ *  - A location is a path, or a URL of a scheme ckptfs reads: http:// and https:// (any case, as
+ *    RFC 3986 has schemes) or hf:// (the Hub's). ck_location_scheme is the one test of which.
+ *  - A location is shown (in messages, `mount`, a process's command line) only through
+ *    ck_location_shown: a URL's userinfo ("user:password@"), query (a presigned URL's signature)
+ *    and fragment are secrets, never printed.
+ *  - Pure string functions: no I/O, no state.
+ */
+#ifndef CK_LOCATION_H
+#define CK_LOCATION_H
+
+#include <stddef.h>
+
+enum ck_scheme { CK_SCHEME_PATH, CK_SCHEME_HTTP, CK_SCHEME_HUB };
+
+/* Which kind of location loc is (enum ck_scheme). */
+int ck_location_scheme(const char *loc);
+
+/* Whether loc names a remote source (http://, https://, hf://) rather than a path. */
+int ck_location_is_url(const char *loc);
+
+/* The length of the hf:// prefix, which hub.c's parser skips. */
+#define CK_HUB_SCHEME_LEN 5
+
+/* Room for a shown location: a local path (PATH_MAX) whole; a longer URL is cut. */
+#define CK_SHOWN_MAX 4096
+
+/* loc as it may be shown, into buf (cap > 0 bytes, cut to fit): a URL without its userinfo,
+ * query and fragment ("http://u:pw@h/m?sig#f" -> "http://h/m"); anything else as is. Returns
+ * buf, so that it goes straight into a printf. */
+char *ck_location_shown(const char *loc, char *buf, size_t cap);
+
+/* Hides the secrets of argv's URL arguments from `ps` and /proc/PID/cmdline: each such argv[i]
+ * is pointed at a heap copy (what the program goes on to read), and the original, in the
+ * process's argument block, is rewritten in place to its shown form, NUL-padded. 0, or -1 when
+ * memory runs out (the arguments from the one it ran out on stay as they were). */
+int ck_location_hide_args(int argc, char **argv);
+
+#endif

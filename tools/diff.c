@@ -1,0 +1,351 @@
+/* diff.c — ckpt diff: which tensors of two checkpoints differ, and by how much (inspect.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "../fs/view.h"
+#include "../pack/names.h"
+
+#include "../pack/json.h"
+#include "commands.h"
+#include "inspect.h"
+
+typedef struct pair {
+    const ck_entry *a, *b;
+    int same_layout;      /* same dtype and shape: their bytes can be identical */
+    int identical;
+    int valued;           /* max_abs and rel_l2 were computed */
+    XXH64_hash_t ha, hb;  /* XXH3-64 of each side's bytes, when same_layout */
+    double max_abs, rel_l2;
+} pair;
+
+typedef struct diff_run {
+    const ck_index *ia, *ib;
+    unsigned char *ba, *bb;
+    double *da, *db;
+    ck_error err;
+} diff_run;
+
+/* Feeds st B's bytes [0, end): what B's hash missed while B matched A chunk for chunk. Leaves
+ * r->bb holding B's chunk at end again. */
+static int hash_b_prefix(diff_run *r, const ck_entry *b, XXH3_state_t *st, uint64_t end, size_t n)
+{
+    for (uint64_t off = 0; off < end; off += CHUNK) {
+        if (read_chunk(r->ib, b, r->bb, CHUNK, off, &r->err))
+            return -1;
+        XXH3_64bits_update(st, r->bb, CHUNK);
+    }
+    return read_chunk(r->ib, b, r->bb, n, end, &r->err);
+}
+
+/* Both sides' bytes in lockstep: memcmp says identical, XXH3 records what each side was. While
+ * the sides agree only A is hashed (B's hash is A's); B is hashed from its first difference on,
+ * after its agreeing prefix is. This keeps diff of two near-identical files one hash pass. */
+static int compare_bytes(diff_run *r, pair *p)
+{
+    XXH3_state_t *sa = XXH3_createState(), *sb = XXH3_createState();
+    int rc = sa && sb ? 0 : -1;
+    if (rc)
+        ck_fail(&r->err, ck_index_source(r->ia), "out of memory");
+    if (!rc) {
+        XXH3_64bits_reset(sa);
+        XXH3_64bits_reset(sb);
+    }
+    p->identical = 1;
+    for (uint64_t off = 0; rc == 0 && off < p->a->nbytes; off += CHUNK) {
+        size_t n = p->a->nbytes - off < CHUNK ? (size_t)(p->a->nbytes - off) : CHUNK;
+        rc = read_chunk(r->ia, p->a, r->ba, n, off, &r->err) ||
+             read_chunk(r->ib, p->b, r->bb, n, off, &r->err);
+        if (rc == 0 && p->identical && memcmp(r->ba, r->bb, n) != 0) {
+            p->identical = 0;
+            rc = hash_b_prefix(r, p->b, sb, off, n);
+        }
+        if (rc)
+            break;
+        XXH3_64bits_update(sa, r->ba, n);
+        if (!p->identical)
+            XXH3_64bits_update(sb, r->bb, n);
+    }
+    if (rc == 0) {
+        p->ha = XXH3_64bits_digest(sa);
+        p->hb = p->identical ? p->ha : XXH3_64bits_digest(sb);
+    }
+    XXH3_freeState(sa);
+    XXH3_freeState(sb);
+    return rc ? -1 : 0;
+}
+
+/* max |a-b| and ||a-b|| / ||a|| over elements decoded to double (dtypes may differ: a .bin in
+ * F32 against its BF16 conversion). A NaN on either side makes max_abs NaN. */
+static int compare_values(diff_run *r, pair *p)
+{
+    unsigned wa = decoded_size(p->a->dtype), wb = decoded_size(p->b->dtype);
+    uint64_t n = element_count(p->a), step = CHUNK / (wa > wb ? wa : wb);
+    double max_abs = 0, dd = 0, aa = 0;
+    for (uint64_t i = 0; i < n; i += step) {
+        size_t k = n - i < step ? (size_t)(n - i) : (size_t)step;
+        if (read_chunk(r->ia, p->a, r->ba, k * wa, i * wa, &r->err) ||
+            read_chunk(r->ib, p->b, r->bb, k * wb, i * wb, &r->err))
+            return -1;
+        for (size_t j = 0; j < k; j += BATCH) {
+            size_t m = k - j < BATCH ? k - j : BATCH;
+            decode_batch(p->a->dtype, r->ba + j * wa, m, r->da);
+            decode_batch(p->b->dtype, r->bb + j * wb, m, r->db);
+            for (size_t t = 0; t < m; t++) {
+                double d = fabs(r->da[t] - r->db[t]);
+                if (!(d <= max_abs))
+                    max_abs = d; /* NaN sticks: !(NaN <= x) */
+                dd += d * d;
+                aa += r->da[t] * r->da[t];
+            }
+        }
+    }
+    p->valued = 1;
+    p->max_abs = max_abs;
+    p->rel_l2 = dd == 0 ? 0 : sqrt(dd) / sqrt(aa); /* ||a|| = 0 with a change: Inf */
+    return 0;
+}
+
+static int compare_pair(diff_run *r, pair *p)
+{
+    p->same_layout = p->a->dtype == p->b->dtype && ck_same_shape(p->a, p->b);
+    if (p->same_layout && compare_bytes(r, p) != 0)
+        return -1;
+    if (p->identical || !ck_same_shape(p->a, p->b) || !is_float(p->a->dtype) ||
+        !is_float(p->b->dtype))
+        return 0;
+    return compare_values(r, p);
+}
+
+static int cmp_entry_names(const void *x, const void *y)
+{
+    const ck_entry *a = *(const ck_entry *const *)x, *b = *(const ck_entry *const *)y;
+    size_t n = a->name_len < b->name_len ? a->name_len : b->name_len;
+    int c = memcmp(a->name, b->name, n);
+    return c ? c : (a->name_len > b->name_len) - (a->name_len < b->name_len);
+}
+
+/* The selected tensors of ix, sorted by name (for bsearch); NULL on out-of-memory. */
+static const ck_entry **sorted_tensors(const ck_index *ix, const char *only, size_t *n)
+{
+    const ck_entry **v = malloc((ix->nentries + 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    *n = 0;
+    for (size_t i = 0; i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        if (e->kind == CK_TENSOR && ck_name_selected(e->name, e->name_len, only))
+            v[(*n)++] = e;
+    }
+    qsort(v, *n, sizeof *v, cmp_entry_names);
+    return v;
+}
+
+typedef struct diff_result {
+    const ck_entry **ta, **tb;
+    size_t na, nb, npairs;
+    unsigned char *in_a; /* per tb: also in A */
+    pair *pairs;
+} diff_result;
+
+static int diff_indexes(diff_run *r, const char *only, diff_result *d)
+{
+    d->ta = sorted_tensors(r->ia, only, &d->na);
+    d->tb = sorted_tensors(r->ib, only, &d->nb);
+    d->in_a = calloc(d->nb + 1, 1);
+    d->pairs = calloc(d->na + 1, sizeof *d->pairs);
+    if (!d->ta || !d->tb || !d->in_a || !d->pairs)
+        return ck_fail(&r->err, ck_index_source(r->ia), "out of memory");
+    for (size_t i = 0; i < d->na; i++) {
+        const ck_entry **hit = bsearch(&d->ta[i], d->tb, d->nb, sizeof *d->tb, cmp_entry_names);
+        if (!hit)
+            continue;
+        d->in_a[hit - d->tb] = 1;
+        pair *p = &d->pairs[d->npairs++];
+        p->a = d->ta[i];
+        p->b = *hit;
+        if (compare_pair(r, p) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void free_result(diff_result *d)
+{
+    free(d->ta);
+    free(d->tb);
+    free(d->in_a);
+    free(d->pairs);
+}
+
+static size_t count_only_b(const diff_result *d)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < d->nb; i++)
+        n += !d->in_a[i];
+    return n;
+}
+
+static size_t count_identical(const diff_result *d)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < d->npairs; i++)
+        n += d->pairs[i].identical;
+    return n;
+}
+
+static cJSON *pair_json(const pair *p)
+{
+    cJSON *o = cJSON_CreateObject();
+    char h[17];
+    cJSON_AddItemToObject(o, "name", name_json(p->a));
+    cJSON_AddStringToObject(o, "dtype_a", ck_dtype_name(p->a->dtype));
+    cJSON_AddStringToObject(o, "dtype_b", ck_dtype_name(p->b->dtype));
+    cJSON_AddItemToObject(o, "shape_a", shape_json(p->a));
+    cJSON_AddItemToObject(o, "shape_b", shape_json(p->b));
+    cJSON_AddBoolToObject(o, "identical", p->identical);
+    if (p->same_layout) {
+        snprintf(h, sizeof h, "%016llx", (unsigned long long)p->ha);
+        cJSON_AddStringToObject(o, "xxh3_a", h);
+        snprintf(h, sizeof h, "%016llx", (unsigned long long)p->hb);
+        cJSON_AddStringToObject(o, "xxh3_b", h);
+    } else {
+        cJSON_AddNullToObject(o, "xxh3_a");
+        cJSON_AddNullToObject(o, "xxh3_b");
+    }
+    if (p->valued) {
+        cJSON_AddItemToObject(o, "max_abs_diff", number_json(p->max_abs));
+        cJSON_AddItemToObject(o, "rel_l2", number_json(p->rel_l2));
+    } else if (p->identical) {
+        cJSON_AddNumberToObject(o, "max_abs_diff", 0);
+        cJSON_AddNumberToObject(o, "rel_l2", 0);
+    } else {
+        cJSON_AddNullToObject(o, "max_abs_diff");
+        cJSON_AddNullToObject(o, "rel_l2");
+    }
+    return o;
+}
+
+static int print_diff_json(const diff_result *d, const char *a, const char *b, int same)
+{
+    cJSON *doc = cJSON_CreateObject(), *oa = cJSON_CreateArray(), *ob = cJSON_CreateArray(),
+          *ts = cJSON_CreateArray(), *sum = cJSON_CreateObject();
+    cJSON_AddStringToObject(doc, "a", a);
+    cJSON_AddStringToObject(doc, "b", b);
+    cJSON_AddBoolToObject(doc, "same", same);
+    for (size_t i = 0, j = 0; i < d->na; i++) {
+        if (j < d->npairs && d->pairs[j].a == d->ta[i])
+            cJSON_AddItemToArray(ts, pair_json(&d->pairs[j++]));
+        else
+            cJSON_AddItemToArray(oa, name_json(d->ta[i]));
+    }
+    for (size_t i = 0; i < d->nb; i++)
+        if (!d->in_a[i])
+            cJSON_AddItemToArray(ob, name_json(d->tb[i]));
+    cJSON_AddItemToObject(sum, "both", ck_json_uint(d->npairs));
+    cJSON_AddItemToObject(sum, "identical", ck_json_uint(count_identical(d)));
+    cJSON_AddItemToObject(sum, "different", ck_json_uint(d->npairs - count_identical(d)));
+    cJSON_AddItemToObject(sum, "only_in_a", ck_json_uint(d->na - d->npairs));
+    cJSON_AddItemToObject(sum, "only_in_b", ck_json_uint(count_only_b(d)));
+    cJSON_AddItemToObject(doc, "summary", sum);
+    cJSON_AddItemToObject(doc, "only_in_a", oa);
+    cJSON_AddItemToObject(doc, "only_in_b", ob);
+    cJSON_AddItemToObject(doc, "tensors", ts);
+    return print_json_doc(doc);
+}
+
+static void print_pair_line(const pair *p)
+{
+    char sa[1400], sb[1400];
+    if (p->identical)
+        return;
+    if (!p->same_layout) {
+        ck_view_shape_json(p->a, sa, sizeof sa);
+        ck_view_shape_json(p->b, sb, sizeof sb);
+        printf("changed: ");
+        print_name(p->a->name, p->a->name_len);
+        printf(": %s %s -> %s %s", ck_dtype_name(p->a->dtype), sa, ck_dtype_name(p->b->dtype), sb);
+    } else {
+        printf("differs: ");
+        print_name(p->a->name, p->a->name_len);
+        printf(" (%s)", ck_dtype_name(p->a->dtype));
+    }
+    if (p->valued)
+        printf(": max abs diff %.6g, relative L2 %.6g", p->max_abs, p->rel_l2);
+    putchar('\n');
+}
+
+static void print_diff_text(const diff_result *d)
+{
+    for (size_t i = 0, j = 0; i < d->na; i++) {
+        if (j < d->npairs && d->pairs[j].a == d->ta[i]) {
+            print_pair_line(&d->pairs[j++]);
+            continue;
+        }
+        printf("only in A: ");
+        print_name(d->ta[i]->name, d->ta[i]->name_len);
+        putchar('\n');
+    }
+    for (size_t i = 0; i < d->nb; i++) {
+        if (d->in_a[i])
+            continue;
+        printf("only in B: ");
+        print_name(d->tb[i]->name, d->tb[i]->name_len);
+        putchar('\n');
+    }
+    printf("%zu tensors in both: %zu identical, %zu differ; %zu only in A, %zu only in B\n",
+           d->npairs, count_identical(d), d->npairs - count_identical(d), d->na - d->npairs,
+           count_only_b(d));
+}
+
+int cmd_diff(int argc, char **argv)
+{
+    const char *src[2] = {NULL, NULL}, *only = NULL;
+    int json = 0, nsrc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = 1;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
+        else if (argv[i][0] != '-' && nsrc < 2)
+            src[nsrc++] = argv[i];
+        else
+            return fprintf(stderr, "ckpt: diff: bad arguments (see ckpt diff --help)\n"), 2;
+    }
+    if (nsrc != 2)
+        return fprintf(stderr, "ckpt: diff: needs two sources (see ckpt diff --help)\n"), 2;
+    ck_index *ia = NULL, *ib = NULL;
+    diff_run r = {0};
+    diff_result d = {0};
+    int rc = 2;
+    if (open_source(src[0], &ia) || open_source(src[1], &ib))
+        goto out;
+    r = (diff_run){ia, ib, malloc(CHUNK), malloc(CHUNK), malloc(BATCH * sizeof(double)),
+                   malloc(BATCH * sizeof(double)), {{0}}};
+    if (!r.ba || !r.bb || !r.da || !r.db) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        goto out;
+    }
+    if (diff_indexes(&r, only, &d) != 0) {
+        fprintf(stderr, "ckpt: %s\n", r.err.msg);
+        goto out;
+    }
+    int same = count_identical(&d) == d.na && d.na == d.nb;
+    if (!json)
+        print_diff_text(&d);
+    else if (print_diff_json(&d, src[0], src[1], same) != 0)
+        goto out;
+    rc = same ? 0 : 1;
+out:
+    free_result(&d);
+    free(r.ba);
+    free(r.bb);
+    free(r.da);
+    free(r.db);
+    ck_index_free(ia);
+    ck_index_free(ib);
+    return rc;
+}

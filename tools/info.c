@@ -1,0 +1,224 @@
+/* info.c — ckpt info: a checkpoint's totals and its name tree to a depth (inspect.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+#include "../pack/json.h"
+#include "commands.h"
+#include "inspect.h"
+
+/* One name prefix of the tree: the first `depth` '.'-separated parts of a tensor's name. */
+typedef struct prefix {
+    const char *s;
+    size_t len;
+    unsigned depth;
+    uint64_t tensors, params, bytes;
+} prefix;
+
+/* Name order with '.' first, so that a prefix's children follow it, before "a-b" after "a". */
+static int cmp_prefix(const void *x, const void *y)
+{
+    const prefix *a = x, *b = y;
+    size_t n = a->len < b->len ? a->len : b->len;
+    for (size_t i = 0; i < n; i++) {
+        unsigned ca = a->s[i] == '.' ? 0 : (unsigned char)a->s[i];
+        unsigned cb = b->s[i] == '.' ? 0 : (unsigned char)b->s[i];
+        if (ca != cb)
+            return ca < cb ? -1 : 1;
+    }
+    return (a->len > b->len) - (a->len < b->len);
+}
+
+/* The tree to depth maxd: every tensor adds itself to each of its prefixes, then equal
+ * prefixes are merged. Returns the number of prefixes, or -1 on out-of-memory. */
+static ssize_t build_tree(const ck_index *ix, unsigned maxd, prefix **out)
+{
+    size_t cap = 0, n = 0;
+    for (size_t i = 0; i < ix->nentries; i++)
+        cap += ix->entries[i].kind == CK_TENSOR ? maxd : 0;
+    prefix *v = malloc((cap + 1) * sizeof *v);
+    if (!v)
+        return -1;
+    for (size_t i = 0; i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        if (e->kind != CK_TENSOR)
+            continue;
+        size_t end = 0;
+        for (unsigned d = 1; d <= maxd && end < e->name_len; d++) {
+            const char *dot = memchr(e->name + end + (d > 1), '.', e->name_len - end - (d > 1));
+            end = dot ? (size_t)(dot - e->name) : e->name_len;
+            v[n++] = (prefix){e->name, end, d, 1, element_count(e), e->nbytes};
+        }
+    }
+    qsort(v, n, sizeof *v, cmp_prefix);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (m > 0 && cmp_prefix(&v[m - 1], &v[i]) == 0) {
+            v[m - 1].tensors += v[i].tensors;
+            v[m - 1].params += v[i].params;
+            v[m - 1].bytes += v[i].bytes;
+        } else {
+            v[m++] = v[i];
+        }
+    }
+    *out = v;
+    return (ssize_t)m;
+}
+
+typedef struct dtype_sum {
+    uint64_t tensors, params, bytes;
+} dtype_sum;
+
+typedef struct info {
+    size_t tensors, values;
+    uint64_t params, bytes;
+    dtype_sum by[CK_DTYPE_COUNT];
+    prefix *tree;
+    size_t ntree;
+} info;
+
+static void human(uint64_t b, char *buf, size_t cap)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)b;
+    unsigned u = 0;
+    while (v >= 1024 && u < 5) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+}
+
+static void print_info_text(const ck_index *ix, const info *in)
+{
+    char h[32];
+    human(in->bytes, h, sizeof h);
+    printf("source: %s\nformat: %s\nfiles: %u\ntensors: %zu\nvalues: %zu\nparameters: %llu\n"
+           "bytes: %llu (%s)\n", ck_index_source(ix), ix->format, ix->nfiles, in->tensors,
+           in->values, (unsigned long long)in->params, (unsigned long long)in->bytes, h);
+    printf("by dtype:\n");
+    for (unsigned t = 0; t < CK_DTYPE_COUNT; t++) {
+        if (!in->by[t].tensors)
+            continue;
+        human(in->by[t].bytes, h, sizeof h);
+        printf("  %-10s %6llu tensors %14llu parameters %12s\n", ck_dtype_name(t),
+               (unsigned long long)in->by[t].tensors, (unsigned long long)in->by[t].params, h);
+    }
+    printf("tree:\n");
+    for (size_t i = 0; i < in->ntree; i++) {
+        const prefix *p = &in->tree[i];
+        human(p->bytes, h, sizeof h);
+        printf("  %10s %14llu  %*s", h, (unsigned long long)p->params, (int)(2 * (p->depth - 1)),
+               "");
+        print_name(p->s, p->len);
+        putchar('\n');
+    }
+    if (ix->nmeta)
+        printf("metadata:\n");
+    for (size_t i = 0; i < ix->nmeta; i++) {
+        printf("  ");
+        print_name(ix->meta[i].key, strlen(ix->meta[i].key));
+        printf(": ");
+        print_name(ix->meta[i].value, strlen(ix->meta[i].value));
+        putchar('\n');
+    }
+}
+
+static cJSON *sums_json(uint64_t tensors, uint64_t params, uint64_t bytes)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "tensors", ck_json_uint(tensors));
+    cJSON_AddItemToObject(o, "parameters", ck_json_uint(params));
+    cJSON_AddItemToObject(o, "bytes", ck_json_uint(bytes));
+    return o;
+}
+
+static int print_info_json(const ck_index *ix, const info *in)
+{
+    cJSON *doc = cJSON_CreateObject(), *files = cJSON_CreateArray(), *by = cJSON_CreateObject(),
+          *tree = cJSON_CreateArray(), *meta = cJSON_CreateObject();
+    cJSON_AddStringToObject(doc, "source", ck_index_source(ix));
+    cJSON_AddStringToObject(doc, "format", ix->format);
+    for (uint32_t i = 0; i < ix->nfiles; i++)
+        cJSON_AddItemToArray(files, cJSON_CreateString(ix->files[i].path));
+    cJSON_AddItemToObject(doc, "files", files);
+    cJSON_AddItemToObject(doc, "tensors", ck_json_uint(in->tensors));
+    cJSON_AddItemToObject(doc, "values", ck_json_uint(in->values));
+    cJSON_AddItemToObject(doc, "parameters", ck_json_uint(in->params));
+    cJSON_AddItemToObject(doc, "bytes", ck_json_uint(in->bytes));
+    for (unsigned t = 0; t < CK_DTYPE_COUNT; t++)
+        if (in->by[t].tensors)
+            cJSON_AddItemToObject(by, ck_dtype_name(t),
+                                  sums_json(in->by[t].tensors, in->by[t].params, in->by[t].bytes));
+    cJSON_AddItemToObject(doc, "dtypes", by);
+    for (size_t i = 0; i < in->ntree; i++) {
+        const prefix *p = &in->tree[i];
+        cJSON *o = sums_json(p->tensors, p->params, p->bytes);
+        char *s = strndup(p->s, p->len); /* a prefix is part of a name: no NUL ends it */
+        cJSON_AddItemToObject(o, "prefix", s ? cJSON_CreateString(s) : NULL);
+        free(s);
+        cJSON_AddItemToObject(o, "depth", ck_json_uint(p->depth));
+        cJSON_AddItemToArray(tree, o);
+    }
+    cJSON_AddItemToObject(doc, "tree", tree);
+    for (size_t i = 0; i < ix->nmeta; i++)
+        cJSON_AddItemToObject(meta, ix->meta[i].key, ix->meta[i].json
+                                                         ? cJSON_Parse(ix->meta[i].value)
+                                                         : cJSON_CreateString(ix->meta[i].value));
+    cJSON_AddItemToObject(doc, "metadata", meta);
+    return print_json_doc(doc);
+}
+
+int cmd_info(int argc, char **argv)
+{
+    const char *source = NULL;
+    int json = 0;
+    unsigned depth = 2;
+    for (int i = 1; i < argc; i++) {
+        char *end;
+        if (strcmp(argv[i], "--json") == 0)
+            json = 1;
+        else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc &&
+                 (depth = (unsigned)strtoul(argv[++i], &end, 10)) <= 64 && !*end && *argv[i])
+            continue;
+        else if (argv[i][0] != '-' && !source)
+            source = argv[i];
+        else
+            return fprintf(stderr, "ckpt: info: bad arguments (see ckpt info --help)\n"), 2;
+    }
+    if (!source)
+        return fprintf(stderr, "ckpt: info: needs a source (see ckpt info --help)\n"), 2;
+    ck_index *ix;
+    if (open_source(source, &ix))
+        return 1;
+    info in = {0};
+    for (size_t i = 0; i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        if (e->kind != CK_TENSOR) {
+            in.values++;
+            continue;
+        }
+        in.tensors++;
+        in.params += element_count(e);
+        in.bytes += e->nbytes;
+        in.by[e->dtype].tensors++;
+        in.by[e->dtype].params += element_count(e);
+        in.by[e->dtype].bytes += e->nbytes;
+    }
+    ssize_t nt = build_tree(ix, depth, &in.tree);
+    int rc = 0;
+    if (nt < 0) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        rc = 1;
+    } else {
+        in.ntree = (size_t)nt;
+        if (json)
+            rc = print_info_json(ix, &in) != 0;
+        else
+            print_info_text(ix, &in);
+    }
+    free(in.tree);
+    ck_index_free(ix);
+    return rc;
+}
