@@ -1,7 +1,7 @@
 /* backend_cpu.c — loads into host memory: reader threads read straight into the block, which
  * needs no staging (in_place: the core does it, O_DIRECT included where a chunk's place in the
- * block has the file's phase: plan.h ck_plan_keep_phase); only O_DIRECT reads of other chunks (a blob's partial
- * first and last pages, blobs out of phase) go through an aligned bounce buffer and a copy.
+ * block has the file's phase: plan.h ck_plan_keep_phase); only O_DIRECT reads of other chunks
+ * (a blob's partial first and last pages, blobs out of phase) go through an aligned bounce buffer and a copy.
  * Both the block and the bounce start on a 2 MiB boundary, so that all of them can be huge
  * pages. */
 #include "backend.h"

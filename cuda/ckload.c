@@ -185,24 +185,6 @@ static int gather_chunk(ckl_load *l, const ck_plan_blob *bl, uint64_t at, size_t
     return got < 0 ? (int)got : (size_t)got == n ? 0 : -EIO;
 }
 
-/* An O_DIRECT read of the aligned range [start, start+len) that needs only its first `need`
- * bytes: a source file's last tensor ends where the file does, not on a block boundary, so the
- * read may stop at the end of the file once it has them. 0, or -errno (-EIO: the file ends
- * before `need`). */
-static int direct_pread(int fd, unsigned char *buf, size_t len, uint64_t start, size_t need)
-{
-    size_t got = 0;
-    while (got < need) {
-        ssize_t r = pread(fd, buf + got, len - got, (off_t)(start + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? -errno : -EIO;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
 static void read_failed(ckl_load *l, const ck_plan_blob *bl, uint64_t off, int rc)
 {
     set_error(l, "cannot read tensor '%s' (byte %llu): %s", bl->name, (unsigned long long)off,
@@ -223,7 +205,7 @@ static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint
     } else if (dfd >= 0) {
         start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
         len = (size_t)ck_align_up(off + n - start, DIRECT_ALIGN);
-        rc = direct_pread(dfd, buf, len, start, (size_t)(off + n - start));
+        rc = ck_pread_min(dfd, buf, len, start, (size_t)(off + n - start));
     } else {
         rc = ck_file_pread(l->ix, bl->file, buf, len, start);
     }

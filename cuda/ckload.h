@@ -7,10 +7,10 @@
  * Contract:
  *  - ckl_load opens any source ckptfs mounts — a pack (a file, or a mount's
  *    .ckptfs/checkpoint.pack), a safetensors file, a directory of shards, a PyTorch zip or
- *    legacy file — with no conversion: every source is laid out as its pack would be
- *    (as `ckpt pack` would write it), natural name order, tied tensors loaded once and shared, values left out,
- *    strided PyTorch tensors gathered chunk by chunk on the way (into the staging buffer for
- *    CUDA, into the block for the host). It allocates one destination block for the selected
+ *    legacy file — with no conversion: every source is laid out as its pack would be (as
+ *    `ckpt pack` writes it), natural name order, tied tensors loaded once and shared, values
+ *    left out, strided PyTorch tensors gathered chunk by chunk on the way (into the staging
+ *    buffer for CUDA, into the block for the host). It allocates one destination block for the selected
  *    tensors (device memory for CUDA, page-aligned host memory for the CPU) and starts reader
  *    threads at once; it returns before the data is in. Tensors are views into the block:
  *    name, dtype, shape, pointer. ckl_read_path tells where the bytes are read from. Each

@@ -362,6 +362,10 @@ struct http_obj {
     atomic_int failing;       /* the last block fetched failed: no readahead until one works */
     dc_key key;               /* in the disk cache, when keyed */
     int keyed;
+    /* How the cache's blocks and the large reads get their bytes: ranged GETs (http_fetch), or
+     * the transport http_open_fetch was given. */
+    http_fetch_fn fetch;
+    void *fetch_ctx;
 };
 
 static CURL *take_handle(http_obj *o)
@@ -595,13 +599,20 @@ static int run(request *q)
     return q->err;
 }
 
-/* Reads [off, off+len) of o straight into buf, one request (tried at most tries times; 0: as
- * configured). */
-static int get_range(http_obj *o, unsigned char *buf, size_t len, uint64_t off, unsigned tries)
+/* Reads [off, off+len) of the object ctx straight into buf, one request (tried at most tries
+ * times; 0: as configured): the transport of a URL. */
+static int http_fetch(void *ctx, unsigned char *buf, size_t len, uint64_t off, unsigned tries)
 {
+    http_obj *o = ctx;
     request q = {.o = o, .url = o->url, .first = off, .last = off + len - 1, .tries = tries,
                  .r = {.dst = buf, .cap = len}};
     return run(&q);
+}
+
+/* [off, off+len) of o into buf through its transport. */
+static int get_range(http_obj *o, unsigned char *buf, size_t len, uint64_t off, unsigned tries)
+{
+    return o->fetch(o->fetch_ctx, buf, len, off, tries);
 }
 
 /* --- the block cache ----------------------------------------------------------------------- */
@@ -1307,33 +1318,46 @@ int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err)
                             : ck_source_open_local(loc, what, f, err);
 }
 
-int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
+/* The disk cache opened (once), or why not: -1 with err set. */
+static int disk_ready(ck_error *err)
 {
-    char shown[1024];
-    ck_location_shown(url, shown, sizeof shown);
-    if (have_curl(shown, err))
-        return -1;
     pthread_once(&disk_once, open_disk);
-    if (disk_err.msg[0]) {
-        *err = disk_err;
-        return -1;
-    }
+    if (!disk_err.msg[0])
+        return 0;
+    *err = disk_err;
+    return -1;
+}
+
+/* A new object at url (shown as shown) whose ranges come from transport(ctx, ...), ctx NULL
+ * for the object itself; NULL when memory runs out. */
+static http_obj *new_obj(const char *url, const char *shown, http_fetch_fn transport, void *ctx)
+{
     http_obj *o = calloc(1, sizeof *o);
-    if (o) {
-        o->url = strdup(url);
-        o->head = malloc(HTTP_HEAD_BYTES);
-    }
-    if (!o || !o->url || !o->head) {
-        if (o) {
-            free(o->url);
-            free(o->head);
-        }
+    if (!o || !(o->url = strdup(url))) {
         free(o);
-        return ck_fail(err, shown, "out of memory");
+        return NULL;
     }
     snprintf(o->shown, sizeof o->shown, "%s", shown);
     pthread_mutex_init(&o->lock, NULL);
     pthread_cond_init(&o->idle_cv, NULL);
+    o->fetch = transport;
+    o->fetch_ctx = ctx ? ctx : o;
+    return o;
+}
+
+int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
+{
+    char shown[1024];
+    ck_location_shown(url, shown, sizeof shown);
+    if (have_curl(shown, err) || disk_ready(err))
+        return -1;
+    http_obj *o = new_obj(url, shown, http_fetch, NULL);
+    if (o && !(o->head = malloc(HTTP_HEAD_BYTES))) {
+        free_obj(o);
+        o = NULL;
+    }
+    if (!o)
+        return ck_fail(err, shown, "out of memory");
     request q = {.o = o, .url = url, .first = 0, .last = HTTP_HEAD_BYTES - 1, .opening = 1,
                  .r = {.dst = o->head, .cap = HTTP_HEAD_BYTES}};
     if (run(&q) != 0) {
@@ -1357,6 +1381,20 @@ int http_open(const char *url, const char *what, ck_file *f, ck_error *err)
     *f = (ck_file){.path = o->shown, .fd = -1, .size = o->size,
                    .mtime = {.tv_sec = ft >= 0 ? (time_t)ft : 0}, .ops = &http_ops,
                    .remote = o};
+    return 0;
+}
+
+int http_open_fetch(const char *name, uint64_t size, const char *etag, http_fetch_fn transport,
+                    void *ctx, ck_file *f, ck_error *err)
+{
+    if (disk_ready(err))
+        return -1;
+    http_obj *o = new_obj(name, name, transport, ctx);
+    if (!o)
+        return ck_fail(err, name, "out of memory");
+    o->size = size;
+    o->keyed = etag && dc_key_of(name, etag, "", size, &o->key) == 0;
+    *f = (ck_file){.path = o->shown, .fd = -1, .size = size, .ops = &http_ops, .remote = o};
     return 0;
 }
 

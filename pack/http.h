@@ -7,8 +7,8 @@
  *  - Every later request is pinned to that validator (If-Match, else If-Unmodified-Since) and
  *    checked: status 206, a Content-Range of exactly the bytes asked and the size seen at open,
  *    a body of exactly that length, the same ETag. Anything else fails the read with -EIO, and
- *    a changed object (412, another ETag or size) marks the file changed for good: ck_file_unchanged
- *    is 0 from then on. A read never returns part of what was asked.
+ *    a changed object (412, another ETag or size) marks the file changed for good:
+ *    ck_file_unchanged is 0 from then on. A read never returns part of what was asked.
  *  - Connection errors, timeouts, 429 and 5xx are retried with exponential backoff and jitter
  *    (Retry-After honoured), at most HTTP_TRIES attempts within HTTP_BUDGET_S seconds
  *    (CKPTFS_HTTP_TRIES, CKPTFS_HTTP_BUDGET override both), then -EIO.
@@ -39,14 +39,15 @@
  *    fetch that makes a block whole (all its pages valid) stores it, the block pinned while it
  *    is written, so that neither eviction nor a close takes its buffer. A random miss fetches
  *    only its pages from the network, as without a disk cache, not its whole block so that it
- *    could be stored (why: BENCHMARKS.md, "Random reads, second round"). Sequential reads fetch whole blocks from their first miss on (not only
- *    once the window spans one), and the loader reads whole blocks, so both store what they
- *    read; a block read at random is stored once its pages have all been read. A read of HTTP_BLOCK bytes or more then goes block by block on the
- *    parallel connections, each block whole from disk or fetched whole (the ends of the read
- *    through a buffer), so that the next load finds them. An object without a validator is
- *    not cached on disk. A cached block is served without asking the server, as one in memory
- *    is. http_open fails when the directory exists and is not a directory, or
- *    CKPTFS_CACHE_MAX is not a size.
+ *    could be stored (why: BENCHMARKS.md, "Random reads, second round"). Sequential reads
+ *    fetch whole blocks from their first miss on (not only once the window spans one), and
+ *    the loader reads whole blocks, so both store what they read; a block read at random is
+ *    stored once its pages have all been read. A read of HTTP_BLOCK bytes or more then goes
+ *    block by block on the parallel connections, each block whole from disk or fetched whole
+ *    (the ends of the read through a buffer), so that the next load finds them. An object
+ *    without a validator is not cached on disk. A cached block is served without asking the
+ *    server, as one in memory is. http_open fails when the directory exists and is not a
+ *    directory, or CKPTFS_CACHE_MAX is not a size.
  *  - A read may be lent in place (ck_file_hold) rather than copied, a block at a time, once the
  *    pages it covers are held (fetched as a copying read's are): the block is pinned, never
  *    evicted nor its buffer reused, until ck_file_release. Pinned blocks may take the cache past
@@ -99,6 +100,19 @@ int http_is_url(const char *loc);
 
 /* Opens url into *f (see the contract); what names the file in a failure ("shard"), or NULL. */
 int http_open(const char *url, const char *what, ck_file *f, ck_error *err);
+
+/* How a remote object's bytes are fetched: [off, off+len) into buf, all of them, tried at most
+ * tries times (0: as configured). 0, or -errno. */
+typedef int (*http_fetch_fn)(void *ctx, unsigned char *buf, size_t len, uint64_t off,
+                             unsigned tries);
+
+/* An object of size bytes named name, each range read through transport(ctx, ...) instead of
+ * HTTP: the block cache, its pages, readahead, holds, the split of large reads and, keyed by
+ * name and etag (a strong validator, or NULL: not cached), the disk cache, exactly as for a URL
+ * (no head bytes). What the cache's unit tests drive in-process, with a fake transport that
+ * counts, fails or delays. 0, or -1 with err set. */
+int http_open_fetch(const char *name, uint64_t size, const char *etag, http_fetch_fn transport,
+                    void *ctx, ck_file *f, ck_error *err);
 
 /* The whole of a small document (status 200, at most max bytes; the Hub's API answers), into
  * *body (malloc'ed, NUL-terminated, *len bytes). 0, or -1 with err set. */

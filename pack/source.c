@@ -10,23 +10,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int ck_pread(int fd, void *buf, size_t len, uint64_t off)
+int ck_pread_min(int fd, void *buf, size_t len, uint64_t off, size_t need)
 {
     unsigned char *p = buf;
-    while (len) {
-        ssize_t n = pread(fd, p, len, (off_t)off);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (n == 0)
-            return -EIO;
-        p += n;
-        len -= (size_t)n;
-        off += (uint64_t)n;
+    size_t got = 0;
+    while (got < need) {
+        ssize_t n = pread(fd, p + got, len - got, (off_t)(off + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? -errno : -EIO;
+        got += (size_t)n;
     }
     return 0;
+}
+
+int ck_pread(int fd, void *buf, size_t len, uint64_t off)
+{
+    return ck_pread_min(fd, buf, len, off, len);
 }
 
 int ck_write_all(int fd, const void *buf, size_t len)

@@ -110,6 +110,11 @@ int ck_file_matches(const ck_file *f, const struct stat *st);
 /* Reads exactly len bytes of fd at off. 0, or -errno; a file that ends first gives -EIO. */
 int ck_pread(int fd, void *buf, size_t len, uint64_t off);
 
+/* Reads at least need (<= len) of the len bytes of fd at off, asking for all len each time
+ * (an O_DIRECT read of an aligned range may stop at the end of the file once it has them).
+ * 0, or -errno; a file that ends before need gives -EIO. */
+int ck_pread_min(int fd, void *buf, size_t len, uint64_t off, size_t need);
+
 /* Writes all len bytes of buf to fd (short writes and EINTR retried). 0, or -errno; a write
  * that makes no progress gives -EIO. */
 int ck_write_all(int fd, const void *buf, size_t len);

@@ -1,4 +1,5 @@
-/* stats.c — ckpt stats: each tensor's count, min, max, mean, std and histogram, on threads (inspect.h). */
+/* stats.c — ckpt stats: each tensor's count, min, max, mean, std and histogram, computed on
+ * threads (inspect.h). */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>

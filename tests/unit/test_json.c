@@ -103,6 +103,7 @@ Test(json, string_replaces_what_is_not_utf8)
               "%.*s", (int)t.n, t.s);
     t.s[t.n] = 0;
     cJSON *back = cJSON_Parse(t.s);
-    cr_assert_str_eq(cJSON_GetStringValue(back), "a\xef\xbf\xbd" "b\xc3\xa9\n\xef\xbf\xbd\xef\xbf\xbd\"");
+    cr_assert_str_eq(cJSON_GetStringValue(back),
+                     "a\xef\xbf\xbd" "b\xc3\xa9\n\xef\xbf\xbd\xef\xbf\xbd\"");
     cJSON_Delete(back);
 }

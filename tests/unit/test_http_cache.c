@@ -1,0 +1,380 @@
+/* The remote-object block cache and readahead (http.h's contract), driven in-process through
+ * http_open_fetch by a fake transport that serves a known byte pattern, counts and logs every
+ * range asked, and can fail or delay: no server, no network. Expectations come from the
+ * contract (HTTP_FLOOR, HTTP_PAGE, HTTP_BLOCK, the window), not from the code. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../pack/http.h"
+#include "helpers.h"
+
+enum { MAX_LOG = 4096 };
+
+typedef struct asked {
+    uint64_t off, len;
+    unsigned tries;
+} asked;
+
+typedef struct fake {
+    uint64_t size;
+    pthread_mutex_t lock;
+    asked log[MAX_LOG];
+    size_t n;
+    uint64_t fetched;              /* bytes served */
+    uint64_t fail_from, fail_to;   /* ranges touching [fail_from, fail_to) fail */
+    int fail_ahead_only;           /* only the readahead's requests (asked once) fail */
+    unsigned delay_us;
+} fake;
+
+static unsigned char pattern(uint64_t i)
+{
+    return (unsigned char)(i ^ (i >> 8) ^ (i >> 16) ^ (i >> 24));
+}
+
+static int serve(void *ctx, unsigned char *buf, size_t len, uint64_t off, unsigned tries)
+{
+    fake *f = ctx;
+    if (f->delay_us)
+        usleep(f->delay_us);
+    pthread_mutex_lock(&f->lock);
+    if (f->n < MAX_LOG)
+        f->log[f->n++] = (asked){off, len, tries};
+    int fails = off < f->fail_to && off + len > f->fail_from &&
+                (!f->fail_ahead_only || tries == 1);
+    if (!fails)
+        f->fetched += len;
+    pthread_mutex_unlock(&f->lock);
+    cr_assert(len > 0 && off + len <= f->size, "asked [%llu, +%zu) of %llu",
+              (unsigned long long)off, len, (unsigned long long)f->size);
+    if (fails)
+        return -EIO;
+    for (size_t i = 0; i < len; i++)
+        buf[i] = pattern(off + i);
+    return 0;
+}
+
+static fake *fake_new(uint64_t size)
+{
+    fake *f = calloc(1, sizeof *f);
+    cr_assert_not_null(f);
+    f->size = size;
+    pthread_mutex_init(&f->lock, NULL);
+    return f;
+}
+
+static ck_file open_fake(fake *f, uint64_t cache_mem)
+{
+    http_configure(&(http_config){.cache_mem = cache_mem});
+    ck_file file;
+    ck_error err;
+    cr_assert_eq(http_open_fetch("fake://object", f->size, NULL, serve, f, &file, &err), 0, "%s",
+                 err.msg);
+    return file;
+}
+
+static void expect_bytes(const unsigned char *buf, size_t len, uint64_t off)
+{
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] != pattern(off + i))
+            cr_assert_fail("byte %llu: %u, not %u", (unsigned long long)(off + i), buf[i],
+                           pattern(off + i));
+}
+
+static void read_ok(const ck_file *file, size_t len, uint64_t off)
+{
+    unsigned char *buf = malloc(len ? len : 1);
+    cr_assert_eq(ck_file_read(file, buf, len, off), 0, "read [%llu, +%zu)",
+                 (unsigned long long)off, len);
+    expect_bytes(buf, len, off);
+    free(buf);
+}
+
+static uint64_t fetched(fake *f)
+{
+    pthread_mutex_lock(&f->lock);
+    uint64_t n = f->fetched;
+    pthread_mutex_unlock(&f->lock);
+    return n;
+}
+
+/* Waits until no fetch has been asked for a while: readahead runs on threads of its own. */
+static void settle(fake *f)
+{
+    size_t n;
+    do {
+        pthread_mutex_lock(&f->lock);
+        n = f->n;
+        pthread_mutex_unlock(&f->lock);
+        usleep(20000);
+    } while (n != f->n);
+}
+
+static int by_offset(const void *x, const void *y)
+{
+    const asked *a = x, *b = y;
+    return (a->off > b->off) - (a->off < b->off);
+}
+
+TestSuite(http_cache, .fini = tmp_cleanup);
+
+Test(http_cache, random_reads_return_the_objects_bytes)
+{
+    fake *f = fake_new(40ull << 20);
+    ck_file file = open_fake(f, 16ull << 20); /* four blocks: evictions happen */
+    srand(5);
+    for (int i = 0; i < 300; i++) {
+        size_t len = (size_t)(rand() % (3 * HTTP_PAGE)) + 1;
+        uint64_t off = (uint64_t)rand() % (f->size - len);
+        read_ok(&file, len, off);
+    }
+    read_ok(&file, 2 * HTTP_BLOCK + 12345, 3 * HTTP_BLOCK - 777); /* a large read, split */
+    read_ok(&file, 1, f->size - 1);
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_random_miss_fetches_its_pages_to_the_floor)
+{
+    fake *f = fake_new(64ull << 20);
+    ck_file file = open_fake(f, 0);
+    uint64_t off = 10ull << 20; /* page-aligned, far from where reads ended (the start) */
+    read_ok(&file, 4096, off);
+    cr_expect_eq(fetched(f), HTTP_FLOOR, "fetched %llu, not HTTP_FLOOR",
+                 (unsigned long long)fetched(f));
+    cr_expect_eq(f->log[0].off, off);
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_random_miss_stops_at_its_tensors_end)
+{
+    fake *f = fake_new(64ull << 20);
+    ck_file file = open_fake(f, 0);
+    uint64_t off = 20ull << 20, tensor_end = off + 100000;
+    const uint64_t bounds[] = {0, off, tensor_end, f->size};
+    ck_file_hint(&file, bounds, 4);
+    read_ok(&file, 4096, off);
+    /* the pages of [off, tensor_end): two of HTTP_PAGE, not HTTP_FLOOR's four */
+    cr_expect_eq(fetched(f), 2 * HTTP_PAGE, "fetched %llu", (unsigned long long)fetched(f));
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_sequential_stream_fetches_each_byte_once_in_ever_larger_requests)
+{
+    fake *f = fake_new(48ull << 20);
+    ck_file file = open_fake(f, 0);
+    size_t reads = 0;
+    for (uint64_t off = 0; off < f->size; off += 128 << 10, reads++)
+        read_ok(&file, 128 << 10, off);
+    settle(f);
+    cr_expect_eq(fetched(f), f->size, "each byte once: fetched %llu of %llu",
+                 (unsigned long long)fetched(f), (unsigned long long)f->size);
+    cr_expect_lt(f->n, reads / 4, "%zu requests for %zu reads", f->n, reads);
+    /* the window grows to whole blocks: the stream's last requests are whole blocks */
+    cr_expect_eq(f->log[f->n - 1].len % HTTP_BLOCK, 0);
+    qsort(f->log, f->n, sizeof *f->log, by_offset); /* on parallel connections: any order */
+    for (size_t i = 1; i < f->n; i++) /* none overlapping */
+        cr_expect_geq(f->log[i].off, f->log[i - 1].off + f->log[i - 1].len);
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, readahead_is_asked_once_and_the_reader_asks_again_with_retries)
+{
+    fake *f = fake_new(32ull << 20);
+    f->fail_from = 0, f->fail_to = f->size, f->fail_ahead_only = 1;
+    ck_file file = open_fake(f, 0);
+    for (uint64_t off = 0; off < (16ull << 20); off += 64 << 10)
+        read_ok(&file, 64 << 10, off);
+    settle(f);
+    int ahead = 0, demanded = 0;
+    for (size_t i = 0; i < f->n; i++) {
+        ahead += f->log[i].tries == 1;
+        demanded += f->log[i].tries == 0;
+    }
+    cr_expect_gt(ahead, 0, "readahead was asked");
+    cr_expect_gt(demanded, 0, "the reads asked again themselves");
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_failed_fetch_fails_its_read_and_nothing_else)
+{
+    fake *f = fake_new(32ull << 20);
+    f->fail_from = 8ull << 20, f->fail_to = (8ull << 20) + 1;
+    ck_file file = open_fake(f, 0);
+    unsigned char buf[4096];
+    cr_expect_eq(ck_file_read(&file, buf, sizeof buf, 8ull << 20), -EIO);
+    read_ok(&file, 4096, 20ull << 20);
+    f->fail_to = 0; /* the server recovers: the same read now works */
+    read_ok(&file, 4096, 8ull << 20);
+    ck_source_close(&file);
+    free(f);
+}
+
+typedef struct reader {
+    ck_file *file;
+    uint64_t size;
+    unsigned seed;
+} reader;
+
+static void *read_at_random(void *arg)
+{
+    reader *r = arg;
+    for (int i = 0; i < 100; i++) {
+        size_t len = (size_t)(rand_r(&r->seed) % (2 * HTTP_PAGE)) + 1;
+        uint64_t off = (uint64_t)rand_r(&r->seed) % (r->size - len);
+        read_ok(r->file, len, off);
+    }
+    return NULL;
+}
+
+Test(http_cache, concurrent_readers_of_two_objects_share_a_small_cache)
+{
+    fake *a = fake_new(24ull << 20), *b = fake_new(20ull << 20);
+    a->delay_us = b->delay_us = 200;
+    ck_file fa = open_fake(a, 3ull * HTTP_BLOCK);
+    ck_file fb;
+    ck_error err;
+    cr_assert_eq(http_open_fetch("fake://b", b->size, NULL, serve, b, &fb, &err), 0);
+    pthread_t t[4];
+    reader r[4] = {{&fa, a->size, 1}, {&fb, b->size, 2}, {&fa, a->size, 3}, {&fb, b->size, 4}};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, read_at_random, &r[i]), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    ck_source_close(&fa);
+    read_ok(&fb, 5000, 7ull << 20); /* b goes on after a is closed */
+    ck_source_close(&fb);
+    free(a);
+    free(b);
+}
+
+Test(http_cache, an_evicted_block_is_fetched_again)
+{
+    fake *f = fake_new(32ull << 20);
+    ck_file file = open_fake(f, 2ull * HTTP_BLOCK);
+    read_ok(&file, 4096, 0);
+    for (uint64_t off = 8ull << 20; off < f->size; off += 3ull << 20) /* random misses elsewhere */
+        read_ok(&file, 4096, off);
+    settle(f);
+    size_t before = f->n;
+    read_ok(&file, 4096, 0);
+    int again = 0;
+    for (size_t i = before; i < f->n; i++)
+        again |= f->log[i].off == 0;
+    cr_expect(again, "block 0 was evicted and fetched again");
+    /* and one still cached is not: the last block read */
+    before = f->n;
+    read_ok(&file, 4096, 29ull << 20);
+    cr_expect_eq(f->n, before, "a cached page asked again");
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_held_block_is_lent_in_place_and_kept)
+{
+    fake *f = fake_new(16ull << 20);
+    ck_file file = open_fake(f, 1ull * HTTP_BLOCK);
+    const void *p;
+    void *token;
+    ssize_t n = ck_file_hold(&file, 8192, HTTP_BLOCK + 100, &p, &token);
+    cr_assert_gt(n, 0);
+    cr_assert_leq((uint64_t)n, 8192);
+    expect_bytes(p, (size_t)n, HTTP_BLOCK + 100);
+    for (uint64_t off = 2 * HTTP_BLOCK; off < f->size; off += HTTP_BLOCK) /* press the cache */
+        read_ok(&file, 4096, off);
+    expect_bytes(p, (size_t)n, HTTP_BLOCK + 100); /* still the same bytes: not evicted */
+    ck_file_release(&file, token);
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_large_read_goes_in_parallel_requests_of_a_block_or_more)
+{
+    fake *f = fake_new(64ull << 20);
+    ck_file file = open_fake(f, 0);
+    read_ok(&file, 40ull << 20, 1000);
+    cr_expect_leq(f->n, HTTP_CONNECTIONS);
+    for (size_t i = 0; i < f->n; i++)
+        cr_expect_geq(f->log[i].len, HTTP_BLOCK);
+    cr_expect_eq(fetched(f), 40ull << 20, "straight into the caller's buffer, once");
+    ck_source_close(&file);
+    free(f);
+}
+
+/* An object keyed for the disk cache (DIR), opened anew each time as a new mount would. */
+static ck_file open_cached(fake *f, const char *dir)
+{
+    http_configure(&(http_config){.cache_dir = dir});
+    ck_file file;
+    ck_error err;
+    cr_assert_eq(http_open_fetch("fake://cached", f->size, "\"v1\"", serve, f, &file, &err), 0,
+                 "%s", err.msg);
+    return file;
+}
+
+Test(http_cache, a_stream_stores_whole_blocks_that_the_next_open_reads_from_disk)
+{
+    const char *dir = tmp_dir();
+    fake *f = fake_new(20ull << 20);
+    ck_file file = open_cached(f, dir);
+    for (uint64_t off = 0; off < f->size; off += 256 << 10)
+        read_ok(&file, 256 << 10, off);
+    settle(f);
+    ck_source_close(&file);
+    uint64_t first = fetched(f);
+    cr_expect_eq(first, f->size);
+    file = open_cached(f, dir);
+    for (uint64_t off = 0; off < f->size; off += 256 << 10)
+        read_ok(&file, 256 << 10, off);
+    read_ok(&file, 12345, 777);
+    settle(f);
+    cr_expect_eq(fetched(f), first, "the second open read every block from disk");
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_random_miss_fetches_only_its_pages_even_with_a_disk_cache)
+{
+    const char *dir = tmp_dir();
+    fake *f = fake_new(32ull << 20);
+    ck_file file = open_cached(f, dir);
+    read_ok(&file, 4096, 12ull << 20);
+    cr_expect_eq(fetched(f), HTTP_FLOOR, "not a whole block: %llu",
+                 (unsigned long long)fetched(f));
+    /* the block's other pages, read at random until it is whole: then it is stored */
+    for (uint64_t off = 12ull << 20; off < (16ull << 20); off += HTTP_FLOOR)
+        read_ok(&file, HTTP_FLOOR, off);
+    settle(f);
+    ck_source_close(&file);
+    uint64_t before = fetched(f);
+    file = open_cached(f, dir);
+    read_ok(&file, 100000, (12ull << 20) + 5000);
+    cr_expect_eq(fetched(f), before, "the block came from disk");
+    ck_source_close(&file);
+    free(f);
+}
+
+Test(http_cache, a_large_read_with_a_disk_cache_goes_block_by_block)
+{
+    const char *dir = tmp_dir();
+    fake *f = fake_new(24ull << 20);
+    ck_file file = open_cached(f, dir);
+    read_ok(&file, (12ull << 20) + 4321, 1000); /* whole blocks and two partial ones */
+    for (size_t i = 0; i < f->n; i++) /* each asked whole, so that it can be stored */
+        cr_expect(f->log[i].off % HTTP_BLOCK == 0 && f->log[i].len == HTTP_BLOCK);
+    ck_source_close(&file);
+    uint64_t before = fetched(f);
+    file = open_cached(f, dir);
+    read_ok(&file, 8ull << 20, HTTP_BLOCK);
+    cr_expect_eq(fetched(f), before);
+    cr_expect(ck_file_unchanged(&file));
+    ck_source_close(&file);
+    free(f);
+}
