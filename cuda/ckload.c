@@ -764,8 +764,8 @@ static int open_direct_all(ckl_load *l)
  * a cold 1.5 GiB safetensors file, all through the bounce, loaded at 0.74-0.77x its pack with
  * 4 x 16 MiB, 0.86-0.91x with 8 x 4 MiB (medians, 2 shared cores, 4 runs of 9-15 rounds).
  * Whole pages read in place (a pack, most sources now) keep the usual 4 x 16 MiB. A staged
- * load (CUDA) is bound by its pinned copies, not the disk: on an H200, page cache hot, 8 x 4 MiB
- * gave 37 GB/s where 4 x 16 MiB gave 19 (and 16 threads or 64 MiB less). */
+ * load (CUDA) is bound by its pinned copies, not the disk: more, smaller chunks keep more
+ * copies in flight (the sweep: BENCHMARKS.md, issue 29). */
 static void choose_readers(ckl_load *l)
 {
     const ck_plan *p = l->plan;

@@ -45,7 +45,7 @@ static int parse_source_file(char *s, ck_source_file *f)
 }
 
 int ck_sources_parse(char *v, size_t len, const char **source, ck_source_file **files,
-                        size_t *nfiles)
+                     size_t *nfiles)
 {
     *files = NULL;
     *nfiles = 0;

@@ -528,9 +528,9 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
     device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
     checksums, checked as the bytes stream; for other sources, which store none, only that each
     source file is unchanged while it is read. threads, buffer_size, buffers (pinned
-    staging buffers per thread, CUDA): 0 to let libckload choose per load (ckload.h). slices, rank, world_size: this rank's tensor-parallel
-    parts (Load). Raises RuntimeError ("ckload: FILE: what is wrong")
-    on any failure; then no tensor is returned and all memory is freed."""
+    staging buffers per thread, CUDA): 0 to let libckload choose per load (ckload.h). slices,
+    rank, world_size: this rank's tensor-parallel parts (Load). Raises RuntimeError ("ckload:
+    FILE: what is wrong") on any failure; then no tensor is returned and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
               buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size,
               buffers=buffers) as ld:

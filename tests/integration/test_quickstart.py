@@ -1,13 +1,17 @@
 """The README's quickstart, run as it is written: each `$ COMMAND` line through bash in a fresh
 directory, its output compared with the lines the README shows under it, byte for byte. The
-README can then never go stale. `python3` is this test's Python (the one with torch), and the
+README can then never go stale; what `ckpt ls` shows is checked against torch besides.
+`python3` is this test's Python (the one with torch), and the
 build directory comes first on PATH, as after `make install`."""
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
-from ckptfs_testlib import build_dir, is_mounted, unmount
+import torch
+
+from ckptfs_testlib import DTYPE_NAMES, build_dir, is_mounted, torch_bytes, unmount
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -27,8 +31,23 @@ def quickstart():
     return steps
 
 
+def check_ckpt_ls(shown, pt):
+    """The README's `ckpt ls` lines against torch.load: each name's dtype, shape and byte count,
+    and the file's bytes at the offset shown are the tensor's own."""
+    sd = torch.load(pt, weights_only=False)
+    lines = shown.splitlines()
+    assert len(lines) == sum(torch.is_tensor(v) for v in sd.values())
+    data = pt.read_bytes()
+    for line in lines:
+        name, dtype, shape, nbytes, offset = line.split("\t")
+        t = sd[name]
+        assert dtype == DTYPE_NAMES[t.dtype] and shape == str(list(t.shape)).replace(" ", "")
+        want = torch_bytes(t)
+        assert int(nbytes) == len(want)
+        assert data[int(offset):int(offset) + len(want)] == want, line
+
+
 def test_readme_quickstart_runs_as_written(tmp_path, fuse):
-    import sys
     shim = tmp_path / "bin"
     shim.mkdir()
     (shim / "python3").symlink_to(sys.executable)
@@ -45,6 +64,8 @@ def test_readme_quickstart_runs_as_written(tmp_path, fuse):
                                text=True, timeout=120)
             assert p.returncode == 0, (cmd, p.stderr)
             assert p.stdout == want, (cmd, p.stdout, want)
+            if cmd.startswith("ckpt ls "):
+                check_ckpt_ls(want, work / cmd.split()[-1])
     finally:
         if is_mounted(work / "m"):
             unmount(work / "m")

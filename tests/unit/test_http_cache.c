@@ -319,6 +319,18 @@ static ck_file open_cached(fake *f, const char *dir)
     return file;
 }
 
+/* A new open of f, as a new mount would: [off, off+len) comes from the disk, nothing fetched. */
+static void expect_from_disk(fake *f, const char *dir, size_t len, uint64_t off)
+{
+    ck_file file = open_cached(f, dir);
+    uint64_t before = fetched(f);
+    read_ok(&file, len, off);
+    settle(f);
+    cr_expect_eq(fetched(f), before, "[%llu, +%zu) fetched, not read from disk",
+                 (unsigned long long)off, len);
+    ck_source_close(&file);
+}
+
 Test(http_cache, a_stream_stores_whole_blocks_that_the_next_open_reads_from_disk)
 {
     const char *dir = tmp_dir();
@@ -328,15 +340,9 @@ Test(http_cache, a_stream_stores_whole_blocks_that_the_next_open_reads_from_disk
         read_ok(&file, 256 << 10, off);
     settle(f);
     ck_source_close(&file);
-    uint64_t first = fetched(f);
-    cr_expect_eq(first, f->size);
-    file = open_cached(f, dir);
-    for (uint64_t off = 0; off < f->size; off += 256 << 10)
-        read_ok(&file, 256 << 10, off);
-    read_ok(&file, 12345, 777);
-    settle(f);
-    cr_expect_eq(fetched(f), first, "the second open read every block from disk");
-    ck_source_close(&file);
+    cr_expect_eq(fetched(f), f->size);
+    expect_from_disk(f, dir, 12345, 777);         /* through the cache's pages */
+    expect_from_disk(f, dir, f->size - 777, 777); /* every block, as a large read */
     free(f);
 }
 
@@ -353,11 +359,7 @@ Test(http_cache, a_random_miss_fetches_only_its_pages_even_with_a_disk_cache)
         read_ok(&file, HTTP_FLOOR, off);
     settle(f);
     ck_source_close(&file);
-    uint64_t before = fetched(f);
-    file = open_cached(f, dir);
-    read_ok(&file, 100000, (12ull << 20) + 5000);
-    cr_expect_eq(fetched(f), before, "the block came from disk");
-    ck_source_close(&file);
+    expect_from_disk(f, dir, 100000, (12ull << 20) + 5000);
     free(f);
 }
 
@@ -369,12 +371,8 @@ Test(http_cache, a_large_read_with_a_disk_cache_goes_block_by_block)
     read_ok(&file, (12ull << 20) + 4321, 1000); /* whole blocks and two partial ones */
     for (size_t i = 0; i < f->n; i++) /* each asked whole, so that it can be stored */
         cr_expect(f->log[i].off % HTTP_BLOCK == 0 && f->log[i].len == HTTP_BLOCK);
-    ck_source_close(&file);
-    uint64_t before = fetched(f);
-    file = open_cached(f, dir);
-    read_ok(&file, 8ull << 20, HTTP_BLOCK);
-    cr_expect_eq(fetched(f), before);
     cr_expect(ck_file_unchanged(&file));
     ck_source_close(&file);
+    expect_from_disk(f, dir, 8ull << 20, HTTP_BLOCK);
     free(f);
 }
