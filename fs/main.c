@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../pack/http.h" /* http_configure: -o cacert, cache_mem, cache_dir, cache_max */
+#include "../pack/http.h" /* http_config: -o cacert, cache_mem, cache_dir, cache_max */
 #include "../pack/open.h"
 #include "../pack/size.h"
 #include "ll.h"
@@ -198,12 +198,14 @@ static int check_mountpoint(const char *mnt)
     return 0;
 }
 
-/* Parses SOURCE and builds the immutable view over it. */
-static int build_view(ck_mount *m, const char *source, const struct ck_opts *o)
+/* Parses SOURCE (its remote files opened through remote) and builds the immutable view over
+ * it. */
+static int build_view(ck_mount *m, http_remote *remote, const char *source,
+                      const struct ck_opts *o)
 {
     ck_error err;
     ck_index *ix;
-    if (ck_open(source, &ix, &err) != 0 ||
+    if (ck_open_through(remote, source, &ix, &err) != 0 ||
         ck_fs_init(&m->fs, ix, o->uid_set ? o->uid : getuid(), o->gid_set ? o->gid : getgid(),
                    ck_ll_log, &err) != 0 ||
         /* A URL's mount has no sources to bypass it with: loads read it through the mount. */
@@ -416,6 +418,7 @@ int main(int argc, char **argv)
     struct fuse_cmdline_opts co = {0};
     ck_mount m = {0};
     struct fuse_session *se = NULL;
+    http_remote *remote = NULL; /* every remote file's caches */
     int status = 1, mounted = 0, ready = -1;
 
     /* Before anything else: the daemon lives long, and `ps` would show SOURCE's secrets. */
@@ -457,12 +460,16 @@ int main(int argc, char **argv)
     if (option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
         option_size("cache_max", o.cache_max, &cache_max) != 0)
         goto out;
-    http_configure(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
-                                  .cache_dir = o.cache_dir, .cache_max = cache_max,
-                                  .log = log_line});
+    remote = ck_remote_new(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
+                                          .cache_dir = o.cache_dir, .cache_max = cache_max,
+                                          .log = log_line});
+    if (!remote) {
+        fprintf(stderr, "ckptfs: out of memory\n");
+        goto out;
+    }
     if (!ck_location_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
         prefault_heap(o.source);
-    if (build_view(&m, o.source, &o) != 0)
+    if (build_view(&m, remote, o.source, &o) != 0)
         goto out;
     char abs[PATH_MAX];
     if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
@@ -498,6 +505,7 @@ out:
         fuse_session_destroy(se);
     }
     ck_fs_free(&m.fs);
+    http_remote_free(remote); /* after the files opened through it */
     free(co.mountpoint);
     free(o.mountpoint);
     free(o.source);

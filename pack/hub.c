@@ -1,6 +1,6 @@
 /* hub.c — hf:// locations: resolve URLs, the revision API, the token (hub.h). */
 #include "hub.h"
-#include "http.h"
+#include "http_request.h"
 #include "location.h"
 
 #include <cjson/cJSON.h>
@@ -189,8 +189,8 @@ static int is_commit(const char *s)
 }
 
 /* The revision API's answer: the commit and the file names (pointers into root). */
-static int revision_info(const hub_ref *r, const char *loc, cJSON **root, const char **sha,
-                         ck_error *err)
+static int revision_info(const http_client *c, const hub_ref *r, const char *loc, cJSON **root,
+                         const char **sha, ck_error *err)
 {
     char endpoint[2048], *url = NULL, *body = NULL;
     size_t len = 0;
@@ -204,7 +204,7 @@ static int revision_info(const hub_ref *r, const char *loc, cJSON **root, const 
         return ck_fail(err, loc, "out of memory");
     }
     free(rev);
-    int rc = http_get(url, HUB_MAX_API, &body, &len, err);
+    int rc = http_get(c, url, HUB_MAX_API, &body, &len, err);
     free(url);
     if (rc)
         return -1;
@@ -222,11 +222,12 @@ static int revision_info(const hub_ref *r, const char *loc, cJSON **root, const 
 
 /* The repository's weights at r's revision, pinned to the commit the Hub reports: one file, or
  * the first of several shards and all their names. */
-static int locate_repository(const hub_ref *r, const char *loc, hub_target *t, ck_error *err)
+static int locate_repository(const http_client *c, const hub_ref *r, const char *loc,
+                             hub_target *t, ck_error *err)
 {
     cJSON *root = NULL;
     const char *sha = NULL;
-    if (revision_info(r, loc, &root, &sha, err))
+    if (revision_info(c, r, loc, &root, &sha, err))
         return -1;
     const cJSON *sib = cJSON_GetObjectItemCaseSensitive(root, "siblings");
     size_t n = (size_t)cJSON_GetArraySize(sib), k = 0;
@@ -257,19 +258,19 @@ static int locate_repository(const hub_ref *r, const char *loc, hub_target *t, c
     return rc;
 }
 
-int hub_locate(const char *loc, hub_target *t, ck_error *err)
+int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err)
 {
     hub_ref r;
     *t = (hub_target){0};
     if (hub_parse(loc, &r, err))
         return -1;
     if (!r.path[0])
-        return locate_repository(&r, loc, t, err);
+        return locate_repository(c, &r, loc, t, err);
     /* A branch or tag moves: the file is opened at the commit it names now, so that every
      * later request (and the shards an index names beside it) resolves that commit. */
     cJSON *root = NULL;
     const char *sha = r.revision;
-    if (!is_commit(r.revision) && revision_info(&r, loc, &root, &sha, err))
+    if (!is_commit(r.revision) && revision_info(c, &r, loc, &root, &sha, err))
         return -1;
     t->url = hub_resolve_url(r.repo, sha, r.path);
     cJSON_Delete(root);

@@ -14,7 +14,7 @@
  *    The token is HF_TOKEN, else the file huggingface_hub writes: $HF_TOKEN_PATH, else
  *    $HF_HOME/token, else $XDG_CACHE_HOME/huggingface/token, else ~/.cache/huggingface/token.
  *    It is sent only to the endpoint's origin (the opener hands hub_token_for to the transport:
- *    http_set_token_source), never printed.
+ *    http_config's token_for), never printed.
  *  - Names are checked: ORG and REPO of [A-Za-z0-9._-] (not "." or ".."), a PATH of such
  *    segments separated by '/', none empty, "." or "..".
  */
@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "error.h"
+#include "http_request.h"
 
 typedef struct hub_ref {
     char repo[256];     /* ORG/REPO */
@@ -64,8 +65,9 @@ typedef struct hub_target {
     size_t nshards;
 } hub_target;
 
-/* Resolves loc into *t (hub_target_free releases it). 0, or -1 with err set and *t empty. */
-int hub_locate(const char *loc, hub_target *t, ck_error *err);
+/* Resolves loc into *t (hub_target_free releases it), asking the revision API through c.
+ * 0, or -1 with err set and *t empty. */
+int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err);
 void hub_target_free(hub_target *t);
 
 #endif

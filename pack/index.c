@@ -1,4 +1,5 @@
 #include "index.h"
+#include "http.h" /* http_remote_free: an index's own remote */
 #include "zip.h" /* zip_inflate_read */
 
 #include <errno.h>
@@ -35,6 +36,8 @@ void ck_index_free(ck_index *ix)
         return;
     for (uint32_t i = 0; i < ix->nfiles; i++)
         ck_source_close(&ix->files[i]);
+    if (ix->own_remote) /* after its files */
+        http_remote_free(ix->remote);
     free(ix->files);
     free(ix->entries);
     free(ix->meta);
@@ -93,7 +96,7 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err)
 int ck_index_add_source(ck_index *ix, const char *loc, const char *what, ck_error *err)
 {
     ck_file f;
-    if (ck_source_open(loc, what, &f, err) != 0)
+    if (ck_source_open(ix->remote, loc, what, &f, err) != 0)
         return -1;
     /* f.path may be loc itself or the remote state's: add_opened copies it first. */
     return add_opened(ix, &f, err);

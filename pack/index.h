@@ -85,6 +85,10 @@ typedef struct ck_index {
      * pack_layout_of (packfile.h) */
     const struct pack_layout *pack;
     uint32_t pack_file;
+    /* where its remote files are opened (http.h; NULL: local files only), freed with the index
+     * when own_remote */
+    struct http_remote *remote;
+    int own_remote;
     /* private to index.c */
     size_t cap_entries, cap_meta, cap_files;
     ck_arena *arena;

@@ -10,7 +10,6 @@
 #include "torch.h"
 #include "zip.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,13 +36,14 @@ static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t
                    "lie in one folder)", (int)(len < 200 ? len : 200), first);
 }
 
-static int open_file(const char *source, ck_index **out, ck_error *err)
+static int open_file(http_remote *remote, const char *source, ck_index **out, ck_error *err)
 {
     /* Enough for every probe: a zip's first member name included. */
     unsigned char head[NPY_PROBE_BYTES > PT_PROBE_BYTES ? NPY_PROBE_BYTES : PT_PROBE_BYTES];
     ck_index *ix = ck_index_new(NULL);
     if (!ix)
         return ck_fail(err, source, "out of memory");
+    ix->remote = remote;
     int id = ck_index_add_source(ix, source, NULL, err);
     if (id < 0)
         goto fail;
@@ -79,7 +79,7 @@ static int open_file(const char *source, ck_index **out, ck_error *err)
         rc_read = pt_read_legacy(ix, (uint32_t)id, err);
     } else if (st_index_probe(head, n)) { /* a shard set's index file: the shards beside it */
         ck_index_free(ix);
-        return st_open_index(source, out, err);
+        return st_open_index(remote, source, out, err);
     } else {
         char hex[3 * sizeof head + 1] = "";
         for (size_t i = 0, k = 0; i < n && i < 8; i++)
@@ -145,45 +145,60 @@ static void hint_bounds(ck_index *ix)
 
 /* An hf:// location: the file or files the Hub resolves it to (hub.h), opened as any URL, or
  * as a shard set. */
-static int open_hub(const char *loc, ck_index **out, ck_error *err)
+static int open_hub(http_remote *remote, const char *loc, ck_index **out, ck_error *err)
 {
     hub_target t;
-    if (hub_locate(loc, &t, err))
+    if (hub_locate(http_remote_client(remote), loc, &t, err))
         return -1;
-    int rc = t.nshards ? st_open_names(t.url, (const char *const *)t.shards, t.nshards, out, err)
-                       : ck_open(t.url, out, err);
+    int rc = t.nshards ? st_open_names(remote, t.url, (const char *const *)t.shards, t.nshards,
+                                       out, err)
+                       : open_file(remote, t.url, out, err);
     hub_target_free(&t);
     return rc;
 }
 
 /* What ck_open opens, before the hints. */
-static int open_any(const char *source, ck_index **out, ck_error *err)
+static int open_any(http_remote *remote, const char *source, ck_index **out, ck_error *err)
 {
     *out = NULL;
     if (hub_is_url(source))
-        return open_hub(source, out, err);
+        return open_hub(remote, source, out, err);
     struct stat st;
     if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode))
         /* The one place a directory's kind is decided: GGUF splits, else safetensors shards. */
         return gguf_dir_probe(source) ? gguf_open_dir(source, out, err)
                                       : st_open_dir(source, out, err);
-    return open_file(source, out, err);
+    return open_file(remote, source, out, err);
 }
 
-/* The Hub's token goes with requests to the Hub's origin (hub.h); the transport is told where
- * to find it before any location is opened. */
-static pthread_once_t token_once = PTHREAD_ONCE_INIT;
-
-static void hand_token_source(void)
+http_remote *ck_remote_new(const http_config *c)
 {
-    http_set_token_source(hub_token_for);
+    http_config with_token = *c;
+    with_token.token_for = hub_token_for;
+    return http_remote_new(&with_token);
+}
+
+int ck_open_through(http_remote *remote, const char *source, ck_index **out, ck_error *err)
+{
+    http_remote *own = NULL;
+    if (!remote && (hub_is_url(source) || http_is_url(source)) &&
+        !(remote = own = ck_remote_new(&(http_config){0}))) {
+        char shown[1024];
+        ck_location_shown(source, shown, sizeof shown);
+        *out = NULL;
+        return ck_fail(err, shown, "out of memory");
+    }
+    int rc = open_any(remote, source, out, err);
+    if (rc == 0) {
+        (*out)->own_remote = own != NULL;
+        hint_bounds(*out);
+    } else {
+        http_remote_free(own);
+    }
+    return rc;
 }
 
 int ck_open(const char *source, ck_index **out, ck_error *err)
 {
-    pthread_once(&token_once, hand_token_source);
-    int rc = open_any(source, out, err);
-    if (rc == 0)
-        hint_bounds(*out);
-    return rc;
+    return ck_open_through(NULL, source, out, err);
 }

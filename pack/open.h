@@ -10,9 +10,19 @@
 #define CK_OPEN_H
 
 #include "error.h"
+#include "http.h"
 #include "index.h"
 
-/* Opens SOURCE and parses its headers. On failure returns -1 with err set and *out NULL. */
+/* A remote context (http.h) configured by c whose requests carry the Hub's token to the Hub
+ * (hub.h): what an entry point makes to open all its sources through. NULL without memory. */
+http_remote *ck_remote_new(const http_config *c);
+
+/* Opens SOURCE and parses its headers, its remote files opened through remote (NULL: a context
+ * of the index's own, ck_remote_new with the defaults and the environment, when SOURCE is
+ * remote). On failure returns -1 with err set and *out NULL. */
+int ck_open_through(http_remote *remote, const char *source, ck_index **out, ck_error *err);
+
+/* ck_open_through(NULL, ...). */
 int ck_open(const char *source, ck_index **out, ck_error *err);
 
 #endif

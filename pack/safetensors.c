@@ -430,7 +430,7 @@ static int check_shards(const ck_index *ix, const cJSON *map, const char *dir, c
 static cJSON *read_index_json(ck_index *ix, const char *ipath, ck_error *err)
 {
     ck_file f;
-    if (ck_source_open(ipath, NULL, &f, err) != 0)
+    if (ck_source_open(ix->remote, ipath, NULL, &f, err) != 0)
         return NULL;
     cJSON *root = NULL;
     char *text = NULL;
@@ -472,13 +472,15 @@ static cJSON *read_index_json(ck_index *ix, const char *ipath, ck_error *err)
 
 /* The shards of a set, checked against each other: those the index file at ipath names when
  * dirfd is -1, else every *.safetensors in dir (open at dirfd). dir names the set in messages. */
-static int open_sharded(const char *dir, const char *ipath, int dirfd, ck_index **out,
-                        ck_error *err)
+static int open_sharded(struct http_remote *remote, const char *dir, const char *ipath, int dirfd,
+                        ck_index **out, ck_error *err)
 {
     *out = NULL;
     ck_index *ix = ck_index_new("safetensors-sharded");
     cJSON *root = NULL;
     int rc = ix ? 0 : ck_fail(err, dir, "out of memory");
+    if (ix)
+        ix->remote = remote;
     if (rc == 0 && dirfd < 0) {
         root = read_index_json(ix, ipath, err);
         rc = root ? open_indexed_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"),
@@ -499,17 +501,19 @@ static int open_sharded(const char *dir, const char *ipath, int dirfd, ck_index 
     return 0;
 }
 
-int st_open_index(const char *ipath, ck_index **out, ck_error *err)
+int st_open_index(struct http_remote *remote, const char *ipath, ck_index **out, ck_error *err)
 {
-    return open_sharded(ipath, ipath, -1, out, err);
+    return open_sharded(remote, ipath, ipath, -1, out, err);
 }
 
-int st_open_names(const char *base, const char *const *names, size_t n, ck_index **out,
-                  ck_error *err)
+int st_open_names(struct http_remote *remote, const char *base, const char *const *names, size_t n,
+                  ck_index **out, ck_error *err)
 {
     *out = NULL;
     ck_index *ix = ck_index_new("safetensors-sharded");
     int rc = ix ? 0 : ck_fail(err, base, "out of memory");
+    if (ix)
+        ix->remote = remote;
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = open_shard(ix, base, names[i], err) < 0 ? -1 : 0;
     if (rc == 0)
@@ -539,7 +543,7 @@ int st_open_dir(const char *dir, ck_index **out, ck_error *err)
     if (dirfd < 0)
         return ck_fail(err, dir, "cannot open directory: %s", strerror(errno));
     int indexed = faccessat(dirfd, ST_INDEX_JSON, F_OK, 0) == 0;
-    int rc = open_sharded(dir, ipath, indexed ? -1 : dirfd, out, err);
+    int rc = open_sharded(NULL, dir, ipath, indexed ? -1 : dirfd, out, err);
     close(dirfd);
     return rc;
 }

@@ -31,13 +31,13 @@ int st_parse_header(ck_index *ix, uint32_t file, const char *json, size_t len,
 int st_open_dir(const char *dir, ck_index **out, ck_error *err);
 
 /* The same for the set an index file names (a local path or a URL: its shards are opened
- * beside it, ck_source_sibling). */
-int st_open_index(const char *ipath, ck_index **out, ck_error *err);
+ * beside it, ck_source_sibling; URLs through remote, http.h). */
+int st_open_index(struct http_remote *remote, const char *ipath, ck_index **out, ck_error *err);
 
 /* The set of shards called names (n, in that order) beside base (a location in their
  * directory), without an index file. */
-int st_open_names(const char *base, const char *const *names, size_t n, ck_index **out,
-                  ck_error *err);
+int st_open_names(struct http_remote *remote, const char *base, const char *const *names, size_t n,
+                  ck_index **out, ck_error *err);
 
 /* True when head (the first n bytes of a file) can start a JSON object: an index file, which
  * ck_open hands to st_open_index (no other format it reads starts so). */

@@ -61,9 +61,12 @@ struct ck_file {
     void *remote;             /* the ops' state */
 };
 
-/* Opens loc (a path of a regular file, or an http(s) URL) into *f. On failure -1 with err set
- * ("LOC: cannot open WHAT: why"; what may be NULL). Defined in http.c, above both kinds. */
-int ck_source_open(const char *loc, const char *what, ck_file *f, ck_error *err);
+/* Opens loc (a path of a regular file, or an http(s) URL, opened through remote: http.h; a URL
+ * fails when remote is NULL) into *f. On failure -1 with err set ("LOC: cannot open WHAT:
+ * why"; what may be NULL). Defined in http.c, above both kinds. */
+struct http_remote;
+int ck_source_open(struct http_remote *remote, const char *loc, const char *what, ck_file *f,
+                   ck_error *err);
 
 /* ck_source_open of a path: a local file. */
 int ck_source_open_local(const char *loc, const char *what, ck_file *f, ck_error *err);

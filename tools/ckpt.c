@@ -10,7 +10,6 @@
 
 #include "../fs/view.h"
 #include "../pack/npy.h"
-#include "../pack/http.h" /* http_configure: --cacert */
 #include "../pack/open.h"
 #include "../pack/packfile.h"
 #include "../cuda/ckload.h"
@@ -49,10 +48,14 @@ static int wants_help(int argc, char **argv)
     return 0;
 }
 
+/* What every source a command opens shares: one block cache, one disk cache (open.h). Made by
+ * main, freed after the command. */
+static http_remote *remote;
+
 int open_source(const char *source, ck_index **ix)
 {
     ck_error err;
-    if (ck_open(source, ix, &err) == 0)
+    if (ck_open_through(remote, source, ix, &err) == 0)
         return 0;
     fprintf(stderr, "ckpt: %s\n", err.msg);
     return -1;
@@ -641,7 +644,11 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "--cacert") == 0) { /* CA certificates for https sources */
         if (argc < 4)
             return usage_error("--cacert", "needs FILE and a COMMAND");
-        http_configure(&(http_config){.cacert = argv[2]});
+        /* the variable, not a config: `ckpt load` opens its source in libckload too */
+        if (setenv("CKPTFS_CACERT", argv[2], 1) != 0) {
+            fprintf(stderr, "ckpt: out of memory\n");
+            return 1;
+        }
         argc -= 2;
         argv += 2;
     }
@@ -654,5 +661,11 @@ int main(int argc, char **argv)
         print_command_help(c);
         return 0;
     }
-    return c->run(argc - 1, argv + 1);
+    if (!(remote = ck_remote_new(&(http_config){0}))) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        return 1;
+    }
+    int status = c->run(argc - 1, argv + 1);
+    http_remote_free(remote);
+    return status;
 }

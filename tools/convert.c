@@ -275,11 +275,8 @@ int cmd_convert(int argc, char **argv)
     if (rc != 0)
         return rc;
     ck_index *ix;
-    ck_error err;
-    if (ck_open(o.source, &ix, &err) != 0) {
-        fprintf(stderr, "ckpt: %s\n", err.msg);
+    if (open_source(o.source, &ix) != 0)
         return 1;
-    }
     ck_progress_catch_signals();
     signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp output goes */
     rc = convert(ix, &o) != 0;

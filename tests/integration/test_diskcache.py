@@ -161,8 +161,8 @@ def test_damaged_cache_files_are_misses(mount, server, served, tmp_path, damage)
     assert third == first and len(reqs) == OPEN_REQUESTS, "and stored whole again"
 
 
-BLOCK = 4 << 20  # http.h's HTTP_BLOCK: the unit a file in DIR holds
-PIECE = 64 << 10  # a random read, http.h's HTTP_PAGE: a random miss fetches pages, not blocks
+BLOCK = 4 << 20  # blockcache.h's BC_BLOCK: the unit a file in DIR holds
+PIECE = 64 << 10  # a random read, blockcache.h's BC_PAGE: a random miss fetches pages, not blocks
 
 
 def random_reads(mnt, expect, rng, count=None):

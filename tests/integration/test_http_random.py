@@ -14,8 +14,8 @@ import torch
 import netlab
 from ckptfs_testlib import flatten, library_view, write_safetensors
 
-BLOCK = 4 << 20  # http.h's HTTP_BLOCK: the cache's unit, which random reads no longer fetch whole
-PAGE = 64 << 10  # http.h's HTTP_PAGE: a fetch ends at most this far past its tensor's end
+BLOCK = 4 << 20  # blockcache.h's BC_BLOCK: the cache's unit, which random reads no longer fetch whole
+PAGE = 64 << 10  # blockcache.h's BC_PAGE: a fetch ends at most this far past its tensor's end
 READ = 64 << 10  # each random read
 
 

@@ -17,9 +17,9 @@ import netlab
 from ckptfs_testlib import read_index, write_safetensors
 
 NAME = "model.safetensors"
-BLOCK = 4 << 20  # http.h HTTP_BLOCK: where the daemon's cache cuts the object
-PAGE = 64 << 10  # http.h HTTP_PAGE: a block's unit of fill
-FLOOR = 256 << 10  # http.h HTTP_FLOOR: a random miss's fetch, at least
+BLOCK = 4 << 20  # blockcache.h BC_BLOCK: where the daemon's cache cuts the object
+PAGE = 64 << 10  # blockcache.h BC_PAGE: a block's unit of fill
+FLOOR = 256 << 10  # blockcache.h BC_FLOOR: a random miss's fetch, at least
 READ_TIMEOUT = 120
 
 # A child process: reads (path, offset, length) spans with pread on THREADS threads, each span

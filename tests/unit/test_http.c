@@ -79,16 +79,16 @@ Test(http, backoff_grows_is_capped_and_jittered)
 
 Test(http, readahead_window)
 {
-    uint64_t w = http_next_window(0, 0);
+    uint64_t w = bc_next_window(0, 0);
     cr_expect_eq(w, 0, "a random read opens no window");
-    w = http_next_window(w, 1);
-    cr_expect_eq(w, HTTP_FLOOR);
-    w = http_next_window(w, 1);
-    cr_expect_eq(w, 2 * HTTP_FLOOR);
+    w = bc_next_window(w, 1);
+    cr_expect_eq(w, BC_FLOOR);
+    w = bc_next_window(w, 1);
+    cr_expect_eq(w, 2 * BC_FLOOR);
     for (int i = 0; i < 20; i++)
-        w = http_next_window(w, 1);
-    cr_expect_eq(w, HTTP_MAX_WINDOW);
-    cr_expect_eq(http_next_window(w, 0), 0, "reset on a random read");
+        w = bc_next_window(w, 1);
+    cr_expect_eq(w, BC_MAX_WINDOW);
+    cr_expect_eq(bc_next_window(w, 0), 0, "reset on a random read");
 }
 
 Test(http, siblings)

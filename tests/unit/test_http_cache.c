@@ -1,7 +1,8 @@
-/* The remote-object block cache and readahead (http.h's contract), driven in-process through
- * http_open_fetch by a fake transport that serves a known byte pattern, counts and logs every
- * range asked, and can fail or delay: no server, no network. Expectations come from the
- * contract (HTTP_FLOOR, HTTP_PAGE, HTTP_BLOCK, the window), not from the code. */
+/* The remote-object block cache and readahead (blockcache.h's contract), driven in-process
+ * through http_open_fetch by a fake transport that serves a known byte pattern, counts and
+ * logs every range asked, and can fail or delay: no server, no network. Each test makes its
+ * own remote context (and so its own cache). Expectations come from the contract (BC_FLOOR,
+ * BC_PAGE, BC_BLOCK, the window), not from the code. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
@@ -66,12 +67,21 @@ static fake *fake_new(uint64_t size)
     return f;
 }
 
-static ck_file open_fake(fake *f, uint64_t cache_mem)
+/* A remote context of its own: a block cache of cache_mem bytes (0: the default), a disk cache
+ * in dir (or NULL: none). */
+static http_remote *remote_new(uint64_t cache_mem, const char *dir)
 {
-    http_configure(&(http_config){.cache_mem = cache_mem});
+    http_remote *r = http_remote_new(&(http_config){.cache_mem = cache_mem, .cache_dir = dir});
+    cr_assert_not_null(r);
+    return r;
+}
+
+/* f opened through r, named name; keyed for the disk cache when etag is given. */
+static ck_file open_in(http_remote *r, fake *f, const char *name, const char *etag)
+{
     ck_file file;
     ck_error err;
-    cr_assert_eq(http_open_fetch("fake://object", f->size, NULL, serve, f, &file, &err), 0, "%s",
+    cr_assert_eq(http_open_fetch(r, name, f->size, etag, serve, f, &file, &err), 0, "%s",
                  err.msg);
     return file;
 }
@@ -124,50 +134,57 @@ TestSuite(http_cache, .fini = tmp_cleanup);
 Test(http_cache, random_reads_return_the_objects_bytes)
 {
     fake *f = fake_new(40ull << 20);
-    ck_file file = open_fake(f, 16ull << 20); /* four blocks: evictions happen */
+    http_remote *r = remote_new(16ull << 20, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL); /* four blocks: evictions happen */
     srand(5);
     for (int i = 0; i < 300; i++) {
-        size_t len = (size_t)(rand() % (3 * HTTP_PAGE)) + 1;
+        size_t len = (size_t)(rand() % (3 * BC_PAGE)) + 1;
         uint64_t off = (uint64_t)rand() % (f->size - len);
         read_ok(&file, len, off);
     }
-    read_ok(&file, 2 * HTTP_BLOCK + 12345, 3 * HTTP_BLOCK - 777); /* a large read, split */
+    read_ok(&file, 2 * BC_BLOCK + 12345, 3 * BC_BLOCK - 777); /* a large read, split */
     read_ok(&file, 1, f->size - 1);
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
 Test(http_cache, a_random_miss_fetches_its_pages_to_the_floor)
 {
     fake *f = fake_new(64ull << 20);
-    ck_file file = open_fake(f, 0);
+    http_remote *r = remote_new(0, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     uint64_t off = 10ull << 20; /* page-aligned, far from where reads ended (the start) */
     read_ok(&file, 4096, off);
-    cr_expect_eq(fetched(f), HTTP_FLOOR, "fetched %llu, not HTTP_FLOOR",
+    cr_expect_eq(fetched(f), BC_FLOOR, "fetched %llu, not BC_FLOOR",
                  (unsigned long long)fetched(f));
     cr_expect_eq(f->log[0].off, off);
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
 Test(http_cache, a_random_miss_stops_at_its_tensors_end)
 {
     fake *f = fake_new(64ull << 20);
-    ck_file file = open_fake(f, 0);
+    http_remote *r = remote_new(0, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     uint64_t off = 20ull << 20, tensor_end = off + 100000;
     const uint64_t bounds[] = {0, off, tensor_end, f->size};
     ck_file_hint(&file, bounds, 4);
     read_ok(&file, 4096, off);
-    /* the pages of [off, tensor_end): two of HTTP_PAGE, not HTTP_FLOOR's four */
-    cr_expect_eq(fetched(f), 2 * HTTP_PAGE, "fetched %llu", (unsigned long long)fetched(f));
+    /* the pages of [off, tensor_end): two of BC_PAGE, not BC_FLOOR's four */
+    cr_expect_eq(fetched(f), 2 * BC_PAGE, "fetched %llu", (unsigned long long)fetched(f));
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
 Test(http_cache, a_sequential_stream_fetches_each_byte_once_in_ever_larger_requests)
 {
     fake *f = fake_new(48ull << 20);
-    ck_file file = open_fake(f, 0);
+    http_remote *r = remote_new(0, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     size_t reads = 0;
     for (uint64_t off = 0; off < f->size; off += 128 << 10, reads++)
         read_ok(&file, 128 << 10, off);
@@ -176,11 +193,12 @@ Test(http_cache, a_sequential_stream_fetches_each_byte_once_in_ever_larger_reque
                  (unsigned long long)fetched(f), (unsigned long long)f->size);
     cr_expect_lt(f->n, reads / 4, "%zu requests for %zu reads", f->n, reads);
     /* the window grows to whole blocks: the stream's last requests are whole blocks */
-    cr_expect_eq(f->log[f->n - 1].len % HTTP_BLOCK, 0);
+    cr_expect_eq(f->log[f->n - 1].len % BC_BLOCK, 0);
     qsort(f->log, f->n, sizeof *f->log, by_offset); /* on parallel connections: any order */
     for (size_t i = 1; i < f->n; i++) /* none overlapping */
         cr_expect_geq(f->log[i].off, f->log[i - 1].off + f->log[i - 1].len);
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
@@ -188,7 +206,8 @@ Test(http_cache, readahead_is_asked_once_and_the_reader_asks_again_with_retries)
 {
     fake *f = fake_new(32ull << 20);
     f->fail_from = 0, f->fail_to = f->size, f->fail_ahead_only = 1;
-    ck_file file = open_fake(f, 0);
+    http_remote *r = remote_new(0, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     for (uint64_t off = 0; off < (16ull << 20); off += 64 << 10)
         read_ok(&file, 64 << 10, off);
     settle(f);
@@ -200,6 +219,7 @@ Test(http_cache, readahead_is_asked_once_and_the_reader_asks_again_with_retries)
     cr_expect_gt(ahead, 0, "readahead was asked");
     cr_expect_gt(demanded, 0, "the reads asked again themselves");
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
@@ -207,13 +227,15 @@ Test(http_cache, a_failed_fetch_fails_its_read_and_nothing_else)
 {
     fake *f = fake_new(32ull << 20);
     f->fail_from = 8ull << 20, f->fail_to = (8ull << 20) + 1;
-    ck_file file = open_fake(f, 0);
+    http_remote *r = remote_new(0, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     unsigned char buf[4096];
     cr_expect_eq(ck_file_read(&file, buf, sizeof buf, 8ull << 20), -EIO);
     read_ok(&file, 4096, 20ull << 20);
     f->fail_to = 0; /* the server recovers: the same read now works */
     read_ok(&file, 4096, 8ull << 20);
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
@@ -227,7 +249,7 @@ static void *read_at_random(void *arg)
 {
     reader *r = arg;
     for (int i = 0; i < 100; i++) {
-        size_t len = (size_t)(rand_r(&r->seed) % (2 * HTTP_PAGE)) + 1;
+        size_t len = (size_t)(rand_r(&r->seed) % (2 * BC_PAGE)) + 1;
         uint64_t off = (uint64_t)rand_r(&r->seed) % (r->size - len);
         read_ok(r->file, len, off);
     }
@@ -238,19 +260,21 @@ Test(http_cache, concurrent_readers_of_two_objects_share_a_small_cache)
 {
     fake *a = fake_new(24ull << 20), *b = fake_new(20ull << 20);
     a->delay_us = b->delay_us = 200;
-    ck_file fa = open_fake(a, 3ull * HTTP_BLOCK);
+    http_remote *r = remote_new(3ull * BC_BLOCK, NULL);
+    ck_file fa = open_in(r, a, "fake://object", NULL);
     ck_file fb;
     ck_error err;
-    cr_assert_eq(http_open_fetch("fake://b", b->size, NULL, serve, b, &fb, &err), 0);
+    cr_assert_eq(http_open_fetch(r, "fake://b", b->size, NULL, serve, b, &fb, &err), 0);
     pthread_t t[4];
-    reader r[4] = {{&fa, a->size, 1}, {&fb, b->size, 2}, {&fa, a->size, 3}, {&fb, b->size, 4}};
+    reader rd[4] = {{&fa, a->size, 1}, {&fb, b->size, 2}, {&fa, a->size, 3}, {&fb, b->size, 4}};
     for (int i = 0; i < 4; i++)
-        cr_assert_eq(pthread_create(&t[i], NULL, read_at_random, &r[i]), 0);
+        cr_assert_eq(pthread_create(&t[i], NULL, read_at_random, &rd[i]), 0);
     for (int i = 0; i < 4; i++)
         pthread_join(t[i], NULL);
     ck_source_close(&fa);
     read_ok(&fb, 5000, 7ull << 20); /* b goes on after a is closed */
     ck_source_close(&fb);
+    http_remote_free(r);
     free(a);
     free(b);
 }
@@ -258,7 +282,8 @@ Test(http_cache, concurrent_readers_of_two_objects_share_a_small_cache)
 Test(http_cache, an_evicted_block_is_fetched_again)
 {
     fake *f = fake_new(32ull << 20);
-    ck_file file = open_fake(f, 2ull * HTTP_BLOCK);
+    http_remote *r = remote_new(2ull * BC_BLOCK, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     read_ok(&file, 4096, 0);
     for (uint64_t off = 8ull << 20; off < f->size; off += 3ull << 20) /* random misses elsewhere */
         read_ok(&file, 4096, off);
@@ -274,72 +299,77 @@ Test(http_cache, an_evicted_block_is_fetched_again)
     read_ok(&file, 4096, 29ull << 20);
     cr_expect_eq(f->n, before, "a cached page asked again");
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
 Test(http_cache, a_held_block_is_lent_in_place_and_kept)
 {
     fake *f = fake_new(16ull << 20);
-    ck_file file = open_fake(f, 1ull * HTTP_BLOCK);
+    http_remote *r = remote_new(1ull * BC_BLOCK, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     const void *p;
     void *token;
-    ssize_t n = ck_file_hold(&file, 8192, HTTP_BLOCK + 100, &p, &token);
+    ssize_t n = ck_file_hold(&file, 8192, BC_BLOCK + 100, &p, &token);
     cr_assert_gt(n, 0);
     cr_assert_leq((uint64_t)n, 8192);
-    expect_bytes(p, (size_t)n, HTTP_BLOCK + 100);
-    for (uint64_t off = 2 * HTTP_BLOCK; off < f->size; off += HTTP_BLOCK) /* press the cache */
+    expect_bytes(p, (size_t)n, BC_BLOCK + 100);
+    for (uint64_t off = 2 * BC_BLOCK; off < f->size; off += BC_BLOCK) /* press the cache */
         read_ok(&file, 4096, off);
-    expect_bytes(p, (size_t)n, HTTP_BLOCK + 100); /* still the same bytes: not evicted */
+    expect_bytes(p, (size_t)n, BC_BLOCK + 100); /* still the same bytes: not evicted */
     ck_file_release(&file, token);
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
 Test(http_cache, a_large_read_goes_in_parallel_requests_of_a_block_or_more)
 {
     fake *f = fake_new(64ull << 20);
-    ck_file file = open_fake(f, 0);
+    http_remote *r = remote_new(0, NULL);
+    ck_file file = open_in(r, f, "fake://object", NULL);
     read_ok(&file, 40ull << 20, 1000);
-    cr_expect_leq(f->n, HTTP_CONNECTIONS);
+    cr_expect_leq(f->n, BC_PARALLEL);
     for (size_t i = 0; i < f->n; i++)
-        cr_expect_geq(f->log[i].len, HTTP_BLOCK);
+        cr_expect_geq(f->log[i].len, BC_BLOCK);
     cr_expect_eq(fetched(f), 40ull << 20, "straight into the caller's buffer, once");
     ck_source_close(&file);
+    http_remote_free(r);
     free(f);
 }
 
-/* An object keyed for the disk cache (DIR), opened anew each time as a new mount would. */
-static ck_file open_cached(fake *f, const char *dir)
+/* An object keyed for the disk cache, opened through r (whose disk cache is DIR). */
+static ck_file open_cached(http_remote *r, fake *f)
 {
-    http_configure(&(http_config){.cache_dir = dir});
-    ck_file file;
-    ck_error err;
-    cr_assert_eq(http_open_fetch("fake://cached", f->size, "\"v1\"", serve, f, &file, &err), 0,
-                 "%s", err.msg);
-    return file;
+    return open_in(r, f, "fake://cached", "\"v1\"");
 }
 
-/* A new open of f, as a new mount would: [off, off+len) comes from the disk, nothing fetched. */
+/* A new open of f in a new remote context, as a new mount would: [off, off+len) comes from
+ * the disk, nothing fetched. */
 static void expect_from_disk(fake *f, const char *dir, size_t len, uint64_t off)
 {
-    ck_file file = open_cached(f, dir);
+    http_remote *r = remote_new(0, dir);
+    ck_file file = open_cached(r, f);
     uint64_t before = fetched(f);
     read_ok(&file, len, off);
     settle(f);
     cr_expect_eq(fetched(f), before, "[%llu, +%zu) fetched, not read from disk",
                  (unsigned long long)off, len);
     ck_source_close(&file);
+    http_remote_free(r);
 }
 
 Test(http_cache, a_stream_stores_whole_blocks_that_the_next_open_reads_from_disk)
 {
     const char *dir = tmp_dir();
     fake *f = fake_new(20ull << 20);
-    ck_file file = open_cached(f, dir);
+    http_remote *r = remote_new(0, dir);
+    ck_file file = open_cached(r, f);
     for (uint64_t off = 0; off < f->size; off += 256 << 10)
         read_ok(&file, 256 << 10, off);
     settle(f);
     ck_source_close(&file);
+    http_remote_free(r);
     cr_expect_eq(fetched(f), f->size);
     expect_from_disk(f, dir, 12345, 777);         /* through the cache's pages */
     expect_from_disk(f, dir, f->size - 777, 777); /* every block, as a large read */
@@ -350,15 +380,17 @@ Test(http_cache, a_random_miss_fetches_only_its_pages_even_with_a_disk_cache)
 {
     const char *dir = tmp_dir();
     fake *f = fake_new(32ull << 20);
-    ck_file file = open_cached(f, dir);
+    http_remote *r = remote_new(0, dir);
+    ck_file file = open_cached(r, f);
     read_ok(&file, 4096, 12ull << 20);
-    cr_expect_eq(fetched(f), HTTP_FLOOR, "not a whole block: %llu",
+    cr_expect_eq(fetched(f), BC_FLOOR, "not a whole block: %llu",
                  (unsigned long long)fetched(f));
     /* the block's other pages, read at random until it is whole: then it is stored */
-    for (uint64_t off = 12ull << 20; off < (16ull << 20); off += HTTP_FLOOR)
-        read_ok(&file, HTTP_FLOOR, off);
+    for (uint64_t off = 12ull << 20; off < (16ull << 20); off += BC_FLOOR)
+        read_ok(&file, BC_FLOOR, off);
     settle(f);
     ck_source_close(&file);
+    http_remote_free(r);
     expect_from_disk(f, dir, 100000, (12ull << 20) + 5000);
     free(f);
 }
@@ -367,12 +399,34 @@ Test(http_cache, a_large_read_with_a_disk_cache_goes_block_by_block)
 {
     const char *dir = tmp_dir();
     fake *f = fake_new(24ull << 20);
-    ck_file file = open_cached(f, dir);
+    http_remote *r = remote_new(0, dir);
+    ck_file file = open_cached(r, f);
     read_ok(&file, (12ull << 20) + 4321, 1000); /* whole blocks and two partial ones */
     for (size_t i = 0; i < f->n; i++) /* each asked whole, so that it can be stored */
-        cr_expect(f->log[i].off % HTTP_BLOCK == 0 && f->log[i].len == HTTP_BLOCK);
+        cr_expect(f->log[i].off % BC_BLOCK == 0 && f->log[i].len == BC_BLOCK);
     cr_expect(ck_file_unchanged(&file));
     ck_source_close(&file);
-    expect_from_disk(f, dir, 8ull << 20, HTTP_BLOCK);
+    http_remote_free(r);
+    expect_from_disk(f, dir, 8ull << 20, BC_BLOCK);
+    free(f);
+}
+
+Test(http_cache, two_remote_contexts_share_nothing)
+{
+    fake *f = fake_new(16ull << 20);
+    http_remote *r1 = remote_new(0, NULL), *r2 = remote_new(0, NULL);
+    ck_file a = open_in(r1, f, "fake://object", NULL), b = open_in(r2, f, "fake://object", NULL);
+    read_ok(&a, 4096, 8ull << 20);
+    cr_expect_eq(fetched(f), BC_FLOOR);
+    read_ok(&a, 4096, 8ull << 20); /* held in r1's cache */
+    cr_expect_eq(fetched(f), BC_FLOOR);
+    read_ok(&b, 4096, 8ull << 20); /* not in r2's: fetched again */
+    cr_expect_eq(fetched(f), 2 * BC_FLOOR);
+    ck_source_close(&a);
+    http_remote_free(r1);
+    read_ok(&b, 4096, 8ull << 20); /* r2 goes on without r1 */
+    cr_expect_eq(fetched(f), 2 * BC_FLOOR);
+    ck_source_close(&b);
+    http_remote_free(r2);
     free(f);
 }
