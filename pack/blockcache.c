@@ -493,15 +493,25 @@ static int copy_out(bc_object *o, unsigned char *buf, size_t len, uint64_t off, 
     return 0;
 }
 
+/* Notes a read of [off, off+len) and starts its fetches, running the one left to it (under the
+ * cache lock). *keep: the stamp of what the read touches, which stays until the read is done
+ * with it. */
+static int begin_read(bc_object *o, size_t len, uint64_t off, uint64_t *keep)
+{
+    *keep = o->c->clock + 1;
+    page_fetch *mine = NULL;
+    int rc = start_reads(o, len, off, *keep, &mine);
+    run_mine(o->c, mine);
+    return rc;
+}
+
 /* Reads [off, off+len) (within one or two blocks) through the cache. */
 static int read_cached(bc_object *o, unsigned char *buf, size_t len, uint64_t off)
 {
     bc_cache *c = o->c;
+    uint64_t keep;
     pthread_mutex_lock(&c->lock);
-    uint64_t keep = c->clock + 1; /* what this read touches stays until it has copied */
-    page_fetch *mine = NULL;
-    int rc = start_reads(o, len, off, keep, &mine);
-    run_mine(c, mine);
+    int rc = begin_read(o, len, off, &keep);
     if (rc == 0)
         rc = copy_out(o, buf, len, off, keep);
     pthread_mutex_unlock(&c->lock);
@@ -672,11 +682,9 @@ int bc_read(bc_object *o, void *buf, size_t len, uint64_t off)
 ssize_t bc_hold(bc_object *o, size_t len, uint64_t off, const void **ptr, void **token)
 {
     bc_cache *c = o->c;
+    uint64_t keep;
     pthread_mutex_lock(&c->lock);
-    uint64_t keep = c->clock + 1; /* what this read touches stays until it is held */
-    page_fetch *mine = NULL;
-    int rc = start_reads(o, len, off, keep, &mine);
-    run_mine(c, mine);
+    int rc = begin_read(o, len, off, &keep);
     uint64_t at = off / BC_BLOCK * BC_BLOCK;
     if (len > at + BC_BLOCK - off)
         len = (size_t)(at + BC_BLOCK - off);
