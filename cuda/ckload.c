@@ -726,7 +726,7 @@ static int open_direct(const ckl_load *l, uint32_t f)
         return -1;
     if (force ? strcmp(force, "1") != 0 : !direct_pays(l, f))
         return -1;
-    int fd = open(cf->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    int fd = open(cf->path, O_RDONLY | O_DIRECT | O_NONBLOCK | O_CLOEXEC); /* a FIFO: no wait */
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) != 0 || !ck_file_matches(cf, &st))) {
         close(fd);

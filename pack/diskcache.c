@@ -312,7 +312,9 @@ int dc_get(diskcache *c, const dc_key *k, uint64_t index, unsigned char *block, 
 {
     char name[DC_NAME_MAX];
     dc_name(k, index, name);
-    int fd = openat(c->dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO planted at the name must not block the open; it is no regular file,
+     * so a miss (and removed) */
+    int fd = openat(c->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return -1;
     unsigned char h[DC_HEADER], sum[16];

@@ -175,7 +175,7 @@ enum { MAX_HEADER_BYTES = 64 << 10, MAX_DISCARD = 64 << 10, RECV_BUFFER = 128 <<
 /* What one response said, and where its body went. */
 typedef struct reply {
     long status;
-    char etag[256], range[128], retry_after[64];
+    char etag[256], range[128], retry_after[64], encoding[64];
     size_t header_bytes;
     unsigned char *dst; /* the body of a 2xx goes here, at most cap bytes */
     size_t cap, got;
@@ -218,6 +218,8 @@ static size_t on_header(char *b, size_t size, size_t n, void *ctx)
         header_value(r->range, sizeof r->range, colon + 1, rest);
     else if (k == 11 && strncasecmp(b, "retry-after", 11) == 0)
         header_value(r->retry_after, sizeof r->retry_after, colon + 1, rest);
+    else if (k == 16 && strncasecmp(b, "content-encoding", 16) == 0)
+        header_value(r->encoding, sizeof r->encoding, colon + 1, rest);
     return len;
 }
 
@@ -386,6 +388,10 @@ static enum outcome check_body(request *q)
 {
     reply *r = &q->r;
     http_target *o = q->o;
+    /* Asked for identity: an encoded body is not the object's bytes, whatever its length. */
+    if (r->encoding[0] && strcasecmp(r->encoding, "identity") != 0)
+        return fail(q, -EIO, "the body is encoded (Content-Encoding: %s), not the object's "
+                    "bytes", r->encoding);
     if (q->last < q->first) /* a whole document */
         return r->status == 200 ? DONE : fail(q, -EIO, "HTTP %s, not 200", "2xx");
     if (r->status != 206)

@@ -16,6 +16,7 @@ Contract:
   * Nothing here knows what ckptfs does: the log is the server's account of what was asked.
 """
 import email.utils
+import gzip
 import hashlib
 import http.server
 import json
@@ -332,6 +333,8 @@ class Fault:
       redirect      to (a base URL) : 302 to to + the same path (and query); to=None: to itself (a loop)
       gigantic      limit (8 GiB): Content-Length 2**50 and zeros until the client leaves or `limit`
       weak_etag     the right answer with a weak ETag (W/"..."), which If-Match never matches
+      encoded       Content-Encoding: gzip, the range's bytes gzipped and the body cut or padded
+                    to exactly the range's length (what a reader that ignores the header takes)
     """
 
     def __init__(self, kind, times=None, skip=0, path=None, methods=("GET", "HEAD"), every=1,
@@ -663,6 +666,12 @@ class FileServer(_Served):
                 length = n + p.get("extra", 4096)
             if status == 200 and kind == "wrong_total":
                 length = total
+            if kind == "encoded":
+                body = gzip.compress(os.pread(f.fileno(), n, start))[:n].ljust(n, b"\0")
+                req.head(status, [("Content-Length", n), ("Content-Encoding", "gzip"), *cr, *base])
+                if req.method != "HEAD":
+                    req.body(body)
+                return
             req.head(status, [("Content-Length", length), *cr, *base])
             if req.method == "HEAD":
                 return

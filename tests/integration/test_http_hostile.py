@@ -61,6 +61,7 @@ def ckpt_fails(*args):
     ("bad_range", {}),
     ("long_body", {"extra": 64 << 20}),
     ("ignore_range", {}),  # no Range support: the whole object would come, every time
+    ("encoded", {}),  # gzip'ed bodies of exactly the range's length
 ])
 def test_hostile_from_the_first_request(srv, mountpoint, kind, params):
     """Every answer is hostile: `ckpt ls` and `ckptfs` fail with one line, within bounded
@@ -82,6 +83,7 @@ def test_hostile_from_the_first_request(srv, mountpoint, kind, params):
     ("ignore_range", {}),
     ("truncate", {}),
     ("gigantic", {"limit": 2 << 30}),
+    ("encoded", {}),
 ])
 def test_hostile_after_mounting(mount, srv, sample, kind, params):
     """The mount went well, then every answer is hostile: each read gives the right bytes or

@@ -217,6 +217,26 @@ Test(diskcache, a_damaged_file_is_a_miss_and_is_removed)
     empty_dir(dir);
 }
 
+/* A FIFO planted at a block's name (no writer ever comes) would block a reader's open for good:
+ * it is a miss, at once, and removed (the test's timeout catches a hang). */
+Test(diskcache, a_fifo_at_a_blocks_name_is_a_miss_not_a_hang, .timeout = 20)
+{
+    const char *dir = tmp_dir();
+    ck_error err;
+    diskcache *c = dc_open(dir, 0, NULL, &err);
+    cr_assert(c, "%s", err.msg);
+    dc_key k = key("https://h/m", "\"e\"", "", 5000);
+    char name[DC_NAME_MAX];
+    dc_name(&k, 0, name);
+    cr_assert_eq(mkfifo(strf("%s/%s", dir, name), 0600), 0);
+    unsigned char got[3000];
+    cr_expect_eq(dc_get(c, &k, 0, got, sizeof got, 0, sizeof got), -1);
+    struct stat st;
+    cr_expect_neq(lstat(strf("%s/%s", dir, name), &st), 0, "the FIFO is removed");
+    dc_close(c);
+    empty_dir(dir);
+}
+
 Test(diskcache, the_bound_evicts_the_least_recently_used)
 {
     const char *dir = tmp_dir();
