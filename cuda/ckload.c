@@ -28,7 +28,7 @@
 /* The readers and chunk size a load picks where its caller left them 0 (choose_readers): the
  * usual ones, those for a host load mostly read through the O_DIRECT bounce, and those of a
  * load staged through pinned buffers (CUDA: the sweep on an H200, BENCHMARKS.md issue 29). */
-enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, MAX_STAGES = 64, BOUNCED_THREADS = 8,
+enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, BOUNCED_THREADS = 8,
        STAGED_THREADS = 8 };
 /* The io_uring engine's reads in flight (open_ring), and how much of the block its helper faults
  * in at a time (fault_ahead). */
@@ -815,6 +815,26 @@ static int pick_device(ckl_load *l, char *err, size_t errlen)
     return -1;
 }
 
+/* Whether o's numbers are within their bounds (ckload.h); else err says which is not. Checked
+ * before anything is sized by them: a buffer size near 2^64 wrapped in the gather's arithmetic,
+ * and a million threads were started. */
+static int options_valid(const ckl_options *o, const char *path, char *err, size_t errlen)
+{
+    if (o->threads > CKL_MAX_THREADS)
+        snprintf(err, errlen, "%s: %u reader threads (at most %u)", path, o->threads,
+                 CKL_MAX_THREADS);
+    else if (o->buffers > CKL_MAX_BUFFERS)
+        snprintf(err, errlen, "%s: %u staging buffers per thread (at most %u)", path,
+                 o->buffers, CKL_MAX_BUFFERS);
+    else if (o->buffer_size &&
+             (o->buffer_size < CKL_MIN_BUFFER_SIZE || o->buffer_size > CKL_MAX_BUFFER_SIZE))
+        snprintf(err, errlen, "%s: a buffer size of %zu bytes (%u to %llu)", path,
+                 o->buffer_size, CKL_MIN_BUFFER_SIZE, CKL_MAX_BUFFER_SIZE);
+    else
+        return 1;
+    return 0;
+}
+
 int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
                    size_t errlen)
 {
@@ -836,9 +856,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     l->opt = *o;
     if (!l->opt.buffers)
         l->opt.buffers = DEFAULT_STAGES;
-    if (l->opt.buffers > MAX_STAGES) {
-        snprintf(err, errlen, "%s: %u staging buffers per thread (at most %d)", l->path,
-                 l->opt.buffers, MAX_STAGES);
+    if (!options_valid(&l->opt, l->path, err, errlen)) {
         free_load(l);
         return -1;
     }

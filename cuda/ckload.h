@@ -82,6 +82,12 @@ typedef struct ckl_slice {
 typedef struct ckl_pool ckl_pool;
 typedef struct ckl_load ckl_load;
 
+/* The options' bounds: a load given a value outside them fails at start, naming the option. */
+#define CKL_MAX_THREADS 256u              /* threads */
+#define CKL_MIN_BUFFER_SIZE 4096u         /* buffer_size, when not 0 */
+#define CKL_MAX_BUFFER_SIZE (1ull << 32)
+#define CKL_MAX_BUFFERS 64u               /* buffers */
+
 typedef struct ckl_options {
     int device;              /* enum ckl_device */
     int cuda_device;         /* ordinal, for CKL_CUDA / CKL_AUTO */

@@ -470,11 +470,12 @@ static int cmd_load(int argc, char **argv)
                 return usage_error("load", "--device: cpu, cuda, cuda:N or auto");
         } else if (strcmp(opt, "--only") == 0)
             o.only = val;
-        else if (strcmp(opt, "--threads") == 0 && n && n <= 256)
+        else if (strcmp(opt, "--threads") == 0 && n && n <= CKL_MAX_THREADS)
             o.threads = (unsigned)n;
-        else if (strcmp(opt, "--buffers") == 0 && n && n <= 64)
+        else if (strcmp(opt, "--buffers") == 0 && n && n <= CKL_MAX_BUFFERS)
             o.buffers = (unsigned)n;
-        else if (strcmp(opt, "--buffer-size") == 0 && n >= 4096 && n <= (1ull << 32))
+        else if (strcmp(opt, "--buffer-size") == 0 && n >= CKL_MIN_BUFFER_SIZE &&
+                 n <= CKL_MAX_BUFFER_SIZE)
             o.buffer_size = (size_t)n;
         else if (strcmp(opt, "--slice") == 0 && o.nslices < MAX_SLICES) {
             if (parse_slice(argv[i + 1], &slices[o.nslices++]) != 0)

@@ -352,8 +352,12 @@ class Load:
                  world_size: int = 1, buffers: int = 0, _read: int = READ_ALL) -> None:
         lib = library()
         dev, ordinal = _parse_device(device)
-        if int(threads) < 0 or int(buffer_size) < 0 or int(buffers) < 0:
-            raise ValueError("ckload: threads, buffer_size and buffers must be >= 0")
+        # ctypes would wrap what its field cannot hold; the library checks the real bounds
+        for name, v, field in (("threads", threads, _c.c_uint),
+                               ("buffer_size", buffer_size, _c.c_size_t),
+                               ("buffers", buffers, _c.c_uint)):
+            if not 0 <= int(v) < 1 << (8 * _c.sizeof(field)):
+                raise ValueError(f"ckload: {name} must be >= 0 and fit in {field.__name__}")
         o = Options()
         lib.ckl_default_options(_c.byref(o))
         o.device, o.cuda_device = dev, ordinal

@@ -427,6 +427,29 @@ def test_a_long_path_is_kept_whole(tmp_path):
     assert os.strerror(2) in load_error(missing, device="cpu")
 
 
+@pytest.mark.parametrize("kw, says", [
+    ({"threads": 10**6}, "1000000 reader threads (at most 256)"),
+    ({"buffers": 65}, "65 staging buffers per thread (at most 64)"),
+    ({"buffer_size": 2**64 - 4096}, f"a buffer size of {2**64 - 4096} bytes (4096 to {2**32})"),
+    ({"buffer_size": 100}, "a buffer size of 100 bytes (4096 to"),
+])
+def test_options_out_of_bounds_are_refused_before_anything_is_sized(tmp_path, kw, says):
+    """An absurd option is refused at the start, naming its bound: a buffer size near 2**64
+    wrapped in the gather of a cold strided .pt (a segfault), and threads=10**6 started
+    thousands of threads."""
+    src = torch_source(tmp_path)  # a .pt: strided tensors gathered through the buffer
+    for path in (src, pack(src, tmp_path / "out.pack")):
+        msg = load_error(path, device="cpu", **kw)
+        assert says in msg, msg
+
+
+def test_options_ctypes_cannot_hold_are_refused_not_wrapped(tmp_path):
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    for kw in ({"threads": 2**32 + 8}, {"buffers": 2**32 + 2}, {"buffer_size": 2**64 + 4096}):
+        with pytest.raises(ValueError):
+            ckload.load(out, device="cpu", **kw)
+
+
 def test_bad_arguments(tmp_path):
     out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
     for device in ["tpu", "cuda:x", "cuda:-1", ""]:
