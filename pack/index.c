@@ -1,5 +1,6 @@
 #include "index.h"
 #include "http.h" /* http_remote_free: an index's own remote */
+#include "names.h"
 #include "zip.h" /* zip_inflate_read */
 
 #include <errno.h>
@@ -168,6 +169,24 @@ int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error
         return ck_fail(err, ck_index_source(ix), "out of memory");
     ix->nmeta++;
     return 0;
+}
+
+int ck_index_unique_meta(ck_index *ix, ck_error *err)
+{
+    const char **keys = malloc((ix->nmeta ? ix->nmeta : 1) * sizeof *keys);
+    for (size_t i = 0; keys && i < ix->nmeta; i++)
+        keys[i] = ix->meta[i].key;
+    unsigned char *later = keys ? ck_names_repeated(keys, ix->nmeta) : NULL;
+    size_t n = 0;
+    for (size_t i = 0; later && i < ix->nmeta; i++)
+        if (!later[i])
+            ix->meta[n++] = ix->meta[i];
+    if (later)
+        ix->nmeta = n;
+    int ok = later != NULL;
+    free(later);
+    free(keys);
+    return ok ? 0 : ck_fail(err, ck_index_source(ix), "out of memory");
 }
 
 const ck_entry *ck_index_find(const ck_index *ix, const char *name)

@@ -143,6 +143,10 @@ ck_entry *ck_index_add_value(ck_index *ix, const char *name, size_t name_len,
                              enum ck_value_type type, const char *text, size_t len,
                              ck_error *err);
 int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error *err);
+
+/* Drops every metadata entry whose key an earlier one has (the first source's key wins: an
+ * index file's over its shards', a shard's over the next). O(n log n). 0, or -1 with err set. */
+int ck_index_unique_meta(ck_index *ix, ck_error *err);
 /* "None", "bool", "int", "float", "str", "bytes", "global": as index.json spells them. */
 const char *ck_value_type_name(enum ck_value_type t);
 /* Memory that lives as long as the index. NULL on out-of-memory. */

@@ -2,6 +2,7 @@
 #include "names.h"
 
 #include <fnmatch.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int is_digit(char c)
@@ -49,4 +50,32 @@ int ck_name_selected(const char *name, size_t len, const char *only)
     if (len >= n && memcmp(name, only, n) == 0 && (len == n || name[n] == '.'))
         return 1;
     return fnmatch(only, name, 0) == 0;
+}
+
+static int by_key_then_index(const void *a, const void *b, void *keys)
+{
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    int c = strcmp(((const char *const *)keys)[i], ((const char *const *)keys)[j]);
+    return c ? c : (i > j) - (i < j);
+}
+
+size_t *ck_names_grouped(const char *const *keys, size_t n)
+{
+    size_t *order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    qsort_r(order, n, sizeof *order, by_key_then_index, (void *)keys);
+    return order;
+}
+
+unsigned char *ck_names_repeated(const char *const *keys, size_t n)
+{
+    size_t *order = ck_names_grouped(keys, n);
+    unsigned char *later = order ? calloc(n ? n : 1, 1) : NULL;
+    for (size_t i = 1; later && i < n; i++)
+        later[order[i]] = strcmp(keys[order[i - 1]], keys[order[i]]) == 0;
+    free(order);
+    return later;
 }

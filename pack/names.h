@@ -17,4 +17,14 @@ int ck_name_selected(const char *name, size_t len, const char *only);
 /* Natural order of names: digit runs compare as numbers ("layers.2" < "layers.10"). */
 int ck_natural_cmp(const char *a, size_t alen, const char *b, size_t blen);
 
+/* The indices 0..n-1 of keys (n C strings) sorted by strcmp, equal keys in index order, so that
+ * each run of equal keys is one key's occurrences, first to last: how a repeated key is found
+ * (and which occurrence wins) in O(n log n) instead of a search per key. malloc'ed (n of them);
+ * NULL when memory runs out. */
+size_t *ck_names_grouped(const char *const *keys, size_t n);
+
+/* For each of keys (n C strings), whether an earlier one equals it: 1 for the repeats, 0 for
+ * each key's first occurrence. malloc'ed (n bytes); NULL when memory runs out. O(n log n). */
+unsigned char *ck_names_repeated(const char *const *keys, size_t n);
+
 #endif

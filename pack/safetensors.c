@@ -1,6 +1,7 @@
 #include "safetensors.h"
 #include "bytes.h"
 #include "json.h"
+#include "names.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -100,20 +101,88 @@ static int by_cstr(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* A JSON object's members in order, and their keys or their string values (NULL for another
+ * value) as strings to group (ck_names_grouped). */
+typedef struct members {
+    const cJSON **node;
+    const char **text;
+    size_t n;
+} members;
+
+/* obj's members with their keys (values: their string values) as text. 0, or -1 when memory
+ * runs out. */
+static int members_of(const cJSON *obj, int values, members *m)
+{
+    m->n = 0;
+    for (const cJSON *v = obj->child; v; v = v->next)
+        m->n++;
+    m->node = malloc((m->n ? m->n : 1) * sizeof *m->node);
+    m->text = malloc((m->n ? m->n : 1) * sizeof *m->text);
+    if (!m->node || !m->text) {
+        free(m->node), free(m->text);
+        return -1;
+    }
+    size_t i = 0;
+    for (const cJSON *v = obj->child; v; v = v->next, i++) {
+        m->node[i] = v;
+        m->text[i] = !values ? v->string : cJSON_IsString(v) ? v->valuestring : NULL;
+    }
+    return 0;
+}
+
+static void members_free(members *m)
+{
+    free(m->node);
+    free(m->text);
+}
+
+/* For each member of m, the member whose value its key takes: its key's last occurrence when it
+ * is the key's first, else SIZE_MAX (json.loads keeps a repeated key where it first appears,
+ * with the last value). malloc'ed; NULL when memory runs out. */
+static size_t *winners(const members *m)
+{
+    size_t *order = ck_names_grouped(m->text, m->n);
+    size_t *won = order ? malloc((m->n ? m->n : 1) * sizeof *won) : NULL;
+    for (size_t s = 0, e; won && s < m->n; s = e) {
+        for (e = s + 1; e < m->n && strcmp(m->text[order[s]], m->text[order[e]]) == 0; e++)
+            won[order[e]] = SIZE_MAX;
+        won[order[s]] = order[e - 1];
+    }
+    free(order);
+    return won;
+}
+
+/* Adds metadata object obj's members to ix (see winners); a value that is not a string is an
+ * error, or with stringify (an index file's "metadata") stands as its JSON text. */
+static int add_metadata(ck_index *ix, const cJSON *obj, int stringify, const char *path,
+                        ck_error *err)
+{
+    members m;
+    if (members_of(obj, 0, &m))
+        return ck_fail(err, path, "out of memory");
+    size_t *won = winners(&m);
+    int rc = won ? 0 : ck_fail(err, path, "out of memory");
+    for (size_t i = 0; i < m.n && rc == 0 && !stringify; i++)
+        if (!cJSON_IsString(m.node[i]))
+            rc = ck_fail(err, path, "__metadata__ value of '%s' is not a string", m.text[i]);
+    for (size_t i = 0; i < m.n && rc == 0; i++) {
+        if (won[i] == SIZE_MAX)
+            continue;
+        const cJSON *v = m.node[won[i]];
+        char *s = cJSON_IsString(v) ? NULL : cJSON_PrintUnformatted(v);
+        rc = ck_index_add_meta(ix, m.text[i], s ? s : v->valuestring, err);
+        free(s);
+    }
+    free(won);
+    members_free(&m);
+    return rc;
+}
+
 static int st_read_metadata(ck_index *ix, const cJSON *meta, const char *path, ck_error *err)
 {
     if (!cJSON_IsObject(meta))
         return ck_fail(err, path, "__metadata__ is not an object");
-    for (const cJSON *m = meta->child; m; m = m->next) {
-        if (!cJSON_IsString(m))
-            return ck_fail(err, path, "__metadata__ value of '%s' is not a string", m->string);
-        int have = 0;
-        for (size_t i = 0; i < ix->nmeta && !have; i++)
-            have = strcmp(ix->meta[i].key, m->string) == 0;
-        if (!have && ck_index_add_meta(ix, m->string, m->valuestring, err))
-            return -1;
-    }
-    return 0;
+    return add_metadata(ix, meta, 0, path, err);
 }
 
 /* Checks one tensor's description and fills t; the extent is checked against the others later. */
@@ -328,17 +397,21 @@ static int open_shard(ck_index *ix, const char *base, const char *name, ck_error
 /* Shards named by weight_map, each opened once, in order of first mention. */
 static int open_indexed_shards(ck_index *ix, const cJSON *map, const char *ipath, ck_error *err)
 {
-    for (const cJSON *v = map->child; v; v = v->next) {
+    for (const cJSON *v = map->child; v; v = v->next)
         if (!cJSON_IsString(v) || !ck_source_plain_name(v->valuestring))
             return ck_fail(err, ipath, "weight_map entry '%s' does not name a file in this "
                            "directory", v->string);
-        int seen = 0;
-        for (uint32_t i = 0; i < ix->nfiles && !seen; i++)
-            seen = strcmp(strrchr(ix->files[i].path, '/') + 1, v->valuestring) == 0;
-        if (!seen && open_shard(ix, ipath, v->valuestring, err) < 0)
-            return -1;
-    }
-    return 0;
+    members m;
+    if (members_of(map, 1, &m))
+        return ck_fail(err, ipath, "out of memory");
+    size_t *won = winners(&m); /* by value: a shard's first mention is its group's first */
+    int rc = won ? 0 : ck_fail(err, ipath, "out of memory");
+    for (size_t i = 0; i < m.n && rc == 0; i++)
+        if (won[i] != SIZE_MAX && open_shard(ix, ipath, m.text[i], err) < 0)
+            rc = -1;
+    free(won);
+    members_free(&m);
+    return rc;
 }
 
 static int by_entry_name(const void *a, const void *b)
@@ -389,6 +462,43 @@ static int open_listed_shards(ck_index *ix, int dirfd, const char *dir, const ch
     return rc;
 }
 
+/* Every tensor (by: ix's entries sorted by name, n of them) in the shard weight_map names for it
+ * (a repeated key: its last value, as json.loads reads it), and every name weight_map gives a
+ * tensor of some shard: one pass over both, sorted. */
+static int check_weight_map(const ck_index *ix, const ck_entry *const *by, size_t n,
+                            const cJSON *map, const char *ipath, ck_error *err)
+{
+    members m;
+    if (members_of(map, 0, &m))
+        return ck_fail(err, ipath, "out of memory");
+    size_t *order = ck_names_grouped(m.text, m.n);
+    int rc = order ? 0 : ck_fail(err, ipath, "out of memory");
+    size_t g = 0, stray = SIZE_MAX; /* the first name in weight_map that no shard holds */
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        for (; g < m.n && strcmp(m.text[order[g]], by[i]->name) < 0; g++)
+            stray = order[g] < stray ? order[g] : stray;
+        size_t e = g;
+        while (e < m.n && strcmp(m.text[order[e]], by[i]->name) == 0)
+            e++;
+        const char *shard = strrchr(ix->files[by[i]->ext.file].path, '/') + 1;
+        if (e == g)
+            rc = ck_fail(err, ipath, "tensor '%s' of shard %s is missing from weight_map",
+                         by[i]->name, shard);
+        else if (strcmp(m.node[order[e - 1]]->valuestring, shard))
+            rc = ck_fail(err, ipath, "weight_map puts tensor '%s' in %s, but it is in %s",
+                         by[i]->name, m.node[order[e - 1]]->valuestring, shard);
+        g = e;
+    }
+    for (; rc == 0 && g < m.n; g++)
+        stray = order[g] < stray ? order[g] : stray;
+    if (rc == 0 && stray != SIZE_MAX)
+        rc = ck_fail(err, ipath, "weight_map names tensor '%s', which is in no shard (%s)",
+                     m.text[stray], m.node[stray]->valuestring);
+    free(order);
+    members_free(&m);
+    return rc;
+}
+
 /* Every tensor in exactly one shard, and where weight_map says. Entries were appended shard by
  * shard, so sorting a copy of the names finds tensors that appear twice. */
 static int check_shards(const ck_index *ix, const cJSON *map, const char *dir, const char *ipath,
@@ -406,22 +516,8 @@ static int check_shards(const ck_index *ix, const cJSON *map, const char *dir, c
         if (strcmp(by[i - 1]->name, by[i]->name) == 0)
             rc = ck_fail(err, dir, "tensor '%s' is in two shards: %s and %s", by[i]->name,
                          ix->files[by[i - 1]->ext.file].path, ix->files[by[i]->ext.file].path);
-    for (size_t i = 0; map && i < n && rc == 0; i++) {
-        const cJSON *where = cJSON_GetObjectItemCaseSensitive(map, by[i]->name);
-        const char *shard = strrchr(ix->files[by[i]->ext.file].path, '/') + 1;
-        if (!where)
-            rc = ck_fail(err, ipath, "tensor '%s' of shard %s is missing from weight_map",
-                         by[i]->name, shard);
-        else if (strcmp(where->valuestring, shard))
-            rc = ck_fail(err, ipath, "weight_map puts tensor '%s' in %s, but it is in %s",
-                         by[i]->name, where->valuestring, shard);
-    }
-    /* Each weight_map name now either matched a tensor or is absent from every shard. */
-    if (rc == 0 && map && (size_t)cJSON_GetArraySize(map) != n)
-        for (const cJSON *v = map->child; v && rc == 0; v = v->next)
-            if (!ck_index_find(ix, v->string))
-                rc = ck_fail(err, ipath, "weight_map names tensor '%s', which is in no shard "
-                             "(%s)", v->string, v->valuestring);
+    if (rc == 0 && map)
+        rc = check_weight_map(ix, by, n, map, ipath, err);
     free(by);
     return rc;
 }
@@ -455,15 +551,9 @@ static cJSON *read_index_json(ck_index *ix, const char *ipath, ck_error *err)
         }
     }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
-    for (const cJSON *m = cJSON_IsObject(meta) ? meta->child : NULL; m; m = m->next) {
-        char *s = cJSON_IsString(m) ? NULL : cJSON_PrintUnformatted(m);
-        int bad = ck_index_add_meta(ix, m->string, s ? s : m->valuestring, err);
-        free(s);
-        if (bad) {
-            cJSON_Delete(root);
-            root = NULL;
-            break;
-        }
+    if (cJSON_IsObject(meta) && add_metadata(ix, meta, 1, ipath, err) != 0) {
+        cJSON_Delete(root);
+        root = NULL;
     }
     free(text);
     ck_source_close(&f);
@@ -492,6 +582,8 @@ static int open_sharded(struct http_remote *remote, const char *dir, const char 
     if (rc == 0)
         rc = check_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"), dir, ipath,
                           err);
+    if (rc == 0)
+        rc = ck_index_unique_meta(ix, err);
     cJSON_Delete(root);
     if (rc) {
         ck_index_free(ix);
@@ -518,6 +610,8 @@ int st_open_names(struct http_remote *remote, const char *base, const char *cons
         rc = open_shard(ix, base, names[i], err) < 0 ? -1 : 0;
     if (rc == 0)
         rc = check_shards(ix, NULL, base, base, err);
+    if (rc == 0)
+        rc = ck_index_unique_meta(ix, err);
     if (rc) {
         ck_index_free(ix);
         return -1;

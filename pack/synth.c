@@ -627,6 +627,26 @@ static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
     return o;
 }
 
+/* Adds ix's metadata, then extra's, to object meta, each key once (its first): a search of the
+ * sorted keys, not of the object per key (a million GGUF keys). 0, or -1 without memory. */
+static int add_metadata(cJSON *meta, const ck_index *ix, const ck_meta *extra, size_t nextra)
+{
+    size_t n = ix->nmeta + nextra;
+    const char **keys = malloc((n ? n : 1) * sizeof *keys);
+    for (size_t i = 0; keys && i < n; i++)
+        keys[i] = i < ix->nmeta ? ix->meta[i].key : extra[i - ix->nmeta].key;
+    unsigned char *later = keys ? ck_names_repeated(keys, n) : NULL;
+    for (size_t i = 0; later && i < n; i++) {
+        const ck_meta *m = i < ix->nmeta ? &ix->meta[i] : &extra[i - ix->nmeta];
+        if (!later[i])
+            cJSON_AddItemToObject(meta, m->key, cJSON_CreateString(m->value));
+    }
+    int ok = later != NULL;
+    free(later);
+    free(keys);
+    return ok ? 0 : -1;
+}
+
 /* The JSON header; tensors whose dtype the spec lacks are named in ckptfs.omitted instead. */
 static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep,
                        const ck_meta *extra, size_t nextra)
@@ -638,11 +658,8 @@ static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, ui
         return NULL;
     }
     cJSON_AddItemToObject(root, "__metadata__", meta);
-    for (size_t i = 0; i < ix->nmeta + nextra; i++) {
-        const ck_meta *m = i < ix->nmeta ? &ix->meta[i] : &extra[i - ix->nmeta];
-        if (!cJSON_GetObjectItemCaseSensitive(meta, m->key)) /* a key is written once */
-            cJSON_AddItemToObject(meta, m->key, cJSON_CreateString(m->value));
-    }
+    if (add_metadata(meta, ix, extra, nextra) != 0)
+        goto out;
     uint64_t at = 0;
     for (uint32_t k = 0; k < n; k++) {
         const ck_entry *e = &ix->entries[order[k]];

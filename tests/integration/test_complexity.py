@@ -1,0 +1,195 @@
+"""No superlinear parse (issue 25): every parser and every synthesized view costs O(input).
+
+Each case builds the same input shape at two sizes, SMALL and 10x SMALL items (keys, tensors,
+members, weight_map entries), with the libraries that write those formats (numpy, gguf-py) or
+byte by byte where a hostile shape is the point (repeated keys), and runs the same `ckpt`
+command on both: `ls --json` (the parser, the tree and index.json), `convert` to safetensors
+(the synthesized safetensors header: the mount's checkpoint.safetensors) and `pack` (the
+synthesized pack). The cost is the child's CPU time (user + system, from getrusage), the median
+of three runs, the sizes measured in the same test; 10x the input may cost at most RATIO times
+as much. A quadratic path costs ~100x; process start-up only lowers a ratio, so the bound holds
+on a busy machine. No wall-clock threshold anywhere."""
+import json
+import resource
+import statistics
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ckptfs_testlib import ckpt_bin, header_bytes, raw_file
+
+RATIO = 20  # 10x the input: at most this many times the cost (linear: ~10; quadratic: ~100)
+RUNS = 3
+
+
+def cpu_seconds(args, timeout=300):
+    """Median CPU time (children's user + system) of `ckpt ARGS`, which must succeed."""
+    times = []
+    for _ in range(RUNS):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        p = subprocess.run([ckpt_bin(), *map(str, args)], capture_output=True, timeout=timeout)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert p.returncode == 0, p.stderr.decode(errors="replace")
+        times.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(times)
+
+
+def assert_linear(tmp_path, make, small, commands=("ls",)):
+    """make(dir, n) -> source path; each command's cost at 10 * small within RATIO x small's."""
+    for cmd in commands:
+        costs = []
+        for n in (small, 10 * small):
+            d = tmp_path / f"{cmd}-{n}"
+            d.mkdir()
+            src = make(d, n)
+            args = {"ls": ["ls", src, "--json"],
+                    "convert": ["convert", src, d / "out.safetensors", "--skip-unsupported"],
+                    "pack": ["pack", src, d / "out.pack"]}[cmd]
+            costs.append(cpu_seconds(args))
+            for out in d.glob("out.*"):
+                out.unlink()
+        ratio = costs[1] / max(costs[0], 1e-3)
+        assert ratio <= RATIO, f"{cmd}: {small} items {costs[0]:.3f} s, 10x {costs[1]:.3f} s: " \
+                               f"{ratio:.1f}x"
+
+
+# --- sources ----------------------------------------------------------------------------------
+
+def tiny_tensors(n):
+    """n one-element F32 tensors, header and data (names with digits, as layers have)."""
+    header, at = {}, 0
+    for i in range(n):
+        header[f"layers.{i}.w"] = {"dtype": "F32", "shape": [1], "data_offsets": [at, at + 4]}
+        at += 4
+    return header, bytes(at)
+
+
+def metadata_text(n):
+    """A __metadata__ object of n keys as JSON text, a tenth of them repeated (the last value
+    stands, json.loads says): written by hand, since json.dumps writes a key once."""
+    pairs = [f'"key.{i}": "value {i}"' for i in range(n)]
+    pairs += [f'"key.{i}": "again {i}"' for i in range(0, n, 10)]
+    return "{" + ",".join(pairs) + "}"
+
+
+def safetensors_with_metadata(d, n):
+    text = '{"__metadata__": ' + metadata_text(n) + \
+           ', "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
+    return raw_file(d / "m.safetensors", text + " " * (-len(text) % 8), bytes(8))
+
+
+def safetensors_with_tensors(d, n):
+    header, data = tiny_tensors(n)
+    h = header_bytes(header)
+    p = d / "t.safetensors"
+    p.write_bytes(struct.pack("<Q", len(h)) + h + data)
+    return p
+
+
+def shards_with_index(d, n):
+    """Two shards of n/2 tensors each and an index naming all n, some twice."""
+    header, _ = tiny_tensors(n)
+    names = list(header)
+    weight_map = {}
+    for s, part in enumerate((names[: n // 2], names[n // 2:])):
+        sub, at = {}, 0
+        for name in part:
+            sub[name] = {"dtype": "F32", "shape": [1], "data_offsets": [at, at + 4]}
+            at += 4
+            weight_map[name] = f"model-{s}.safetensors"
+        h = header_bytes(sub)
+        (d / f"model-{s}.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + bytes(at))
+    index = {"metadata": {"total_size": 4 * n}, "weight_map": weight_map}
+    p = d / "model.safetensors.index.json"
+    p.write_text(json.dumps(index))
+    return p
+
+
+def gguf_file(d, keys, tensors):
+    import gguf
+    w = gguf.GGUFWriter(str(d / "m.gguf"), "llama")
+    for i in range(keys):
+        w.add_string(f"test.key.{i}", f"value {i}")
+    for i in range(tensors):
+        w.add_tensor(f"blk.{i}.w", np.zeros(1, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return d / "m.gguf"
+
+
+def npz_file(d, n):
+    p = d / "m.npz"
+    np.savez(p, **{f"a{i}": np.zeros(1, dtype=np.float32) for i in range(n)})
+    return p
+
+
+# --- the cases --------------------------------------------------------------------------------
+
+def test_safetensors_metadata_keys(tmp_path):
+    """80k __metadata__ keys took 13.7 s (each compared with every earlier one)."""
+    assert_linear(tmp_path, safetensors_with_metadata, 20000, ("ls", "convert", "pack"))
+
+
+def test_safetensors_tensors(tmp_path):
+    assert_linear(tmp_path, safetensors_with_tensors, 10000, ("ls", "convert", "pack"))
+
+
+def test_shard_index_weight_map(tmp_path):
+    """200k weight_map entries took over 60 s (a linear lookup per tensor)."""
+    assert_linear(tmp_path, shards_with_index, 10000, ("ls", "convert", "pack"))
+
+
+def test_gguf_keys(tmp_path):
+    """1M GGUF keys made the synthesized safetensors header hang (a lookup per key)."""
+    assert_linear(tmp_path, lambda d, n: gguf_file(d, n, 1), 10000, ("ls", "convert", "pack"))
+
+
+def test_gguf_tensors(tmp_path):
+    assert_linear(tmp_path, lambda d, n: gguf_file(d, 1, n), 5000, ("ls", "convert", "pack"))
+
+
+def test_npz_members(tmp_path):
+    assert_linear(tmp_path, npz_file, 2000, ("ls", "pack"))
+
+
+def test_pack_entries(tmp_path):
+    def pack_of(d, n):
+        subprocess.run([ckpt_bin(), "pack", safetensors_with_tensors(d, n), d / "m.pack"],
+                       check=True, capture_output=True)
+        return d / "m.pack"
+    assert_linear(tmp_path, pack_of, 10000, ("ls", "convert"))
+
+
+@pytest.mark.parametrize("shape", ["metadata", "index"])
+def test_a_repeated_key_keeps_its_last_value_as_json_loads(tmp_path, shape):
+    """A key written twice in __metadata__ (or in an index file's metadata or weight_map) reads
+    as json.loads reads it: the last value, where the key first appears."""
+    if shape == "metadata":
+        text = '{"__metadata__": {"a": "1", "b": "2", "a": "3", "c": "4", "b": "5"}, ' \
+               '"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
+        src = raw_file(tmp_path / "m.safetensors", text + " " * (-len(text) % 8), bytes(8))
+        want = json.loads(text)["__metadata__"]
+    else:
+        header, _ = tiny_tensors(4)
+        for s, names in enumerate((list(header)[:2], list(header)[2:])):
+            sub = {k: dict(header[k], data_offsets=[4 * i, 4 * i + 4])
+                   for i, k in enumerate(names)}
+            h = header_bytes(sub)
+            (tmp_path / f"s{s}.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + bytes(8))
+        # layers.0.w named twice: first in the wrong shard, last in its own
+        text = '{"metadata": {"x": "1", "x": "2"}, "weight_map": {' \
+               '"layers.0.w": "s1.safetensors", "layers.1.w": "s0.safetensors", ' \
+               '"layers.2.w": "s1.safetensors", "layers.3.w": "s1.safetensors", ' \
+               '"layers.0.w": "s0.safetensors"}}'
+        src = tmp_path / "model.safetensors.index.json"
+        src.write_text(text)
+        want = json.loads(text)["metadata"]
+    p = subprocess.run([ckpt_bin(), "ls", src, "--json"], capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)["metadata"]
+    assert got == want and list(got) == list(want), (got, want)
