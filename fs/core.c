@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,9 @@ static int vfile_ready(ck_fs *fs, uint32_t k)
             fs->vfile[k].failed = 1;
         } else {
             fs->vfile[k].made = 1;
+            /* What the making freed (a JSON tree of every tensor: several times the file it
+             * made) goes back to the kernel, not kept for the life of the mount */
+            malloc_trim(0);
         }
     }
     int made = fs->vfile[k].made;

@@ -471,6 +471,7 @@ int main(int argc, char **argv)
         prefault_heap(o.source);
     if (build_view(&m, remote, o.source, &o) != 0)
         goto out;
+    malloc_trim(0); /* the parse's JSON tree and buffers: not kept for the life of the mount */
     char abs[PATH_MAX];
     if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
                                   ? abs : o.source) != 0 ||

@@ -317,7 +317,8 @@ static int read_value(rd *r, jbuf *m, jbuf *raw, unsigned *vt, size_t *vstart,
         }
         jput(m, "]", 1);
     }
-    jputs(m, "}");
+    /* The value's own file is the value and a newline: these very bytes (add_key) */
+    jputs(m, "\n}");
     return 0;
 }
 
@@ -355,8 +356,8 @@ static int note_key(rd *r, const char *key, unsigned vt, const char *value, kvin
 }
 
 /* Adds key's metadata (its typed JSON, m, flushed) and value entry: the value and a newline,
- * a string's raw bytes (raw) or else the value's JSON, which is m's text from vstart with a
- * newline in place of the closing brace (the index copies it; m is reset next). */
+ * a string's raw bytes (raw) or else the value's JSON, which is the metadata's own text from
+ * vstart up to its closing brace (held once: a 16 Mi-item array is ~100 MB of text). */
 static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, jbuf *m,
                    size_t vstart, jbuf *raw, ck_error *err)
 {
@@ -372,10 +373,11 @@ static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, jbuf
     int rc = ck_index_add_meta(ix, key, m->s, err);
     if (rc == 0)
         ix->meta[ix->nmeta - 1].json = 1;
-    m->s[m->len - 1] = '\n';
-    const char *text = vt == GV_STR ? raw->s : m->s + vstart;
-    size_t len = vt == GV_STR ? raw->len : m->len - vstart;
-    if (rc == 0 && !ck_index_add_value(ix, name, nlen, gv_types[vt].value, text, len, err))
+    if (rc == 0 && !(vt == GV_STR ? ck_index_add_value(ix, name, nlen, gv_types[vt].value,
+                                                       raw->s, raw->len, err)
+                                  : ck_index_add_value_held(ix, name, nlen, gv_types[vt].value,
+                                                            ix->meta[ix->nmeta - 1].value + vstart,
+                                                            m->len - vstart - 1, err)))
         rc = -1;
     free(name);
     return rc;

@@ -132,20 +132,28 @@ ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, ui
     return e;
 }
 
+ck_entry *ck_index_add_value_held(ck_index *ix, const char *name, size_t name_len,
+                                  enum ck_value_type type, const char *text, size_t len,
+                                  ck_error *err)
+{
+    ck_entry *e = ck_index_add_entry(ix, name, name_len, CK_CONTIGUOUS, 0, NULL, err);
+    if (!e)
+        return NULL;
+    e->kind = CK_VALUE;
+    e->dtype = (uint8_t)type;
+    e->text = text;
+    e->nbytes = len;
+    return e;
+}
+
 ck_entry *ck_index_add_value(ck_index *ix, const char *name, size_t name_len,
                              enum ck_value_type type, const char *text, size_t len,
                              ck_error *err)
 {
-    ck_entry *e = ck_index_add_entry(ix, name, name_len, CK_CONTIGUOUS, 0, NULL, err);
-    char *copy = e ? ck_index_strndup(ix, text, len) : NULL;
+    char *copy = ck_index_strndup(ix, text, len);
     if (!copy)
-        return e ? ck_fail(err, ck_index_source(ix), "out of memory"), NULL
-                 : NULL;
-    e->kind = CK_VALUE;
-    e->dtype = (uint8_t)type;
-    e->text = copy;
-    e->nbytes = len;
-    return e;
+        return ck_fail(err, ck_index_source(ix), "out of memory"), NULL;
+    return ck_index_add_value_held(ix, name, name_len, type, copy, len, err);
 }
 
 const char *ck_value_type_name(enum ck_value_type t)

@@ -142,6 +142,11 @@ ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, ui
 ck_entry *ck_index_add_value(ck_index *ix, const char *name, size_t name_len,
                              enum ck_value_type type, const char *text, size_t len,
                              ck_error *err);
+/* The same for text the index already holds (its arena: another entry's or metadata's bytes),
+ * not copied. */
+ck_entry *ck_index_add_value_held(ck_index *ix, const char *name, size_t name_len,
+                                  enum ck_value_type type, const char *text, size_t len,
+                                  ck_error *err);
 int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error *err);
 
 /* Drops every metadata entry whose key an earlier one has (the first source's key wins: an

@@ -193,3 +193,69 @@ def test_a_repeated_key_keeps_its_last_value_as_json_loads(tmp_path, shape):
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)["metadata"]
     assert got == want and list(got) == list(want), (got, want)
+
+
+# --- the daemon's memory: per tensor, per metadata byte ----------------------------------------
+
+def daemon_kib(mnt):
+    import netlab
+    return netlab.daemon_peak_rss_kib(mnt, "VmRSS")
+
+
+def mounted_costs(mount, src):
+    """(KiB resident after the mount and index.json, KiB after both virtual files too)."""
+    with mount(src) as mnt:
+        (mnt / ".ckptfs" / "index.json").read_bytes()
+        after_mount = daemon_kib(mnt)
+        for name in ("checkpoint.safetensors", "checkpoint.pack"):
+            (mnt / ".ckptfs" / name).stat()
+        return after_mount, daemon_kib(mnt)
+
+
+@pytest.fixture
+def unsanitized():
+    import netlab
+    if netlab.sanitized():
+        pytest.skip("an ASan build's shadow memory and quarantine are not the daemon's")
+
+
+def test_daemon_memory_per_tensor(tmp_path, mount, unsanitized):
+    """docs/SEMANTICS.md, "Memory": at most 512 bytes per tensor once mounted (index entry,
+    name, tree, index.json) and 1,024 with both virtual files made; measured as the slope
+    between two sizes, so that what every mount holds anyway cancels out. The parse's JSON
+    tree (several times the header) is given back: 1M tensors held 884 MiB."""
+    small, big = 20000, 100000
+    costs = []
+    for n in (small, big):
+        d = tmp_path / str(n)
+        d.mkdir()
+        costs.append(mounted_costs(mount, safetensors_with_tensors(d, n)))
+    per_tensor = [(costs[1][k] - costs[0][k]) * 1024 / (big - small) for k in (0, 1)]
+    print(f"bytes per tensor: {per_tensor}")
+    assert per_tensor[0] <= 512, per_tensor
+    assert per_tensor[1] <= 1024, per_tensor
+
+
+def test_gguf_metadata_is_held_once(tmp_path, mount, unsanitized):
+    """A GGUF key's JSON text is held once (its metadata and its value file share it) plus once
+    as index.json's text: the mount's memory grows by at most 2.5 bytes per byte of that text
+    (3 before: the value file had a copy of its own)."""
+    import gguf
+    texts, costs = [], []
+    for n in (1 << 19, 5 << 19):
+        d = tmp_path / str(n)
+        d.mkdir()
+        w = gguf.GGUFWriter(str(d / "m.gguf"), "llama")
+        w.add_array("test.flags", [i % 3 == 0 for i in range(n)])
+        w.add_tensor("w", np.zeros(4, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        p = subprocess.run([ckpt_bin(), "ls", d / "m.gguf", "--json"], capture_output=True,
+                           timeout=120, check=True)
+        texts.append(len(p.stdout))  # the key's JSON text, and a little that both sizes share
+        costs.append(mounted_costs(mount, d / "m.gguf")[0])
+    per_byte = (costs[1] - costs[0]) * 1024 / (texts[1] - texts[0])
+    print(f"bytes per text byte: {per_byte:.2f}")
+    assert per_byte <= 2.5, per_byte

@@ -127,11 +127,12 @@ Test(gguf_ok, tensors_shapes_offsets)
     cr_assert(memcmp(v->text, "llama\n", 6) == 0);
     cr_assert_eq(ix->nmeta, 1);
     cr_assert(ix->meta[0].json);
-    cr_assert_str_eq(ix->meta[0].value, "{\"type\":\"STRING\",\"value\":\"llama\"}");
+    cr_assert_str_eq(ix->meta[0].value, "{\"type\":\"STRING\",\"value\":\"llama\"\n}");
     ck_index_free(ix);
 }
 
-/* Every value type's JSON and value file text. */
+/* Every value type's JSON and value file text: the value file is the metadata's own bytes
+ * from the value on, up to the closing brace (a newline before it). */
 Test(gguf_ok, every_value_type)
 {
     static const struct {
@@ -166,7 +167,7 @@ Test(gguf_ok, every_value_type)
         const char *path = one_tensor(&kv, 1, 32);
         free(kv.p);
         ck_index *ix = open_ok(path);
-        cr_assert_str_eq(ix->meta[0].value, strf("{\"type\":\"%s\",\"value\":%s}",
+        cr_assert_str_eq(ix->meta[0].value, strf("{\"type\":\"%s\",\"value\":%s\n}",
                                                  names[cases[i].type], cases[i].json));
         const ck_entry *v = ck_index_find(ix, "__metadata__.k");
         cr_assert_eq(v->nbytes, strlen(cases[i].json) + 1);
@@ -194,9 +195,9 @@ Test(gguf_ok, arrays_and_escapes)
     free(kv.p);
     ck_index *ix = open_ok(path);
     cr_assert_str_eq(ix->meta[0].value, "{\"type\":\"ARRAY\",\"item_type\":\"STRING\",\"value\":"
-                                        "[\"a\\\"b\\\\\",\"\\u000a\\u0001\",\"\\ufffdx\"]}");
+                                        "[\"a\\\"b\\\\\",\"\\u000a\\u0001\",\"\\ufffdx\"]\n}");
     cr_assert_str_eq(ix->meta[1].value, "{\"type\":\"ARRAY\",\"item_type\":\"INT16\",\"value\":"
-                                        "[-1,7]}");
+                                        "[-1,7]\n}");
     const ck_entry *v = ck_index_find(ix, "__metadata__.ints");
     cr_assert_eq(v->nbytes, 7);
     cr_assert(memcmp(v->text, "[-1,7]\n", 7) == 0);
