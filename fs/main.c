@@ -43,6 +43,8 @@ struct ck_opts {
     char *cacert;
     char *cache_dir;
     char *cache_max;
+    int auto_unmount;    /* -o auto_unmount given */
+    int no_auto_unmount; /* -o noauto_unmount given (mount.fuse.ckptfs: fstab's mounts) */
 };
 
 #define CK_OPT(t, p) {t, offsetof(struct ck_opts, p), 1}
@@ -59,6 +61,8 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("cacert=%s", cacert),
     CK_OPT("cache_dir=%s", cache_dir),
     CK_OPT("cache_max=%s", cache_max),
+    CK_OPT("auto_unmount", auto_unmount),
+    CK_OPT("noauto_unmount", no_auto_unmount),
     FUSE_OPT_END,
 };
 
@@ -138,13 +142,41 @@ static int mountpoint_fd(const char *mnt)
     return (int)fd;
 }
 
+/* Whether fusermount3, which libfuse runs to watch an auto_unmount mount, is on PATH. */
+static int have_fusermount(void)
+{
+    const char *path = getenv("PATH");
+    char dir[PATH_MAX];
+    for (const char *p = path ? path : ""; *p;) {
+        size_t n = strcspn(p, ":");
+        if (n && n < sizeof dir - sizeof "/fusermount3") {
+            snprintf(dir, sizeof dir, "%.*s/fusermount3", (int)n, p);
+            if (access(dir, X_OK) == 0)
+                return 1;
+        }
+        p += n + (p[n] == ':');
+    }
+    return 0;
+}
+
+/* Whether the mount is made with libfuse's auto_unmount: a daemon that dies (kill -9, a crash)
+ * takes its mount with it instead of leaving "Transport endpoint is not connected" behind. The
+ * default, unless asked otherwise (noauto_unmount: mount.fuse.ckptfs's, fstab's mounts being
+ * the administrator's), the mountpoint is another's (/dev/fd/N), or fusermount3, which does
+ * the watching, is not there (a container without it): then only when asked. */
+static int wants_auto_unmount(const struct ck_opts *o, int by_fd)
+{
+    return o->auto_unmount || (!o->no_auto_unmount && !by_fd && have_fusermount());
+}
+
 /* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df`, as
  * ck_location_shown has it (a URL without its userinfo and query: they are secrets). */
-static int add_mount_opts(struct fuse_args *args, const char *source)
+static int add_mount_opts(struct fuse_args *args, const char *source, int auto_unmount)
 {
     char *opts = NULL, *fsname = NULL, shown[CK_SHOWN_MAX];
     int rc = asprintf(&fsname, "fsname=%s", ck_location_shown(source, shown, sizeof shown)) < 0 ||
              fuse_opt_add_opt(&opts, "ro,default_permissions,subtype=ckptfs") ||
+             (auto_unmount && fuse_opt_add_opt(&opts, "auto_unmount")) ||
              fuse_opt_add_opt_escaped(&opts, fsname) || /* a ',' in SOURCE stays in the name */
              fuse_opt_add_arg(args, "-o") || fuse_opt_add_arg(args, opts);
     free(fsname);
@@ -474,7 +506,7 @@ int main(int argc, char **argv)
     malloc_trim(0); /* the parse's JSON tree and buffers: not kept for the life of the mount */
     char abs[PATH_MAX];
     if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
-                                  ? abs : o.source) != 0 ||
+                                  ? abs : o.source, wants_auto_unmount(&o, by_fd)) != 0 ||
         pthread_key_create(&m.read_buf, free) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
         goto out;

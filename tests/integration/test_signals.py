@@ -1,5 +1,8 @@
-"""SIGTERM / SIGINT / SIGHUP end a mount cleanly: unmounted, exit status 0; and the daemon goes
-away when unmounted with fusermount3."""
+"""SIGTERM / SIGINT / SIGHUP end a mount cleanly: unmounted, exit status 0; the daemon goes
+away when unmounted with fusermount3; a daemon killed outright (SIGKILL) takes its mount with it
+(libfuse's auto_unmount, the default), or with -o noauto_unmount leaves it for fusermount3 -u,
+as docs/SEMANTICS.md says."""
+import errno
 import os
 import signal
 import subprocess
@@ -141,5 +144,41 @@ def test_daemon_exits_after_fusermount(source, mountpoint):
         r = run(["fusermount3", "-u", mountpoint])
         assert r.returncode == 0, r.stderr
         assert wait_gone(mountpoint), "daemon did not exit after fusermount3 -u"
+    finally:
+        unmount(mountpoint)
+
+
+def killed(source, mountpoint, *options):
+    """Mounts source with options, checks it serves, and kills the daemon outright."""
+    p = run([ckptfs_bin(), *options, source, mountpoint])
+    assert p.returncode == 0, p.stderr
+    check_serving(mountpoint, source)
+    pids = ckptfs_pids(mountpoint)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+
+
+def test_a_killed_daemon_takes_its_mount_with_it(source, mountpoint):
+    """kill -9 left "Transport endpoint is not connected" until fusermount3 -u: with
+    auto_unmount (the default) the mount goes with the daemon, and the directory is itself."""
+    try:
+        killed(source, mountpoint)
+        assert wait_gone(mountpoint), "still mounted after the daemon was killed"
+        assert os.listdir(mountpoint) == []
+    finally:
+        unmount(mountpoint)
+
+
+def test_noauto_unmount_leaves_a_dead_mount_that_fusermount_clears(source, mountpoint):
+    try:
+        killed(source, mountpoint, "-o", "noauto_unmount")
+        time.sleep(0.5)
+        assert is_mounted(mountpoint)
+        with pytest.raises(OSError) as e:
+            os.listdir(mountpoint)
+        assert e.value.errno == errno.ENOTCONN
+        r = run(["fusermount3", "-u", mountpoint])
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(mountpoint) and os.listdir(mountpoint) == []
     finally:
         unmount(mountpoint)
