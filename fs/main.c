@@ -39,6 +39,7 @@ struct ck_opts {
     int uid_set, gid_set;
     double timeout;
     unsigned readahead_kb;
+    int readahead_set;
     char *cache_mem;
     char *cacert;
     char *cache_dir;
@@ -57,6 +58,7 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("gid=", gid_set),
     CK_OPT("timeout=%lf", timeout),
     CK_OPT("readahead=%u", readahead_kb),
+    CK_OPT("readahead=", readahead_set),
     CK_OPT("cache_mem=%s", cache_mem),
     CK_OPT("cacert=%s", cacert),
     CK_OPT("cache_dir=%s", cache_dir),
@@ -338,6 +340,25 @@ static int serve(struct fuse_session *se, const struct fuse_cmdline_opts *co)
 }
 
 /* -o NAME=VALUE as a size into *v (0 when absent). 0, or -1 reported. */
+/* The numeric options' bounds. sscanf reads "-5" as a huge unsigned and "nan" or "1e400" as
+ * doubles that libfuse would turn into undefined timeouts: each is refused, named. */
+enum { MAX_READAHEAD_KB = 1 << 20 }; /* 1 GiB */
+#define MAX_TIMEOUT_S 4294967295.0
+
+static int options_valid(const struct ck_opts *o)
+{
+    const char *why = !(o->timeout >= 0 && o->timeout <= MAX_TIMEOUT_S)
+                          ? "-o timeout: not a number of seconds from 0 to 4294967295"
+                      : o->readahead_set && o->readahead_kb > MAX_READAHEAD_KB
+                          ? "-o readahead: not a number of KiB from 0 to 1048576"
+                      : (o->uid_set && o->uid == ~0u) || (o->gid_set && o->gid == ~0u)
+                          ? "-o uid, gid: -1 (4294967295) names no user or group"
+                          : NULL;
+    if (why)
+        fprintf(stderr, "ckptfs: %s\n", why);
+    return !why;
+}
+
 static int option_size(const char *name, const char *value, uint64_t *v)
 {
     *v = value ? parse_size(value, 0) : 0;
@@ -446,7 +467,7 @@ int main(int argc, char **argv)
 {
     keep_freed_memory();
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-    struct ck_opts o = {.timeout = 86400, .readahead_kb = ~0u};
+    struct ck_opts o = {.timeout = 86400, .readahead_kb = 4096};
     struct fuse_cmdline_opts co = {0};
     ck_mount m = {0};
     struct fuse_session *se = NULL;
@@ -477,7 +498,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", argv[0]);
         goto out;
     }
-    if (check_mountpoint(o.mountpoint) != 0)
+    if (!options_valid(&o) || check_mountpoint(o.mountpoint) != 0)
         goto out;
     int by_fd = mountpoint_fd(o.mountpoint) >= 0; /* the path stays as libfuse parses it */
     if (!(co.mountpoint = by_fd ? strdup(o.mountpoint) : realpath(o.mountpoint, NULL))) {
@@ -520,8 +541,7 @@ int main(int argc, char **argv)
     if (serve_init(se) != 0)
         goto out;
     if (!by_fd) /* a mount made by someone else: its path is not ours to know */
-        set_readahead(co.mountpoint, o.readahead_kb == ~0u ? 4096 : o.readahead_kb,
-                      o.readahead_kb != ~0u);
+        set_readahead(co.mountpoint, o.readahead_kb, o.readahead_set);
     if (!co.foreground) {
         if (daemon_ready(ready) != 0) {
             fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));

@@ -241,3 +241,23 @@ def test_refused_after_parsing_frees_everything(tmp_path, mountpoint):
     assert p.returncode == 1, err
     assert err == f"ckptfs: {src}: tensors '1' and '1' map to one path\n", err
     assert not is_mounted(mountpoint)
+
+
+@pytest.mark.parametrize("option, says", [
+    ("timeout=-1", "-o timeout: not a number of seconds"),
+    ("timeout=nan", "-o timeout: not a number of seconds"),
+    ("timeout=1e400", "-o timeout: not a number of seconds"),
+    ("readahead=-5", "-o readahead: not a number of KiB"),  # sscanf's %u read it as 2**32-5
+    ("readahead=4294967295", "-o readahead: not a number of KiB"),
+    ("uid=-1", "-o uid, gid: -1"),
+    ("gid=4294967295", "-o uid, gid: -1"),
+    ("cache_mem=0", "-o cache_mem=0: not a size"),
+])
+def test_an_option_out_of_bounds_is_refused(tmp_path, mountpoint, option, says):
+    """A number libfuse would turn into an undefined timeout, a readahead of 4 TiB or an owner
+    of -1 is refused in one line, and nothing is mounted."""
+    src = tmp_path / "s.safetensors"
+    safetensors.torch.save_file({"a": torch.ones(2)}, str(src))
+    p = run([ckptfs_bin(), "-o", option, src, mountpoint], timeout=20)
+    assert not is_mounted(mountpoint) and p.returncode == 1 and p.stdout == b"", p.stderr
+    assert p.stderr.count(b"\n") == 1 and p.stderr.startswith(f"ckptfs: {says}".encode())
