@@ -628,13 +628,21 @@ static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
 }
 
 /* Adds ix's metadata, then extra's, to object meta, each key once (its first): a search of the
- * sorted keys, not of the object per key (a million GGUF keys). 0, or -1 without memory. */
+ * sorted keys, not of the object per key (a million GGUF keys). First, "format": "pt" when
+ * neither has a "format": transformers loads a safetensors file only with a format it knows
+ * (pt, tf, flax, mlx), the Hub's converter writes pt, and the tensors are as torch reads them.
+ * 0, or -1 without memory. */
 static int add_metadata(cJSON *meta, const ck_index *ix, const ck_meta *extra, size_t nextra)
 {
     size_t n = ix->nmeta + nextra;
     const char **keys = malloc((n ? n : 1) * sizeof *keys);
-    for (size_t i = 0; keys && i < n; i++)
+    int has_format = 0;
+    for (size_t i = 0; keys && i < n; i++) {
         keys[i] = i < ix->nmeta ? ix->meta[i].key : extra[i - ix->nmeta].key;
+        has_format |= strcmp(keys[i], "format") == 0;
+    }
+    if (keys && !has_format)
+        cJSON_AddItemToObject(meta, "format", cJSON_CreateString("pt"));
     unsigned char *later = keys ? ck_names_repeated(keys, n) : NULL;
     for (size_t i = 0; later && i < n; i++) {
         const ck_meta *m = i < ix->nmeta ? &ix->meta[i] : &extra[i - ix->nmeta];
@@ -681,8 +689,6 @@ static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, ui
         cJSON_AddItemToObject(meta, "ckptfs.omitted", cJSON_CreateString(list));
         free(list);
     }
-    if (!meta->child)
-        cJSON_DeleteItemFromObject(root, "__metadata__");
     text = cJSON_PrintUnformatted(root);
 out:
     cJSON_Delete(root);

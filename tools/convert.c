@@ -84,7 +84,7 @@ static int parse_args(int argc, char **argv, options *o)
 typedef struct plan {
     uint32_t *write, nwrite;  /* entries, natural order */
     uint32_t *omit, nomit;    /* unsupported dtypes left out (--skip-unsupported) */
-    ck_meta *extra;           /* "format": "pt", then one "alias": "kept" per dropped alias */
+    ck_meta *extra;           /* one "alias": "kept" per dropped alias */
     size_t nextra;
     uint64_t total;           /* bytes of the written tensors */
 } plan;
@@ -111,15 +111,13 @@ static int make_plan(const ck_index *ix, const options *o, plan *p)
         fprintf(stderr, "ckpt: %s\n", err.msg);
         return -1;
     }
-    size_t m = g.ntensors + 1;
+    size_t m = g.ntensors ? g.ntensors : 1;
     p->write = malloc(m * sizeof *p->write);
     p->omit = malloc(m * sizeof *p->omit);
     p->extra = malloc(m * sizeof *p->extra);
     int rc = p->write && p->omit && p->extra ? 0 : -1;
     if (rc != 0)
         fprintf(stderr, "ckpt: out of memory\n");
-    else
-        p->extra[p->nextra++] = (ck_meta){.key = "format", .value = "pt"};
     for (uint32_t k = 0; k < g.ntensors && rc == 0; k++) {
         const ck_entry *e = &ix->entries[g.tensors[k]];
         const ck_entry *first = &ix->entries[g.blob_entry[g.blob_of[k]]];
