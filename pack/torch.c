@@ -2,10 +2,10 @@
 #include "torch.h"
 #include "bytes.h"
 #include "pickle.h"
+#include "pickle_text.h"
 #include "zip.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,26 +40,8 @@ typedef int (*pt_visit)(pt_reader *r, size_t name_len, const pk_obj *leaf);
 
 /* --- text of keys and values --------------------------------------------------------------- */
 
-/* Python's repr of a float: the shortest text that reads back as the same double. */
-static size_t float_text(double d, char *buf, size_t cap)
-{
-    if (isnan(d))
-        return (size_t)snprintf(buf, cap, "nan");
-    if (isinf(d))
-        return (size_t)snprintf(buf, cap, d < 0 ? "-inf" : "inf");
-    int n = 0;
-    for (int prec = 1; prec <= 17; prec++) {
-        n = snprintf(buf, cap, "%.*g", prec, d);
-        if (strtod(buf, NULL) == d)
-            break;
-    }
-    if (!strpbrk(buf, ".e"))
-        n += snprintf(buf + n, cap - (size_t)n, ".0");
-    return (size_t)n;
-}
-
-/* The text Python's str() gives a scalar; *text points into buf or into the object. Returns 0,
- * or -1 when the object is no scalar. */
+/* The text Python's str() gives a scalar; *text points into buf (cap bytes, at least
+ * PK_FLOAT_REPR_MAX) or into the object. Returns 0, or -1 when the object is no scalar. */
 static int scalar_text(const pk_obj *o, char *buf, size_t cap, const char **text, size_t *len)
 {
     *text = buf;
@@ -74,7 +56,7 @@ static int scalar_text(const pk_obj *o, char *buf, size_t cap, const char **text
         *len = (size_t)snprintf(buf, cap, "%lld", (long long)o->u.i);
         return 0;
     case PK_FLOAT:
-        *len = float_text(o->u.f, buf, cap);
+        *len = pk_float_repr(o->u.f, buf);
         return 0;
     case PK_STR:
         *text = o->u.str.s;

@@ -3,8 +3,11 @@ compared entry by entry with what torch.load returns: every tensor file holds
 tensor.contiguous()'s bytes, every value file the value's text."""
 import io
 import json
+import math
 import os
 import pickle
+import random
+import struct
 import subprocess
 import time
 import zipfile
@@ -104,6 +107,37 @@ def test_values_read_as_text(tmp_path, mount):
         types = {v["name"]: v["type"] for v in read_index(mnt)["values"]}
         assert types == {"epoch": "int", "lr": "float", "name": "str", "ok": "bool",
                          "none": "None"}
+
+
+def random_floats(n, seed):
+    """n doubles of every kind repr() treats differently: random bits (subnormals included),
+    integral values, powers of ten and their neighbours around the 1e-5/1e-4 and 1e15/1e16
+    notation boundaries; never nan, which is not equal to itself."""
+    r = random.Random(seed)
+    xs = [0.0, -0.0, float("inf"), float("-inf"), 5e-324]
+    for k in list(range(-8, 0)) + list(range(13, 19)):
+        p = float("1e%d" % k)
+        xs += [p, -p, math.nextafter(p, 0), math.nextafter(p, math.inf), p * 3]
+    while len(xs) < n:
+        xs.append(struct.unpack("<d", r.getrandbits(64).to_bytes(8, "little"))[0])
+        xs.append(float(r.getrandbits(r.randint(1, 64))))
+        xs.append(r.uniform(-1, 1) * 10.0 ** r.randint(-7, 18))
+        xs.append(struct.unpack("<d", r.getrandbits(52).to_bytes(8, "little"))[0])
+    return [x for x in xs if x == x]
+
+
+def test_float_keys_and_values_read_as_python_str(tmp_path, mount):
+    """Float keys name entries, and float values read, exactly as Python's str() gives them."""
+    keys = random_floats(3000, 25)
+    obj = {k: torch.tensor([k]) if i % 100 == 0 else k for i, k in enumerate(keys)}
+    obj["values"] = keys
+    path = save(obj, tmp_path / "f.pt")
+    listed = json.loads(run([ckpt_bin(), "ls", "--json", path]).stdout)
+    names = {e["name"] for e in listed["tensors"] + listed.get("values", [])}
+    want = {str(k) for k, v in obj.items() if not isinstance(v, list)}
+    assert want <= names and len(names - want) == len(keys)
+    with mount(path) as mnt:
+        check_torch_mount(mnt, path, "pytorch-zip")
 
 
 def test_a_bare_tensor(tmp_path, mount):
