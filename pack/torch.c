@@ -29,7 +29,7 @@ typedef struct pt_reader {
     const char *prefix;
     size_t prefix_len;
     pt_place *places;         /* legacy: every storage, sorted by key */
-    size_t nplaces, cap_places;
+    size_t nplaces;
     char *name;               /* the walk's current name */
     size_t name_cap;
     size_t visits;
@@ -413,36 +413,23 @@ static int load_pickle_at(pt_reader *r, uint64_t *pos, pk_result *res)
     }
 }
 
-/* Collects each tensor's storage (the walk's first pass over a legacy file). */
-static int collect_storage(pt_reader *r, size_t name_len, const pk_obj *leaf)
+/* Every storage of the object pickle, sorted by key (the VM made one per key). Those of no
+ * tensor count too: the file holds their bytes all the same (a dict value set twice held one,
+ * and torch.load reads it and drops it). */
+static int collect_places(pt_reader *r, const pk_result *obj)
 {
-    (void)name_len;
-    if (leaf->type != PK_TENSOR)
+    r->nplaces = obj->nstorages;
+    if (r->nplaces == 0)
         return 0;
-    const pk_obj *s = leaf->u.tensor.storage;
-    if (r->nplaces == r->cap_places) {
-        size_t cap = r->cap_places ? 2 * r->cap_places : 64;
-        pt_place *p = realloc(r->places, cap * sizeof *p);
-        if (!p)
-            return ck_fail(r->err, r->path, "out of memory");
-        r->places = p;
-        r->cap_places = cap;
+    if (!(r->places = malloc(r->nplaces * sizeof *r->places)))
+        return ck_fail(r->err, r->path, "out of memory");
+    for (size_t i = 0; i < r->nplaces; i++) {
+        const pk_obj *s = obj->storages[i];
+        r->places[i] = (pt_place){.key = s->u.storage.key, .numel = s->u.storage.numel,
+                                  .dtype = s->u.storage.dtype, .bytes = UINT64_MAX};
     }
-    r->places[r->nplaces++] = (pt_place){.key = s->u.storage.key, .numel = s->u.storage.numel,
-                                         .dtype = s->u.storage.dtype, .bytes = UINT64_MAX};
+    qsort(r->places, r->nplaces, sizeof *r->places, place_by_key);
     return 0;
-}
-
-/* Sorts the storages by key and drops repeats (tensors sharing a storage). */
-static void unique_places(pt_reader *r)
-{
-    if (r->nplaces)
-        qsort(r->places, r->nplaces, sizeof *r->places, place_by_key);
-    size_t k = 0;
-    for (size_t i = 0; i < r->nplaces; i++)
-        if (k == 0 || strcmp(r->places[k - 1].key, r->places[i].key) != 0)
-            r->places[k++] = r->places[i];
-    r->nplaces = k;
 }
 
 /* After the pickles: for each key of the list, an 8-byte little-endian element count and the
@@ -457,7 +444,7 @@ static int place_legacy_storages(pt_reader *r, const pk_obj *keys, uint64_t pos)
         pt_place *p = k->type == PK_STR ? (pt_place *)legacy_place(r, k->u.str.s) : NULL;
         if (!p)
             return ck_fail(r->err, r->path, "storage key %zu of the list names no storage of "
-                           "a tensor (byte %llu)", i, (unsigned long long)pos);
+                           "the object pickle (byte %llu)", i, (unsigned long long)pos);
         unsigned char c[8];
         if (pos > f->size || f->size - pos < 8 || ck_file_read(f, c, 8, pos) != 0)
             return ck_fail(r->err, r->path, "storage '%s': its record runs past the end of the "
@@ -521,12 +508,9 @@ int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err)
     if (rc == 0)
         rc = load_pickle_at(&r, &pos, &keys);
     if (rc == 0)
-        rc = walk(&r, obj.root, collect_storage);
-    if (rc == 0) {
-        unique_places(&r);
-        r.visits = 0;
+        rc = collect_places(&r, &obj);
+    if (rc == 0)
         rc = place_legacy_storages(&r, keys.root, pos);
-    }
     if (rc == 0)
         rc = walk(&r, obj.root, add_leaf);
     pk_free(&obj);

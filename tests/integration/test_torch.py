@@ -1,6 +1,7 @@
 """PyTorch checkpoints (zip and legacy), written in the test run by Debian's torch, mounted and
 compared entry by entry with what torch.load returns: every tensor file holds
 tensor.contiguous()'s bytes, every value file the value's text."""
+import importlib.util
 import io
 import json
 import math
@@ -10,6 +11,7 @@ import random
 import struct
 import subprocess
 import time
+import types
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 import torch
 
 from ckptfs_testlib import (DTYPE_NAMES, assert_refused, check_torch_mount, ckpt_bin, ckptfs_bin,
-                            is_mounted, read_index, run, torch_bytes, unmount)
+                            flatten, is_mounted, read_index, run, torch_bytes, unmount)
 
 def save(obj, path, **kw):
     torch.save(obj, path, **kw)
@@ -138,6 +140,41 @@ def test_float_keys_and_values_read_as_python_str(tmp_path, mount):
     assert want <= names and len(names - want) == len(keys)
     with mount(path) as mnt:
         check_torch_mount(mnt, path, "pytorch-zip")
+
+
+def pickle_cases():
+    """tests/unit/pickle_cases.py, whose DupPickler writes dicts that set equal keys."""
+    path = Path(__file__).resolve().parents[1] / "unit" / "pickle_cases.py"
+    spec = importlib.util.spec_from_file_location("pickle_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kw", [{}, LEGACY], ids=["zip", "legacy"])
+def test_equal_keys_collapse_as_torch_load_has_them(tmp_path, mount, kw):
+    """A pickle that sets 1, True and 1.0 (or a str twice) is one entry, named by the first key,
+    holding the last value, as torch.load has it."""
+    pc = pickle_cases()
+    t = torch.arange(6, dtype=torch.int16)
+    many = [(k if i % 2 else float(k), torch.full((2,), i)) for i, k in
+            enumerate(i % 300 for i in range(1000))]
+    obj = pc.Pairs([(1, t), (True, "b"), (1.0, torch.ones(2)), ("w", t), ("w", 2.5),
+                    (0, "x"), (False, torch.zeros(3)), (-0.0, "z"), (2.5, t[1:]),
+                    ("n", pc.Pairs([("a", 1), ("a", t), ("b", None)])),
+                    ("many", pc.Pairs(many))])
+    path = tmp_path / "dup.pt"
+    module = types.ModuleType("dup_pickle")
+    module.Pickler, module.dump = pc.DupPickler, pickle.dump
+    torch.save(obj, path, pickle_module=module, **kw)
+    loaded = torch.load(path)
+    assert [str(k) for k in loaded] == ["1", "w", "0", "2.5", "n", "many"]  # what we fed in
+    listed = json.loads(run([ckpt_bin(), "ls", "--json", path]).stdout)
+    names = [e["name"] for e in listed["tensors"] + listed.get("values", [])]
+    assert sorted(names) == sorted(flatten(loaded))
+    fmt = "pytorch-legacy" if kw else "pytorch-zip"
+    with mount(path) as mnt:
+        check_torch_mount(mnt, path, fmt)
 
 
 def test_a_bare_tensor(tmp_path, mount):
