@@ -12,6 +12,14 @@
 
 #define PT_MAX_ENTRIES 10000000u /* shared subtrees could otherwise multiply without end */
 #define PT_MAX_NAME 65536u
+/* The entries' memory (their structs, names and value texts) may not pass this many bytes per
+ * byte of the object pickle, plus PT_INDEX_SLACK: a name repeats every enclosing key, and a
+ * container a pickle holds once is listed wherever it is shared, so without a bound a pickle of
+ * a few KB could name gigabytes (1,000 references to one dict of 1,000 keys named 60 bytes
+ * deep is a 10 KB pickle and 60 MB of names). Real checkpoints spend under 20 bytes of entry
+ * per pickle byte: flat state dicts about 1, optimizer lists of small ints under 20. */
+#define PT_INDEX_PER_BYTE 64u
+#define PT_INDEX_SLACK (64u << 20)
 
 /* Where a storage's bytes are in the source file. */
 typedef struct pt_place {
@@ -33,6 +41,7 @@ typedef struct pt_reader {
     char *name;               /* the walk's current name */
     size_t name_cap;
     size_t visits;
+    uint64_t index_left;      /* bytes the entries may still take (PT_INDEX_PER_BYTE) */
     ck_error *err;
 } pt_reader;
 
@@ -351,10 +360,25 @@ static int add_value(pt_reader *r, size_t name_len, const pk_obj *v)
     return rc;
 }
 
+/* Sets the entries' budget from the object pickle's size (see PT_INDEX_PER_BYTE). */
+static void budget_index(pt_reader *r, const pk_result *obj)
+{
+    r->index_left = (uint64_t)obj->consumed * PT_INDEX_PER_BYTE + PT_INDEX_SLACK;
+}
+
 static int add_leaf(pt_reader *r, size_t name_len, const pk_obj *leaf)
 {
     if (r->ix->nentries >= PT_MAX_ENTRIES)
         return ck_fail(r->err, r->path, "more than %u entries", PT_MAX_ENTRIES);
+    uint64_t text = leaf->type == PK_STR || leaf->type == PK_BYTES ? leaf->u.str.len + 1
+                                                                   : PK_FLOAT_REPR_MAX;
+    uint64_t bytes = sizeof(ck_entry) + name_len + 1 + text;
+    if (bytes > r->index_left)
+        return ck_fail(r->err, r->path, "the entries take more than %u bytes per byte of the "
+                       "object pickle, plus %u MiB: shared or deeply nested containers repeat "
+                       "them (at '%.64s', entry %zu)", PT_INDEX_PER_BYTE, PT_INDEX_SLACK >> 20,
+                       r->name, r->ix->nentries);
+    r->index_left -= bytes;
     return leaf->type == PK_TENSOR ? add_tensor(r, name_len, leaf) : add_value(r, name_len, leaf);
 }
 
@@ -511,8 +535,10 @@ int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err)
         rc = collect_places(&r, &obj);
     if (rc == 0)
         rc = place_legacy_storages(&r, keys.root, pos);
-    if (rc == 0)
+    if (rc == 0) {
+        budget_index(&r, &obj);
         rc = walk(&r, obj.root, add_leaf);
+    }
     pk_free(&obj);
     pk_free(&keys);
     free(r.places);
@@ -615,8 +641,10 @@ int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
         rc = check_zip_records(&r);
     if (rc == 0)
         rc = load_data_pkl(&r, &res);
-    if (rc == 0)
+    if (rc == 0) {
+        budget_index(&r, &res);
         rc = walk(&r, res.root, add_leaf);
+    }
     pk_free(&res);
     free(r.name);
     zip_free(&z);

@@ -276,6 +276,16 @@ def test_tensor_past_its_storage_is_refused(tmp_path, mountpoint):
     assert_refused(path, mountpoint)
 
 
+def test_shared_containers_cannot_multiply_the_entries(tmp_path, mountpoint):
+    """One dict of 3,000 keys listed at 3,000 places is a 200 KB pickle and 9M entries: refused
+    by the entries' budget (64 bytes per pickle byte + 64 MiB) before it takes a gigabyte."""
+    d = {"k" * 50 + str(i): i for i in range(3000)}
+    path = save([d] * 3000, tmp_path / "shared.pt")
+    assert len(torch.load(path)) == 3000
+    line = assert_refused(path, mountpoint)
+    assert "entries take more than 64 bytes per byte of the object pickle, plus 64 MiB" in line
+
+
 @pytest.mark.parametrize("cut", [10, 100, 1000, -22, -100])
 def test_truncated_archives_are_refused(tmp_path, mountpoint, cut):
     data = (save(training_checkpoint(), tmp_path / "t.pt")).read_bytes()
