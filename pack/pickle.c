@@ -890,9 +890,18 @@ static inline int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signe
  * by a seeded hash, so that setting n keys costs O(n) whatever they are. */
 #define KEY_SCAN 8
 
+/* A key's number (item index / stride) and the low bits of its hash: a probe compares keys
+ * only when those match, and growing the table needs no key again. For a dict of a million
+ * keys, each visit to a key is a cache miss, and they made setting keys cost three times
+ * more. */
+typedef struct key_slot {
+    uint32_t key;             /* KEY_EMPTY: an empty slot */
+    uint32_t hash;
+} key_slot;
+
 typedef struct key_table {
-    uint32_t *slot;           /* key number (item index / stride), or KEY_EMPTY */
-    size_t cap;               /* a power of two, over twice the keys */
+    key_slot *slot;
+    size_t cap;               /* a power of two (at most 2^32), over twice the keys */
     struct key_table *next;   /* vm.tables */
 } key_table;
 
@@ -976,64 +985,89 @@ static int same_key(const pk_obj *a, const pk_obj *b)
     }
 }
 
-/* The slot of t that holds the key equal to key among b's keys (every stride-th item), or the
- * empty slot where it would go. */
-static uint32_t *key_slot(const vm *v, const pk_box *b, size_t stride, const pk_obj *key)
+/* The slot for hash h in t: the one of the key same() finds equal to key among b's keys
+ * (every stride-th item), or the empty one where it would go. key NULL finds an empty slot. */
+static key_slot *key_find(const key_table *t, const pk_box *b, size_t stride, uint32_t h,
+                          const pk_obj *key)
 {
-    const key_table *t = b->keys;
     size_t mask = t->cap - 1;
-    for (size_t i = key_hash(v, key) & mask;; i = (i + 1) & mask)
-        if (t->slot[i] == KEY_EMPTY || same_key(b->seq.items[t->slot[i] * stride], key))
-            return &t->slot[i];
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        key_slot *s = &t->slot[i];
+        if (s->key == KEY_EMPTY ||
+            (key && s->hash == h && same_key(b->seq.items[(size_t)s->key * stride], key)))
+            return s;
+    }
 }
 
-/* Makes b's key table (the first time it outgrows KEY_SCAN keys) or doubles it, with every
- * key b holds. */
+/* Gives b a key table with every key it holds (the first time it holds more than KEY_SCAN)
+ * or doubles its table. */
 static int grow_keys(vm *v, pk_box *b, size_t stride)
 {
-    key_table *t = b->keys;
+    key_table *t = b->keys, old = t ? *t : (key_table){0};
     if (!t) {
         if (!(t = calloc(1, sizeof *t)))
             return oom(v);
         t->next = v->tables;
         v->tables = b->keys = t;
     }
-    size_t cap = t->cap ? 2 * t->cap : 4 * KEY_SCAN;
-    uint32_t *slot = malloc(cap * sizeof *slot);
+    size_t cap = old.cap ? 2 * old.cap : 4 * KEY_SCAN;
+    key_slot *slot = malloc(cap * sizeof *slot);
     if (!slot)
         return oom(v);
     memset(slot, 0xff, cap * sizeof *slot); /* KEY_EMPTY */
-    free(t->slot);
     t->slot = slot;
     t->cap = cap;
-    for (size_t k = 0; k < b->seq.n / stride; k++)
-        *key_slot(v, b, stride, b->seq.items[k * stride]) = (uint32_t)k;
+    if (old.slot) {
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.slot[i].key != KEY_EMPTY)
+                *key_find(t, b, stride, old.slot[i].hash, NULL) = old.slot[i];
+        free(old.slot);
+        return 0;
+    }
+    for (size_t k = 0; k < b->seq.n / stride; k++) {
+        uint32_t h = (uint32_t)key_hash(v, b->seq.items[k * stride]);
+        *key_find(t, b, stride, h, NULL) = (key_slot){(uint32_t)k, h};
+    }
     return 0;
 }
 
-/* The number of b's key equal to key (every stride-th item is a key), or -1 when none is. */
-static int64_t find_key(const vm *v, const pk_box *b, size_t stride, const pk_obj *key)
+/* Where a key goes in its container's table (found by find_key, filled by note_key). */
+typedef struct key_place {
+    key_slot *hole;           /* NULL: the container has no table */
+    uint32_t hash;
+} key_place;
+
+/* The number of b's key equal to key (every stride-th item is a key), or -1 when none is;
+ * then *at says where it would go. */
+static int64_t find_key(const vm *v, const pk_box *b, size_t stride, const pk_obj *key,
+                        key_place *at)
 {
+    *at = (key_place){0};
     if (!b->keys) {
         for (size_t k = 0; k < b->seq.n / stride; k++)
             if (same_key(b->seq.items[k * stride], key))
                 return (int64_t)k;
         return -1;
     }
-    uint32_t k = *key_slot(v, b, stride, key);
-    return k == KEY_EMPTY ? -1 : (int64_t)k;
+    at->hash = (uint32_t)key_hash(v, key);
+    key_slot *s = key_find(b->keys, b, stride, at->hash, key);
+    if (s->key != KEY_EMPTY)
+        return s->key;
+    at->hole = s;
+    return -1;
 }
 
-/* Notes b's last key (just added) in its table, making or growing the table as needed. */
-static int index_last_key(vm *v, pk_box *b, size_t stride)
+/* Notes b's last key (just added where find_key said) in its table, making or growing the
+ * table as needed. */
+static int note_key(vm *v, pk_box *b, size_t stride, key_place at)
 {
     size_t n = b->seq.n / stride;
     if (n <= KEY_SCAN)
         return 0;
-    if (!b->keys || 2 * n > b->keys->cap)
-        return grow_keys(v, b, stride); /* which notes every key */
-    *key_slot(v, b, stride, b->seq.items[(n - 1) * stride]) = (uint32_t)(n - 1);
-    return 0;
+    if (!at.hole)
+        return grow_keys(v, b, stride); /* the first table, with every key */
+    *at.hole = (key_slot){(uint32_t)(n - 1), at.hash};
+    return 2 * n > b->keys->cap ? grow_keys(v, b, stride) : 0;
 }
 
 static void free_tables(key_table *t)
@@ -1062,7 +1096,8 @@ static int set_item(vm *v, pk_box *d, pk_obj *key, pk_obj *val)
 {
     if (check_hashable(v, key, "dict key"))
         return -1;
-    int64_t k = find_key(v, d, 2, key);
+    key_place place;
+    int64_t k = find_key(v, d, 2, key, &place);
     if (k >= 0) {
         pk_obj **at = &d->seq.items[2 * k + 1];
         if (admit(v, d, val, walk_of(*at)))
@@ -1072,7 +1107,7 @@ static int set_item(vm *v, pk_box *d, pk_obj *key, pk_obj *val)
     }
     if (adopt(v, d, key) || adopt(v, d, val))
         return -1;
-    return index_last_key(v, d, 2);
+    return note_key(v, d, 2, place);
 }
 
 /* s.add(member): a member equal to one s holds changes nothing. The caller has made room. */
@@ -1080,9 +1115,10 @@ static int add_member(vm *v, pk_box *s, pk_obj *member)
 {
     if (check_hashable(v, member, "set member") || check_open(v, s))
         return -1;
-    if (find_key(v, s, 1, member) >= 0)
+    key_place place;
+    if (find_key(v, s, 1, member, &place) >= 0)
         return 0;
-    return adopt(v, s, member) || index_last_key(v, s, 1) ? -1 : 0;
+    return adopt(v, s, member) || note_key(v, s, 1, place) ? -1 : 0;
 }
 
 /* --- containers ------------------------------------------------------------------------ */
