@@ -14,9 +14,10 @@
  *    and the REDUCEs that copy (OrderedDict(pairs), torch.Size(list), _codecs.encode,
  *    torch.device(type, index)) share a budget of 8 bytes per input byte, so no short pickle
  *    can copy one big value over and over.
- *  - A dict keeps every key in SETITEM order; a key set twice appears twice (Python keeps the
- *    last value; torch never writes that). A list, set or dict as a key is refused, as Python
- *    refuses it.
+ *  - A dict holds each key once, in the order keys were first set, with the last value set
+ *    for it; keys Python finds equal (1, True, 1.0) are one key, named by the first (see
+ *    set_item). A set keeps the first of equal members. A list, set or dict as a key or member
+ *    is refused, as Python refuses it.
  *
  * Here: the VM and what REDUCE builds (the torch reducers). The opcode list and the globals it
  * allows or refuses are tables in pickle_policy.c; protocol 0's text arguments are decoded in
@@ -74,8 +75,12 @@ typedef struct pk_box {
         size_t n;
     } seq;
     uint64_t walk;        /* values a walk visits, shared containers expanded: 1 + children's */
-    const int64_t *ints;  /* a tuple of ints, converted once (sizes and strides are reused) */
-    uint32_t depth;       /* 1 + the deepest child's depth (max_depth bounds it) */
+    union {
+        const int64_t *ints;    /* TUPLE: its ints, converted once (sizes and strides recur) */
+        struct key_table *keys; /* DICT, set: its keys by hash, past KEY_SCAN keys (see there) */
+    };
+    uint32_t depth;       /* 1 + the deepest child's depth (max_depth bounds it), or more
+                           * once a dict's deepest value was replaced (see set_item) */
     uint32_t memo;        /* 1 + the one memo index that holds it, or 0 (recycle) */
 } pk_box;
 
@@ -187,6 +192,7 @@ typedef struct vm {
 
     obj_set stores;           /* storage key -> its one PK_STORAGE */
     obj_set int_tuples;       /* the tuples of ints made so far, by value (see build_seq) */
+    struct key_table *tables; /* every dict's and set's key table, to free */
 
     int recycle;              /* boxes used up may be reused (recycle) */
     int rerun;                /* a GET found one: run again with recycle 0 */
@@ -370,22 +376,29 @@ static int charge_copy(vm *v, uint64_t n, const char *what)
     return 0;
 }
 
-/* Adds child to b (the caller has made room), enforcing what the top comment promises. */
-static inline int adopt(vm *v, pk_box *b, pk_obj *child)
+static int check_open(vm *v, const pk_box *b)
 {
     if (b->frozen)
         return fail(v, "%s changes a %s that is already inside another container (that could "
                     "make a cycle)", opname(v), pk_type_name(b->type));
+    return 0;
+}
+
+/* Lets child into b in place of a value whose walk was gone (0 when it takes a new place),
+ * enforcing what the top comment promises. */
+static inline int admit(vm *v, pk_box *b, pk_obj *child, uint64_t gone)
+{
+    if (check_open(v, b))
+        return -1;
     if (child == obj(b))
         return fail(v, "%s puts a %s inside itself", opname(v), pk_type_name(b->type));
     size_t d = depth_of(child) + 1;
     if (d > v->lim.max_depth)
         return fail(v, "%s: containers nested deeper than %zu", opname(v), v->lim.max_depth);
-    uint64_t w = b->walk + walk_of(child);
+    uint64_t w = b->walk - gone + walk_of(child);
     if (w > v->lim.max_objects)
         return fail(v, "%s: a walk of the result would visit more than %zu values (shared "
                     "containers)", opname(v), v->lim.max_objects);
-    b->seq.items[b->seq.n++] = child;
     if (d > b->depth)
         b->depth = (uint32_t)d;
     b->walk = w;
@@ -394,13 +407,13 @@ static inline int adopt(vm *v, pk_box *b, pk_obj *child)
     return 0;
 }
 
-/* A dict key must be hashable in Python: a list, set or dict is not. */
-static int adopt_key(vm *v, pk_box *d, pk_obj *key)
+/* Adds child to b (the caller has made room). */
+static inline int adopt(vm *v, pk_box *b, pk_obj *child)
 {
-    if ((key->type == PK_LIST && !(box(key)->flags & BOX_FROZENSET)) || key->type == PK_DICT)
-        return fail(v, "%s: a %s cannot be a dict key (unhashable)", opname(v),
-                    box(key)->flags & BOX_SET ? "set" : pk_type_name(key->type));
-    return adopt(v, d, key);
+    if (admit(v, b, child, 0))
+        return -1;
+    b->seq.items[b->seq.n++] = child;
+    return 0;
 }
 
 static pk_obj *new_str(vm *v, enum pk_type t, const void *s, size_t len)
@@ -863,6 +876,251 @@ static inline int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signe
     return push(v, t == PK_STR ? new_utf8(v, p, (size_t)n) : new_str(v, t, p, (size_t)n));
 }
 
+/* --- dict keys and set members, equal as Python has them equal -------------------------- */
+
+/* A dict holds each key once, as Python's does: a key equal to one it holds (1, True and 1.0
+ * are equal, and so are 0, False, 0.0 and -0.0; strs and bytes by their bytes) keeps the first
+ * key and its place and takes the new value (set_item); a set keeps the first member. Numbers,
+ * str, bytes, None and allowed globals compare by value; any other key (a tuple, a frozenset,
+ * a tensor) only equals itself, which is Python's rule for tensors and a shortcut for tuples and
+ * frozensets: Python's pickler never writes two equal keys, and torch.c refuses such keys. A
+ * NaN only equals itself too, as in Python (a dict finds a key by identity first).
+ *
+ * Up to KEY_SCAN keys are searched one by one; past that a container gets a table of its keys
+ * by a seeded hash, so that setting n keys costs O(n) whatever they are. */
+#define KEY_SCAN 8
+
+/* A key's number (item index / stride) and the low bits of its hash: a probe compares keys
+ * only when those match, and growing the table needs no key again. For a dict of a million
+ * keys, each visit to a key is a cache miss, and they made setting keys cost three times
+ * more. */
+typedef struct key_slot {
+    uint32_t key;             /* KEY_EMPTY: an empty slot */
+    uint32_t hash;
+} key_slot;
+
+typedef struct key_table {
+    key_slot *slot;
+    size_t cap;               /* a power of two (at most 2^32), over twice the keys */
+    struct key_table *next;   /* vm.tables */
+} key_table;
+
+#define KEY_EMPTY UINT32_MAX
+
+/* The int that f equals, when it equals one the VM can hold. */
+static int float_as_int(double f, int64_t *i)
+{
+    if (!(f >= -0x1p63 && f < 0x1p63) || (double)(int64_t)f != f)
+        return 0;
+    *i = (int64_t)f;
+    return 1;
+}
+
+/* Equal keys hash the same: an int and the float equal to it hash as the int. */
+static uint64_t key_hash(const vm *v, const pk_obj *o)
+{
+    uint64_t w[2] = {o->type, 0};
+    int64_t i;
+    switch (o->type) {
+    case PK_STR:
+    case PK_BYTES:
+        return XXH3_64bits_withSeed(o->u.str.s, o->u.str.len, v->seed + o->type);
+    case PK_BOOL:
+    case PK_INT:
+        w[0] = PK_INT;
+        memcpy(&w[1], &o->u.i, sizeof i);
+        break;
+    case PK_FLOAT:
+        if (float_as_int(o->u.f, &i)) {
+            w[0] = PK_INT;
+            memcpy(&w[1], &i, sizeof i);
+        } else if (o->u.f == o->u.f) {
+            memcpy(&w[1], &o->u.f, sizeof o->u.f);
+        } else {
+            w[1] = (uintptr_t)o; /* a NaN */
+        }
+        break;
+    case PK_NONE:
+        break;
+    case PK_GLOBAL:
+        w[1] = (uintptr_t)o->u.global.name; /* one static name per allowed global */
+        break;
+    default:
+        w[1] = (uintptr_t)o;
+    }
+    return XXH3_64bits_withSeed(w, sizeof w, v->seed);
+}
+
+static int is_number(const pk_obj *o)
+{
+    return o->type == PK_BOOL || o->type == PK_INT || o->type == PK_FLOAT;
+}
+
+static int same_key(const pk_obj *a, const pk_obj *b)
+{
+    if (a == b)
+        return 1;
+    if (is_number(a) && is_number(b)) {
+        int64_t i;
+        if (a->type == PK_FLOAT && b->type == PK_FLOAT)
+            return a->u.f == b->u.f;
+        if (a->type == PK_FLOAT)
+            return float_as_int(a->u.f, &i) && i == b->u.i;
+        if (b->type == PK_FLOAT)
+            return float_as_int(b->u.f, &i) && i == a->u.i;
+        return a->u.i == b->u.i;
+    }
+    if (a->type != b->type)
+        return 0;
+    switch (a->type) {
+    case PK_STR:
+    case PK_BYTES:
+        return a->u.str.len == b->u.str.len && memcmp(a->u.str.s, b->u.str.s, a->u.str.len) == 0;
+    case PK_NONE:
+        return 1;
+    case PK_GLOBAL:
+        return a->u.global.name == b->u.global.name;
+    default:
+        return 0;
+    }
+}
+
+/* The slot for hash h in t: the one of the key same() finds equal to key among b's keys
+ * (every stride-th item), or the empty one where it would go. key NULL finds an empty slot. */
+static key_slot *key_find(const key_table *t, const pk_box *b, size_t stride, uint32_t h,
+                          const pk_obj *key)
+{
+    size_t mask = t->cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        key_slot *s = &t->slot[i];
+        if (s->key == KEY_EMPTY ||
+            (key && s->hash == h && same_key(b->seq.items[(size_t)s->key * stride], key)))
+            return s;
+    }
+}
+
+/* Gives b a key table with every key it holds (the first time it holds more than KEY_SCAN)
+ * or doubles its table. */
+static int grow_keys(vm *v, pk_box *b, size_t stride)
+{
+    key_table *t = b->keys, old = t ? *t : (key_table){0};
+    if (!t) {
+        if (!(t = calloc(1, sizeof *t)))
+            return oom(v);
+        t->next = v->tables;
+        v->tables = b->keys = t;
+    }
+    size_t cap = old.cap ? 2 * old.cap : 4 * KEY_SCAN;
+    key_slot *slot = malloc(cap * sizeof *slot);
+    if (!slot)
+        return oom(v);
+    memset(slot, 0xff, cap * sizeof *slot); /* KEY_EMPTY */
+    t->slot = slot;
+    t->cap = cap;
+    if (old.slot) {
+        for (size_t i = 0; i < old.cap; i++)
+            if (old.slot[i].key != KEY_EMPTY)
+                *key_find(t, b, stride, old.slot[i].hash, NULL) = old.slot[i];
+        free(old.slot);
+        return 0;
+    }
+    for (size_t k = 0; k < b->seq.n / stride; k++) {
+        uint32_t h = (uint32_t)key_hash(v, b->seq.items[k * stride]);
+        *key_find(t, b, stride, h, NULL) = (key_slot){(uint32_t)k, h};
+    }
+    return 0;
+}
+
+/* Where a key goes in its container's table (found by find_key, filled by note_key). */
+typedef struct key_place {
+    key_slot *hole;           /* NULL: the container has no table */
+    uint32_t hash;
+} key_place;
+
+/* The number of b's key equal to key (every stride-th item is a key), or -1 when none is;
+ * then *at says where it would go. */
+static int64_t find_key(const vm *v, const pk_box *b, size_t stride, const pk_obj *key,
+                        key_place *at)
+{
+    *at = (key_place){0};
+    if (!b->keys) {
+        for (size_t k = 0; k < b->seq.n / stride; k++)
+            if (same_key(b->seq.items[k * stride], key))
+                return (int64_t)k;
+        return -1;
+    }
+    at->hash = (uint32_t)key_hash(v, key);
+    key_slot *s = key_find(b->keys, b, stride, at->hash, key);
+    if (s->key != KEY_EMPTY)
+        return s->key;
+    at->hole = s;
+    return -1;
+}
+
+/* Notes b's last key (just added where find_key said) in its table, making or growing the
+ * table as needed. */
+static int note_key(vm *v, pk_box *b, size_t stride, key_place at)
+{
+    size_t n = b->seq.n / stride;
+    if (n <= KEY_SCAN)
+        return 0;
+    if (!at.hole)
+        return grow_keys(v, b, stride); /* the first table, with every key */
+    *at.hole = (key_slot){(uint32_t)(n - 1), at.hash};
+    return 2 * n > b->keys->cap ? grow_keys(v, b, stride) : 0;
+}
+
+static void free_tables(key_table *t)
+{
+    while (t) {
+        key_table *next = t->next;
+        free(t->slot);
+        free(t);
+        t = next;
+    }
+}
+
+/* A dict key or set member (what) must be hashable in Python: a list, set or dict is not. */
+static int check_hashable(vm *v, const pk_obj *key, const char *what)
+{
+    if ((key->type == PK_LIST && !(box((pk_obj *)key)->flags & BOX_FROZENSET)) ||
+        key->type == PK_DICT)
+        return fail(v, "%s: a %s cannot be a %s (unhashable)", opname(v),
+                    box((pk_obj *)key)->flags & BOX_SET ? "set" : pk_type_name(key->type),
+                    what);
+    return 0;
+}
+
+/* d[key] = val, as Python sets it (see the top of this part); the caller has made room. */
+static int set_item(vm *v, pk_box *d, pk_obj *key, pk_obj *val)
+{
+    if (check_hashable(v, key, "dict key"))
+        return -1;
+    key_place place;
+    int64_t k = find_key(v, d, 2, key, &place);
+    if (k >= 0) {
+        pk_obj **at = &d->seq.items[2 * k + 1];
+        if (admit(v, d, val, walk_of(*at)))
+            return -1;
+        *at = val;
+        return 0;
+    }
+    if (adopt(v, d, key) || adopt(v, d, val))
+        return -1;
+    return note_key(v, d, 2, place);
+}
+
+/* s.add(member): a member equal to one s holds changes nothing. The caller has made room. */
+static int add_member(vm *v, pk_box *s, pk_obj *member)
+{
+    if (check_hashable(v, member, "set member") || check_open(v, s))
+        return -1;
+    key_place place;
+    if (find_key(v, s, 1, member, &place) >= 0)
+        return 0;
+    return adopt(v, s, member) || note_key(v, s, 1, place) ? -1 : 0;
+}
+
 /* --- containers ------------------------------------------------------------------------ */
 
 /* Tuples of up to INT_TUPLE_MAX ints are made once per value and then shared: a checkpoint
@@ -931,7 +1189,8 @@ static int build_seq(vm *v, enum pk_type t, size_t n, uint8_t flags)
     b->flags = flags;
     size_t start = v->sp - n;
     for (size_t i = 0; i < n; i++)
-        if (adopt(v, b, v->stack[start + i]))
+        if (flags & BOX_SET ? add_member(v, b, v->stack[start + i])
+                            : adopt(v, b, v->stack[start + i]))
             return -1;
     v->sp = start;
     if (flags & BOX_FROZENSET)
@@ -972,7 +1231,7 @@ static int set_pairs(vm *v, pk_box *d, size_t start)
     if (reserve(v, d, n))
         return -1;
     for (size_t i = start; i < v->sp; i += 2)
-        if (adopt_key(v, d, v->stack[i]) || adopt(v, d, v->stack[i + 1]))
+        if (set_item(v, d, v->stack[i], v->stack[i + 1]))
             return -1;
     v->sp = start;
     return 0;
@@ -1019,7 +1278,7 @@ static int op_appends(vm *v, int marked, uint8_t set)
     if (!l || reserve(v, l, v->sp - start))
         return -1;
     for (size_t i = start; i < v->sp; i++)
-        if (adopt(v, l, v->stack[i]))
+        if (set ? add_member(v, l, v->stack[i]) : adopt(v, l, v->stack[i]))
             return -1;
     v->sp = start;
     return 0;
@@ -1300,7 +1559,7 @@ static int make_ordered_dict(vm *v, const pk_obj *fn, pk_obj *args)
     for (size_t i = 0; src && i < m; i += src->type == PK_DICT ? 2 : 1) {
         pk_obj **kv = src->type == PK_DICT ? &src->u.seq.items[i]
                                            : src->u.seq.items[i]->u.seq.items;
-        if (adopt_key(v, d, kv[0]) || adopt(v, d, kv[1]))
+        if (set_item(v, d, kv[0], kv[1]))
             return -1;
     }
     v->stack[v->sp - 1] = obj(d);
@@ -1663,6 +1922,18 @@ static int run(vm *v, pk_obj **root)
     }
 }
 
+/* The storages into out, from the set of them (in the arena, which the result keeps). */
+static int list_storages(vm *v, pk_result *out)
+{
+    out->nstorages = 0;
+    if (v->stores.n && !(out->storages = alloc(v, v->stores.n * sizeof *out->storages)))
+        return -1;
+    for (size_t i = 0; i < v->stores.cap; i++)
+        if (v->stores.slot[i])
+            out->storages[out->nstorages++] = v->stores.slot[i];
+    return 0;
+}
+
 /* One run of the pickle, boxes recycled or not (see recycle). */
 static int load(const unsigned char *data, size_t len, const pk_limits *lim, const char *path,
                 uint64_t base, int recycle_boxes, pk_result *out, ck_error *err, int *rerun)
@@ -1675,12 +1946,15 @@ static int load(const unsigned char *data, size_t len, const pk_limits *lim, con
     };
     pk_obj *root = NULL;
     int rc = run(&v, &root);
+    if (rc == 0)
+        rc = list_storages(&v, out);
     free(v.stack);
     free(v.marks);
     free(v.dense);
     free(v.sparse);
     free(v.stores.slot);
     free(v.int_tuples.slot);
+    free_tables(v.tables);
     *rerun = v.rerun;
     if (rc) {
         ck_arena_free(v.arena);

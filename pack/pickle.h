@@ -31,7 +31,8 @@
 
 enum pk_type {
     PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_BYTES,
-    PK_TUPLE, PK_LIST, PK_DICT, /* DICT: items[2k] key, items[2k+1] value, in insertion order */
+    PK_TUPLE, PK_LIST, PK_DICT, /* DICT: items[2k] key, items[2k+1] value, in insertion order;
+                                 * each key once, as Python has it (pickle.c: set_item) */
     PK_GLOBAL,                  /* an allowed global that is a value: a storage class, a dtype */
     PK_STORAGE,                 /* a persistent id naming a storage record */
     PK_TENSOR,                  /* _rebuild_tensor* / _rebuild_parameter* */
@@ -111,6 +112,9 @@ typedef struct pk_result {
     pk_obj *root;          /* the value STOP returned */
     size_t consumed;       /* bytes of input up to and including STOP */
     ck_arena *arena;
+    pk_obj **storages;     /* every PK_STORAGE the pickle made, in no set order: also one that
+                            * no value holds any more (a dict value set twice held it) */
+    size_t nstorages;
 } pk_result;
 
 enum { PK_ERROR = -1, PK_TRUNCATED = -2 };

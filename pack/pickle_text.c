@@ -1,6 +1,8 @@
 /* pickle_text.c — protocol 0's text arguments (see pickle_text.h). */
 #include "pickle_text.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,4 +130,85 @@ const char *pk_text_unicode(const unsigned char *s, size_t n, unsigned char *out
     }
     *olen = o;
     return NULL;
+}
+
+/* --- Python's repr() of a float -------------------------------------------------------- */
+
+/* The double that m x 10^q reads as (strtod rounds correctly, as Python's float() does). */
+static double decimal_value(uint64_t m, int q)
+{
+    char t[48];
+    snprintf(t, sizeof t, "%llue%d", (unsigned long long)m, q);
+    return strtod(t, NULL);
+}
+
+/* The shortest m x 10^q that reads back as d (finite, > 0), and of those the nearest to d, as
+ * Python's repr (David Gay's dtoa, mode 0) finds it. For each number of digits p, printf's
+ * correctly rounded p digits are the nearest p-digit decimal; when it does not read back, the
+ * one p-digit neighbour on d's other side still may, because d's rounding interval is wider
+ * above a power of two than below it. 17 digits always read back. */
+static void shortest_digits(double d, uint64_t *m, int *q)
+{
+    for (int p = 1;; p++) {
+        char buf[40];
+        snprintf(buf, sizeof buf, "%.*e", p - 1, d); /* "d.ddde-XX" */
+        uint64_t c = 0;
+        const char *s = buf;
+        for (; *s != 'e'; s++)
+            if (*s != '.')
+                c = c * 10 + (uint64_t)(*s - '0');
+        *q = atoi(s + 1) - (p - 1);
+        double got = decimal_value(c, *q);
+        *m = c;
+        if (got == d || p == 17)
+            return;
+        *m = got < d ? c + 1 : c - 1;
+        if (decimal_value(*m, *q) == d)
+            return;
+    }
+}
+
+size_t pk_float_repr(double d, char out[PK_FLOAT_REPR_MAX])
+{
+    if (isnan(d))
+        return (size_t)snprintf(out, PK_FLOAT_REPR_MAX, "nan");
+    if (isinf(d))
+        return (size_t)snprintf(out, PK_FLOAT_REPR_MAX, d < 0 ? "-inf" : "inf");
+    size_t n = 0;
+    if (signbit(d))
+        out[n++] = '-';
+    if (d == 0)
+        return n + (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, "0.0");
+    uint64_t m;
+    int q;
+    shortest_digits(fabs(d), &m, &q);
+    while (m % 10 == 0) {
+        m /= 10;
+        q++;
+    }
+    char digits[24];
+    int nd = snprintf(digits, sizeof digits, "%llu", (unsigned long long)m);
+    int exp10 = nd + q - 1; /* of the first digit */
+    if (exp10 < -4 || exp10 >= 16) {
+        out[n++] = digits[0];
+        if (nd > 1)
+            n += (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, ".%s", digits + 1);
+        return n + (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, "e%c%02d",
+                                    exp10 < 0 ? '-' : '+', abs(exp10));
+    }
+    int whole = exp10 + 1; /* digits before the point: 0 or fewer for 0.000ddd */
+    if (whole <= 0) {
+        n += (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, "0.");
+        memset(out + n, '0', (size_t)-whole);
+        n += (size_t)-whole;
+        return n + (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, "%s", digits);
+    }
+    if (whole >= nd) { /* integral: ddd000.0 */
+        n += (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, "%s", digits);
+        memset(out + n, '0', (size_t)(whole - nd));
+        n += (size_t)(whole - nd);
+        return n + (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, ".0");
+    }
+    return n + (size_t)snprintf(out + n, PK_FLOAT_REPR_MAX - n, "%.*s.%s", whole, digits,
+                                digits + whole);
 }

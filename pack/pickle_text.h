@@ -1,5 +1,6 @@
 /* pickle_text.h — the text arguments of protocol-0 opcodes (INT, LONG, FLOAT, STRING, UNICODE,
- * and the decimal memo indices of GET and PUT), decoded as Python's pickle decodes them.
+ * and the decimal memo indices of GET and PUT), decoded as Python's pickle decodes them; and
+ * the other way, Python's repr() of a float, which names and shows pickled floats.
  *
  * Contract: each function reads one argument line s[0..n), without its newline, and touches
  * nothing else: no VM, no allocation. The caller gives the room for the output and turns a
@@ -30,5 +31,14 @@ const char *pk_text_string(const unsigned char *s, size_t n, unsigned char *out,
  * \UXXXXXXXX, written out as UTF-8. Each input byte gives at most 2 bytes of output, so out
  * has room for 2n; *olen gets the length. */
 const char *pk_text_unicode(const unsigned char *s, size_t n, unsigned char *out, size_t *olen);
+
+/* Room for any pk_float_repr text and its NUL ("-1.2345678901234567e-308" is the longest). */
+#define PK_FLOAT_REPR_MAX 32
+
+/* Python's repr() (and str()) of d into out, NUL-terminated; returns the length. The shortest
+ * digits that read back as d (the nearest to d among those), in fixed notation when the
+ * decimal exponent is in [-4, 16) with ".0" after an integral value, else as 1.5e-07 or
+ * 1e+16; "inf", "-inf", "nan", "-0.0". */
+size_t pk_float_repr(double d, char out[PK_FLOAT_REPR_MAX]);
 
 #endif

@@ -2,16 +2,24 @@
 #include "torch.h"
 #include "bytes.h"
 #include "pickle.h"
+#include "pickle_text.h"
 #include "zip.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PT_MAX_ENTRIES 10000000u /* shared subtrees could otherwise multiply without end */
 #define PT_MAX_NAME 65536u
+/* The entries' memory (their structs, names and value texts) may not pass this many bytes per
+ * byte of the object pickle, plus PT_INDEX_SLACK: a name repeats every enclosing key, and a
+ * container a pickle holds once is listed wherever it is shared, so without a bound a pickle of
+ * a few KB could name gigabytes (1,000 references to one dict of 1,000 keys named 60 bytes
+ * deep is a 10 KB pickle and 60 MB of names). Real checkpoints spend under 20 bytes of entry
+ * per pickle byte: flat state dicts about 1, optimizer lists of small ints under 20. */
+#define PT_INDEX_PER_BYTE 64u
+#define PT_INDEX_SLACK (64u << 20)
 
 /* Where a storage's bytes are in the source file. */
 typedef struct pt_place {
@@ -29,10 +37,11 @@ typedef struct pt_reader {
     const char *prefix;
     size_t prefix_len;
     pt_place *places;         /* legacy: every storage, sorted by key */
-    size_t nplaces, cap_places;
+    size_t nplaces;
     char *name;               /* the walk's current name */
     size_t name_cap;
     size_t visits;
+    uint64_t index_left;      /* bytes the entries may still take (PT_INDEX_PER_BYTE) */
     ck_error *err;
 } pt_reader;
 
@@ -40,26 +49,8 @@ typedef int (*pt_visit)(pt_reader *r, size_t name_len, const pk_obj *leaf);
 
 /* --- text of keys and values --------------------------------------------------------------- */
 
-/* Python's repr of a float: the shortest text that reads back as the same double. */
-static size_t float_text(double d, char *buf, size_t cap)
-{
-    if (isnan(d))
-        return (size_t)snprintf(buf, cap, "nan");
-    if (isinf(d))
-        return (size_t)snprintf(buf, cap, d < 0 ? "-inf" : "inf");
-    int n = 0;
-    for (int prec = 1; prec <= 17; prec++) {
-        n = snprintf(buf, cap, "%.*g", prec, d);
-        if (strtod(buf, NULL) == d)
-            break;
-    }
-    if (!strpbrk(buf, ".e"))
-        n += snprintf(buf + n, cap - (size_t)n, ".0");
-    return (size_t)n;
-}
-
-/* The text Python's str() gives a scalar; *text points into buf or into the object. Returns 0,
- * or -1 when the object is no scalar. */
+/* The text Python's str() gives a scalar; *text points into buf (cap bytes, at least
+ * PK_FLOAT_REPR_MAX) or into the object. Returns 0, or -1 when the object is no scalar. */
 static int scalar_text(const pk_obj *o, char *buf, size_t cap, const char **text, size_t *len)
 {
     *text = buf;
@@ -74,7 +65,7 @@ static int scalar_text(const pk_obj *o, char *buf, size_t cap, const char **text
         *len = (size_t)snprintf(buf, cap, "%lld", (long long)o->u.i);
         return 0;
     case PK_FLOAT:
-        *len = float_text(o->u.f, buf, cap);
+        *len = pk_float_repr(o->u.f, buf);
         return 0;
     case PK_STR:
         *text = o->u.str.s;
@@ -369,10 +360,25 @@ static int add_value(pt_reader *r, size_t name_len, const pk_obj *v)
     return rc;
 }
 
+/* Sets the entries' budget from the object pickle's size (see PT_INDEX_PER_BYTE). */
+static void budget_index(pt_reader *r, const pk_result *obj)
+{
+    r->index_left = (uint64_t)obj->consumed * PT_INDEX_PER_BYTE + PT_INDEX_SLACK;
+}
+
 static int add_leaf(pt_reader *r, size_t name_len, const pk_obj *leaf)
 {
     if (r->ix->nentries >= PT_MAX_ENTRIES)
         return ck_fail(r->err, r->path, "more than %u entries", PT_MAX_ENTRIES);
+    uint64_t text = leaf->type == PK_STR || leaf->type == PK_BYTES ? leaf->u.str.len + 1
+                                                                   : PK_FLOAT_REPR_MAX;
+    uint64_t bytes = sizeof(ck_entry) + name_len + 1 + text;
+    if (bytes > r->index_left)
+        return ck_fail(r->err, r->path, "the entries take more than %u bytes per byte of the "
+                       "object pickle, plus %u MiB: shared or deeply nested containers repeat "
+                       "them (at '%.64s', entry %zu)", PT_INDEX_PER_BYTE, PT_INDEX_SLACK >> 20,
+                       r->name, r->ix->nentries);
+    r->index_left -= bytes;
     return leaf->type == PK_TENSOR ? add_tensor(r, name_len, leaf) : add_value(r, name_len, leaf);
 }
 
@@ -431,36 +437,23 @@ static int load_pickle_at(pt_reader *r, uint64_t *pos, pk_result *res)
     }
 }
 
-/* Collects each tensor's storage (the walk's first pass over a legacy file). */
-static int collect_storage(pt_reader *r, size_t name_len, const pk_obj *leaf)
+/* Every storage of the object pickle, sorted by key (the VM made one per key). Those of no
+ * tensor count too: the file holds their bytes all the same (a dict value set twice held one,
+ * and torch.load reads it and drops it). */
+static int collect_places(pt_reader *r, const pk_result *obj)
 {
-    (void)name_len;
-    if (leaf->type != PK_TENSOR)
+    r->nplaces = obj->nstorages;
+    if (r->nplaces == 0)
         return 0;
-    const pk_obj *s = leaf->u.tensor.storage;
-    if (r->nplaces == r->cap_places) {
-        size_t cap = r->cap_places ? 2 * r->cap_places : 64;
-        pt_place *p = realloc(r->places, cap * sizeof *p);
-        if (!p)
-            return ck_fail(r->err, r->path, "out of memory");
-        r->places = p;
-        r->cap_places = cap;
+    if (!(r->places = malloc(r->nplaces * sizeof *r->places)))
+        return ck_fail(r->err, r->path, "out of memory");
+    for (size_t i = 0; i < r->nplaces; i++) {
+        const pk_obj *s = obj->storages[i];
+        r->places[i] = (pt_place){.key = s->u.storage.key, .numel = s->u.storage.numel,
+                                  .dtype = s->u.storage.dtype, .bytes = UINT64_MAX};
     }
-    r->places[r->nplaces++] = (pt_place){.key = s->u.storage.key, .numel = s->u.storage.numel,
-                                         .dtype = s->u.storage.dtype, .bytes = UINT64_MAX};
+    qsort(r->places, r->nplaces, sizeof *r->places, place_by_key);
     return 0;
-}
-
-/* Sorts the storages by key and drops repeats (tensors sharing a storage). */
-static void unique_places(pt_reader *r)
-{
-    if (r->nplaces)
-        qsort(r->places, r->nplaces, sizeof *r->places, place_by_key);
-    size_t k = 0;
-    for (size_t i = 0; i < r->nplaces; i++)
-        if (k == 0 || strcmp(r->places[k - 1].key, r->places[i].key) != 0)
-            r->places[k++] = r->places[i];
-    r->nplaces = k;
 }
 
 /* After the pickles: for each key of the list, an 8-byte little-endian element count and the
@@ -475,7 +468,7 @@ static int place_legacy_storages(pt_reader *r, const pk_obj *keys, uint64_t pos)
         pt_place *p = k->type == PK_STR ? (pt_place *)legacy_place(r, k->u.str.s) : NULL;
         if (!p)
             return ck_fail(r->err, r->path, "storage key %zu of the list names no storage of "
-                           "a tensor (byte %llu)", i, (unsigned long long)pos);
+                           "the object pickle (byte %llu)", i, (unsigned long long)pos);
         unsigned char c[8];
         if (pos > f->size || f->size - pos < 8 || ck_file_read(f, c, 8, pos) != 0)
             return ck_fail(r->err, r->path, "storage '%s': its record runs past the end of the "
@@ -539,14 +532,13 @@ int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err)
     if (rc == 0)
         rc = load_pickle_at(&r, &pos, &keys);
     if (rc == 0)
-        rc = walk(&r, obj.root, collect_storage);
-    if (rc == 0) {
-        unique_places(&r);
-        r.visits = 0;
-        rc = place_legacy_storages(&r, keys.root, pos);
-    }
+        rc = collect_places(&r, &obj);
     if (rc == 0)
+        rc = place_legacy_storages(&r, keys.root, pos);
+    if (rc == 0) {
+        budget_index(&r, &obj);
         rc = walk(&r, obj.root, add_leaf);
+    }
     pk_free(&obj);
     pk_free(&keys);
     free(r.places);
@@ -649,8 +641,10 @@ int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
         rc = check_zip_records(&r);
     if (rc == 0)
         rc = load_data_pkl(&r, &res);
-    if (rc == 0)
+    if (rc == 0) {
+        budget_index(&r, &res);
         rc = walk(&r, res.root, add_leaf);
+    }
     pk_free(&res);
     free(r.name);
     zip_free(&z);

@@ -1,12 +1,17 @@
 """PyTorch checkpoints (zip and legacy), written in the test run by Debian's torch, mounted and
 compared entry by entry with what torch.load returns: every tensor file holds
 tensor.contiguous()'s bytes, every value file the value's text."""
+import importlib.util
 import io
 import json
+import math
 import os
 import pickle
+import random
+import struct
 import subprocess
 import time
+import types
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
@@ -15,7 +20,7 @@ import pytest
 import torch
 
 from ckptfs_testlib import (DTYPE_NAMES, assert_refused, check_torch_mount, ckpt_bin, ckptfs_bin,
-                            is_mounted, read_index, run, torch_bytes, unmount)
+                            flatten, is_mounted, read_index, run, torch_bytes, unmount)
 
 def save(obj, path, **kw):
     torch.save(obj, path, **kw)
@@ -104,6 +109,72 @@ def test_values_read_as_text(tmp_path, mount):
         types = {v["name"]: v["type"] for v in read_index(mnt)["values"]}
         assert types == {"epoch": "int", "lr": "float", "name": "str", "ok": "bool",
                          "none": "None"}
+
+
+def random_floats(n, seed):
+    """n doubles of every kind repr() treats differently: random bits (subnormals included),
+    integral values, powers of ten and their neighbours around the 1e-5/1e-4 and 1e15/1e16
+    notation boundaries; never nan, which is not equal to itself."""
+    r = random.Random(seed)
+    xs = [0.0, -0.0, float("inf"), float("-inf"), 5e-324]
+    for k in list(range(-8, 0)) + list(range(13, 19)):
+        p = float("1e%d" % k)
+        xs += [p, -p, math.nextafter(p, 0), math.nextafter(p, math.inf), p * 3]
+    while len(xs) < n:
+        xs.append(struct.unpack("<d", r.getrandbits(64).to_bytes(8, "little"))[0])
+        xs.append(float(r.getrandbits(r.randint(1, 64))))
+        xs.append(r.uniform(-1, 1) * 10.0 ** r.randint(-7, 18))
+        xs.append(struct.unpack("<d", r.getrandbits(52).to_bytes(8, "little"))[0])
+    return [x for x in xs if x == x]
+
+
+def test_float_keys_and_values_read_as_python_str(tmp_path, mount):
+    """Float keys name entries, and float values read, exactly as Python's str() gives them."""
+    keys = random_floats(3000, 25)
+    obj = {k: torch.tensor([k]) if i % 100 == 0 else k for i, k in enumerate(keys)}
+    obj["values"] = keys
+    path = save(obj, tmp_path / "f.pt")
+    listed = json.loads(run([ckpt_bin(), "ls", "--json", path]).stdout)
+    names = {e["name"] for e in listed["tensors"] + listed.get("values", [])}
+    want = {str(k) for k, v in obj.items() if not isinstance(v, list)}
+    assert want <= names and len(names - want) == len(keys)
+    with mount(path) as mnt:
+        check_torch_mount(mnt, path, "pytorch-zip")
+
+
+def pickle_cases():
+    """tests/unit/pickle_cases.py, whose DupPickler writes dicts that set equal keys."""
+    path = Path(__file__).resolve().parents[1] / "unit" / "pickle_cases.py"
+    spec = importlib.util.spec_from_file_location("pickle_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kw", [{}, LEGACY], ids=["zip", "legacy"])
+def test_equal_keys_collapse_as_torch_load_has_them(tmp_path, mount, kw):
+    """A pickle that sets 1, True and 1.0 (or a str twice) is one entry, named by the first key,
+    holding the last value, as torch.load has it."""
+    pc = pickle_cases()
+    t = torch.arange(6, dtype=torch.int16)
+    many = [(k if i % 2 else float(k), torch.full((2,), i)) for i, k in
+            enumerate(i % 300 for i in range(1000))]
+    obj = pc.Pairs([(1, t), (True, "b"), (1.0, torch.ones(2)), ("w", t), ("w", 2.5),
+                    (0, "x"), (False, torch.zeros(3)), (-0.0, "z"), (2.5, t[1:]),
+                    ("n", pc.Pairs([("a", 1), ("a", t), ("b", None)])),
+                    ("many", pc.Pairs(many))])
+    path = tmp_path / "dup.pt"
+    module = types.ModuleType("dup_pickle")
+    module.Pickler, module.dump = pc.DupPickler, pickle.dump
+    torch.save(obj, path, pickle_module=module, **kw)
+    loaded = torch.load(path)
+    assert [str(k) for k in loaded] == ["1", "w", "0", "2.5", "n", "many"]  # what we fed in
+    listed = json.loads(run([ckpt_bin(), "ls", "--json", path]).stdout)
+    names = [e["name"] for e in listed["tensors"] + listed.get("values", [])]
+    assert sorted(names) == sorted(flatten(loaded))
+    fmt = "pytorch-legacy" if kw else "pytorch-zip"
+    with mount(path) as mnt:
+        check_torch_mount(mnt, path, fmt)
 
 
 def test_a_bare_tensor(tmp_path, mount):
@@ -203,6 +274,16 @@ def test_tensor_past_its_storage_is_refused(tmp_path, mountpoint):
     records[key] = records[key][:40]  # storage shorter than the 80 bytes its tensor needs
     path = zip_with(tmp_path / "short.pt", records)
     assert_refused(path, mountpoint)
+
+
+def test_shared_containers_cannot_multiply_the_entries(tmp_path, mountpoint):
+    """One dict of 3,000 keys listed at 3,000 places is a 200 KB pickle and 9M entries: refused
+    by the entries' budget (64 bytes per pickle byte + 64 MiB) before it takes a gigabyte."""
+    d = {"k" * 50 + str(i): i for i in range(3000)}
+    path = save([d] * 3000, tmp_path / "shared.pt")
+    assert len(torch.load(path)) == 3000
+    line = assert_refused(path, mountpoint)
+    assert "entries take more than 64 bytes per byte of the object pickle, plus 64 MiB" in line
 
 
 @pytest.mark.parametrize("cut", [10, 100, 1000, -22, -100])

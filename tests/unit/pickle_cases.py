@@ -7,6 +7,9 @@ CASE
   scalars the same without the big containers (a few KB, for cutting at every byte)
   torch   torch.save in the zip format; data.pkl is the archive's data.pkl
   legacy  torch.save in the legacy format; data.pkl is the whole file (several pickles)
+  dupkeys dicts and sets whose pickle sets keys Python treats as equal (1, True, 1.0; 0, False,
+          -0.0; the same str twice), which no dict Python pickles holds; the value is what
+          pickle.loads makes of it
 
 Writes OUTDIR/data.pkl (and OUTDIR/ckpt.pt for torch cases) and prints one line per pickle in
 data.pkl:
@@ -147,6 +150,93 @@ def torch_value():
     return v
 
 
+class Pairs(list):
+    """A dict given as the (key, value) pairs it is set from, in order, equal keys and all."""
+
+
+class MarkedPairs(Pairs):
+    """The same, pickled as MARK key value ... DICT rather than SETITEMS."""
+
+
+class Members(list):
+    """A set given as the members added to it, in order, equal ones and all."""
+
+
+class FrozenMembers(Members):
+    """The same, as a frozenset."""
+
+
+class PairsOrderedDict:
+    """OrderedDict(pairs), pickled as that call (REDUCE) on the list of pairs."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __reduce__(self):
+        return collections.OrderedDict, (self.pairs,)
+
+
+class DupPickler(pickle._Pickler):
+    """Python's pickler, which also writes Pairs and Members with their repeats."""
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def save_pairs(self, obj):
+        marked = isinstance(obj, MarkedPairs)
+        self.write(pickle.MARK if marked else pickle.EMPTY_DICT if self.bin
+                   else pickle.MARK + pickle.DICT)
+        if marked:
+            for k, v in obj:
+                self.save(k)
+                self.save(v)
+            self.write(pickle.DICT)
+        self.memoize(obj)
+        for i in range(0, 0 if marked else len(obj), 1000):  # batches, as Python's own
+            batch = obj[i:i + 1000]
+            if self.bin:
+                self.write(pickle.MARK)
+            for k, v in batch:
+                self.save(k)
+                self.save(v)
+                if not self.bin:
+                    self.write(pickle.SETITEM)
+            if self.bin:
+                self.write(pickle.SETITEMS)
+
+    def save_members(self, obj):
+        frozen = isinstance(obj, FrozenMembers)
+        self.write(pickle.MARK if frozen else pickle.EMPTY_SET + pickle.MARK)
+        for m in obj:
+            self.save(m)
+        self.write(pickle.FROZENSET if frozen else pickle.ADDITEMS)
+        self.memoize(obj)
+
+    dispatch[Pairs] = dispatch[MarkedPairs] = save_pairs
+    dispatch[Members] = dispatch[FrozenMembers] = save_members
+
+
+def dupkeys_value(proto):
+    nan = float('nan')
+    equal = [(1, 'a'), (True, 'b'), (1.0, 'c'), (2, 'd'), (0, 'e'), (False, 'f'), (-0.0, 'g'),
+             (0.0, 'h'), ('s', 1), ('s', [2]), (b's', 3), (None, 4), (None, 5), (2.0, 'i'),
+             (2.5, 'j'), (nan, 6), (nan, 7), (float('nan'), 8), (1e300, 9), (1e300, 10),
+             (2**53, 'k'), (float(2**53), 'l'), (2**53 + 1, 'm'), (2**63 - 1, 'n'),
+             (float(2**63), 'o'), (-2**63, 'p'), (float(-2**63), 'q'), (-1, 'r'), (-1.0, 's'),
+             (-1.5, 't'), (-1.5, 'u'), ('', 'v'), ('', 'w'), ('ü', 'x'), ('ü', 'y')]
+    nested = Pairs([('deep', {'x': {'y': [1, 2]}}), ('deep', 0), ('other', 1)])
+    # Past KEY_SCAN keys, where the VM looks keys up in a table: ints, floats and bools in turn.
+    many = Pairs((k if i % 3 == 0 else float(k) if i % 3 == 1 else bool(k) if k < 2 else str(k),
+                  i) for i, k in enumerate([i % 700 for i in range(2500)]))
+    v = Pairs([('equal', Pairs(equal)), ('marked', MarkedPairs(equal)), ('nested', nested),
+               ('many', many), ('odict', PairsOrderedDict(equal)), ('equal', 'last')])
+    # Sets have opcodes from protocol 4. Python lists a set in hash order, which for small ints
+    # is their order, so the members are small ints, in order, and numbers equal to them.
+    if proto >= 4:
+        v.append(('set', Members([1, True, 1.0, 2, 2.0, 3, 3])))
+        v.append(('frozenset', FrozenMembers([0, False, -0.0, 4, 4.0])))
+        v.append(('bigset', Members([i % 100 for i in range(1000)] + [1.0, True])))
+    return v
+
+
 def stop_offsets(data, n):
     """The offsets just after the STOP of each of the first n pickles in data."""
     f, out = io.BytesIO(data), []
@@ -161,7 +251,12 @@ def main():
     global torch
     outdir, case, proto = sys.argv[1], sys.argv[2], int(sys.argv[3])
     lines = []
-    if case in ('plain', 'scalars'):
+    if case == 'dupkeys':
+        buf = io.BytesIO()
+        DupPickler(buf, protocol=proto).dump(dupkeys_value(proto))
+        data = buf.getvalue()
+        lines.append('%d %s' % (len(data), Dumper().dump(pickle.loads(data))))
+    elif case in ('plain', 'scalars'):
         value = plain_value(proto) if case == 'plain' else scalars()
         data = pickle.dumps(value, protocol=proto)
         lines.append('%d %s' % (len(data), Dumper().dump(value)))
