@@ -180,6 +180,8 @@ static int add_metadata(ck_index *ix, const cJSON *obj, int stringify, const cha
 
 static int st_read_metadata(ck_index *ix, const cJSON *meta, const char *path, ck_error *err)
 {
+    if (cJSON_IsNull(meta)) /* MLX's writer, when given no metadata; the library reads it */
+        return 0;
     if (!cJSON_IsObject(meta))
         return ck_fail(err, path, "__metadata__ is not an object");
     return add_metadata(ix, meta, 0, path, err);
