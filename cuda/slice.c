@@ -51,6 +51,9 @@ int ck_slice_entry(const ck_index *ix, const ck_entry *e, int dim, const ck_slic
     if (e->layout == CK_DEFLATED)
         return ck_fail(err, src, "tensor '%.*s' is compressed (a deflated .npz entry): a slice "
                        "of it cannot be read without inflating it whole", nl, e->name);
+    if (e->layout == CK_SWAPPED)
+        return ck_fail(err, src, "tensor '%.*s' is big-endian in its source: load it whole, "
+                       "or convert it first", nl, e->name);
     int64_t start, len;
     ck_slice_part(e->shape[dim], s->rank, s->world, &start, &len);
     unsigned rank = e->rank;

@@ -17,10 +17,12 @@ const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT] = {
     [CK_VFILE_SAFETENSORS] = {"checkpoint.safetensors", CK_NODE_SYNTH},
 };
 
-/* A tensor has the first three; a value has the name and its type. */
+/* A tensor has the first three (and byteorder "big" when its source stores it big-endian: it
+ * is served little-endian, as dtype says); a value has the name and its type. */
 static const char *const xattr_names[] = {"user.ckptfs.name", "user.ckptfs.dtype",
-                                          "user.ckptfs.shape", "user.ckptfs.type"};
-enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_COUNT };
+                                          "user.ckptfs.shape", "user.ckptfs.type",
+                                          "user.ckptfs.byteorder"};
+enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_BYTEORDER, XA_COUNT };
 
 /* --- building the view ------------------------------------------------------------------- */
 
@@ -480,8 +482,10 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
 
 /* --- attributes -------------------------------------------------------------------------- */
 
-static int has_xattr(const ck_node *nd, int k)
+static int has_xattr(const ck_fs *fs, const ck_node *nd, int k)
 {
+    if (k == XA_BYTEORDER)
+        return nd->kind == CK_NODE_TENSOR && entry_of(fs, nd)->layout == CK_SWAPPED;
     return (nd->kind == CK_NODE_TENSOR && k != XA_TYPE) ||
            (nd->kind == CK_NODE_VALUE && (k == XA_NAME || k == XA_TYPE));
 }
@@ -507,7 +511,7 @@ ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *bu
     int k = 0;
     while (k < XA_COUNT && strcmp(name, xattr_names[k]) != 0)
         k++;
-    if (k == XA_COUNT || !has_xattr(nd, k))
+    if (k == XA_COUNT || !has_xattr(fs, nd, k))
         return -ENODATA;
     const ck_entry *e = entry_of(fs, nd);
     char shape[2048]; /* 64 dims of 20 digits and a comma, and the brackets */
@@ -518,6 +522,8 @@ ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *bu
         return xattr_answer(ck_dtype_name(e->dtype), strlen(ck_dtype_name(e->dtype)), buf, size);
     case XA_SHAPE:
         return xattr_answer(shape, ck_view_shape_json(e, shape, sizeof shape), buf, size);
+    case XA_BYTEORDER:
+        return xattr_answer("big", 3, buf, size);
     default: /* XA_TYPE */
         return xattr_answer(ck_value_type_name(e->dtype),
                             strlen(ck_value_type_name(e->dtype)), buf, size);
@@ -529,14 +535,14 @@ ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size)
     const ck_node *nd = node_of(fs, ino);
     if (!nd)
         return -ENOENT;
-    char list[128];
+    char list[192];
     size_t n = 0;
     if (ino == CK_ROOT_INO && fs->sources) {
         memcpy(list, CK_SOURCES_XATTR, sizeof CK_SOURCES_XATTR);
         n = sizeof CK_SOURCES_XATTR;
     }
     for (int k = 0; k < XA_COUNT; k++)
-        if (has_xattr(nd, k)) {
+        if (has_xattr(fs, nd, k)) {
             size_t l = strlen(xattr_names[k]) + 1;
             memcpy(list + n, xattr_names[k], l);
             n += l;

@@ -394,6 +394,39 @@ void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token)
     ck_file_release(&ix->files[e->ext.file], token);
 }
 
+/* The bytes of one scalar of dt, whose order CK_SWAPPED reverses: a complex number is two. */
+static unsigned swap_unit(enum ck_dtype dt)
+{
+    return dt == CK_C64 ? 4 : dt == CK_C128 ? 8 : ck_dtype_bits(dt) / 8;
+}
+
+/* [off, off+len) of a CK_SWAPPED entry: the whole scalars it touches read through a bounded
+ * buffer, each reversed, and the range copied out. */
+static int read_swapped(const ck_index *ix, const ck_entry *e, unsigned char *buf, size_t len,
+                        uint64_t off)
+{
+    enum { CHUNK = 64 << 10 }; /* a multiple of every unit */
+    unsigned u = swap_unit(e->dtype);
+    unsigned char tmp[CHUNK];
+    while (len) {
+        uint64_t at = off / u * u, end = off + len;
+        uint64_t stop = at + CHUNK < end ? at + CHUNK : (end + u - 1) / u * u;
+        int rc = ck_file_pread(ix, e->ext.file, tmp, (size_t)(stop - at), e->ext.offset + at);
+        if (rc)
+            return rc;
+        for (uint64_t s = 0; s < stop - at; s += u)
+            for (unsigned i = 0; i < u / 2; i++) {
+                unsigned char c = tmp[s + i];
+                tmp[s + i] = tmp[s + u - 1 - i];
+                tmp[s + u - 1 - i] = c;
+            }
+        size_t n = (size_t)((stop < end ? stop : end) - off);
+        memcpy(buf, tmp + (off - at), n);
+        buf += n, off += n, len -= n;
+    }
+    return 0;
+}
+
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)
 {
     len = entry_span(e, len, off);
@@ -413,6 +446,9 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
     case CK_DEFLATED:
         rc = zip_inflate_read(&ix->files[e->ext.file], e->deflated, buf, len,
                               e->deflated->skip + off);
+        break;
+    case CK_SWAPPED:
+        rc = read_swapped(ix, e, buf, len, off);
         break;
     default:
         return -EIO;

@@ -39,6 +39,9 @@ enum ck_layout {
     CK_STRIDED,    /* ext.offset = first element; shape[rank..2*rank) = element strides */
     CK_DEFLATED,   /* ext = a deflated zip entry's compressed bytes; `deflated` has its seek
                     * points, and the tensor is its output from deflated->skip on */
+    CK_SWAPPED,    /* ext holds every byte, in order, each scalar big-endian (a big-endian
+                    * .npy): read, every scalar's bytes are reversed (a complex number's two
+                    * halves each), so readers see the little-endian tensor */
 };
 
 struct zip_inflated;

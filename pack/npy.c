@@ -94,9 +94,6 @@ static int refuse_descr(hp *h, const char *d, size_t n)
     if (n == 2 && d[1] == 'O')
         why = "is an object array: it holds pickled Python objects, which np.load refuses "
               "without allow_pickle=True, and ckptfs never unpickles";
-    else if (d[0] == '>')
-        why = "is big-endian, which is not supported (save it as little-endian: "
-              "a.astype(a.dtype.newbyteorder('<')))";
     else if (k == 'S' || k == 'U' || k == 'a')
         why = "is a string dtype, not a tensor";
     else if (k == 'M' || k == 'm')
@@ -125,17 +122,22 @@ static int parse_descr(hp *h, npy_header *out)
         h->pos += n;
         return bad(h, "a quoted descr of at most 32 printable characters");
     }
+    /* '>' is a multi-byte type stored big-endian: the same type, its bytes swapped on read */
+    int big = n > 1 && d[0] == '>';
     for (size_t i = 0; i < sizeof DESCRS / sizeof *DESCRS; i++)
-        if (strlen(DESCRS[i].descr) == n && memcmp(DESCRS[i].descr, d, n) == 0) {
+        if (strlen(DESCRS[i].descr) == n && memcmp(DESCRS[i].descr + big, d + big, n - big) == 0 &&
+            DESCRS[i].descr[0] == (big ? '<' : d[0])) {
             out->dtype = (uint8_t)DESCRS[i].dtype;
+            out->big_endian = (uint8_t)big;
             h->pos += n + 1;
             return 0;
         }
     return refuse_descr(h, d, n);
 }
 
-/* One dimension: decimal, no sign, no leading zero, at most INT64_MAX. */
-static int parse_dim(hp *h, int64_t *dim)
+/* One dimension: decimal, no sign, no leading zero, at most INT64_MAX; with long, a Python 2
+ * long's 'L' after it (numpy reads it in format 1.0 and 2.0 headers). */
+static int parse_dim(hp *h, int64_t *dim, int long_ok)
 {
     size_t start = h->pos;
     uint64_t v = 0;
@@ -148,6 +150,8 @@ static int parse_dim(hp *h, int64_t *dim)
     }
     if (h->pos == start)
         return bad(h, "a dimension");
+    if (long_ok && h->pos < h->end && h->p[h->pos] == 'L')
+        h->pos++;
     *dim = (int64_t)v;
     return 0;
 }
@@ -164,7 +168,7 @@ static int parse_shape(hp *h, npy_header *out)
         if (out->rank == CK_MAX_RANK)
             return ck_fail(h->err, h->path, "%sshape has more than %d dimensions (offset %llu)",
                            h->what, CK_MAX_RANK, (ull)(h->at + h->pos));
-        if (parse_dim(h, &out->shape[out->rank++]))
+        if (parse_dim(h, &out->shape[out->rank++], out->major <= 2))
             return -1;
         if (out->rank == 1 ? lit(h, ",") : 0)
             return -1;
@@ -238,13 +242,21 @@ int npy_parse_header(const unsigned char *p, size_t n, npy_header *out, const ch
 /* Appends the array h describes under name. Its bytes: at file offset `data` (contiguous, or
  * gathered column-major when Fortran-ordered), or the output of zi past its header. */
 static int add_array(ck_index *ix, const char *name, size_t len, const npy_header *h,
-                     uint32_t file, uint64_t data, const zip_inflated *zi, ck_error *err)
+                     uint32_t file, uint64_t data, const zip_inflated *zi, const char *what,
+                     ck_error *err)
 {
     int64_t dims[2 * CK_MAX_RANK];
     memcpy(dims, h->shape, h->rank * sizeof *dims);
     /* A Fortran-ordered array of rank < 2 or no elements is laid out as a C-ordered one. */
     int strided = h->fortran && h->rank > 1 && h->nbytes > 0;
-    uint8_t layout = zi ? CK_DEFLATED : strided ? CK_STRIDED : CK_CONTIGUOUS;
+    if (h->big_endian && (zi || strided))
+        return ck_fail(err, ix->files[file].path, "%sbig-endian and %s: its bytes can be "
+                       "swapped on read only where they lie in order, uncompressed", what,
+                       zi ? "compressed" : "Fortran-ordered");
+    uint8_t layout = zi         ? CK_DEFLATED
+                     : strided  ? CK_STRIDED
+                     : h->big_endian ? CK_SWAPPED
+                                     : CK_CONTIGUOUS;
     if (strided) { /* column-major: the first index varies fastest */
         int64_t step = 1;
         for (unsigned d = 0; d < h->rank; d++) {
@@ -301,7 +313,7 @@ int npy_read_file(ck_index *ix, uint32_t file, ck_error *err)
     npy_header h;
     if (read_header(ix, file, 0, ix->files[file].size, &h, "", err))
         return -1;
-    return add_array(ix, "", 0, &h, file, h.data_offset, NULL, err);
+    return add_array(ix, "", 0, &h, file, h.data_offset, NULL, "", err);
 }
 
 /* --- .npz ------------------------------------------------------------------------------ */
@@ -333,7 +345,7 @@ static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const 
         return ck_fail(err, f->path, "%sa Fortran-ordered array in a compressed member is not "
                        "supported (save it with np.savez, or as np.ascontiguousarray)", what);
     zi->skip = h.data_offset;
-    return add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, err);
+    return add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err);
 }
 
 static int add_member(ck_index *ix, uint32_t file, const zip_entry *ze, ck_error *err)
@@ -358,7 +370,7 @@ static int add_member(ck_index *ix, uint32_t file, const zip_entry *ze, ck_error
     if (read_header(ix, file, ze->data_offset, ze->size, &h, what, err))
         return -1;
     return add_array(ix, ze->name, ze->name_len - 4, &h, file, ze->data_offset + h.data_offset,
-                     NULL, err);
+                     NULL, what, err);
 }
 
 static int by_data(const void *x, const void *y)

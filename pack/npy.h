@@ -48,6 +48,7 @@ typedef struct npy_header {
     uint8_t dtype;        /* enum ck_dtype */
     uint8_t fortran;      /* fortran_order: True */
     uint8_t major;        /* format version 1, 2 or 3 */
+    uint8_t big_endian;   /* descr '>...': served swapped (CK_SWAPPED) */
 } npy_header;
 
 /* True when head (the first n bytes of a file) starts an .npy file. */
