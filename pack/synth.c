@@ -164,7 +164,11 @@ static int by_source(const void *x, const void *y, void *ixp)
 }
 
 /* blob_of[k] for the k-th ordered tensor; blobs are numbered by first appearance in `order`,
- * and (*blob_entry)[b] is the entry that supplies blob b's bytes (*nblobs of them). */
+ * and (*blob_entry)[b] is the entry that supplies blob b's bytes (*nblobs of them): of the
+ * tensors that share them, the first in the source's own order (a state_dict's is the module's
+ * registration order: the input embedding before the output head that is tied to it). That
+ * entry owns the bytes; the others are its aliases (ck_synth_aliases), which a conversion drops
+ * as transformers' save_pretrained does. */
 static int assign_blobs(const ck_index *ix, const uint32_t *order, uint32_t n, uint32_t *blob_of,
                         uint32_t **blob_entry, uint32_t *nblobs)
 {
@@ -179,17 +183,19 @@ static int assign_blobs(const ck_index *ix, const uint32_t *order, uint32_t n, u
         memcpy(ents, order, n * sizeof *ents);
         qsort_r(ents, n, sizeof *ents, by_source, (void *)ix);
         for (uint32_t a = 0, b; a < n; a = b) {
+            uint32_t first = ents[a];
             for (b = a + 1; b < n && by_source(&ents[a], &ents[b], (void *)ix) == 0; b++)
-                ;
+                first = ents[b] < first ? ents[b] : first;
             for (uint32_t k = a; k < b; k++)
                 group[ents[k]] = a;
             blob[a] = UINT32_MAX;
+            ents[a] = first; /* the group's owner, kept where the group starts */
         }
         for (uint32_t k = 0; k < n; k++) {
             uint32_t g = group[order[k]];
             if (blob[g] == UINT32_MAX) {
                 blob[g] = *nblobs;
-                (*blob_entry)[(*nblobs)++] = order[k];
+                (*blob_entry)[(*nblobs)++] = ents[g];
             }
             blob_of[k] = blob[g];
         }
@@ -198,6 +204,28 @@ static int assign_blobs(const ck_index *ix, const uint32_t *order, uint32_t n, u
     free(group);
     free(blob);
     return rc;
+}
+
+uint32_t *ck_synth_aliases(const ck_index *ix, ck_error *err)
+{
+    ck_pack_groups g;
+    uint32_t *alias_of = malloc((ix->nentries ? ix->nentries : 1) * sizeof *alias_of);
+    if (!alias_of)
+        return ck_fail(err, ck_index_source(ix), "out of memory"), NULL;
+    for (size_t i = 0; i < ix->nentries; i++)
+        alias_of[i] = UINT32_MAX;
+    if (ck_synth_groups(ix, NULL, NULL, &g, err) != 0) {
+        free(alias_of);
+        return NULL;
+    }
+    for (uint32_t k = 0; k < g.ntensors; k++) {
+        uint32_t e = g.tensors[k], owner = g.blob_entry[g.blob_of[k]];
+        const ck_entry *a = &ix->entries[owner], *b = &ix->entries[e];
+        if (e != owner && a->nbytes && a->dtype == b->dtype && ck_same_shape(a, b))
+            alias_of[e] = owner;
+    }
+    ck_pack_groups_free(&g);
+    return alias_of;
 }
 
 void ck_pack_groups_free(ck_pack_groups *g)

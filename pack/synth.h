@@ -50,6 +50,13 @@ typedef struct ck_pack_groups {
     uint32_t ntensors, nblobs;
 } ck_pack_groups;
 
+/* For each entry of ix, the entry it is an alias of: a tensor whose bytes its blob's owner
+ * (ck_pack_groups' blob_entry: the first of them in the source's order) supplies, seen with the
+ * same dtype and shape; UINT32_MAX for every other entry. What index.json's "alias_of", the
+ * user.ckptfs.alias_of xattr, ckpt ls and info and a conversion's dropped names all ask.
+ * malloc'ed (nentries); NULL with err set when memory runs out. */
+uint32_t *ck_synth_aliases(const ck_index *ix, ck_error *err);
+
 int ck_synth_groups(const ck_index *ix, const char *only, const unsigned char *keep,
                     ck_pack_groups *out, ck_error *err);
 void ck_pack_groups_free(ck_pack_groups *g);

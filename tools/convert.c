@@ -3,11 +3,15 @@
  * pack. The bytes come from pack/synth (one owner of both layouts); tools/outfile makes the
  * output appear whole or not at all. */
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "../pack/json.h"
+#include "../pack/names.h"
 #include "../pack/open.h"
 #include "../pack/synth.h"
 #include "commands.h"
@@ -16,7 +20,7 @@
 
 const char convert_usage[] =
     "ckpt convert SOURCE OUT [--to safetensors|pack] [--max-shard-size SIZE] [--only P] "
-    "[--skip-unsupported]";
+    "[--skip-unsupported] [--keep P] [--drop P]";
 const char convert_help[] =
     "Writes SOURCE (any format ckptfs mounts) as OUT, without running anything in it.\n"
     "--to safetensors (the default): one safetensors file whose __metadata__ is {\"format\":\n"
@@ -25,9 +29,13 @@ const char convert_help[] =
     "OUT is a directory of model-00001-of-0000N.safetensors shards, filled in order (a tensor\n"
     "larger than SIZE alone in its shard), and model.safetensors.index.json (metadata.total_size,\n"
     "weight_map), as transformers writes them. Tied tensors (one storage under several names,\n"
-    "same dtype and shape) are written once under the first name in natural order; each other\n"
-    "name is dropped and recorded in __metadata__ as \"NAME\": \"KEPT NAME\", as safetensors'\n"
-    "save_model does. Dtypes safetensors lacks (quantized GGUF blocks, complex...) are refused\n"
+    "same dtype and shape) are written once, under the name that comes first in SOURCE's own\n"
+    "order (a state_dict's: the input embedding before the head tied to it), as transformers'\n"
+    "save_pretrained keeps them; each other name is dropped and recorded in __metadata__ as\n"
+    "\"NAME\": \"KEPT NAME\". --keep P keeps the tied name that is P (or starts with P., or\n"
+    "matches the glob) instead, --drop P keeps another than P; both repeat. When SOURCE's\n"
+    "directory has a config.json saying \"tie_word_embeddings\": false, nothing is dropped\n"
+    "(every name written, its bytes copied). Dtypes safetensors lacks (quantized GGUF blocks, complex...) are refused\n"
     "by name; --skip-unsupported leaves them out and lists them in __metadata__\n"
     "\"ckptfs.omitted\". Non-tensor values of a pickle are left out. --to pack writes what\n"
     "`ckpt pack` writes. --only keeps the entries whose name is P or starts with P., or\n"
@@ -39,6 +47,8 @@ typedef struct options {
     const char *source, *out, *only;
     uint64_t max_shard; /* 0: one file */
     int pack, skip_unsupported;
+    int argc;       /* the arguments, for the patterns of --keep and --drop (named) */
+    char **argv;
 } options;
 
 static int usage(const char *what)
@@ -51,10 +61,13 @@ static int parse_args(int argc, char **argv, options *o)
 {
     const char *to = "safetensors";
     int nargs = 0;
-    *o = (options){0};
+    *o = (options){.argc = argc, .argv = argv};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             o->only = argv[++i];
+        else if ((strcmp(argv[i], "--keep") == 0 || strcmp(argv[i], "--drop") == 0) &&
+                 i + 1 < argc)
+            i++; /* named() reads them */
         else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc)
             to = argv[++i];
         else if (strcmp(argv[i], "--max-shard-size") == 0 && i + 1 < argc) {
@@ -96,10 +109,74 @@ static void plan_free(plan *p)
     free(p->extra);
 }
 
-/* Whether entry a may stand for entry b: the same bytes (one blob) seen as the same tensor. */
-static int same_view(const ck_entry *a, const ck_entry *b)
+/* Whether e's name matches the pattern of one of o's options `option` (--keep or --drop), as
+ * --only matches. */
+static int named(const ck_entry *e, const options *o, const char *option)
 {
-    return a->nbytes && a->dtype == b->dtype && ck_same_shape(a, b);
+    for (int i = 1; i + 1 < o->argc; i++)
+        if (strcmp(o->argv[i], option) == 0 && ck_name_selected(e->name, e->name_len, o->argv[++i]))
+            return 1;
+    return 0;
+}
+
+/* Whether SOURCE's directory holds a config.json saying "tie_word_embeddings": false (read
+ * whole, at most 1 MiB; a local SOURCE only). */
+static int untied(const char *source)
+{
+    if (ck_location_is_url(source))
+        return 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", source);
+    struct stat st;
+    if (stat(source, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        char *slash = strrchr(dir, '/');
+        snprintf(slash ? slash : dir, sizeof dir - (size_t)(slash ? slash - dir : 0), "%s",
+                 slash ? "" : ".");
+    }
+    enum { MAX_CONFIG = 1 << 20 };
+    char path[4200], *text = malloc(MAX_CONFIG);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = text ? fopen(path, "re") : NULL;
+    size_t n = f ? fread(text, 1, MAX_CONFIG, f) : 0;
+    if (f)
+        fclose(f);
+    cJSON *root = n && n < MAX_CONFIG ? cJSON_ParseWithLength(text, n) : NULL;
+    int off = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
+    cJSON_Delete(root);
+    free(text);
+    return off;
+}
+
+/* The entry each tied group (alias_of's owners, ck_synth_aliases) keeps, per owner: the first
+ * of the selected names in source order that --keep names, else the first that --drop does
+ * not, else the first. NULL when memory runs out. */
+static uint32_t *keepers(const ck_index *ix, const uint32_t *alias_of, const options *o)
+{
+    size_t n = ix->nentries ? ix->nentries : 1;
+    uint32_t *keep = malloc(n * sizeof *keep), *spare = malloc(n * sizeof *spare);
+    uint32_t *first = malloc(n * sizeof *first);
+    if (!keep || !spare || !first) {
+        free(keep), free(spare), free(first);
+        return NULL;
+    }
+    for (size_t i = 0; i < ix->nentries; i++)
+        keep[i] = spare[i] = first[i] = UINT32_MAX;
+    for (uint32_t i = 0; i < ix->nentries; i++) { /* source order: an owner before its aliases */
+        const ck_entry *e = &ix->entries[i];
+        uint32_t g = alias_of[i] != UINT32_MAX ? alias_of[i] : i;
+        if (!ck_name_selected(e->name, e->name_len, o->only))
+            continue;
+        first[g] = first[g] == UINT32_MAX ? i : first[g];
+        if (keep[g] == UINT32_MAX && named(e, o, "--keep"))
+            keep[g] = i;
+        if (spare[g] == UINT32_MAX && !named(e, o, "--drop"))
+            spare[g] = i;
+    }
+    for (size_t g = 0; g < ix->nentries; g++)
+        keep[g] = keep[g] != UINT32_MAX ? keep[g] : spare[g] != UINT32_MAX ? spare[g] : first[g];
+    free(spare);
+    free(first);
+    return keep;
 }
 
 static int make_plan(const ck_index *ix, const options *o, plan *p)
@@ -107,20 +184,24 @@ static int make_plan(const ck_index *ix, const options *o, plan *p)
     ck_pack_groups g;
     ck_error err;
     *p = (plan){0};
-    if (ck_synth_groups(ix, o->only, NULL, &g, &err) != 0) {
+    uint32_t *alias_of = ck_synth_aliases(ix, &err), *keep = NULL;
+    if (!alias_of || ck_synth_groups(ix, o->only, NULL, &g, &err) != 0) {
         fprintf(stderr, "ckpt: %s\n", err.msg);
+        free(alias_of);
         return -1;
     }
+    int tied = !untied(o->source);
     size_t m = g.ntensors ? g.ntensors : 1;
     p->write = malloc(m * sizeof *p->write);
     p->omit = malloc(m * sizeof *p->omit);
     p->extra = malloc(m * sizeof *p->extra);
-    int rc = p->write && p->omit && p->extra ? 0 : -1;
+    keep = keepers(ix, alias_of, o);
+    int rc = p->write && p->omit && p->extra && keep ? 0 : -1;
     if (rc != 0)
         fprintf(stderr, "ckpt: out of memory\n");
     for (uint32_t k = 0; k < g.ntensors && rc == 0; k++) {
-        const ck_entry *e = &ix->entries[g.tensors[k]];
-        const ck_entry *first = &ix->entries[g.blob_entry[g.blob_of[k]]];
+        uint32_t i = g.tensors[k], kept = keep[alias_of[i] != UINT32_MAX ? alias_of[i] : i];
+        const ck_entry *e = &ix->entries[i];
         if (e->dtype >= CK_ST_DTYPE_COUNT && !o->skip_unsupported) {
             char shown[CK_SHOWN_MAX];
             fprintf(stderr, "ckpt: %s: tensor '%s' is %s, which safetensors lacks "
@@ -130,14 +211,16 @@ static int make_plan(const ck_index *ix, const options *o, plan *p)
             rc = -1;
         } else if (e->dtype >= CK_ST_DTYPE_COUNT) {
             p->omit[p->nomit++] = g.tensors[k];
-        } else if (first != e && same_view(first, e)) {
-            p->extra[p->nextra++] = (ck_meta){.key = e->name, .value = first->name};
+        } else if (tied && kept != i) {
+            p->extra[p->nextra++] = (ck_meta){.key = e->name, .value = ix->entries[kept].name};
         } else {
             p->write[p->nwrite++] = g.tensors[k];
             p->total += e->nbytes;
         }
     }
     ck_pack_groups_free(&g);
+    free(alias_of);
+    free(keep);
     if (rc != 0)
         plan_free(p);
     return rc;

@@ -10,11 +10,15 @@
 #include "../pack/names.h"
 
 #include "../pack/json.h"
+#include "../pack/synth.h"
 #include "commands.h"
 #include "inspect.h"
 
+/* Two tensors compared: one name in both, or a name one side dropped as an alias (alias 1: A's
+ * name, absent from B, against the tensor B kept for it; 2: the other way round). */
 typedef struct pair {
     const ck_entry *a, *b;
+    int alias;
     int same_layout;      /* same dtype and shape: their bytes can be identical */
     int identical;
     int valued;           /* max_abs and rel_l2 were computed */
@@ -147,53 +151,137 @@ static const ck_entry **sorted_tensors(const ck_index *ix, const char *only, siz
 typedef struct diff_result {
     const ck_entry **ta, **tb;
     size_t na, nb, npairs;
-    unsigned char *in_a; /* per tb: also in A */
+    size_t *of_a, *of_b; /* per ta, per tb: its pair, or SIZE_MAX */
     pair *pairs;
 } diff_result;
 
-static int diff_indexes(diff_run *r, const char *only, diff_result *d)
+/* What one side says of its names: its alias records (a conversion's __metadata__ "DROPPED":
+ * "KEPT", sorted by key) and its own sharing (ck_synth_aliases). */
+typedef struct side {
+    const ck_index *ix;
+    const ck_meta **records;
+    uint32_t *alias_of;
+} side;
+
+static int by_meta_key(const void *x, const void *y)
 {
-    d->ta = sorted_tensors(r->ia, only, &d->na);
-    d->tb = sorted_tensors(r->ib, only, &d->nb);
-    d->in_a = calloc(d->nb + 1, 1);
-    d->pairs = calloc(d->na + 1, sizeof *d->pairs);
-    if (!d->ta || !d->tb || !d->in_a || !d->pairs)
-        return ck_fail(&r->err, ck_index_source(r->ia), "out of memory");
+    return strcmp((*(const ck_meta *const *)x)->key, (*(const ck_meta *const *)y)->key);
+}
+
+static int side_open(side *s, const ck_index *ix, ck_error *err)
+{
+    *s = (side){.ix = ix, .records = malloc((ix->nmeta + 1) * sizeof *s->records)};
+    if (!s->records)
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    for (size_t i = 0; i < ix->nmeta; i++)
+        s->records[i] = &ix->meta[i];
+    qsort(s->records, ix->nmeta, sizeof *s->records, by_meta_key);
+    return (s->alias_of = ck_synth_aliases(ix, err)) ? 0 : -1;
+}
+
+static void side_free(side *s)
+{
+    free(s->records);
+    free(s->alias_of);
+}
+
+/* The tensor of other (sorted, n) that name e stands for as an alias: the name this side's
+ * record says other kept it as (records: the side that dropped it), or the name its own storage
+ * owner has (owner: the side that still has it); NULL when neither is there. */
+static const ck_entry *kept_for(const ck_entry *e, const side *records, const side *owner,
+                                const ck_entry **other, size_t n)
+{
+    ck_meta key = {.key = e->name}, *kp = &key;
+    const ck_meta **rec = bsearch(&kp, records->records, records->ix->nmeta,
+                                  sizeof *records->records, by_meta_key);
+    uint32_t o = owner->alias_of[e - owner->ix->entries];
+    ck_entry want = {.name = rec ? (*rec)->value : o != UINT32_MAX ? owner->ix->entries[o].name
+                                                                   : NULL};
+    if (!want.name)
+        return NULL;
+    want.name_len = (uint32_t)strlen(want.name);
+    const ck_entry *wp = &want, **hit = bsearch(&wp, other, n, sizeof *other, cmp_entry_names);
+    return hit ? *hit : NULL;
+}
+
+/* Appends and compares pair (a, b). */
+static int add_pair(diff_run *r, diff_result *d, const ck_entry *a, const ck_entry *b, int alias)
+{
+    pair *p = &d->pairs[d->npairs++];
+    *p = (pair){.a = a, .b = b, .alias = alias};
+    return compare_pair(r, p);
+}
+
+/* Names in both, then each side's names the other dropped as aliases (against what it kept). */
+static int pair_up(diff_run *r, diff_result *d, const side *sa, const side *sb)
+{
     for (size_t i = 0; i < d->na; i++) {
         const ck_entry **hit = bsearch(&d->ta[i], d->tb, d->nb, sizeof *d->tb, cmp_entry_names);
         if (!hit)
             continue;
-        d->in_a[hit - d->tb] = 1;
-        pair *p = &d->pairs[d->npairs++];
-        p->a = d->ta[i];
-        p->b = *hit;
-        if (compare_pair(r, p) != 0)
+        d->of_a[i] = d->of_b[hit - d->tb] = d->npairs;
+        if (add_pair(r, d, d->ta[i], *hit, 0) != 0)
+            return -1;
+    }
+    for (size_t i = 0; i < d->na; i++) {
+        const ck_entry *k = d->of_a[i] == SIZE_MAX ? kept_for(d->ta[i], sb, sa, d->tb, d->nb)
+                                                  : NULL;
+        if (k && (d->of_a[i] = d->npairs, add_pair(r, d, d->ta[i], k, 1) != 0))
+            return -1;
+    }
+    for (size_t i = 0; i < d->nb; i++) {
+        const ck_entry *k = d->of_b[i] == SIZE_MAX ? kept_for(d->tb[i], sa, sb, d->ta, d->na)
+                                                  : NULL;
+        if (k && (d->of_b[i] = d->npairs, add_pair(r, d, k, d->tb[i], 2) != 0))
             return -1;
     }
     return 0;
+}
+
+static int diff_indexes(diff_run *r, const char *only, diff_result *d)
+{
+    side sa = {0}, sb = {0};
+    d->ta = sorted_tensors(r->ia, only, &d->na);
+    d->tb = sorted_tensors(r->ib, only, &d->nb);
+    d->of_a = malloc((d->na + 1) * sizeof *d->of_a);
+    d->of_b = malloc((d->nb + 1) * sizeof *d->of_b);
+    d->pairs = calloc(d->na + d->nb + 1, sizeof *d->pairs);
+    if (!d->ta || !d->tb || !d->of_a || !d->of_b || !d->pairs)
+        return ck_fail(&r->err, ck_index_source(r->ia), "out of memory");
+    for (size_t i = 0; i < d->na; i++)
+        d->of_a[i] = SIZE_MAX;
+    for (size_t i = 0; i < d->nb; i++)
+        d->of_b[i] = SIZE_MAX;
+    int rc = side_open(&sa, r->ia, &r->err) || side_open(&sb, r->ib, &r->err) ||
+             pair_up(r, d, &sa, &sb) ? -1 : 0;
+    side_free(&sa);
+    side_free(&sb);
+    return rc;
 }
 
 static void free_result(diff_result *d)
 {
     free(d->ta);
     free(d->tb);
-    free(d->in_a);
+    free(d->of_a);
+    free(d->of_b);
     free(d->pairs);
 }
 
-static size_t count_only_b(const diff_result *d)
+static size_t count_unpaired(const size_t *of, size_t n)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < d->nb; i++)
-        n += !d->in_a[i];
-    return n;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += of[i] == SIZE_MAX;
+    return k;
 }
 
-static size_t count_identical(const diff_result *d)
+/* Pairs of names in both (alias 0), or aliases (1 or 2), that are identical (same 1) or not. */
+static size_t count_pairs(const diff_result *d, int aliases, int same)
 {
     size_t n = 0;
     for (size_t i = 0; i < d->npairs; i++)
-        n += d->pairs[i].identical;
+        n += (d->pairs[i].alias != 0) == aliases && d->pairs[i].identical == same;
     return n;
 }
 
@@ -201,7 +289,9 @@ static cJSON *pair_json(const pair *p)
 {
     cJSON *o = cJSON_CreateObject();
     char h[17];
-    cJSON_AddItemToObject(o, "name", name_json(p->a));
+    cJSON_AddItemToObject(o, "name", name_json(p->alias == 2 ? p->b : p->a));
+    if (p->alias) /* the name one side dropped, and what that side kept for it */
+        cJSON_AddItemToObject(o, "alias_of", name_json(p->alias == 2 ? p->a : p->b));
     cJSON_AddStringToObject(o, "dtype_a", ck_dtype_name(p->a->dtype));
     cJSON_AddStringToObject(o, "dtype_b", ck_dtype_name(p->b->dtype));
     cJSON_AddItemToObject(o, "shape_a", shape_json(p->a));
@@ -236,20 +326,25 @@ static int print_diff_json(const diff_result *d, const char *a, const char *b, i
     cJSON_AddStringToObject(doc, "a", a);
     cJSON_AddStringToObject(doc, "b", b);
     cJSON_AddBoolToObject(doc, "same", same);
-    for (size_t i = 0, j = 0; i < d->na; i++) {
-        if (j < d->npairs && d->pairs[j].a == d->ta[i])
-            cJSON_AddItemToArray(ts, pair_json(&d->pairs[j++]));
+    for (size_t i = 0; i < d->na; i++) {
+        if (d->of_a[i] != SIZE_MAX)
+            cJSON_AddItemToArray(ts, pair_json(&d->pairs[d->of_a[i]]));
         else
             cJSON_AddItemToArray(oa, name_json(d->ta[i]));
     }
-    for (size_t i = 0; i < d->nb; i++)
-        if (!d->in_a[i])
+    for (size_t i = 0; i < d->nb; i++) {
+        if (d->of_b[i] == SIZE_MAX)
             cJSON_AddItemToArray(ob, name_json(d->tb[i]));
-    cJSON_AddItemToObject(sum, "both", ck_json_uint(d->npairs));
-    cJSON_AddItemToObject(sum, "identical", ck_json_uint(count_identical(d)));
-    cJSON_AddItemToObject(sum, "different", ck_json_uint(d->npairs - count_identical(d)));
-    cJSON_AddItemToObject(sum, "only_in_a", ck_json_uint(d->na - d->npairs));
-    cJSON_AddItemToObject(sum, "only_in_b", ck_json_uint(count_only_b(d)));
+        else if (d->pairs[d->of_b[i]].alias == 2)
+            cJSON_AddItemToArray(ts, pair_json(&d->pairs[d->of_b[i]]));
+    }
+    cJSON_AddItemToObject(sum, "both", ck_json_uint(count_pairs(d, 0, 1) + count_pairs(d, 0, 0)));
+    cJSON_AddItemToObject(sum, "identical", ck_json_uint(count_pairs(d, 0, 1)));
+    cJSON_AddItemToObject(sum, "different", ck_json_uint(count_pairs(d, 0, 0) +
+                                                          count_pairs(d, 1, 0)));
+    cJSON_AddItemToObject(sum, "only_in_a", ck_json_uint(count_unpaired(d->of_a, d->na)));
+    cJSON_AddItemToObject(sum, "only_in_b", ck_json_uint(count_unpaired(d->of_b, d->nb)));
+    cJSON_AddItemToObject(sum, "aliases_dropped", ck_json_uint(count_pairs(d, 1, 1)));
     cJSON_AddItemToObject(doc, "summary", sum);
     cJSON_AddItemToObject(doc, "only_in_a", oa);
     cJSON_AddItemToObject(doc, "only_in_b", ob);
@@ -260,17 +355,21 @@ static int print_diff_json(const diff_result *d, const char *a, const char *b, i
 static void print_pair_line(const pair *p)
 {
     char sa[1400], sb[1400];
+    const ck_entry *named = p->alias == 2 ? p->b : p->a, *kept = p->alias == 2 ? p->a : p->b;
     if (p->identical)
         return;
+    printf(p->same_layout ? "differs: " : "changed: ");
+    print_name(named->name, named->name_len);
+    if (p->alias) {
+        printf(" (dropped in %s as an alias of ", p->alias == 1 ? "B" : "A");
+        print_name(kept->name, kept->name_len);
+        putchar(')');
+    }
     if (!p->same_layout) {
         ck_view_shape_json(p->a, sa, sizeof sa);
         ck_view_shape_json(p->b, sb, sizeof sb);
-        printf("changed: ");
-        print_name(p->a->name, p->a->name_len);
         printf(": %s %s -> %s %s", ck_dtype_name(p->a->dtype), sa, ck_dtype_name(p->b->dtype), sb);
     } else {
-        printf("differs: ");
-        print_name(p->a->name, p->a->name_len);
         printf(" (%s)", ck_dtype_name(p->a->dtype));
     }
     if (p->valued)
@@ -280,9 +379,9 @@ static void print_pair_line(const pair *p)
 
 static void print_diff_text(const diff_result *d)
 {
-    for (size_t i = 0, j = 0; i < d->na; i++) {
-        if (j < d->npairs && d->pairs[j].a == d->ta[i]) {
-            print_pair_line(&d->pairs[j++]);
+    for (size_t i = 0; i < d->na; i++) {
+        if (d->of_a[i] != SIZE_MAX) {
+            print_pair_line(&d->pairs[d->of_a[i]]);
             continue;
         }
         printf("only in A: ");
@@ -290,15 +389,22 @@ static void print_diff_text(const diff_result *d)
         putchar('\n');
     }
     for (size_t i = 0; i < d->nb; i++) {
-        if (d->in_a[i])
+        if (d->of_b[i] != SIZE_MAX) {
+            if (d->pairs[d->of_b[i]].alias == 2)
+                print_pair_line(&d->pairs[d->of_b[i]]);
             continue;
+        }
         printf("only in B: ");
         print_name(d->tb[i]->name, d->tb[i]->name_len);
         putchar('\n');
     }
-    printf("%zu tensors in both: %zu identical, %zu differ; %zu only in A, %zu only in B\n",
-           d->npairs, count_identical(d), d->npairs - count_identical(d), d->na - d->npairs,
-           count_only_b(d));
+    size_t both = count_pairs(d, 0, 1) + count_pairs(d, 0, 0), aliases = count_pairs(d, 1, 1);
+    printf("%zu tensors in both: %zu identical, %zu differ; %zu only in A, %zu only in B", both,
+           count_pairs(d, 0, 1), count_pairs(d, 0, 0) + count_pairs(d, 1, 0),
+           count_unpaired(d->of_a, d->na), count_unpaired(d->of_b, d->nb));
+    if (aliases)
+        printf("; %zu aliases dropped", aliases);
+    putchar('\n');
 }
 
 int cmd_diff(int argc, char **argv)
@@ -333,7 +439,8 @@ int cmd_diff(int argc, char **argv)
         fprintf(stderr, "ckpt: %s\n", r.err.msg);
         goto out;
     }
-    int same = count_identical(&d) == d.na && d.na == d.nb;
+    int same = !count_unpaired(d.of_a, d.na) && !count_unpaired(d.of_b, d.nb) &&
+               !count_pairs(&d, 0, 0) && !count_pairs(&d, 1, 0);
     if (!json)
         print_diff_text(&d);
     else if (print_diff_json(&d, src[0], src[1], same) != 0)

@@ -102,7 +102,8 @@ def test_diff_reports_every_change(ckpts):
                or a[n].shape != b[n].shape}
     assert {n for n, t in by.items() if not t["identical"]} == changed
     assert doc["summary"] == {"both": len(by), "identical": len(by) - len(changed),
-                              "different": len(changed), "only_in_a": 1, "only_in_b": 1}
+                              "different": len(changed), "only_in_a": 1, "only_in_b": 1,
+                              "aliases_dropped": 0}
     for n, t in by.items():  # "big" differs in its second 4 MiB chunk only
         if t["xxh3_a"] is not None:
             assert int(t["xxh3_a"], 16) == xxh3(torch_bytes(a[n]))
