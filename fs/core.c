@@ -18,11 +18,12 @@ const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT] = {
 };
 
 /* A tensor has the first three (and byteorder "big" when its source stores it big-endian: it
- * is served little-endian, as dtype says); a value has the name and its type. */
+ * is served little-endian, as dtype says; alias_of, the name whose storage it shares, when it
+ * is tied to one); a value has the name and its type. */
 static const char *const xattr_names[] = {"user.ckptfs.name", "user.ckptfs.dtype",
                                           "user.ckptfs.shape", "user.ckptfs.type",
-                                          "user.ckptfs.byteorder"};
-enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_BYTEORDER, XA_COUNT };
+                                          "user.ckptfs.byteorder", "user.ckptfs.alias_of"};
+enum { XA_NAME, XA_DTYPE, XA_SHAPE, XA_TYPE, XA_BYTEORDER, XA_ALIAS_OF, XA_COUNT };
 
 /* --- building the view ------------------------------------------------------------------- */
 
@@ -82,6 +83,8 @@ int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_
     fs->tree = tree;
     if (rc == 0)
         rc = absolute_paths(fs, src, err);
+    if (rc == 0 && !(fs->alias_of = ck_synth_aliases(ix, err)))
+        rc = -1;
     if (rc)
         ck_fs_free(fs);
     return rc;
@@ -95,6 +98,7 @@ void ck_fs_free(ck_fs *fs)
         free(fs->src_path[i]);
     free(fs->src_path);
     free(fs->sources);
+    free(fs->alias_of);
     for (int k = 0; k < CK_VFILE_COUNT; k++) {
         free(fs->vfile[k].data);
         ck_synth_free(fs->vfile[k].synth);
@@ -151,7 +155,8 @@ static const ck_entry *entry_of(const ck_fs *fs, const ck_node *nd)
 static int make_vfile(ck_fs *fs, uint32_t k, ck_error *err)
 {
     if (k == CK_VFILE_INDEX_JSON) {
-        fs->vfile[k].data = ck_view_index_json(fs->ix, fs->tree, 0, &fs->vfile[k].len);
+        fs->vfile[k].data = ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0,
+                                               &fs->vfile[k].len);
         return fs->vfile[k].data ? 0 : ck_fail(err, ck_index_source(fs->ix), "out of memory");
     }
     return k == CK_VFILE_PACK ? ck_synth_pack(fs->ix, NULL, &fs->vfile[k].synth, err)
@@ -235,7 +240,9 @@ static int node_stat(ck_fs *fs, const ck_node *nd, int npy, struct stat *st)
     st->st_uid = fs->uid;
     st->st_gid = fs->gid;
     st->st_size = (off_t)size;
-    st->st_blocks = (st->st_size + 511) / 512;
+    /* An alias's bytes are its owner's storage: du counts them once, there */
+    int alias = nd->kind == CK_NODE_TENSOR && fs->alias_of[nd->id] != UINT32_MAX;
+    st->st_blocks = alias ? 0 : (st->st_size + 511) / 512;
     st->st_blksize = 1 << 20; /* cp and friends size their reads by this */
     st->st_mtim = st->st_ctim = st->st_atim =
         nd->kind == CK_NODE_TENSOR ? fs->ix->files[entry_of(fs, nd)->ext.file].mtime : fs->mtime;
@@ -486,6 +493,8 @@ static int has_xattr(const ck_fs *fs, const ck_node *nd, int k)
 {
     if (k == XA_BYTEORDER)
         return nd->kind == CK_NODE_TENSOR && entry_of(fs, nd)->layout == CK_SWAPPED;
+    if (k == XA_ALIAS_OF)
+        return nd->kind == CK_NODE_TENSOR && fs->alias_of[nd->id] != UINT32_MAX;
     return (nd->kind == CK_NODE_TENSOR && k != XA_TYPE) ||
            (nd->kind == CK_NODE_VALUE && (k == XA_NAME || k == XA_TYPE));
 }
@@ -524,6 +533,10 @@ ssize_t ck_fs_getxattr(const ck_fs *fs, uint64_t ino, const char *name, char *bu
         return xattr_answer(shape, ck_view_shape_json(e, shape, sizeof shape), buf, size);
     case XA_BYTEORDER:
         return xattr_answer("big", 3, buf, size);
+    case XA_ALIAS_OF: {
+        const ck_entry *owner = &fs->ix->entries[fs->alias_of[nd->id]];
+        return xattr_answer(owner->name, owner->name_len, buf, size);
+    }
     default: /* XA_TYPE */
         return xattr_answer(ck_value_type_name(e->dtype),
                             strlen(ck_value_type_name(e->dtype)), buf, size);
@@ -535,7 +548,7 @@ ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size)
     const ck_node *nd = node_of(fs, ino);
     if (!nd)
         return -ENOENT;
-    char list[192];
+    char list[256];
     size_t n = 0;
     if (ino == CK_ROOT_INO && fs->sources) {
         memcpy(list, CK_SOURCES_XATTR, sizeof CK_SOURCES_XATTR);
@@ -554,8 +567,8 @@ void ck_fs_statfs(ck_fs *fs, struct statvfs *sv)
 {
     int json = vfile_ready(fs, CK_VFILE_INDEX_JSON);
     uint64_t bytes = json ? fs->vfile[CK_VFILE_INDEX_JSON].len : 0;
-    for (size_t i = 0; i < fs->ix->nentries; i++)
-        bytes += fs->ix->entries[i].nbytes;
+    for (size_t i = 0; i < fs->ix->nentries; i++) /* an alias's storage is its owner's */
+        bytes += fs->alias_of[i] == UINT32_MAX ? fs->ix->entries[i].nbytes : 0;
     *sv = (struct statvfs){
         .f_bsize = 4096, .f_frsize = 4096, .f_blocks = (bytes + 4095) / 4096,
         .f_files = fs->tree->nnodes, .f_namemax = CK_NAME_MAX, .f_flag = ST_RDONLY,

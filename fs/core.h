@@ -65,6 +65,7 @@ typedef struct ck_fs {
     size_t sources_len;
     ck_fs_log log;
     int npy;                   /* serve NAME.npy views (set before serving) */
+    uint32_t *alias_of;        /* per entry: the entry whose storage it shares (ck_synth_aliases) */
 } ck_fs;
 
 /* Makes the view of ix (which it takes over, and frees on failure too): tree and absolute

@@ -171,8 +171,8 @@ static void put_name_path(jtext *j, const ck_index *ix, const ck_tree *t, size_t
     free(p);
 }
 
-static void put_tensor(jtext *j, const ck_index *ix, const ck_tree *t, size_t i,
-                       int with_locations)
+static void put_tensor(jtext *j, const ck_index *ix, const ck_tree *t, const uint32_t *alias_of,
+                       size_t i, int with_locations)
 {
     const ck_entry *e = &ix->entries[i];
     PUT_LIT(j, "{");
@@ -185,6 +185,11 @@ static void put_tensor(jtext *j, const ck_index *ix, const ck_tree *t, size_t i,
         j->len += ck_view_shape_json(e, shape, 2 + CK_MAX_RANK * 21 + 1);
     PUT_LIT(j, ",\"nbytes\":");
     put_uint(j, e->nbytes);
+    if (alias_of && alias_of[i] != UINT32_MAX) {
+        const ck_entry *owner = &ix->entries[alias_of[i]];
+        PUT_LIT(j, ",\"alias_of\":");
+        put_string(j, owner->name, owner->name_len);
+    }
     if (with_locations) {
         PUT_LIT(j, ",\"file\":");
         put_cstring(j, ix->files[e->ext.file].path);
@@ -207,8 +212,8 @@ static void put_value(jtext *j, const ck_index *ix, const ck_tree *t, size_t i)
 }
 
 /* The entries of one kind, in index order, as the members of a JSON array. */
-static void put_entries(jtext *j, const ck_index *ix, const ck_tree *t, uint8_t kind,
-                        int with_locations)
+static void put_entries(jtext *j, const ck_index *ix, const ck_tree *t,
+                        const uint32_t *alias_of, uint8_t kind, int with_locations)
 {
     int first = 1;
     for (size_t i = 0; i < ix->nentries && !j->oom; i++) {
@@ -218,7 +223,7 @@ static void put_entries(jtext *j, const ck_index *ix, const ck_tree *t, uint8_t 
             PUT_LIT(j, ",");
         first = 0;
         if (kind == CK_TENSOR)
-            put_tensor(j, ix, t, i, with_locations);
+            put_tensor(j, ix, t, alias_of, i, with_locations);
         else
             put_value(j, ix, t, i);
     }
@@ -244,7 +249,8 @@ static size_t expected_size(const ck_index *ix)
     return n;
 }
 
-char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_locations, size_t *len)
+char *ck_view_index_json(const ck_index *ix, const ck_tree *t, const uint32_t *alias_of,
+                         int with_locations, size_t *len)
 {
     jtext j = {0};
     if (!room(&j, expected_size(ix)))
@@ -263,11 +269,11 @@ char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_location
             put_cstring(&j, ix->meta[i].value);
     }
     PUT_LIT(&j, "},\"tensors\":[");
-    put_entries(&j, ix, t, CK_TENSOR, with_locations);
+    put_entries(&j, ix, t, alias_of, CK_TENSOR, with_locations);
     PUT_LIT(&j, "]");
     if (has_values(ix)) {
         PUT_LIT(&j, ",\"values\":[");
-        put_entries(&j, ix, t, CK_VALUE, with_locations);
+        put_entries(&j, ix, t, NULL, CK_VALUE, with_locations);
         PUT_LIT(&j, "]");
     }
     PUT_LIT(&j, "}");

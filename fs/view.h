@@ -7,13 +7,17 @@
 
 #include <stddef.h>
 
+#include <stdint.h>
+
 #include "tree.h"
 
 /* .ckptfs/index.json: {"format", "metadata", "tensors": [{name, path, dtype, shape, nbytes}]},
- * and, when the index has values, "values": [{name, path, type}].
+ * and, when the index has values, "values": [{name, path, type}]. A tensor tied to another
+ * (alias_of[entry], from ck_synth_aliases; NULL: none) also has "alias_of": that name.
  * With locations, each tensor also has "file" (source file path) and "offset" (byte offset of
  * its first byte in that file; null unless its bytes are one extent) — `ckpt ls --json`. */
-char *ck_view_index_json(const ck_index *ix, const ck_tree *t, int with_locations, size_t *len);
+char *ck_view_index_json(const ck_index *ix, const ck_tree *t, const uint32_t *alias_of,
+                         int with_locations, size_t *len);
 
 /* A tensor's shape as a JSON array, e.g. "[2,3]" or "[]", into buf (cap bytes). Returns the
  * length, or what it would have been (like snprintf). */

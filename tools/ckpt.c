@@ -76,7 +76,7 @@ void print_name(const char *s, size_t len)
     }
 }
 
-static void print_table(const ck_index *ix)
+static void print_table(const ck_index *ix, const uint32_t *alias_of)
 {
     char shape[1400];
     for (size_t i = 0; i < ix->nentries; i++) {
@@ -93,11 +93,15 @@ static void print_table(const ck_index *ix)
             printf("-");
         if (ix->nfiles > 1)
             printf("\t%s", ix->files[e->ext.file].path);
+        if (alias_of[i] != UINT32_MAX) { /* tied: the name whose storage it shares */
+            printf("\talias of ");
+            print_name(ix->entries[alias_of[i]].name, ix->entries[alias_of[i]].name_len);
+        }
         putchar('\n');
     }
 }
 
-static int print_json(const ck_index *ix, const char *source)
+static int print_json(const ck_index *ix, const uint32_t *alias_of, const char *source)
 {
     ck_error err;
     ck_tree *tree;
@@ -106,7 +110,7 @@ static int print_json(const ck_index *ix, const char *source)
         return -1;
     }
     size_t len;
-    char *json = ck_view_index_json(ix, tree, 1, &len);
+    char *json = ck_view_index_json(ix, tree, alias_of, 1, &len);
     ck_tree_free(tree);
     if (!json) {
         char shown[CK_SHOWN_MAX];
@@ -154,11 +158,14 @@ static int cmd_ls(int argc, char **argv)
     ck_index *ix;
     if (open_source(source, &ix) != 0)
         return 1;
-    int rc = 0;
-    if (json)
-        rc = print_json(ix, source);
-    else
-        print_table(ix);
+    ck_error err;
+    uint32_t *alias_of = ck_synth_aliases(ix, &err);
+    int rc = alias_of ? 0 : (fprintf(stderr, "ckpt: %s\n", err.msg), -1);
+    if (alias_of && json)
+        rc = print_json(ix, alias_of, source);
+    else if (alias_of)
+        print_table(ix, alias_of);
+    free(alias_of);
     if (ck_location_is_url(source))
         report_requests(ix, source);
     ck_index_free(ix);

@@ -5,6 +5,7 @@
 
 
 #include "../pack/json.h"
+#include "../pack/synth.h"
 #include "commands.h"
 #include "inspect.h"
 
@@ -30,9 +31,11 @@ static int cmp_prefix(const void *x, const void *y)
     return (a->len > b->len) - (a->len < b->len);
 }
 
-/* The tree to depth maxd: every tensor adds itself to each of its prefixes, then equal
- * prefixes are merged. Returns the number of prefixes, or -1 on out-of-memory. */
-static ssize_t build_tree(const ck_index *ix, unsigned maxd, prefix **out)
+/* The tree to depth maxd: every tensor adds itself to each of its prefixes (an alias its name
+ * only: its parameters and bytes are its owner's), then equal prefixes are merged. Returns the
+ * number of prefixes, or -1 on out-of-memory. */
+static ssize_t build_tree(const ck_index *ix, const uint32_t *alias_of, unsigned maxd,
+                          prefix **out)
 {
     size_t cap = 0, n = 0;
     for (size_t i = 0; i < ix->nentries; i++)
@@ -48,7 +51,9 @@ static ssize_t build_tree(const ck_index *ix, unsigned maxd, prefix **out)
         for (unsigned d = 1; d <= maxd && end < e->name_len; d++) {
             const char *dot = memchr(e->name + end + (d > 1), '.', e->name_len - end - (d > 1));
             end = dot ? (size_t)(dot - e->name) : e->name_len;
-            v[n++] = (prefix){e->name, end, d, 1, element_count(e), e->nbytes};
+            int own = alias_of[i] == UINT32_MAX;
+            v[n++] = (prefix){e->name, end, d, 1, own ? element_count(e) : 0,
+                              own ? e->nbytes : 0};
         }
     }
     qsort(v, n, sizeof *v, cmp_prefix);
@@ -71,7 +76,7 @@ typedef struct dtype_sum {
 } dtype_sum;
 
 typedef struct info {
-    size_t tensors, values;
+    size_t tensors, values, aliases;
     uint64_t params, bytes;
     dtype_sum by[CK_DTYPE_COUNT];
     prefix *tree;
@@ -94,9 +99,13 @@ static void print_info_text(const ck_index *ix, const info *in)
 {
     char h[32];
     human(in->bytes, h, sizeof h);
-    printf("source: %s\nformat: %s\nfiles: %u\ntensors: %zu\nvalues: %zu\nparameters: %llu\n"
-           "bytes: %llu (%s)\n", ck_index_source(ix), ix->format, ix->nfiles, in->tensors,
-           in->values, (unsigned long long)in->params, (unsigned long long)in->bytes, h);
+    printf("source: %s\nformat: %s\nfiles: %u\ntensors: %zu\nvalues: %zu\n", ck_index_source(ix),
+           ix->format, ix->nfiles, in->tensors, in->values);
+    if (in->aliases)
+        printf("aliases: %zu (tied names: their parameters and bytes are counted once)\n",
+               in->aliases);
+    printf("parameters: %llu\nbytes: %llu (%s)\n", (unsigned long long)in->params,
+           (unsigned long long)in->bytes, h);
     printf("by dtype:\n");
     for (unsigned t = 0; t < CK_DTYPE_COUNT; t++) {
         if (!in->by[t].tensors)
@@ -145,6 +154,7 @@ static int print_info_json(const ck_index *ix, const info *in)
     cJSON_AddItemToObject(doc, "files", files);
     cJSON_AddItemToObject(doc, "tensors", ck_json_uint(in->tensors));
     cJSON_AddItemToObject(doc, "values", ck_json_uint(in->values));
+    cJSON_AddItemToObject(doc, "aliases", ck_json_uint(in->aliases));
     cJSON_AddItemToObject(doc, "parameters", ck_json_uint(in->params));
     cJSON_AddItemToObject(doc, "bytes", ck_json_uint(in->bytes));
     for (unsigned t = 0; t < CK_DTYPE_COUNT; t++)
@@ -193,6 +203,13 @@ int cmd_info(int argc, char **argv)
     if (open_source(source, &ix))
         return 1;
     info in = {0};
+    ck_error err;
+    uint32_t *alias_of = ck_synth_aliases(ix, &err);
+    if (!alias_of) {
+        fprintf(stderr, "ckpt: %s\n", err.msg);
+        ck_index_free(ix);
+        return 1;
+    }
     for (size_t i = 0; i < ix->nentries; i++) {
         const ck_entry *e = &ix->entries[i];
         if (e->kind != CK_TENSOR) {
@@ -200,13 +217,18 @@ int cmd_info(int argc, char **argv)
             continue;
         }
         in.tensors++;
+        in.by[e->dtype].tensors++;
+        if (alias_of[i] != UINT32_MAX) { /* tied: its owner counts the storage */
+            in.aliases++;
+            continue;
+        }
         in.params += element_count(e);
         in.bytes += e->nbytes;
-        in.by[e->dtype].tensors++;
         in.by[e->dtype].params += element_count(e);
         in.by[e->dtype].bytes += e->nbytes;
     }
-    ssize_t nt = build_tree(ix, depth, &in.tree);
+    ssize_t nt = build_tree(ix, alias_of, depth, &in.tree);
+    free(alias_of);
     int rc = 0;
     if (nt < 0) {
         fprintf(stderr, "ckpt: out of memory\n");

@@ -187,3 +187,38 @@ def test_diff_still_reports_a_dropped_alias_whose_bytes_differ(saved, tmp_path):
     assert "differs: lm_head.weight (dropped in B as an alias of transformer.wte.weight)" in text
     assert "differs: transformer.wte.weight" in text
     assert text.splitlines()[-1].endswith("0 only in A, 0 only in B")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_aliases_are_visible_and_counted_once(saved, mount, name):
+    """The names that share a storage in the state_dict: index.json and ckpt ls say which they
+    are an alias of, the mount's xattr too, du counts their bytes once (st_blocks 0), and
+    ckpt info counts parameters once per storage, as transformers' num_parameters() does."""
+    import json
+    model, src = saved[name]
+    sd = model.state_dict()
+    owner = {}  # storage -> first name in state_dict order
+    want = {}
+    for n, t in sd.items():
+        key = (t.data_ptr(), t.dtype, tuple(t.shape))
+        if key in owner:
+            want[n] = owner[key]
+        else:
+            owner[key] = n
+    p = run(ckpt_bin(), "ls", src / "pytorch_model.bin", "--json")
+    got = {t["name"]: t["alias_of"] for t in json.loads(p.stdout)["tensors"] if "alias_of" in t}
+    assert got == want
+    lines = run(ckpt_bin(), "ls", src / "pytorch_model.bin").stdout.decode().splitlines()
+    assert {ln.split("\t")[0]: ln.split("\talias of ")[1] for ln in lines if "\talias of " in ln} \
+        == want
+    info = json.loads(run(ckpt_bin(), "info", src / "pytorch_model.bin", "--json").stdout)
+    assert info["parameters"] == model.num_parameters() and info["aliases"] == len(want)
+    with mount(src / "pytorch_model.bin") as mnt:
+        paths = {t["name"]: mnt / t["path"] for t in json.loads(
+            (mnt / ".ckptfs" / "index.json").read_bytes())["tensors"]}
+        for n, t in sd.items():
+            st = os.stat(paths[n])
+            assert st.st_size == t.numel() * t.element_size()
+            assert (st.st_blocks == 0) == (n in want), n
+            if n in want:
+                assert os.getxattr(paths[n], "user.ckptfs.alias_of").decode() == want[n]

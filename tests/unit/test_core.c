@@ -333,7 +333,7 @@ Test(core, read_index_json)
     ck_fs *fs = sample_fs();
     uint64_t ino = ino_at(fs, ".ckptfs/index.json");
     size_t len = 0, want_len = 0;
-    char *want = ck_view_index_json(fs->ix, fs->tree, 0, &want_len);
+    char *want = ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0, &want_len);
     cr_assert_not_null(want);
     for (size_t chunk = 1; chunk <= 4096; chunk *= 8) {
         unsigned char *got = read_all(fs, ino, chunk, &len);
@@ -369,7 +369,7 @@ Test(core, read_index_json)
 /* index.json's bytes as a fresh ck_fs makes them, checked to hold every entry by name. */
 static char *index_json_of(ck_fs *fs, size_t *len)
 {
-    char *text = ck_view_index_json(fs->ix, fs->tree, 0, len);
+    char *text = ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0, len);
     cr_assert_not_null(text);
     for (size_t i = 0; i < fs->ix->nentries; i++)
         cr_assert_not_null(strstr(text, strf("\"name\":\"%s\"", fs->ix->entries[i].name)));

@@ -18,7 +18,7 @@ static cJSON *index_json(const ck_index *ix, int with_locations, const char **te
 {
     ck_tree *t = tree_ok(ix, ".ckptfs", vfiles, 1);
     size_t len = 0;
-    char *s = ck_view_index_json(ix, t, with_locations, &len);
+    char *s = ck_view_index_json(ix, t, NULL, with_locations, &len);
     cr_assert_not_null(s);
     cr_assert_eq(len, strlen(s));
     *text = strf("%s", s);
