@@ -276,6 +276,19 @@ char *ck_view_index_json(const ck_index *ix, const ck_tree *t, const uint32_t *a
         put_entries(&j, ix, t, NULL, CK_VALUE, with_locations);
         PUT_LIT(&j, "]");
     }
+    if (ix->nomitted) {
+        PUT_LIT(&j, ",\"omitted\":[");
+        for (size_t i = 0; i < ix->nomitted; i++) {
+            if (i)
+                PUT_LIT(&j, ",");
+            PUT_LIT(&j, "{\"name\":");
+            put_cstring(&j, ix->omitted[i].name);
+            PUT_LIT(&j, ",\"reason\":");
+            put_cstring(&j, ix->omitted[i].reason);
+            PUT_LIT(&j, "}");
+        }
+        PUT_LIT(&j, "]");
+    }
     PUT_LIT(&j, "}");
     char *end = room(&j, 1);
     if (!end) {

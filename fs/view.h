@@ -12,7 +12,8 @@
 #include "tree.h"
 
 /* .ckptfs/index.json: {"format", "metadata", "tensors": [{name, path, dtype, shape, nbytes}]},
- * and, when the index has values, "values": [{name, path, type}]. A tensor tied to another
+ * and, when the index has values, "values": [{name, path, type}]; when parts of the source were
+ * left out, "omitted": [{name, reason}]. A tensor tied to another
  * (alias_of[entry], from ck_synth_aliases; NULL: none) also has "alias_of": that name.
  * With locations, each tensor also has "file" (source file path) and "offset" (byte offset of
  * its first byte in that file; null unless its bytes are one extent) — `ckpt ls --json`. */

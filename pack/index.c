@@ -42,6 +42,7 @@ void ck_index_free(ck_index *ix)
     free(ix->files);
     free(ix->entries);
     free(ix->meta);
+    free(ix->omitted);
     ck_arena_free(ix->arena);
     free(ix);
 }
@@ -176,6 +177,22 @@ int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error
     if (!m->key || !m->value)
         return ck_fail(err, ck_index_source(ix), "out of memory");
     ix->nmeta++;
+    return 0;
+}
+
+int ck_index_add_omission(ck_index *ix, const char *name, size_t name_len, const char *reason,
+                          ck_error *err)
+{
+    void *v = ix->omitted;
+    if (grow(&v, &ix->cap_omitted, ix->nomitted + 1, sizeof(ck_omission)) != 0)
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    ix->omitted = v;
+    ck_omission *o = &ix->omitted[ix->nomitted];
+    o->name = ck_index_strndup(ix, name, name_len);
+    o->reason = ck_index_strndup(ix, reason, strlen(reason));
+    if (!o->name || !o->reason)
+        return ck_fail(err, ck_index_source(ix), "out of memory");
+    ix->nomitted++;
     return 0;
 }
 

@@ -76,6 +76,12 @@ typedef struct ck_meta {
                               * shows it as is, not as a string */
 } ck_meta;
 
+/* A part of the source that is no tensor and no value, left out with the reason (an .npz
+ * member of strings or objects): index.json and ckpt ls list it. */
+typedef struct ck_omission {
+    const char *name, *reason;
+} ck_omission;
+
 typedef struct ck_index {
     const char *format;      /* "safetensors", "safetensors-sharded", ... */
     ck_file *files;
@@ -84,6 +90,8 @@ typedef struct ck_index {
     size_t nentries;
     ck_meta *meta;
     size_t nmeta;
+    ck_omission *omitted;
+    size_t nomitted;
     /* a pack's checked layout and its file, NULL for other formats: read it through
      * pack_layout_of (packfile.h) */
     const struct pack_layout *pack;
@@ -93,7 +101,7 @@ typedef struct ck_index {
     struct http_remote *remote;
     int own_remote;
     /* private to index.c */
-    size_t cap_entries, cap_meta, cap_files;
+    size_t cap_entries, cap_meta, cap_files, cap_omitted;
     ck_arena *arena;
 } ck_index;
 
@@ -151,6 +159,10 @@ ck_entry *ck_index_add_value_held(ck_index *ix, const char *name, size_t name_le
                                   enum ck_value_type type, const char *text, size_t len,
                                   ck_error *err);
 int ck_index_add_meta(ck_index *ix, const char *key, const char *value, ck_error *err);
+
+/* Records that name (name_len bytes) was left out, and why (copied). 0, or -1 with err set. */
+int ck_index_add_omission(ck_index *ix, const char *name, size_t name_len, const char *reason,
+                          ck_error *err);
 
 /* Drops every metadata entry whose key an earlier one has (the first source's key wins: an
  * index file's over its shards', a shard's over the next). O(n log n). 0, or -1 with err set. */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "bytes.h"
+#include "utf8.h"
 #include "zip.h"
 
 typedef unsigned long long ull;
@@ -87,8 +88,9 @@ static int lit(hp *h, const char *s)
     return 0;
 }
 
-static int refuse_descr(hp *h, const char *d, size_t n)
+static int refuse_descr(hp *h, npy_header *out, const char *d, size_t n)
 {
+    out->not_a_tensor = 1;
     const char *why;
     char k = n > 1 ? d[1] : 0;
     if (n == 2 && d[1] == 'O')
@@ -109,7 +111,7 @@ static int refuse_descr(hp *h, const char *d, size_t n)
 /* 'descr': a quoted simple type string. A list is a structured dtype. */
 static int parse_descr(hp *h, npy_header *out)
 {
-    if (h->pos < h->end && h->p[h->pos] == '[')
+    if (h->pos < h->end && h->p[h->pos] == '[' && (out->not_a_tensor = 1))
         return ck_fail(h->err, h->path, "%sdescr is a list of fields: structured dtypes are "
                        "not supported (offset %llu)", h->what, (ull)(h->at + h->pos));
     if (lit(h, "'"))
@@ -122,6 +124,19 @@ static int parse_descr(hp *h, npy_header *out)
         h->pos += n;
         return bad(h, "a quoted descr of at most 32 printable characters");
     }
+    /* A string dtype ('<U3': 3 UTF-32 characters; '|S5': 5 bytes): no tensor, but a 0-d one
+     * is a value (add_text) */
+    unsigned long size = 0;
+    int end = 0;
+    if (n > 2 && (d[0] == '<' || d[0] == '|') && (d[1] == 'U' || d[1] == 'S') &&
+        sscanf(d + 2, "%lu%n", &size, &end) == 1 && (size_t)end == n - 2 && size > 0 &&
+        size <= NPY_MAX_TEXT / (d[1] == 'U' ? 4 : 1) && d[2] != '0') {
+        out->text = d[1];
+        out->itemsize = (uint32_t)(size * (d[1] == 'U' ? 4 : 1));
+        out->dtype = CK_U8; /* its bytes, for the size checks */
+        h->pos += n + 1;
+        return 0;
+    }
     /* '>' is a multi-byte type stored big-endian: the same type, its bytes swapped on read */
     int big = n > 1 && d[0] == '>';
     for (size_t i = 0; i < sizeof DESCRS / sizeof *DESCRS; i++)
@@ -132,7 +147,7 @@ static int parse_descr(hp *h, npy_header *out)
             h->pos += n + 1;
             return 0;
         }
-    return refuse_descr(h, d, n);
+    return refuse_descr(h, out, d, n);
 }
 
 /* One dimension: decimal, no sign, no leading zero, at most INT64_MAX; with long, a Python 2
@@ -230,7 +245,14 @@ int npy_parse_header(const unsigned char *p, size_t n, npy_header *out, const ch
         h.pos++;
     if (h.pos + 1 != h.end || p[h.pos] != '\n')
         return bad(&h, "spaces, then a newline ending the header");
-    if (ck_tensor_nbytes(out->rank, out->shape, out->dtype, &out->nbytes))
+    if (out->text && out->rank && (out->not_a_tensor = 1))
+        return ck_fail(err, path, "%sdescr '%c%c%u' is a string dtype, not a tensor (only a 0-d "
+                       "string is served, as a value) (offset %llu)", what,
+                       out->text == 'U' ? '<' : '|', out->text,
+                       out->text == 'U' ? out->itemsize / 4 : out->itemsize, (ull)(at + text));
+    if (out->text)
+        out->nbytes = out->itemsize;
+    else if (ck_tensor_nbytes(out->rank, out->shape, out->dtype, &out->nbytes))
         return ck_fail(err, path, "%sshape's size in bytes overflows 64 bits (offset %llu)",
                        what, (ull)(at + text));
     out->data_offset = text + len;
@@ -276,6 +298,41 @@ static int add_array(ck_index *ix, const char *name, size_t len, const npy_heade
     return 0;
 }
 
+/* A 0-d string array (h->text) as the value `name`: '<U' text (UTF-32) as UTF-8 and a newline,
+ * '|S' bytes as they are; numpy drops the trailing NULs that pad both. Its itemsize bytes are
+ * at file offset data, or the output of zi past its header. */
+static int add_text(ck_index *ix, const char *name, size_t len, const npy_header *h,
+                    uint32_t file, uint64_t data, const zip_inflated *zi, const char *what,
+                    ck_error *err)
+{
+    const ck_file *f = &ix->files[file];
+    unsigned char *raw = malloc(h->itemsize), *text = malloc(h->itemsize + 1);
+    int rc = raw && text ? 0 : ck_fail(err, f->path, "%sout of memory", what);
+    if (rc == 0 && (zi ? zip_inflate_read(f, zi, raw, h->itemsize, zi->skip)
+                       : ck_file_read(f, raw, h->itemsize, data)))
+        rc = ck_fail(err, f->path, "%scannot read its string", what);
+    size_t n = 0, end = h->itemsize, unit = h->text == 'U' ? 4 : 1;
+    while (rc == 0 && end && (unit == 4 ? get_le32(raw + end - 4) : raw[end - 1]) == 0)
+        end -= unit;
+    for (size_t i = 0; rc == 0 && unit == 4 && i < end; i += 4) {
+        uint32_t c = get_le32(raw + i);
+        if (c > 0x10ffff || (c >= 0xd800 && c < 0xe000))
+            rc = ck_fail(err, f->path, "%sa string holding U+%X, which is no character", what, c);
+        n += ck_utf8_put(text + n, c);
+    }
+    if (rc == 0 && unit == 4) {
+        text[n] = '\n';
+        rc = ck_index_add_value(ix, name, len, CK_VAL_STR, (const char *)text, n + 1, err) ? 0
+                                                                                          : -1;
+    } else if (rc == 0) {
+        rc = ck_index_add_value(ix, name, len, CK_VAL_BYTES, (const char *)raw, end, err) ? 0
+                                                                                       : -1;
+    }
+    free(raw);
+    free(text);
+    return rc;
+}
+
 /* The data must fill what follows the header exactly. */
 static int check_fill(const npy_header *h, uint64_t have, const char *path, const char *what,
                       uint64_t at, ck_error *err)
@@ -310,10 +367,11 @@ static int read_header(const ck_index *ix, uint32_t file, uint64_t at, uint64_t 
 
 int npy_read_file(ck_index *ix, uint32_t file, ck_error *err)
 {
-    npy_header h;
+    npy_header h = {0};
     if (read_header(ix, file, 0, ix->files[file].size, &h, "", err))
         return -1;
-    return add_array(ix, "", 0, &h, file, h.data_offset, NULL, "", err);
+    return h.text ? add_text(ix, "", 0, &h, file, h.data_offset, NULL, "", err)
+                  : add_array(ix, "", 0, &h, file, h.data_offset, NULL, "", err);
 }
 
 /* --- .npz ------------------------------------------------------------------------------ */
@@ -326,7 +384,7 @@ static void *arena_alloc(void *ix, size_t n)
 /* A deflated member: one pass for its seek points and its header, which must describe all
  * of the member's output. */
 static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const char *what,
-                        ck_error *err)
+                        int *not_a_tensor, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
     unsigned char head[NPY_PREAMBLE_MAX + NPY_MAX_HEADER];
@@ -336,41 +394,45 @@ static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const 
     if (zip_inflate_index(f, ze, ZIP_SEEK_SPAN, head, sizeof head, arena_alloc, ix, zi,
                           f->path, err))
         return -1;
-    npy_header h;
+    npy_header h = {0};
     size_t n = ze->size < sizeof head ? (size_t)ze->size : sizeof head;
     if (npy_parse_header(head, n, &h, f->path, what, 0, err) ||
         check_fill(&h, ze->size, f->path, what, 0, err))
-        return -1;
-    if (h.fortran && h.rank > 1 && h.nbytes > 0)
+        return *not_a_tensor = h.not_a_tensor, -1;
+    if (!h.text && h.fortran && h.rank > 1 && h.nbytes > 0)
         return ck_fail(err, f->path, "%sa Fortran-ordered array in a compressed member is not "
                        "supported (save it with np.savez, or as np.ascontiguousarray)", what);
     zi->skip = h.data_offset;
-    return add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err);
+    return h.text ? add_text(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err)
+                  : add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err);
 }
 
-static int add_member(ck_index *ix, uint32_t file, const zip_entry *ze, ck_error *err)
+/* Adds member ze; *not_a_tensor says a failure was for what the member holds (no .npy, or
+ * no tensor in it), which leaves only that member out. */
+static int add_member(ck_index *ix, uint32_t file, const zip_entry *ze, int *not_a_tensor,
+                      ck_error *err)
 {
     const char *path = ix->files[file].path;
     char what[300];
     snprintf(what, sizeof what, "member '%.*s': ", ze->name_len < 200 ? (int)ze->name_len : 200,
              ze->name);
-    if (!npy_member(ze->name, ze->name_len))
+    if (!npy_member(ze->name, ze->name_len) && (*not_a_tensor = 1))
         return ck_fail(err, path, "%snot an .npy file: an .npz holds only KEY.npy members (as "
                        "np.savez writes)", what);
     size_t bad_at = ck_utf8_invalid_at((const unsigned char *)ze->name, ze->name_len);
     if (bad_at < ze->name_len)
         return ck_fail(err, path, "%sname is not valid UTF-8 (byte %zu)", what, bad_at);
     if (ze->method == 8)
-        return add_deflated(ix, file, ze, what, err);
+        return add_deflated(ix, file, ze, what, not_a_tensor, err);
     if (ze->method != 0)
         return ck_fail(err, path, "%scompression method %u is not supported: only stored (0) "
                        "and deflated (8) members are (offset %llu)", what, ze->method,
                        (ull)ze->data_offset);
-    npy_header h;
+    npy_header h = {0};
     if (read_header(ix, file, ze->data_offset, ze->size, &h, what, err))
-        return -1;
-    return add_array(ix, ze->name, ze->name_len - 4, &h, file, ze->data_offset + h.data_offset,
-                     NULL, what, err);
+        return *not_a_tensor = h.not_a_tensor, -1;
+    return (h.text ? add_text : add_array)(ix, ze->name, ze->name_len - 4, &h, file,
+                                           ze->data_offset + h.data_offset, NULL, what, err);
 }
 
 static int by_data(const void *x, const void *y)
@@ -400,6 +462,24 @@ static int check_overlaps(const zip_archive *z, const char *path, ck_error *err)
     return rc;
 }
 
+/* A member that holds no tensor (strings, objects, a structured or unknown dtype, no .npy) is
+ * left out, with the reason, and the others are read, as np.load reads them. A member that is
+ * a tensor but damaged, or unreadable, fails the archive. */
+static int add_or_omit(ck_index *ix, uint32_t file, const zip_entry *ze, ck_error *err)
+{
+    ck_error why;
+    int not_a_tensor = 0;
+    if (add_member(ix, file, ze, &not_a_tensor, &why) == 0)
+        return 0;
+    if (!not_a_tensor) {
+        *err = why;
+        return -1;
+    }
+    const char *reason = strstr(why.msg, "': "); /* past "FILE: member 'NAME.npy'" */
+    size_t len = npy_member(ze->name, ze->name_len) ? ze->name_len - 4 : ze->name_len;
+    return ck_index_add_omission(ix, ze->name, len, reason ? reason + 3 : why.msg, err);
+}
+
 int npz_read_file(ck_index *ix, uint32_t file, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
@@ -409,7 +489,7 @@ int npz_read_file(ck_index *ix, uint32_t file, ck_error *err)
     int rc = z.nentries ? check_overlaps(&z, f->path, err)
                         : ck_fail(err, f->path, "empty zip archive");
     for (size_t i = 0; i < z.nentries && rc == 0; i++)
-        rc = add_member(ix, file, &z.entries[i], err);
+        rc = add_or_omit(ix, file, &z.entries[i], err);
     zip_free(&z);
     return rc;
 }

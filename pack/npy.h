@@ -37,6 +37,7 @@
 #include "index.h"
 
 #define NPY_MAX_HEADER 10000u /* bytes of header text, as np.load's max_header_size */
+#define NPY_MAX_TEXT (1u << 20) /* a 0-d string served as a value: at most these bytes */
 #define NPY_PREAMBLE_MAX 12u  /* magic, version, header length (4 bytes from version 2.0) */
 #define NPY_PROBE_BYTES 512   /* what npz_probe needs to see of a zip: its first member name */
 
@@ -49,6 +50,10 @@ typedef struct npy_header {
     uint8_t fortran;      /* fortran_order: True */
     uint8_t major;        /* format version 1, 2 or 3 */
     uint8_t big_endian;   /* descr '>...': served swapped (CK_SWAPPED) */
+    char text;            /* 'U' or 'S': a string dtype (no tensor) of itemsize bytes an item */
+    uint32_t itemsize;
+    uint8_t not_a_tensor; /* set when parsing failed for the dtype alone (strings, objects, a
+                           * structured or unknown dtype): an .npz leaves that member out */
 } npy_header;
 
 /* True when head (the first n bytes of a file) starts an .npy file. */

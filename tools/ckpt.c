@@ -99,6 +99,10 @@ static void print_table(const ck_index *ix, const uint32_t *alias_of)
         }
         putchar('\n');
     }
+    for (size_t i = 0; i < ix->nomitted; i++) { /* left out: no tensor */
+        print_name(ix->omitted[i].name, strlen(ix->omitted[i].name));
+        printf("\tomitted\t%s\n", ix->omitted[i].reason);
+    }
 }
 
 static int print_json(const ck_index *ix, const uint32_t *alias_of, const char *source)

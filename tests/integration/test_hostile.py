@@ -231,13 +231,29 @@ NPY_CASES = {
     "npz-overlapping-members": npz_case(dict(name="a.npy", raw=npy_bytes()),
                                         dict(name="b.npy", raw=npy_bytes(), at=0)),
     "npz-method-bzip2": npz_case(dict(name="a.npy", raw=npy_bytes(), method=12)),
-    "npz-not-npy-member": npz_case(dict(name="a.npy", raw=npy_bytes()),
-                                   dict(name="b.txt", raw=b"hello")),
     "npz-deflated-fortran": npz_case(deflated_member("a.npy", npy_bytes(
         "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }"))),
-    "npz-member-is-pickle": npz_case(dict(name="a.npy", raw=npy_bytes(
-        "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", data=pickle.dumps([1])))),
 }
+
+# Members that hold no tensor are left out of an .npz, the rest served (issue 26): never run,
+# never followed, listed with their reason in index.json.
+NPZ_OMITTED = {
+    "npz-not-npy-member": (npz_case(dict(name="a.npy", raw=npy_bytes()),
+                                    dict(name="b.txt", raw=b"hello")), "b.txt", "not an .npy"),
+    "npz-member-is-pickle": (npz_case(dict(name="b.npy", raw=npy_bytes(
+        "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", data=pickle.dumps([1]))),
+        dict(name="a.npy", raw=npy_bytes())), "b", "allow_pickle"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NPZ_OMITTED))
+def test_npz_member_with_no_tensor_is_left_out(tmp_path, mount, case):
+    make, name, why = NPZ_OMITTED[case]
+    src = make(tmp_path)
+    with mount(src) as m:
+        index = read_index(m)
+        assert [t["name"] for t in index["tensors"]] == ["a"]
+        assert [o["name"] for o in index["omitted"]] == [name] and why in index["omitted"][0]["reason"]
 
 
 def test_npz_builder_makes_valid_archives(tmp_path, mount):

@@ -292,9 +292,16 @@ def test_refused_dtypes(tmp_path, array, words):
     src = tmp_path / "r.npy"
     np.save(src, array, allow_pickle=True)
     refused(src, *words)
-    z = tmp_path / "r.npz"
-    np.savez(z, bad=array)
-    assert "member 'bad.npy'" in refused(z, *words)
+    z = tmp_path / "r.npz"  # in an archive: that member left out, with the same reason
+    np.savez(z, bad=array, good=np.arange(3))
+    if array.dtype.byteorder == ">":  # a tensor, but one that cannot be served: the archive too
+        assert "member 'bad.npy'" in refused(z, *words)
+        return
+    doc = json.loads(ckpt("ls", z, "--json").stdout)
+    assert [t["name"] for t in doc["tensors"]] == ["good"]
+    assert [o["name"] for o in doc["omitted"]] == ["bad"]
+    for w in words:
+        assert w in doc["omitted"][0]["reason"], (w, doc["omitted"])
 
 
 def test_zip_neither_npz_nor_torch(tmp_path):
@@ -305,13 +312,16 @@ def test_zip_neither_npz_nor_torch(tmp_path):
 
 
 def test_npz_with_another_member(tmp_path):
+    """A member that is no .npy is left out, with the reason; the arrays are served."""
     src = tmp_path / "w.npz"
     with zipfile.ZipFile(src, "w") as z:
         buf = io.BytesIO()
         np.save(buf, np.arange(3))
         z.writestr("a.npy", buf.getvalue())
         z.writestr("notes.txt", "hello")
-    refused(src, "member 'notes.txt'", "not an .npy")
+    doc = json.loads(ckpt("ls", src, "--json").stdout)
+    assert [t["name"] for t in doc["tensors"]] == ["a"]
+    assert doc["omitted"][0]["name"] == "notes.txt" and "not an .npy" in doc["omitted"][0]["reason"]
 
 
 def test_torch_zip_still_torch(tmp_path, mount):

@@ -90,3 +90,33 @@ def test_python2_long_dims(tmp_path):
     assert got["tensors"][0]["shape"] == [2, 3]
     p = subprocess.run([ckpt_bin(), "cat", src, ""], capture_output=True, timeout=60)
     assert p.stdout == a.tobytes()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_with_members_that_are_not_tensors(tmp_path, mount, compressed):
+    """np.savez of tensors beside strings, objects and a structured array: np.load reads the
+    tensors, and so does ckptfs; each other member is listed in index.json's "omitted" (and by
+    ckpt ls) with its reason, and a 0-d string is a value, a text file as a .pt's strings are."""
+    src = tmp_path / "m.npz"
+    members = {"w": seeded("<f4", (4, 3)), "tag": np.array("héllo"), "raw": np.array(b"ab\0c"),
+               "words": np.array(["ab", "c"]), "objs": np.array([1, "x"], dtype=object),
+               "rec": np.zeros(2, dtype=[("x", "<f4"), ("y", "<i2")]), "n": np.arange(5)}
+    (np.savez_compressed if compressed else np.savez)(src, **members)
+    with np.load(src, allow_pickle=True) as z:
+        assert sorted(z.files) == sorted(members)
+    doc = ckpt_json(src)
+    assert [t["name"] for t in doc["tensors"]] == ["w", "n"]
+    assert {o["name"] for o in doc["omitted"]} == {"words", "objs", "rec"}
+    reasons = {o["name"]: o["reason"] for o in doc["omitted"]}
+    assert "string" in reasons["words"] and "allow_pickle" in reasons["objs"] and \
+        "structured" in reasons["rec"], reasons
+    assert {v["name"]: v["type"] for v in doc["values"]} == {"tag": "str", "raw": "bytes"}
+    lines = subprocess.run([ckpt_bin(), "ls", src], capture_output=True).stdout.decode()
+    assert "words\tomitted\t" in lines
+    with mount(src) as mnt:
+        with np.load(src, allow_pickle=True) as z:
+            assert (mnt / "w").read_bytes() == z["w"].tobytes()
+            assert (mnt / "n").read_bytes() == z["n"].tobytes()
+            assert (mnt / "tag").read_text() == str(z["tag"]) + "\n"
+            assert (mnt / "raw").read_bytes() == bytes(z["raw"])
+        assert {o["name"] for o in read_index(mnt)["omitted"]} == {"words", "objs", "rec"}
