@@ -318,7 +318,8 @@ static int add_text(ck_index *ix, const char *name, size_t len, const npy_header
         uint32_t c = get_le32(raw + i);
         if (c > 0x10ffff || (c >= 0xd800 && c < 0xe000))
             rc = ck_fail(err, f->path, "%sa string holding U+%X, which is no character", what, c);
-        n += ck_utf8_put(text + n, c);
+        else
+            n += ck_utf8_put(text + n, c);
     }
     if (rc == 0 && unit == 4) {
         text[n] = '\n';
