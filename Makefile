@@ -26,7 +26,7 @@ CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
 HAVE_CUDA := $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h)
 ifneq ($(HAVE_CUDA),)
 CUDA_CFLAGS := -I$(CUDA_HOME)/include
-CUDA_LIBS   := -L$(CUDA_LIBDIR) -lcudart -Wl,-rpath,$(CUDA_LIBDIR)
+# No CUDA library at link time: libcudart is opened at the first CUDA use (cuda/cudart.c)
 endif
 # The soname's number is the ABI version, which ckload.h owns.
 CKL_ABI := $(shell sed -n 's/^\#define CKL_ABI_VERSION //p' cuda/ckload.h)
@@ -63,7 +63,7 @@ TOOL_SRC := $(wildcard tools/*.c)
 # and the unit tests' and the plan fuzzer's.
 PLAN_SRC := cuda/plan.c cuda/slice.c
 LOAD_SRC := $(PLAN_SRC) cuda/ckload.c cuda/uring.c cuda/mount.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
-            cuda/backend_$(if $(HAVE_CUDA),cuda,nocuda).c
+            $(if $(HAVE_CUDA),cuda/backend_cuda.c cuda/cudart.c,cuda/backend_nocuda.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))

@@ -12,8 +12,9 @@
  *    once, or later from a thread of its own. close() waits for all of that.
  *  - Functions that can fail return -1 (or NULL) and write the reason to why, one line without
  *    the file name: the core adds "FILE: " and what it was doing.
- *  - backend_cuda.c calls the CUDA runtime API only, so that a stand-in for libcudart can take
- *    its place at link time.
+ *  - backend_cuda.c calls the CUDA runtime API only, opened at its first use (cudart.h), so
+ *    that a machine without CUDA loads to the host and a stand-in for libcudart can take its
+ *    place.
  */
 #ifndef CKL_BACKEND_H
 #define CKL_BACKEND_H

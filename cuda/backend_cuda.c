@@ -1,5 +1,6 @@
 /* backend_cuda.c — loads into device memory, through the CUDA runtime API and nothing else of
- * CUDA, so that a stand-in for libcudart can take its place at link time.
+ * CUDA, opened at the first use (cudart.h), so that a machine without CUDA still loads to the
+ * host and a stand-in for libcudart can take its place.
  *
  * Each reader thread owns a stream and a few pinned staging buffers (cudaHostAlloc, kept in the
  * load's pool across loads: pinning costs about 0.5 s per GB), used in turn: the thread preads
@@ -12,8 +13,8 @@
  * hardware.
  */
 #include "backend.h"
+#include "cudart.h"
 
-#include <cuda_runtime_api.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,12 +50,14 @@ struct reader {
 
 static int cuda_check(int ordinal, char *why, size_t len)
 {
+    if (cudart_open(why, len) != 0)
+        return -1;
     int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
+    cudaError_t e = cudart.GetDeviceCount(&count);
     if (e == cudaSuccess && ordinal >= 0 && ordinal < count)
         return 0;
     snprintf(why, len, "no CUDA device %d (%s)", ordinal,
-             e != cudaSuccess ? cudaGetErrorString(e) : "not that many devices");
+             e != cudaSuccess ? cudart.GetErrorString(e) : "not that many devices");
     return -1;
 }
 
@@ -64,22 +67,22 @@ static void *cuda_alloc(int ordinal, size_t n, char *why, size_t len)
 {
     void *block = NULL;
     int was = 0;
-    cudaError_t e = cudaGetDevice(&was);
+    cudaError_t e = cudart.GetDevice(&was);
     if (e == cudaSuccess)
-        e = cudaSetDevice(ordinal);
+        e = cudart.SetDevice(ordinal);
     if (e == cudaSuccess) {
-        e = cudaMalloc(&block, n);
-        cudaError_t back = cudaSetDevice(was);
+        e = cudart.Malloc(&block, n);
+        cudaError_t back = cudart.SetDevice(was);
         if (e == cudaSuccess && back != cudaSuccess) {
-            cudaFree(block);
+            cudart.Free(block);
             e = back;
         }
     }
     if (e == cudaSuccess)
         return block;
-    cudaGetLastError(); /* so that the caller's next CUDA check does not see it */
+    cudart.GetLastError(); /* so that the caller's next CUDA check does not see it */
     snprintf(why, len, "%s (%zu bytes on cuda:%d)",
-             e == cudaErrorMemoryAllocation ? "out of device memory" : cudaGetErrorString(e), n,
+             e == cudaErrorMemoryAllocation ? "out of device memory" : cudart.GetErrorString(e), n,
              ordinal);
     return NULL;
 }
@@ -87,13 +90,13 @@ static void *cuda_alloc(int ordinal, size_t n, char *why, size_t len)
 static void cuda_free(void *block, size_t n)
 {
     (void)n;
-    cudaDeviceSynchronize(); /* no copy or callback may outlive the block */
-    cudaFree(block);
+    cudart.DeviceSynchronize(); /* no copy or callback may outlive the block */
+    cudart.Free(block);
 }
 
 static void free_pinned(void *b)
 {
-    cudaFreeHost(b);
+    cudart.FreeHost(b);
 }
 
 /* blob_landed for the blobs at the front of the queue whose host function has run. */
@@ -111,16 +114,16 @@ static void report_landed(reader *r)
 static void cuda_close(reader *r)
 {
     if (r->stream)
-        cudaStreamSynchronize(r->stream);
+        cudart.StreamSynchronize(r->stream);
     report_landed(r);
     for (unsigned k = 0; k < r->nstages; k++) {
         if (r->stages[k].event)
-            cudaEventDestroy(r->stages[k].event);
+            cudart.EventDestroy(r->stages[k].event);
         if (r->stages[k].buf)
             pool_keep(r->pool, r->stages[k].buf, r->buffer_size, free_pinned);
     }
     if (r->stream)
-        cudaStreamDestroy(r->stream);
+        cudart.StreamDestroy(r->stream);
     for (landing *c = r->first, *next; c; c = next) { /* dropped by a lost context */
         next = c->next;
         free(c);
@@ -140,19 +143,19 @@ static reader *cuda_open(const reader_setup *s, char *why, size_t len)
     r->buffer_size = s->buffer_size;
     r->ordinal = s->ordinal;
     r->nstages = s->buffers;
-    cudaError_t e = cudaSetDevice(s->ordinal);
+    cudaError_t e = cudart.SetDevice(s->ordinal);
     if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
+        e = cudart.StreamCreateWithFlags(&r->stream, cudaStreamNonBlocking);
     for (unsigned k = 0; e == cudaSuccess && k < r->nstages; k++) {
         void *b = pool_take(s->pool, s->buffer_size);
-        if (!b && (e = cudaHostAlloc(&b, s->buffer_size, cudaHostAllocDefault)) != cudaSuccess)
+        if (!b && (e = cudart.HostAlloc(&b, s->buffer_size, cudaHostAllocDefault)) != cudaSuccess)
             break;
         r->stages[k].buf = b;
-        e = cudaEventCreateWithFlags(&r->stages[k].event, cudaEventDisableTiming);
+        e = cudart.EventCreateWithFlags(&r->stages[k].event, cudaEventDisableTiming);
     }
     if (e != cudaSuccess) {
         snprintf(why, len, "cannot set up pinned buffers and a stream on cuda:%d: %s",
-                 s->ordinal, cudaGetErrorString(e));
+                 s->ordinal, cudart.GetErrorString(e));
         cuda_close(r);
         return NULL;
     }
@@ -163,9 +166,9 @@ static unsigned char *cuda_stage(reader *r, unsigned char *dst, char *why, size_
 {
     (void)dst;
     stage *s = r->current = &r->stages[r->turn++ % r->nstages];
-    cudaError_t e = s->used ? cudaEventSynchronize(s->event) : cudaSuccess;
+    cudaError_t e = s->used ? cudart.EventSynchronize(s->event) : cudaSuccess;
     if (e != cudaSuccess) {
-        snprintf(why, len, "copying to cuda:%d: %s", r->ordinal, cudaGetErrorString(e));
+        snprintf(why, len, "copying to cuda:%d: %s", r->ordinal, cudart.GetErrorString(e));
         return NULL;
     }
     report_landed(r);
@@ -175,11 +178,11 @@ static unsigned char *cuda_stage(reader *r, unsigned char *dst, char *why, size_
 static int cuda_put(reader *r, unsigned char *dst, const unsigned char *p, size_t n, char *why,
                     size_t len)
 {
-    cudaError_t e = cudaMemcpyAsync(dst, p, n, cudaMemcpyHostToDevice, r->stream);
+    cudaError_t e = cudart.MemcpyAsync(dst, p, n, cudaMemcpyHostToDevice, r->stream);
     if (e == cudaSuccess)
-        e = cudaEventRecord(r->current->event, r->stream);
+        e = cudart.EventRecord(r->current->event, r->stream);
     if (e != cudaSuccess) {
-        snprintf(why, len, "copying to cuda:%d: %s", r->ordinal, cudaGetErrorString(e));
+        snprintf(why, len, "copying to cuda:%d: %s", r->ordinal, cudart.GetErrorString(e));
         return -1;
     }
     r->current->used = 1;
@@ -202,10 +205,10 @@ static int cuda_landed(reader *r, size_t blob, char *why, size_t len)
     c->next = NULL;
     c->blob = blob;
     atomic_init(&c->copied, 0);
-    cudaError_t e = cudaLaunchHostFunc(r->stream, on_copied, c);
+    cudaError_t e = cudart.LaunchHostFunc(r->stream, on_copied, c);
     if (e != cudaSuccess) {
         free(c);
-        snprintf(why, len, "cannot track it on its CUDA stream: %s", cudaGetErrorString(e));
+        snprintf(why, len, "cannot track it on its CUDA stream: %s", cudart.GetErrorString(e));
         return -1;
     }
     if (r->last)

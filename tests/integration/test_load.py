@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -522,3 +523,28 @@ def test_ckpt_load_reports_bytes_and_rate(tmp_path):
                                       else "read from the pack, checksums match"), line
     p = ckpt_load(out, "--device", "cpu", "--only", "layers.1")
     assert p.returncode == 0 and " 1 tensors, " in p.stdout.decode()
+
+
+def test_no_cuda_runtime_at_link_time_nor_to_load_to_the_host(tmp_path):
+    """No shipped binary needs libcudart to start (it is opened at the first CUDA use): with
+    none to be found, ckpt lists and loads to the host, and a CUDA load fails in one line that
+    says what was looked for and how to point at one."""
+    build = Path(ckpt_bin()).parent
+    for f in ("ckpt", "ckptfs", "libckload.so"):
+        p = subprocess.run(["ldd", str(build / f)], capture_output=True, text=True)
+        assert "libcudart" not in p.stdout, p.stdout
+    out = pack(safetensors_source(tmp_path), tmp_path / "out.pack")
+    env = dict(os.environ, CKLOAD_CUDART=str(tmp_path / "none" / "libcudart.so.13"),
+               LD_LIBRARY_PATH="")
+    assert run([ckpt_bin(), "ls", out], env=env).returncode == 0
+    p = run([ckpt_bin(), "load", out, "--device", "cpu"], env=env)
+    assert p.returncode == 0, p.stderr
+    p = run([ckpt_bin(), "load", out, "--device", "cuda"], env=env)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.count("\n") == 1, err
+    assert "no CUDA runtime" in err and "CKLOAD_CUDART" in err, err
+    script = ("import ckload, sys; sd = ckload.load(sys.argv[1]); "
+              "print(sorted({str(t.device) for t in sd.values()}))")
+    p = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.decode().strip() == "['cpu']", p.stderr

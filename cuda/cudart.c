@@ -1,0 +1,62 @@
+/* cudart.c — the CUDA runtime, found and opened at the first CUDA use (cudart.h). */
+#include "cudart.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+cudart_api cudart;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char failure[256]; /* why the open failed, "" when it worked (set once, under once) */
+
+/* The sonames of the majors whose API this uses, newest first. */
+static const char *const SONAMES[] = {"libcudart.so.13", "libcudart.so.12"};
+
+/* Each function of the table from so; 0, or -1 naming the first one missing. */
+static int bind(void *so, const char *from)
+{
+#define SYM(f) ((*(void **)&cudart.f = dlsym(so, "cuda" #f)) ? 0 : (bad = "cuda" #f, -1))
+    const char *bad = NULL;
+    int rc = SYM(GetDeviceCount) || SYM(GetDevice) || SYM(SetDevice) || SYM(Malloc) ||
+             SYM(Free) || SYM(HostAlloc) || SYM(FreeHost) || SYM(DeviceSynchronize) ||
+             SYM(StreamCreateWithFlags) || SYM(StreamSynchronize) || SYM(StreamDestroy) ||
+             SYM(EventCreateWithFlags) || SYM(EventRecord) || SYM(EventSynchronize) ||
+             SYM(EventDestroy) || SYM(MemcpyAsync) || SYM(LaunchHostFunc) ||
+             SYM(GetLastError) || SYM(GetErrorString);
+#undef SYM
+    if (rc)
+        snprintf(failure, sizeof failure, "%s has no %s", from, bad);
+    return rc ? -1 : 0;
+}
+
+static void open_runtime(void)
+{
+    void *so = NULL;
+    const char *from = NULL, *env = getenv("CKLOAD_CUDART");
+    for (size_t i = 0; !so && i < sizeof SONAMES / sizeof *SONAMES; i++) /* torch's, say */
+        so = dlopen(from = SONAMES[i], RTLD_NOW | RTLD_NOLOAD);
+    if (!so && env && *env)
+        so = dlopen(from = env, RTLD_NOW | RTLD_LOCAL);
+    for (size_t i = 0; !so && !(env && *env) && i < sizeof SONAMES / sizeof *SONAMES; i++)
+        so = dlopen(from = SONAMES[i], RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
+        snprintf(failure, sizeof failure, "no CUDA runtime: %s%s%s not found (CKLOAD_CUDART "
+                 "may name a libcudart.so.12 or .13)", env && *env ? "CKLOAD_CUDART=" : "",
+                 env && *env ? env : "none loaded, and libcudart.so.13 or .12",
+                 env && *env ? "" : " on the library path");
+        return;
+    }
+    if (bind(so, from) != 0)
+        dlclose(so);
+}
+
+int cudart_open(char *why, size_t len)
+{
+    pthread_once(&once, open_runtime);
+    if (!failure[0])
+        return 0;
+    snprintf(why, len, "%s", failure);
+    return -1;
+}
