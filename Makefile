@@ -91,7 +91,7 @@ $(BUILD)/ckptfs: $(call obj,$(FS_SRC) $(VIEW_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic $(CKPTFS_STATIC) -Wl,-Bdynamic \
 	    $(filter-out $(CKPTFS_STATIC),$(LDLIBS)) -o $@
 
-$(BUILD)/obj/cuda/backend_cuda.o: CFLAGS += $(CUDA_CFLAGS)
+$(BUILD)/obj/cuda/backend_cuda.o $(BUILD)/obj/cuda/cudart.o: CFLAGS += $(CUDA_CFLAGS)
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: CFLAGS += -DCKPTFS_VERSION='"$(VERSION)"'
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: VERSION
 
