@@ -208,24 +208,32 @@ static int assign_blobs(const ck_index *ix, const uint32_t *order, uint32_t n, u
 
 uint32_t *ck_synth_aliases(const ck_index *ix, ck_error *err)
 {
-    ck_pack_groups g;
-    uint32_t *alias_of = malloc((ix->nentries ? ix->nentries : 1) * sizeof *alias_of);
-    if (!alias_of)
-        return ck_fail(err, ck_index_source(ix), "out of memory"), NULL;
-    for (size_t i = 0; i < ix->nentries; i++)
+    /* The blobs of every tensor, in index order: only each blob's owner is asked, which no
+     * order changes, so the natural sort of the names (a mount's first work) is not needed */
+    size_t m = ix->nentries ? ix->nentries : 1;
+    uint32_t *alias_of = malloc(m * sizeof *alias_of), *tensors = calloc(m, sizeof *tensors);
+    uint32_t *blob_of = malloc(m * sizeof *blob_of), *blob_entry = NULL, n = 0, nblobs;
+    int rc = alias_of && tensors && blob_of ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < ix->nentries; i++) {
         alias_of[i] = UINT32_MAX;
-    if (ck_synth_groups(ix, NULL, NULL, &g, err) != 0) {
-        free(alias_of);
-        return NULL;
+        if (ix->entries[i].kind == CK_TENSOR)
+            tensors[n++] = (uint32_t)i;
     }
-    for (uint32_t k = 0; k < g.ntensors; k++) {
-        uint32_t e = g.tensors[k], owner = g.blob_entry[g.blob_of[k]];
+    if (rc == 0)
+        rc = assign_blobs(ix, tensors, n, blob_of, &blob_entry, &nblobs);
+    for (uint32_t k = 0; rc == 0 && k < n; k++) {
+        uint32_t e = tensors[k], owner = blob_entry[blob_of[k]];
         const ck_entry *a = &ix->entries[owner], *b = &ix->entries[e];
         if (e != owner && a->nbytes && a->dtype == b->dtype && ck_same_shape(a, b))
             alias_of[e] = owner;
     }
-    ck_pack_groups_free(&g);
-    return alias_of;
+    free(tensors);
+    free(blob_of);
+    free(blob_entry);
+    if (rc == 0)
+        return alias_of;
+    free(alias_of);
+    return ck_fail(err, ck_index_source(ix), "out of memory"), NULL;
 }
 
 void ck_pack_groups_free(ck_pack_groups *g)
