@@ -86,6 +86,28 @@ static ck_file open_in(http_remote *r, fake *f, const char *name, const char *et
     return file;
 }
 
+/* One fake object of size bytes, opened through a remote context of its own (a block cache of
+ * cache_mem bytes), as most tests want it. */
+typedef struct served {
+    fake *f;
+    http_remote *r;
+    ck_file file;
+} served;
+
+static served served_new(uint64_t size, uint64_t cache_mem)
+{
+    served s = {.f = fake_new(size), .r = remote_new(cache_mem, NULL)};
+    s.file = open_in(s.r, s.f, "fake://object", NULL);
+    return s;
+}
+
+static void served_free(served *s)
+{
+    ck_source_close(&s->file);
+    http_remote_free(s->r);
+    free(s->f);
+}
+
 static void expect_bytes(const unsigned char *buf, size_t len, uint64_t off)
 {
     for (size_t i = 0; i < len; i++)
@@ -133,61 +155,51 @@ TestSuite(http_cache, .fini = tmp_cleanup);
 
 Test(http_cache, random_reads_return_the_objects_bytes)
 {
-    fake *f = fake_new(40ull << 20);
-    http_remote *r = remote_new(16ull << 20, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL); /* four blocks: evictions happen */
+    served s = served_new(40ull << 20, 16ull << 20); /* four blocks: evictions happen */
+    fake *f = s.f;
     srand(5);
     for (int i = 0; i < 300; i++) {
         size_t len = (size_t)(rand() % (3 * BC_PAGE)) + 1;
         uint64_t off = (uint64_t)rand() % (f->size - len);
-        read_ok(&file, len, off);
+        read_ok(&s.file, len, off);
     }
-    read_ok(&file, 2 * BC_BLOCK + 12345, 3 * BC_BLOCK - 777); /* a large read, split */
-    read_ok(&file, 1, f->size - 1);
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    read_ok(&s.file, 2 * BC_BLOCK + 12345, 3 * BC_BLOCK - 777); /* a large read, split */
+    read_ok(&s.file, 1, f->size - 1);
+    served_free(&s);
 }
 
 Test(http_cache, a_random_miss_fetches_its_pages_to_the_floor)
 {
-    fake *f = fake_new(64ull << 20);
-    http_remote *r = remote_new(0, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
+    served s = served_new(64ull << 20, 0);
+    fake *f = s.f;
     uint64_t off = 10ull << 20; /* page-aligned, far from where reads ended (the start) */
-    read_ok(&file, 4096, off);
+    read_ok(&s.file, 4096, off);
     cr_expect_eq(fetched(f), BC_FLOOR, "fetched %llu, not BC_FLOOR",
                  (unsigned long long)fetched(f));
     cr_expect_eq(f->log[0].off, off);
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    served_free(&s);
 }
 
 Test(http_cache, a_random_miss_stops_at_its_tensors_end)
 {
-    fake *f = fake_new(64ull << 20);
-    http_remote *r = remote_new(0, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
+    served s = served_new(64ull << 20, 0);
+    fake *f = s.f;
     uint64_t off = 20ull << 20, tensor_end = off + 100000;
     const uint64_t bounds[] = {0, off, tensor_end, f->size};
-    ck_file_hint(&file, bounds, 4);
-    read_ok(&file, 4096, off);
+    ck_file_hint(&s.file, bounds, 4);
+    read_ok(&s.file, 4096, off);
     /* the pages of [off, tensor_end): two of BC_PAGE, not BC_FLOOR's four */
     cr_expect_eq(fetched(f), 2 * BC_PAGE, "fetched %llu", (unsigned long long)fetched(f));
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    served_free(&s);
 }
 
 Test(http_cache, a_sequential_stream_fetches_each_byte_once_in_ever_larger_requests)
 {
-    fake *f = fake_new(48ull << 20);
-    http_remote *r = remote_new(0, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
+    served s = served_new(48ull << 20, 0);
+    fake *f = s.f;
     size_t reads = 0;
     for (uint64_t off = 0; off < f->size; off += 128 << 10, reads++)
-        read_ok(&file, 128 << 10, off);
+        read_ok(&s.file, 128 << 10, off);
     settle(f);
     cr_expect_eq(fetched(f), f->size, "each byte once: fetched %llu of %llu",
                  (unsigned long long)fetched(f), (unsigned long long)f->size);
@@ -197,19 +209,16 @@ Test(http_cache, a_sequential_stream_fetches_each_byte_once_in_ever_larger_reque
     qsort(f->log, f->n, sizeof *f->log, by_offset); /* on parallel connections: any order */
     for (size_t i = 1; i < f->n; i++) /* none overlapping */
         cr_expect_geq(f->log[i].off, f->log[i - 1].off + f->log[i - 1].len);
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    served_free(&s);
 }
 
 Test(http_cache, readahead_is_asked_once_and_the_reader_asks_again_with_retries)
 {
-    fake *f = fake_new(32ull << 20);
+    served s = served_new(32ull << 20, 0);
+    fake *f = s.f;
     f->fail_from = 0, f->fail_to = f->size, f->fail_ahead_only = 1;
-    http_remote *r = remote_new(0, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
     for (uint64_t off = 0; off < (16ull << 20); off += 64 << 10)
-        read_ok(&file, 64 << 10, off);
+        read_ok(&s.file, 64 << 10, off);
     settle(f);
     int ahead = 0, demanded = 0;
     for (size_t i = 0; i < f->n; i++) {
@@ -218,25 +227,20 @@ Test(http_cache, readahead_is_asked_once_and_the_reader_asks_again_with_retries)
     }
     cr_expect_gt(ahead, 0, "readahead was asked");
     cr_expect_gt(demanded, 0, "the reads asked again themselves");
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    served_free(&s);
 }
 
 Test(http_cache, a_failed_fetch_fails_its_read_and_nothing_else)
 {
-    fake *f = fake_new(32ull << 20);
+    served s = served_new(32ull << 20, 0);
+    fake *f = s.f;
     f->fail_from = 8ull << 20, f->fail_to = (8ull << 20) + 1;
-    http_remote *r = remote_new(0, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
     unsigned char buf[4096];
-    cr_expect_eq(ck_file_read(&file, buf, sizeof buf, 8ull << 20), -EIO);
-    read_ok(&file, 4096, 20ull << 20);
+    cr_expect_eq(ck_file_read(&s.file, buf, sizeof buf, 8ull << 20), -EIO);
+    read_ok(&s.file, 4096, 20ull << 20);
     f->fail_to = 0; /* the server recovers: the same read now works */
-    read_ok(&file, 4096, 8ull << 20);
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    read_ok(&s.file, 4096, 8ull << 20);
+    served_free(&s);
 }
 
 typedef struct reader {
@@ -281,61 +285,52 @@ Test(http_cache, concurrent_readers_of_two_objects_share_a_small_cache)
 
 Test(http_cache, an_evicted_block_is_fetched_again)
 {
-    fake *f = fake_new(32ull << 20);
-    http_remote *r = remote_new(2ull * BC_BLOCK, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
-    read_ok(&file, 4096, 0);
+    served s = served_new(32ull << 20, 2ull * BC_BLOCK);
+    fake *f = s.f;
+    read_ok(&s.file, 4096, 0);
     for (uint64_t off = 8ull << 20; off < f->size; off += 3ull << 20) /* random misses elsewhere */
-        read_ok(&file, 4096, off);
+        read_ok(&s.file, 4096, off);
     settle(f);
     size_t before = f->n;
-    read_ok(&file, 4096, 0);
+    read_ok(&s.file, 4096, 0);
     int again = 0;
     for (size_t i = before; i < f->n; i++)
         again |= f->log[i].off == 0;
     cr_expect(again, "block 0 was evicted and fetched again");
     /* and one still cached is not: the last block read */
     before = f->n;
-    read_ok(&file, 4096, 29ull << 20);
+    read_ok(&s.file, 4096, 29ull << 20);
     cr_expect_eq(f->n, before, "a cached page asked again");
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    served_free(&s);
 }
 
 Test(http_cache, a_held_block_is_lent_in_place_and_kept)
 {
-    fake *f = fake_new(16ull << 20);
-    http_remote *r = remote_new(1ull * BC_BLOCK, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
+    served s = served_new(16ull << 20, 1ull * BC_BLOCK);
+    fake *f = s.f;
     const void *p;
     void *token;
-    ssize_t n = ck_file_hold(&file, 8192, BC_BLOCK + 100, &p, &token);
+    ssize_t n = ck_file_hold(&s.file, 8192, BC_BLOCK + 100, &p, &token);
     cr_assert_gt(n, 0);
     cr_assert_leq((uint64_t)n, 8192);
     expect_bytes(p, (size_t)n, BC_BLOCK + 100);
     for (uint64_t off = 2 * BC_BLOCK; off < f->size; off += BC_BLOCK) /* press the cache */
-        read_ok(&file, 4096, off);
+        read_ok(&s.file, 4096, off);
     expect_bytes(p, (size_t)n, BC_BLOCK + 100); /* still the same bytes: not evicted */
-    ck_file_release(&file, token);
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    ck_file_release(&s.file, token);
+    served_free(&s);
 }
 
 Test(http_cache, a_large_read_goes_in_parallel_requests_of_a_block_or_more)
 {
-    fake *f = fake_new(64ull << 20);
-    http_remote *r = remote_new(0, NULL);
-    ck_file file = open_in(r, f, "fake://object", NULL);
-    read_ok(&file, 40ull << 20, 1000);
+    served s = served_new(64ull << 20, 0);
+    fake *f = s.f;
+    read_ok(&s.file, 40ull << 20, 1000);
     cr_expect_leq(f->n, BC_PARALLEL);
     for (size_t i = 0; i < f->n; i++)
         cr_expect_geq(f->log[i].len, BC_BLOCK);
     cr_expect_eq(fetched(f), 40ull << 20, "straight into the caller's buffer, once");
-    ck_source_close(&file);
-    http_remote_free(r);
-    free(f);
+    served_free(&s);
 }
 
 /* An object keyed for the disk cache, opened through r (whose disk cache is DIR). */
