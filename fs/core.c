@@ -151,6 +151,12 @@ static const ck_entry *entry_of(const ck_fs *fs, const ck_node *nd)
     return &fs->ix->entries[nd->id];
 }
 
+/* Whether nd is a tensor tied to another's storage (ck_synth_aliases). */
+static int is_alias(const ck_fs *fs, const ck_node *nd)
+{
+    return nd->kind == CK_NODE_TENSOR && fs->alias_of[nd->id] != UINT32_MAX;
+}
+
 /* Makes the mount's own file k: index.json's text, or a synthesized file's layout. */
 static int make_vfile(ck_fs *fs, uint32_t k, ck_error *err)
 {
@@ -241,8 +247,7 @@ static int node_stat(ck_fs *fs, const ck_node *nd, int npy, struct stat *st)
     st->st_gid = fs->gid;
     st->st_size = (off_t)size;
     /* An alias's bytes are its owner's storage: du counts them once, there */
-    int alias = nd->kind == CK_NODE_TENSOR && fs->alias_of[nd->id] != UINT32_MAX;
-    st->st_blocks = alias ? 0 : (st->st_size + 511) / 512;
+    st->st_blocks = is_alias(fs, nd) ? 0 : (st->st_size + 511) / 512;
     st->st_blksize = 1 << 20; /* cp and friends size their reads by this */
     st->st_mtim = st->st_ctim = st->st_atim =
         nd->kind == CK_NODE_TENSOR ? fs->ix->files[entry_of(fs, nd)->ext.file].mtime : fs->mtime;
@@ -494,7 +499,7 @@ static int has_xattr(const ck_fs *fs, const ck_node *nd, int k)
     if (k == XA_BYTEORDER)
         return nd->kind == CK_NODE_TENSOR && entry_of(fs, nd)->layout == CK_SWAPPED;
     if (k == XA_ALIAS_OF)
-        return nd->kind == CK_NODE_TENSOR && fs->alias_of[nd->id] != UINT32_MAX;
+        return is_alias(fs, nd);
     return (nd->kind == CK_NODE_TENSOR && k != XA_TYPE) ||
            (nd->kind == CK_NODE_VALUE && (k == XA_NAME || k == XA_TYPE));
 }
