@@ -123,27 +123,28 @@ static int named(const ck_entry *e, const options *o, const char *option)
  * whole, at most 1 MiB; a local SOURCE only). */
 static int untied(const char *source)
 {
+    enum { MAX_CONFIG = 1 << 20 };
+    struct stat st;
+    ck_error err;
+    ck_file f;
     if (ck_location_is_url(source))
         return 0;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", source);
-    struct stat st;
-    if (stat(source, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        char *slash = strrchr(dir, '/');
-        snprintf(slash ? slash : dir, sizeof dir - (size_t)(slash ? slash - dir : 0), "%s",
-                 slash ? "" : ".");
+    int dir = stat(source, &st) == 0 && S_ISDIR(st.st_mode);
+    char *path = dir ? NULL : ck_source_sibling(source, "config.json", &err), *text = NULL;
+    if (dir && asprintf(&path, "%s/config.json", source) < 0)
+        path = NULL;
+    int off = 0; /* a config.json that is missing, not a regular file or too big: no word */
+    if (path && ck_source_open_local(path, NULL, &f, &err) == 0) {
+        if (f.size < MAX_CONFIG && (text = malloc((size_t)f.size + 1)) &&
+            ck_file_read(&f, text, (size_t)f.size, 0) == 0) {
+            cJSON *root = cJSON_ParseWithLength(text, (size_t)f.size);
+            off = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
+            cJSON_Delete(root);
+        }
+        ck_source_close(&f);
     }
-    enum { MAX_CONFIG = 1 << 20 };
-    char path[4200], *text = malloc(MAX_CONFIG);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = text ? fopen(path, "re") : NULL;
-    size_t n = f ? fread(text, 1, MAX_CONFIG, f) : 0;
-    if (f)
-        fclose(f);
-    cJSON *root = n && n < MAX_CONFIG ? cJSON_ParseWithLength(text, n) : NULL;
-    int off = cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings"));
-    cJSON_Delete(root);
     free(text);
+    free(path);
     return off;
 }
 
