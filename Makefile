@@ -127,7 +127,19 @@ test: setup check-layers
 	test "$$(cat $(BUILD)/test_unit.rc)" = 0 && ! grep -q 'ERROR: LeakSanitizer' $(BUILD)/test_unit.log
 	$(MAKE) fuzz-replay
 	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	$(MAKE) test-torch2
 	$(if $(HAVE_CUDA),$(MAKE) test-cuda-fake)
+
+# The loader's tests again under torch 2.x (.deps/torch2, which scripts/setup makes: what GPU
+# users have), beside the main run's Debian torch 1.13: loads from every source, DLPack 1.0,
+# load_into, slices, gloo ranks, and torch.save files of 2.x through the mount and convert. Not
+# the stand-in's tests: torch 2.x brings a libcudart of the stand-in's soname.
+TORCH2_PYTHON := $(CURDIR)/.deps/torch2/bin/python
+TORCH2_TESTS  := test_load test_load_source test_load_mount test_load_uring test_load_into \
+                 test_slices test_distributed test_libckload test_torch test_convert test_wheel
+test-torch2: all
+	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
+	    $(TORCH2_PYTHON) -m pytest -q -p no:cacheprovider $(TORCH2_TESTS:%=tests/integration/%.py)
 
 # Every #include goes downward through the layers (scripts/check-layers says which they are).
 check-layers:
@@ -156,6 +168,7 @@ bench: all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-npy
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gpu
+	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-load-into
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-gguf
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-convert
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-diff
@@ -192,6 +205,12 @@ install: all
 	sed 's|^_INSTALLED_LIB = None$$|_INSTALLED_LIB = "$(PREFIX)/lib/libckload.so.$(CKL_ABI)"|' \
 	    cuda/python/ckload.py > $(DESTDIR)$(PYDIR)/ckload.py
 	grep -q '^_INSTALLED_LIB = "' $(DESTDIR)$(PYDIR)/ckload.py
+
+# The ckload wheel (pyproject.toml; setup.py builds libckload into build/wheel and puts it in the
+# package) into $(BUILD)/dist, with this Python's pip and setuptools, offline.
+wheel:
+	rm -rf $(BUILD)/dist
+	$(PYTHON) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(BUILD)/dist .
 
 clean:
 	rm -rf build
@@ -235,5 +254,5 @@ endif
 
 include fuzz/fuzz.mk
 
-.PHONY: all setup test check-layers valgrind gpu-test bench demo install clean
+.PHONY: all setup test test-torch2 check-layers valgrind gpu-test bench demo install wheel clean
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

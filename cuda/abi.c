@@ -3,7 +3,8 @@
  * mirrors, ckload.h's and dlpack.h's, as this library was compiled. */
 #include "ckload.h"
 
-#include <dlpack/dlpack.h>
+#include "dlpack_v1.h"
+
 #include <string.h>
 
 #define SIZE(s) {#s, sizeof(s)}
@@ -18,7 +19,7 @@ static const struct {
     FIELD(ckl_options, only),    FIELD(ckl_options, verify),      FIELD(ckl_options, on_ready),
     FIELD(ckl_options, ctx),     FIELD(ckl_options, pool),        FIELD(ckl_options, slices),
     FIELD(ckl_options, nslices), FIELD(ckl_options, rank),        FIELD(ckl_options, world_size),
-    FIELD(ckl_options, read),
+    FIELD(ckl_options, read),    FIELD(ckl_options, dest),
     SIZE(ckl_slice),            FIELD(ckl_slice, glob),         FIELD(ckl_slice, dim),
     SIZE(ckl_tensor),           FIELD(ckl_tensor, name),        FIELD(ckl_tensor, dtype),
     FIELD(ckl_tensor, shape),    FIELD(ckl_tensor, data),         FIELD(ckl_tensor, nbytes),
@@ -31,6 +32,10 @@ static const struct {
     FIELD(DLTensor, strides),    FIELD(DLTensor, byte_offset),
     SIZE(DLManagedTensor),      FIELD(DLManagedTensor, dl_tensor),
     FIELD(DLManagedTensor, manager_ctx), FIELD(DLManagedTensor, deleter),
+    SIZE(DLPackVersion),        FIELD(DLPackVersion, major),    FIELD(DLPackVersion, minor),
+    SIZE(DLManagedTensorVersioned), FIELD(DLManagedTensorVersioned, version),
+    FIELD(DLManagedTensorVersioned, manager_ctx), FIELD(DLManagedTensorVersioned, deleter),
+    FIELD(DLManagedTensorVersioned, flags), FIELD(DLManagedTensorVersioned, dl_tensor),
 };
 
 unsigned ckl_abi_version(void)

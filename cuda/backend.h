@@ -53,6 +53,10 @@ typedef struct backend {
     /* The n bytes at p, inside the buffer stage() gave, go to dst. */
     int (*put)(reader *r, unsigned char *dst, const unsigned char *p, size_t n, char *why,
                size_t len);
+    /* The n bytes already at src in the destination's memory (a blob's place) go to dst there
+     * too, after every put so far: a tied tensor the caller placed apart (ckl_options.dest). */
+    int (*copy)(reader *r, unsigned char *dst, const unsigned char *src, size_t n, char *why,
+                size_t len);
     /* blob_landed(load, blob) once every put so far has completed. */
     int (*landed)(reader *r, size_t blob, char *why, size_t len);
     void (*close)(reader *r);

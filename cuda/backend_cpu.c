@@ -107,6 +107,14 @@ static int cpu_put(reader *r, unsigned char *dst, const unsigned char *p, size_t
     return 0;
 }
 
+static int cpu_copy(reader *r, unsigned char *dst, const unsigned char *src, size_t n, char *why,
+                    size_t len)
+{
+    (void)r, (void)why, (void)len;
+    memcpy(dst, src, n);
+    return 0;
+}
+
 static int cpu_landed(reader *r, size_t blob, char *why, size_t len)
 {
     (void)why, (void)len;
@@ -123,5 +131,6 @@ static void cpu_close(reader *r)
 
 const backend cpu_backend = {
     .in_place = 1, .check = cpu_check, .alloc = cpu_alloc, .free = cpu_free, .open = cpu_open,
-    .stage = cpu_stage, .put = cpu_put, .landed = cpu_landed, .close = cpu_close,
+    .stage = cpu_stage, .put = cpu_put, .copy = cpu_copy, .landed = cpu_landed,
+    .close = cpu_close,
 };

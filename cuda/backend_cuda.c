@@ -189,6 +189,15 @@ static int cuda_put(reader *r, unsigned char *dst, const unsigned char *p, size_
     return 0;
 }
 
+static int cuda_copy(reader *r, unsigned char *dst, const unsigned char *src, size_t n, char *why,
+                     size_t len)
+{
+    cudaError_t e = cudart.MemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, r->stream);
+    if (e != cudaSuccess)
+        snprintf(why, len, "copying on cuda:%d: %s", r->ordinal, cudart.GetErrorString(e));
+    return e == cudaSuccess ? 0 : -1;
+}
+
 /* No CUDA here, nor anything that may call it: only the mark the reader looks for. */
 static void CUDART_CB on_copied(void *p)
 {
@@ -221,6 +230,7 @@ static int cuda_landed(reader *r, size_t blob, char *why, size_t len)
 
 static const backend cuda = {
     .check = cuda_check, .alloc = cuda_alloc, .free = cuda_free, .open = cuda_open,
-    .stage = cuda_stage, .put = cuda_put, .landed = cuda_landed, .close = cuda_close,
+    .stage = cuda_stage, .put = cuda_put, .copy = cuda_copy, .landed = cuda_landed,
+    .close = cuda_close,
 };
 const backend *const cuda_backend = &cuda;

@@ -8,6 +8,7 @@
 
 #include "../pack/index.h"
 #include "../pack/bytes.h"
+#include "../pack/names.h"
 #include "plan.h"
 #include "slice.h"
 
@@ -119,6 +120,9 @@ struct ckl_load {
     int own_pool;
     unsigned char *block;    /* host or device, plan->block_size bytes (at least 1) */
     ck_plan *plan;           /* which tensors and blobs, and where they go (plan.h) */
+    unsigned char **blob_at; /* per plan blob: where its bytes go (its place in the block, or
+                              * the caller's memory: ckl_options.dest) */
+    void **tensor_at;        /* per plan tensor: the caller's address for it, or NULL */
     atomic_int *landed;      /* per plan blob: in place */
     uint64_t *stored_sums;   /* per plan blob, from a pack's trailer; only with verify */
     ckl_tensor *tensors;     /* per plan tensor */
@@ -240,12 +244,28 @@ static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
     return 0;
 }
 
-/* Blob b's bytes are all in: checked (check_sum), then handed to the backend, which says when it
- * has landed. */
+/* Blob b's tied tensors that the caller placed elsewhere than the blob: its bytes copied to
+ * each (ckl_options.dest), in order after its puts. 0, or -1 with why set. */
+static int copy_to_ties(ckl_load *l, reader *r, size_t b, char *why, size_t len)
+{
+    const ck_plan_blob *bl = &l->plan->blobs[b];
+    for (uint32_t k = 0; l->tensor_at && k < bl->count; k++) {
+        uint32_t t = l->plan->blob_tensors[bl->first + k];
+        unsigned char *at = l->tensor_at[t];
+        if (at && at != l->blob_at[b] &&
+            l->be->copy(r, at, l->blob_at[b], l->plan->tensors[t].entry->nbytes, why, len) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Blob b's bytes are all in: checked (check_sum), copied to its ties placed elsewhere, then
+ * handed to the backend, which says when it has landed. */
 static void finish_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
 {
     char why[256];
-    if (check_sum(l, b, st) == 0 && l->be->landed(r, b, why, sizeof why) != 0)
+    if (check_sum(l, b, st) == 0 && (copy_to_ties(l, r, b, why, sizeof why) != 0 ||
+                                     l->be->landed(r, b, why, sizeof why) != 0))
         set_error(l, "tensor '%s': %s", l->plan->blobs[b].name, why);
 }
 
@@ -262,12 +282,18 @@ static int read_direct(const ckl_load *l, const ck_plan_blob *bl)
     return !bl->gather && l->direct_fds[bl->file] >= 0;
 }
 
+/* Where blob bl's bytes go. */
+static unsigned char *blob_at(const ckl_load *l, const ck_plan_blob *bl)
+{
+    return l->blob_at[bl - l->plan->blobs];
+}
+
 /* Whether blob bl's O_DIRECT reads can land in the block itself: the block is host memory and
  * bl's place in it has its bytes' phase in the file modulo the alignment those reads need (every
  * blob of a whole pack; any other blob that ck_plan_keep_phase kept in phase). */
 static int direct_in_place(const ckl_load *l, const ck_plan_blob *bl)
 {
-    uintptr_t dst = (uintptr_t)(l->block + bl->dest_off);
+    uintptr_t dst = (uintptr_t)blob_at(l, bl);
     return read_direct(l, bl) && l->be->in_place &&
            (dst - (uintptr_t)bl->file_off) % l->phase[bl->file] == 0;
 }
@@ -297,7 +323,7 @@ static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
     char why[256];
     for (uint64_t at = 0, n; at < bl->len; at += n) {
         n = chunk_len(l, bl, at, in_place);
-        unsigned char *dst = l->block + bl->dest_off + at;
+        unsigned char *dst = blob_at(l, bl) + at;
         if (failed(l))
             return;
         if (in_place && (bl->file_off + at) % DIRECT_ALIGN == 0 && n % DIRECT_ALIGN == 0) {
@@ -365,7 +391,7 @@ static void ring_blob_read(struct ring_run *rr, size_t b)
         return;
     if (rr->st) {
         XXH3_64bits_reset(rr->st);
-        XXH3_64bits_update(rr->st, l->block + bl->dest_off, bl->len);
+        XXH3_64bits_update(rr->st, blob_at(l, bl), bl->len);
     }
     finish_blob(l, rr->r, b, rr->st);
 }
@@ -396,7 +422,7 @@ static int ring_blob(struct ring_run *rr, size_t b)
     for (uint64_t at = 0, n; rc == 0 && at < bl->len && !failed(l); at += n) {
         n = chunk_len(l, bl, at, 1);
         uint64_t off = bl->file_off + at, start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
-        unsigned char *dst = l->block + bl->dest_off + at;
+        unsigned char *dst = blob_at(l, bl) + at;
         int whole = off == start && n % DIRECT_ALIGN == 0;
         unsigned slot;
         if ((rc = ring_slot(rr->io, &slot)) != 0)
@@ -414,9 +440,10 @@ static int ring_blob(struct ring_run *rr, size_t b)
     return rc;
 }
 
-/* Faults the host block in from its start, FAULT_STEP at a time, until done or the load fails.
- * An O_DIRECT read faults its destination's fresh pages in the thread that submits it: without
- * this, the ring's, one page after another, all of the block. On the VM of BENCHMARKS.md a first
+/* Faults the destinations of the ring's blobs in (the block, or the caller's memory), in pack
+ * order, FAULT_STEP at a time, until done or the load fails. An O_DIRECT read faults its
+ * destination's fresh pages in the thread that submits it: without this, the ring's, one page
+ * after another, all of them. On the VM of BENCHMARKS.md a first
  * touch of memory the host has taken back runs at ~2 GB/s (2 GiB, MADV_POPULATE_WRITE: 2.0 GB/s
  * the first time, 6.5-11.6 GB/s once freed and taken again), under the disk's ~5: on a core of
  * its own this thread keeps ahead of the reads. Before Linux 5.14 (no MADV_POPULATE_WRITE) it
@@ -424,11 +451,18 @@ static int ring_blob(struct ring_run *rr, size_t b)
 static void *fault_ahead(void *arg)
 {
     ckl_load *l = arg;
-    size_t n = (size_t)l->plan->block_size; /* not 0: the ring has blobs to read */
-    for (size_t at = 0; at < n && !failed(l); at += FAULT_STEP)
-        if (madvise(l->block + at, n - at < FAULT_STEP ? n - at : FAULT_STEP,
-                    MADV_POPULATE_WRITE) != 0)
-            break;
+    for (size_t b = 0; b < l->plan->nblobs; b++) {
+        const ck_plan_blob *bl = &l->plan->blobs[b];
+        if (!reads(l, b) || !ring_reads(l, bl))
+            continue;
+        /* Whole pages: the first and last may hold other bytes, which populating keeps. */
+        uintptr_t start = (uintptr_t)blob_at(l, bl) & ~(uintptr_t)(DIRECT_ALIGN - 1);
+        size_t n = (size_t)((uintptr_t)blob_at(l, bl) + bl->len - start);
+        for (size_t at = 0; at < n; at += FAULT_STEP)
+            if (failed(l) || madvise((void *)(start + at), n - at < FAULT_STEP ? n - at : FAULT_STEP,
+                                     MADV_POPULATE_WRITE) != 0)
+                return NULL;
+    }
     return NULL;
 }
 
@@ -505,6 +539,32 @@ static int open_ring(ckl_load *l, char *err, size_t errlen)
     return -1;
 }
 
+/* The source files and O_DIRECT descriptors, closed once nothing will read them again. */
+static void close_sources(ckl_load *l)
+{
+    for (uint32_t f = 0; l->direct_fds && f < l->ix->nfiles; f++)
+        if (l->direct_fds[f] >= 0) {
+            close(l->direct_fds[f]);
+            l->direct_fds[f] = -1;
+        }
+    ck_index_close_files(l->ix);
+}
+
+/* A reader thread is done. The last one closes the sources before it says so: a caller that
+ * waited for the load finds them closed (a mount it read can be unmounted). */
+static void reader_done(ckl_load *l)
+{
+    pthread_mutex_lock(&l->lock);
+    int last = l->running == 1;
+    pthread_mutex_unlock(&l->lock);
+    if (last) /* only readers count themselves down: no other can finish meanwhile */
+        close_sources(l);
+    pthread_mutex_lock(&l->lock);
+    l->running--;
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
 /* A reader thread: the ring's (the first to start, when there is a ring), or one that takes the
  * blobs in turn and reads those not the ring's. */
 static void *worker(void *arg)
@@ -538,10 +598,7 @@ static void *worker(void *arg)
     if (r)
         l->be->close(r);
     XXH3_freeState(st);
-    pthread_mutex_lock(&l->lock);
-    l->running--;
-    pthread_cond_broadcast(&l->cond);
-    pthread_mutex_unlock(&l->lock);
+    reader_done(l);
     return NULL;
 }
 
@@ -558,6 +615,11 @@ int ckl_cuda_available(void)
     return cuda_backend && cuda_backend->check(0, why, sizeof why) == 0;
 }
 
+int ckl_selected(const char *only, const char *name)
+{
+    return ck_name_selected(name, strlen(name), only);
+}
+
 void ckl_default_options(ckl_options *o)
 {
     memset(o, 0, sizeof *o);
@@ -565,9 +627,81 @@ void ckl_default_options(ckl_options *o)
     o->buffers = DEFAULT_STAGES;
 }
 
+/* Tensor entry x as ckl_get shows it, its data not yet set. */
+static ckl_tensor tensor_of(const ck_entry *x)
+{
+    return (ckl_tensor){.name = x->name, .dtype = ck_dtype_name(x->dtype), .shape = x->shape,
+                        .nbytes = x->nbytes, .rank = x->rank, .dtype_code = x->dtype};
+}
+
+/* The plan of the entries keep selects (plan.h), cut as cut says, with this process's share.
+ * 0, or -1 with e set. */
+static int make_plan(ckl_load *l, const unsigned char *keep, const ck_slicing *cut,
+                     ck_error *e)
+{
+    enum ck_plan_read share = l->opt.read == CKL_READ_PARTS ? CK_READ_ALL
+                                                             : (enum ck_plan_read)l->opt.read;
+    ck_plan_free(l->plan);
+    l->plan = NULL;
+    if (ck_plan_make_sliced(l->ix, l->opt.only, keep, cut, &l->plan, e) != 0)
+        return -1;
+    if (ck_plan_share(l->plan, share, cut->world) != 0)
+        return ck_fail(e, l->path, "out of memory");
+    return 0;
+}
+
+/* With ckl_options.dest: where each planned tensor goes. The tensors it skips are left out (the
+ * plan is made again without them); the others' addresses go to tensor_at, and a blob with a
+ * placed tensor goes to the first one's address (blob_at), taking no room in the block. 0, or
+ * -1 with e set. */
+static int ask_dests(ckl_load *l, const ck_slicing *cut, ck_error *e)
+{
+    const ck_index *ix = l->ix;
+    size_t ne = ix->nentries ? ix->nentries : 1;
+    void **at = calloc(ne, sizeof *at); /* per index entry */
+    unsigned char *keep = malloc(ne);
+    int rc = at && keep ? 0 : ck_fail(e, l->path, "out of memory"), skipped = 0;
+    for (size_t k = 0; rc == 0 && k < ix->nentries; k++)
+        keep[k] = l->src.keep ? l->src.keep[k] : 1;
+    for (size_t i = 0; rc == 0 && i < l->plan->ntensors; i++) {
+        const ck_plan_tensor *pt = &l->plan->tensors[i];
+        ckl_tensor t = tensor_of(pt->entry);
+        size_t k = (size_t)(pt->whole - ix->entries);
+        void *where = NULL;
+        int d = l->opt.dest(l->opt.ctx, &t, &where);
+        if (d == CKL_DEST_SKIP)
+            keep[k] = 0, skipped = 1;
+        else if (d == CKL_DEST_AT && where)
+            at[k] = where;
+        else if (d != CKL_DEST_BLOCK && d != CKL_DEST_AT)
+            rc = ck_fail(e, l->path, "tensor '%s': refused by the caller", t.name);
+    }
+    if (rc == 0 && l->opt.dest(l->opt.ctx, NULL, NULL) != CKL_DEST_BLOCK)
+        rc = ck_fail(e, l->path, "the load was refused by its caller");
+    if (rc == 0 && skipped)
+        rc = make_plan(l, keep, cut, e);
+    const ck_plan *p = l->plan;
+    if (rc == 0 && (!(l->tensor_at = calloc(p->ntensors ? p->ntensors : 1, sizeof(void *))) ||
+                    !(l->blob_at = calloc(p->nblobs ? p->nblobs : 1, sizeof(void *)))))
+        rc = ck_fail(e, l->path, "out of memory");
+    for (size_t i = 0; rc == 0 && i < p->ntensors; i++) {
+        const ck_plan_tensor *pt = &p->tensors[i];
+        l->tensor_at[i] = at[pt->whole - ix->entries];
+        if (pt->blob != CK_PLAN_NONE && l->tensor_at[i] && !l->blob_at[pt->blob]) {
+            l->blob_at[pt->blob] = l->tensor_at[i]; /* tensors come in order: the first's */
+            p->blobs[pt->blob].elsewhere = 1;
+        }
+    }
+    if (rc == 0)
+        ck_plan_keep_phase(l->plan, NULL); /* placed again: those blobs take no room */
+    free(at);
+    free(keep);
+    return rc;
+}
+
 /* The plan (plan.h: a pack's layout as its reader checked it, or any other source's as its
- * virtual pack), each tensor's view of the block-to-be, per-blob readiness, and with verify a
- * pack's stored checksums. */
+ * virtual pack), where the caller wants its tensors (ask_dests), each tensor's view of the
+ * block-to-be, per-blob readiness, and with verify a pack's stored checksums. */
 static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
@@ -583,13 +717,10 @@ static int plan(ckl_load *l, char *err, size_t errlen)
         rules[i] = (ck_slice_rule){.glob = l->opt.slices[i].glob, .dim = l->opt.slices[i].dim};
     ck_slicing cut = {.rules = rules, .nrules = l->opt.nslices, .rank = l->opt.rank,
                       .world = world, .parts_only = l->opt.read == CKL_READ_PARTS};
-    enum ck_plan_read share = l->opt.read == CKL_READ_PARTS ? CK_READ_ALL
-                                                             : (enum ck_plan_read)l->opt.read;
-    int rc = rules ? ck_plan_make_sliced(l->ix, l->opt.only, l->src.keep, &cut, &l->plan, &e)
-                   : ck_fail(&e, l->path, "out of memory");
+    int rc = rules ? make_plan(l, l->src.keep, &cut, &e) : ck_fail(&e, l->path, "out of memory");
+    if (rc == 0 && l->opt.dest)
+        rc = ask_dests(l, &cut, &e);
     free(rules);
-    if (rc == 0 && ck_plan_share(l->plan, share, world) != 0)
-        rc = ck_fail(&e, l->path, "out of memory");
     if (rc != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;
@@ -597,20 +728,18 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     const ck_plan *p = l->plan;
     l->tensors = calloc(p->ntensors ? p->ntensors : 1, sizeof *l->tensors);
     l->landed = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->landed);
+    if (!l->blob_at)
+        l->blob_at = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->blob_at);
     int sums = l->opt.verify && p->stored_sums;
     l->check_files = (l->opt.verify && !p->stored_sums) ||
                      (l->src.read_path && strcmp(l->src.read_path, "bypass") == 0);
     l->stored_sums = sums ? calloc(p->nblobs ? p->nblobs : 1, sizeof *l->stored_sums) : NULL;
-    if (!l->tensors || !l->landed || (sums && !l->stored_sums)) {
+    if (!l->tensors || !l->landed || !l->blob_at || (sums && !l->stored_sums)) {
         snprintf(err, errlen, "%s: out of memory", l->path);
         return -1;
     }
-    for (size_t i = 0; i < p->ntensors; i++) {
-        const ck_entry *x = p->tensors[i].entry;
-        l->tensors[i] = (ckl_tensor){.name = x->name, .dtype = ck_dtype_name(x->dtype),
-                                     .shape = x->shape, .nbytes = x->nbytes, .rank = x->rank,
-                                     .dtype_code = x->dtype};
-    }
+    for (size_t i = 0; i < p->ntensors; i++)
+        l->tensors[i] = tensor_of(p->tensors[i].entry);
     if (sums && ck_plan_sums(l->ix, p, l->stored_sums, &e) != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;
@@ -641,15 +770,16 @@ static void free_load(ckl_load *l)
         l->be->free(l->block, block_size(l));
     if (l->own_pool)
         ckl_pool_free(l->pool);
-    for (uint32_t f = 0; l->direct_fds && f < l->ix->nfiles; f++)
-        if (l->direct_fds[f] >= 0)
-            close(l->direct_fds[f]);
+    if (l->ix)
+        close_sources(l);
     free(l->direct_fds);
     free(l->phase);
     ring_run_free(l->ring);
     load_source_close(&l->src);
     ck_plan_free(l->plan);
     free(l->landed);
+    free(l->blob_at);
+    free(l->tensor_at);
     free(l->stored_sums);
     free(l->tensors);
     free(l->threads);
@@ -882,15 +1012,20 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         free_load(l);
         return -1;
     }
+    for (size_t b = 0; b < l->plan->nblobs; b++)
+        if (!l->plan->blobs[b].elsewhere)
+            l->blob_at[b] = l->block + l->plan->blobs[b].dest_off;
     choose_readers(l);
     if (open_ring(l, err, errlen) != 0) {
         free_load(l);
         return -1;
     }
     const ck_plan *p = l->plan;
-    for (size_t i = 0; i < p->ntensors; i++)
-        l->tensors[i].data = l->block + (p->tensors[i].blob == CK_PLAN_NONE
-                                             ? 0 : p->blobs[p->tensors[i].blob].dest_off);
+    for (size_t i = 0; i < p->ntensors; i++) {
+        uint32_t b = p->tensors[i].blob;
+        void *mine = l->tensor_at ? l->tensor_at[i] : NULL;
+        l->tensors[i].data = mine ? mine : b == CK_PLAN_NONE ? l->block : l->blob_at[b];
+    }
     unsigned nt = count_readers(l);
     l->threads = calloc(nt, sizeof *l->threads);
     if (!l->threads) {
@@ -1017,7 +1152,7 @@ int ckl_blob(const ckl_load *l, size_t b, void **data, uint64_t *nbytes, int *ow
     if (b >= l->plan->nblobs)
         return -1;
     const ck_plan_blob *bl = &l->plan->blobs[b];
-    *data = l->block + bl->dest_off;
+    *data = blob_at(l, bl);
     *nbytes = bl->len;
     *owner = bl->owner == CK_PLAN_EVERY ? -1 : (int)bl->owner;
     *sliced = bl->sliced;

@@ -44,6 +44,17 @@
  *    (ckl_wait fails) and ckl_release frees everything.
  *  - A load is reference counted: ckl_release drops the caller's reference; each DLPack export
  *    holds one more, so device memory is freed when the last exported tensor is deleted.
+ *  - Into the caller's memory (ckl_options.dest): asked once per selected tensor, before any
+ *    byte is read, the caller places it at an address of its own (t->nbytes bytes on the load's
+ *    device: host memory for a host load, device memory of cuda_device for CUDA, valid and not
+ *    otherwise written until the load is released), leaves it to the load's block, or skips it
+ *    (it is left out of the load, as `only` leaves tensors out). A blob (tied tensors share one)
+ *    is read once, into its first placed tensor's address; each other tensor of it placed
+ *    elsewhere gets a copy of those bytes before the blob counts as landed. ckl_get(l, i)->data
+ *    is where tensor i is; the block holds only what was left to it.
+ *  - Once its readers are done (every blob read here is in, or the load failed) a load closes
+ *    its source files: a mount it read can be unmounted while its tensors live. What it keeps
+ *    is the block, the tensors' names and shapes, and the DLPack exports' references.
  *  - Pools of pinned buffers outlive loads: pass the same ckl_pool to many loads.
  *  - Many processes (ranks) loading one checkpoint: slice rules load each rank's part of the
  *    tensors they cut, read straight from the source; a read share (read) has
@@ -59,7 +70,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CKL_ABI_VERSION 2
+#define CKL_ABI_VERSION 3
 
 enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
 
@@ -81,6 +92,12 @@ typedef struct ckl_slice {
 
 typedef struct ckl_pool ckl_pool;
 typedef struct ckl_load ckl_load;
+struct ckl_tensor;
+
+/* What ckl_options.dest answers for a tensor: left to the load's block; placed at *at; left out
+ * of the load. Any other answer fails the load at start ("tensor 'NAME': refused by the
+ * caller"). */
+enum ckl_dest { CKL_DEST_BLOCK = 0, CKL_DEST_AT = 1, CKL_DEST_SKIP = 2 };
 
 /* The options' bounds: a load given a value outside them fails at start, naming the option. */
 #define CKL_MAX_THREADS 256u              /* threads */
@@ -110,6 +127,12 @@ typedef struct ckl_options {
     unsigned rank;           /* this process's part and share, of world_size */
     unsigned world_size;     /* 0 or 1: alone */
     int read;                /* enum ckl_read: the blobs this process reads itself */
+    /* NULL, or where each selected tensor goes (see the contract): called with ctx on the thread
+     * of ckl_load_start, once per tensor in pack order, t as ckl_get will show it (its data
+     * not yet set; a sliced tensor's part); returns enum ckl_dest, *at set for CKL_DEST_AT.
+     * Then once more with t and at NULL: any answer but CKL_DEST_BLOCK fails the load ("the
+     * load was refused by its caller") before a byte is read. */
+    int (*dest)(void *ctx, const struct ckl_tensor *t, void **at);
 } ckl_options;
 
 typedef struct ckl_tensor {
@@ -126,7 +149,8 @@ typedef struct ckl_tensor {
 unsigned ckl_abi_version(void);
 /* The layout of the structs a binding mirrors, as this library was built: ckl_layout("ckl_tensor")
  * is its size, ckl_layout("ckl_tensor.rank") the offset of that field; likewise for ckl_options
- * and dlpack.h's DLDevice, DLDataType, DLTensor and DLManagedTensor. -1 for any other name. */
+ * and dlpack.h's DLDevice, DLDataType, DLTensor, DLManagedTensor, DLPackVersion and
+ * DLManagedTensorVersioned. -1 for any other name. */
 long ckl_layout(const char *what);
 
 /* Fills *o with the defaults. */
@@ -181,6 +205,9 @@ void ckl_fail(ckl_load *l, const char *msg);
 ckl_pool *ckl_pool_new(void);
 void ckl_pool_free(ckl_pool *p);
 
+/* Whether only (a prefix or glob, as ckl_options.only) selects name; NULL selects every name. */
+int ckl_selected(const char *only, const char *name);
+
 /* Whether this build has CUDA, and whether a device is usable now. */
 int ckl_cuda_built(void);
 int ckl_cuda_available(void);
@@ -189,5 +216,13 @@ int ckl_cuda_available(void);
  * NULL if the load failed or is not complete for that tensor. */
 struct DLManagedTensor;
 struct DLManagedTensor *ckl_to_dlpack(ckl_load *l, size_t i);
+/* The same as a DLPack 1.0 DLManagedTensorVersioned (version 1.0, the flags given: 0, or
+ * CKL_DLPACK_READ_ONLY for bytes its consumer must not write), for consumers that ask for one
+ * (__dlpack__(max_version=(1, 0))); its struct is in a dlpack.h of 1.0 or later, which the
+ * caller includes (libckload itself builds with 0.6's and lays it out as 1.0 says). NULL as
+ * ckl_to_dlpack, or for flags other than those. */
+#define CKL_DLPACK_READ_ONLY 1ull /* DLPACK_FLAG_BITMASK_READ_ONLY */
+struct DLManagedTensorVersioned;
+struct DLManagedTensorVersioned *ckl_to_dlpack_versioned(ckl_load *l, size_t i, uint64_t flags);
 
 #endif

@@ -1,4 +1,6 @@
-/* dlpack.c — a loaded tensor as a DLPack 0.6 DLManagedTensor.
+/* dlpack.c — a loaded tensor as a DLPack 0.6 DLManagedTensor, or as a DLPack 1.0
+ * DLManagedTensorVersioned for a consumer that asks for one (the same tensor, version 1.0 and
+ * the flags the caller gives).
  *
  * Element types DLPack 0.6 can name are exported as themselves: U8..U64 as kDLUInt, I8..I64 as
  * kDLInt, F16/F32/F64 as kDLFloat, BF16 as kDLBfloat 16, C64/C128 as kDLComplex 64/128, each
@@ -13,7 +15,8 @@
 
 #include "../pack/dtype.h"
 
-#include <dlpack/dlpack.h>
+#include "dlpack_v1.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,38 +49,76 @@ static void release_export(DLManagedTensor *self)
     ckl_release(l);
 }
 
-DLManagedTensor *ckl_to_dlpack(ckl_load *l, size_t i)
+static void release_versioned(DLManagedTensorVersioned *self)
+{
+    ckl_load *l = self->manager_ctx;
+    free(self);
+    ckl_release(l);
+}
+
+/* Tensor i of l, once it has landed, as a DLTensor whose shape array is at shape (room for
+ * rank entries, at least one) into *dl; then a reference on l for the export. 0, or -1 if the
+ * load failed or has no tensor i. */
+static int export_tensor(ckl_load *l, size_t i, DLTensor *dl, int64_t *shape)
 {
     char err[8];
-    const ckl_tensor *t = l ? ckl_get(l, i) : NULL;
+    const ckl_tensor *t = ckl_get(l, i);
     if (!t || ckl_wait(l, i, err, sizeof err) != 0)
-        return NULL;
+        return -1;
     DLDataType dt;
     int typed = dl_type_of(t->dtype_code, &dt);
     int ndim = typed ? t->rank : 1;
-    /* One allocation: the struct, then ndim shape entries (at least one, so that the pointer
-     * always points into it). */
-    DLManagedTensor *m = malloc(sizeof *m + (size_t)(ndim ? ndim : 1) * sizeof(int64_t));
-    if (!m)
-        return NULL;
-    int64_t *shape = (int64_t *)(m + 1);
     if (typed && ndim) /* a rank-0 tensor has no shape array at all */
         memcpy(shape, t->shape, (size_t)ndim * sizeof *shape);
     else
         shape[0] = (int64_t)t->nbytes;
     int cuda = ckl_device_of(l) == CKL_CUDA;
-    *m = (DLManagedTensor){
-        .dl_tensor = {.data = t->data,
-                      .device = {.device_type = cuda ? kDLCUDA : kDLCPU,
-                                 .device_id = cuda ? ckl_cuda_ordinal(l) : 0},
-                      .ndim = ndim,
-                      .dtype = dt,
-                      .shape = shape,
-                      .strides = NULL,
-                      .byte_offset = 0},
-        .manager_ctx = l,
-        .deleter = release_export,
-    };
+    *dl = (DLTensor){.data = t->data,
+                     .device = {.device_type = cuda ? kDLCUDA : kDLCPU,
+                                .device_id = cuda ? ckl_cuda_ordinal(l) : 0},
+                     .ndim = ndim,
+                     .dtype = dt,
+                     .shape = shape,
+                     .strides = NULL,
+                     .byte_offset = 0};
     ckl_retain(l);
+    return 0;
+}
+
+/* Room for tensor i's shape: its rank, at least one entry (so that the pointer always points
+ * into the export's allocation). */
+static size_t shape_room(const ckl_load *l, size_t i)
+{
+    const ckl_tensor *t = l ? ckl_get(l, i) : NULL;
+    return t && t->rank ? t->rank : 1;
+}
+
+DLManagedTensor *ckl_to_dlpack(ckl_load *l, size_t i)
+{
+    /* One allocation: the struct, then the shape entries. */
+    DLManagedTensor *m = l ? malloc(sizeof *m + shape_room(l, i) * sizeof(int64_t)) : NULL;
+    if (!m || export_tensor(l, i, &m->dl_tensor, (int64_t *)(m + 1)) != 0) {
+        free(m);
+        return NULL;
+    }
+    m->manager_ctx = l;
+    m->deleter = release_export;
+    return m;
+}
+
+DLManagedTensorVersioned *ckl_to_dlpack_versioned(ckl_load *l, size_t i, uint64_t flags)
+{
+    if (flags & ~(uint64_t)CKL_DLPACK_READ_ONLY)
+        return NULL;
+    DLManagedTensorVersioned *m =
+        l ? malloc(sizeof *m + shape_room(l, i) * sizeof(int64_t)) : NULL;
+    if (!m || export_tensor(l, i, &m->dl_tensor, (int64_t *)(m + 1)) != 0) {
+        free(m);
+        return NULL;
+    }
+    m->version = (DLPackVersion){.major = 1, .minor = 0};
+    m->manager_ctx = l;
+    m->deleter = release_versioned;
+    m->flags = flags;
     return m;
 }

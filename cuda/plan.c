@@ -96,7 +96,8 @@ static int add_tensor(ck_plan *p, const ck_entry *e, uint32_t b, ck_plan_blob sr
     if (!sliced && c->slicing && c->slicing->parts_only)
         return 0;
     uint32_t blob = CK_PLAN_NONE, *picked = sliced ? &c->picked_part[b] : &c->picked[b];
-    p->tensors[p->ntensors++] = (ck_plan_tensor){.entry = v, .blob = blob, .sliced = sliced};
+    p->tensors[p->ntensors++] =
+        (ck_plan_tensor){.entry = v, .whole = e, .blob = blob, .sliced = sliced};
     if (v->nbytes == 0)
         return 0;
     if (sliced && (!*picked || !same_view(&p->blobs[*picked - 1], v))) {
@@ -188,13 +189,18 @@ static int keeps_phase(const ck_plan *p, const ck_plan_blob *pb, const uint32_t 
 }
 
 /* Each blob after the one before: at the next CK_PLAN_ALIGN boundary, or, where it keeps its
- * phase, at the first place with its file offset's phase (m a power of two). */
+ * phase, at the first place with its file offset's phase (m a power of two); a blob that goes
+ * elsewhere takes no room. */
 static void place(ck_plan *p, const uint32_t *phase)
 {
     p->block_size = 0;
     for (size_t b = 0; b < p->nblobs; b++) {
         ck_plan_blob *pb = &p->blobs[b];
         uint64_t end = p->block_size;
+        if (pb->elsewhere) {
+            pb->dest_off = 0;
+            continue;
+        }
         pb->dest_off = keeps_phase(p, pb, phase)
                            ? end + ((pb->file_off - end) & (phase[pb->file] - 1))
                            : ck_align_up(end, CK_PLAN_ALIGN);

@@ -53,10 +53,13 @@ typedef struct ck_plan_blob {
     uint32_t first, count;   /* its tensors: blob_tensors[first .. first + count) */
     uint32_t owner;          /* the rank that reads it (ck_plan_share); CK_PLAN_EVERY: each */
     uint8_t sliced;          /* a part of its tensors' source bytes (slice.h) */
+    uint8_t elsewhere;       /* its bytes go to memory outside the block (the loader's caller's,
+                              * set before placing): it takes no room there, dest_off is 0 */
 } ck_plan_blob;
 
 typedef struct ck_plan_tensor {
-    const ck_entry *entry;   /* in the index */
+    const ck_entry *entry;   /* in the index, or the plan's view of its part (sliced) */
+    const ck_entry *whole;   /* in the index, whole: entry unless sliced */
     uint32_t blob;           /* in blobs[], or CK_PLAN_NONE for an empty tensor */
     uint8_t sliced;          /* entry is the plan's view of a part (ck_plan_make_sliced) */
 } ck_plan_tensor;
@@ -102,7 +105,7 @@ int ck_plan_share(ck_plan *p, enum ck_plan_read read, unsigned world);
  * 256 bytes where its file offset is), as an mmap of the file would give it; a pack's blobs are
  * 256-aligned in its file, so they stay where ck_plan_make put them. The order, the blobs and
  * their tensors do not change; block_size grows by less than phase[f] per blob moved. phase
- * NULL places them as ck_plan_make did. */
+ * NULL places them as ck_plan_make did. Either way a blob marked elsewhere takes no room. */
 void ck_plan_keep_phase(ck_plan *p, const uint32_t *phase);
 
 void ck_plan_free(ck_plan *p);

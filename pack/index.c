@@ -47,6 +47,19 @@ void ck_index_free(ck_index *ix)
     free(ix);
 }
 
+void ck_index_close_files(ck_index *ix)
+{
+    for (uint32_t i = 0; i < ix->nfiles; i++) {
+        ck_file *f = &ix->files[i];
+        if (f->ops) { /* a remote file's path is its connection's: kept in the arena */
+            size_t n = strlen(f->path) + 1;
+            char *kept = ck_arena_alloc(&ix->arena, n);
+            f->path = kept ? memcpy(kept, f->path, n) : "(closed)";
+        }
+        ck_source_close(f);
+    }
+}
+
 const char *ck_index_source(const ck_index *ix)
 {
     return ix->nfiles ? ix->files[0].path : "?";

@@ -109,6 +109,11 @@ typedef struct ck_index {
 
 void ck_index_free(ck_index *ix);
 
+/* Closes ix's files (descriptors, connections, caches) for a caller that has read all it will:
+ * the entries stay, and each file keeps its path for messages; a read of a closed file fails.
+ * Closing again, or freeing, is harmless. */
+void ck_index_close_files(ck_index *ix);
+
 /* The path that messages about ix name: its first file (the source as opened, or the first
  * shard), or "?" while it has none. */
 const char *ck_index_source(const ck_index *ix);

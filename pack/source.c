@@ -79,6 +79,7 @@ void ck_source_close(ck_file *f)
     else if (f->fd >= 0)
         close(f->fd);
     f->fd = -1;
+    f->ops = NULL; /* closed: again is harmless */
 }
 
 int ck_source_plain_name(const char *name)

@@ -2,8 +2,9 @@
 
 Pure ctypes, no compile step. The library is found through the environment variable
 CKLOAD_LIB, else where `make install` put it (the installed copy of this file names
-PREFIX/lib/libckload.so.2), else next to this module as built: build/python/ckload.py uses
-build/libckload.so.
+PREFIX/lib/libckload.so.N), else beside this file under its soname (a wheel: `pip install .`
+makes this file the package's __init__.py), else next to this module as built:
+build/python/ckload.py uses build/libckload.so.
 The structs below mirror ckload.h by hand; on loading the library this module checks them (and
 the ABI version) against what the library reports, and refuses a library that disagrees.
 
@@ -36,14 +37,19 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
-import torch
-import torch.utils.dlpack
+try:
+    import torch
+    import torch.utils.dlpack
+except ImportError as e:  # the wheel does not declare torch: the user's own build is kept
+    raise ImportError(f"ckload needs torch, which this Python cannot import ({e}): install the "
+                      f"torch build your machine uses, e.g. `pip install torch`") from None
 
-__all__ = ["load", "Load", "load_distributed", "DistributedLoad", "cuda_available", "cuda_built", "library"]
+__all__ = ["load", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
+           "DistributedLoad", "cuda_available", "cuda_built", "library"]
 
-ABI_VERSION = 2  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
+ABI_VERSION = 3  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
 CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
 READ_ALL, READ_BALANCED, READ_RANK0, READ_PARTS = 0, 1, 2, 3  # enum ckl_read
@@ -55,11 +61,26 @@ _c = ctypes
 PathLike = Union[str, bytes, os.PathLike]
 Device = Union[str, torch.device]
 ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
+DEST_BLOCK, DEST_AT, DEST_SKIP, DEST_REFUSE = 0, 1, 2, -1  # enum ckl_dest; any other: refused
 
 
 class Slice(_c.Structure):
     """struct ckl_slice (cuda/ckload.h)."""
     _fields_ = [("glob", _c.c_char_p), ("dim", _c.c_int)]
+
+
+class Tensor(_c.Structure):
+    """struct ckl_tensor (cuda/ckload.h)."""
+    _fields_ = [("name", _c.c_char_p),
+                ("dtype", _c.c_char_p),
+                ("shape", _c.POINTER(_c.c_int64)),
+                ("data", _c.c_void_p),
+                ("nbytes", _c.c_uint64),
+                ("rank", _c.c_uint8),
+                ("dtype_code", _c.c_uint8)]
+
+
+DEST = _c.CFUNCTYPE(_c.c_int, _c.c_void_p, _c.POINTER(Tensor), _c.POINTER(_c.c_void_p))
 
 
 class Options(_c.Structure):
@@ -78,18 +99,8 @@ class Options(_c.Structure):
                 ("nslices", _c.c_size_t),
                 ("rank", _c.c_uint),
                 ("world_size", _c.c_uint),
-                ("read", _c.c_int)]
-
-
-class Tensor(_c.Structure):
-    """struct ckl_tensor (cuda/ckload.h)."""
-    _fields_ = [("name", _c.c_char_p),
-                ("dtype", _c.c_char_p),
-                ("shape", _c.POINTER(_c.c_int64)),
-                ("data", _c.c_void_p),
-                ("nbytes", _c.c_uint64),
-                ("rank", _c.c_uint8),
-                ("dtype_code", _c.c_uint8)]
+                ("read", _c.c_int),
+                ("dest", DEST)]
 
 
 class DLDevice(_c.Structure):
@@ -118,9 +129,26 @@ DLManagedTensor._fields_ = [("dl_tensor", DLTensor),
                             ("manager_ctx", _c.c_void_p),
                             ("deleter", _c.CFUNCTYPE(None, _c.POINTER(DLManagedTensor)))]
 
+
+class DLPackVersion(_c.Structure):
+    _fields_ = [("major", _c.c_uint32), ("minor", _c.c_uint32)]
+
+
+class DLManagedTensorVersioned(_c.Structure):
+    pass
+
+
+DLManagedTensorVersioned._fields_ = [
+    ("version", DLPackVersion),
+    ("manager_ctx", _c.c_void_p),
+    ("deleter", _c.CFUNCTYPE(None, _c.POINTER(DLManagedTensorVersioned))),
+    ("flags", _c.c_uint64),
+    ("dl_tensor", DLTensor)]
+
 # The C structs mirrored above, by their C names: checked against the library's ckl_layout.
 MIRRORS = {"ckl_options": Options, "ckl_slice": Slice, "ckl_tensor": Tensor, "DLDevice": DLDevice,
-           "DLDataType": DLDataType, "DLTensor": DLTensor, "DLManagedTensor": DLManagedTensor}
+           "DLDataType": DLDataType, "DLTensor": DLTensor, "DLManagedTensor": DLManagedTensor,
+           "DLPackVersion": DLPackVersion, "DLManagedTensorVersioned": DLManagedTensorVersioned}
 
 # --- the library -------------------------------------------------------------------------------
 
@@ -134,8 +162,12 @@ _INSTALLED_LIB = None
 
 
 def _lib_path() -> str:
-    return os.environ.get("CKLOAD_LIB") or _INSTALLED_LIB or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "libckload.so")
+    """CKLOAD_LIB; else the library `make install` put (_INSTALLED_LIB); else the one a wheel
+    put beside this file, under its soname; else the build tree's (build/libckload.so)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    bundled = os.path.join(here, f"libckload.so.{ABI_VERSION}")
+    return (os.environ.get("CKLOAD_LIB") or _INSTALLED_LIB or
+            (bundled if os.path.exists(bundled) else os.path.join(here, "..", "libckload.so")))
 
 
 def _abi_mismatch(lib):
@@ -197,6 +229,9 @@ def library() -> ctypes.CDLL:
                 "ckl_cuda_built": (_c.c_int, []),
                 "ckl_cuda_available": (_c.c_int, []),
                 "ckl_to_dlpack": (_c.POINTER(DLManagedTensor), [load_p, _c.c_size_t]),
+                "ckl_to_dlpack_versioned": (_c.POINTER(DLManagedTensorVersioned),
+                                            [load_p, _c.c_size_t, _c.c_uint64]),
+                "ckl_selected": (_c.c_int, [_c.c_char_p, _c.c_char_p]),
                 "ckl_blob_count": (_c.c_size_t, [load_p]),
                 "ckl_blob": (_c.c_int, [load_p, _c.c_size_t, _c.POINTER(_c.c_void_p),
                                         _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_int),
@@ -228,21 +263,34 @@ _api = _c.pythonapi
 _api.PyCapsule_New.restype = _c.py_object
 _api.PyCapsule_New.argtypes = [_c.c_void_p, _c.c_char_p, _c.c_void_p]
 _api.PyCapsule_IsValid.restype = _c.c_int
-_api.PyCapsule_IsValid.argtypes = [_c.py_object, _c.c_char_p]
-# The capsule keeps a pointer to its name, not a copy: this buffer lives as long as the module.
+_api.PyCapsule_IsValid.argtypes = [_c.c_void_p, _c.c_char_p]
+_api.PyCapsule_GetPointer.restype = _c.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [_c.c_void_p, _c.c_char_p]
+# A capsule keeps a pointer to its name, not a copy: these live as long as the module.
 _DLTENSOR = _c.create_string_buffer(b"dltensor")
+_DLTENSOR_VERSIONED = _c.create_string_buffer(b"dltensor_versioned")
+READ_ONLY = 1  # CKL_DLPACK_READ_ONLY, DLPack 1.0's DLPACK_FLAG_BITMASK_READ_ONLY
+# Whether this torch imports DLPack 1.0 capsules (torch 2.x, before 2.4 or so, takes only 0.6).
+_TORCH_TAKES_VERSIONED = hasattr(torch._C, "_to_dlpack_versioned")
 
 
-def _to_torch(m):
-    """A torch tensor over DLManagedTensor *m, which it then owns (torch calls the deleter when
-    the tensor's storage goes). If torch refuses it, the export is given back here."""
-    capsule = _api.PyCapsule_New(_c.cast(m, _c.c_void_p), _c.cast(_DLTENSOR, _c.c_char_p), None)
-    try:
-        return torch.utils.dlpack.from_dlpack(capsule)
-    except BaseException:
-        if _api.PyCapsule_IsValid(capsule, _c.cast(_DLTENSOR, _c.c_char_p)):
-            m.contents.deleter(m)  # not consumed: drop the reference it holds on the load
-        raise
+@_c.CFUNCTYPE(None, _c.c_void_p)
+def _drop_unconsumed(capsule):
+    """A capsule's destructor: one that no consumer took (a consumer renames it "used_...")
+    still holds its export, given back here (its reference on the load dropped)."""
+    for name, kind in ((_DLTENSOR, DLManagedTensor),
+                       (_DLTENSOR_VERSIONED, DLManagedTensorVersioned)):
+        if _api.PyCapsule_IsValid(capsule, _c.cast(name, _c.c_char_p)):
+            m = _c.cast(_api.PyCapsule_GetPointer(capsule, _c.cast(name, _c.c_char_p)),
+                        _c.POINTER(kind))
+            m.contents.deleter(m)
+
+
+def _capsule(m, versioned):
+    """A DLPack capsule that owns export *m (a DLManagedTensor, or a DLManagedTensorVersioned)."""
+    name = _DLTENSOR_VERSIONED if versioned else _DLTENSOR
+    return _api.PyCapsule_New(_c.cast(m, _c.c_void_p), _c.cast(name, _c.c_char_p),
+                              _c.cast(_drop_unconsumed, _c.c_void_p))
 
 
 # --- element types -----------------------------------------------------------------------------
@@ -349,7 +397,8 @@ class Load:
                  verify: bool = False, threads: int = 0, buffer_size: int = 0,
                  on_ready: Optional[Callable[[int], None]] = None,
                  slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
-                 world_size: int = 1, buffers: int = 0, _read: int = READ_ALL) -> None:
+                 world_size: int = 1, buffers: int = 0, _read: int = READ_ALL,
+                 _dest: Optional[Callable] = None) -> None:
         lib = library()
         dev, ordinal = _parse_device(device)
         # ctypes would wrap what its field cannot hold; the library checks the real bounds
@@ -379,6 +428,8 @@ class Load:
                 _next_ctx[0] += 1
                 _callbacks[self._ctx] = on_ready
             o.on_ready, o.ctx = _trampoline, self._ctx
+        if _dest is not None:  # called only inside ckl_load_start, on this thread
+            o.dest = DEST(_dest)
         self._path = os.fsencode(path)
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         handle = _c.c_void_p()
@@ -491,16 +542,34 @@ class Load:
         if self._lib.ckl_wait_all(self._handle(), err, len(err)) != 0:
             _raise(err)
 
-    def tensor(self, i: int) -> torch.Tensor:
-        """Tensor i as a torch tensor over the load's memory (waits for it to land)."""
-        name, dtype, shape, _ = self.info(i)
-        m = self._lib.ckl_to_dlpack(self._handle(), i)
+    def _export(self, i, versioned, flags=0):
+        """Tensor i as a DLPack capsule (1.0 if versioned, with flags; else 0.6): waits for it."""
+        name = self.info(i)[0]
+        h = self._handle()
+        m = (self._lib.ckl_to_dlpack_versioned(h, i, flags) if versioned
+             else self._lib.ckl_to_dlpack(h, i))
         if not m:
             self.wait(i)  # raises the load's error
             raise RuntimeError(f"ckload: tensor '{name}': cannot export it (out of memory)")
+        return m
+
+    def tensor(self, i: int) -> torch.Tensor:
+        """Tensor i as a torch tensor over the load's memory (waits for it to land): handed to
+        torch as a DLPack 1.0 capsule where this torch takes one, else as a 0.6 one."""
+        dtype, shape = self.info(i)[1:3]
+        m = self._export(i, _TORCH_TAKES_VERSIONED)
         if dtype in _UNSIGNED and _torch_dtype(_UNSIGNED[dtype][0]) is None:
             m.contents.dl_tensor.dtype.code = kDLInt  # this torch has no unsigned type this wide
-        return _retype(_to_torch(m), dtype, shape)
+        return _retype(torch.utils.dlpack.from_dlpack(_capsule(m, _TORCH_TAKES_VERSIONED)),
+                       dtype, shape)
+
+    def export(self, i: int, read_only: bool = False) -> "Export":
+        """Tensor i for any DLPack consumer (numpy.from_dlpack, torch.from_dlpack, cupy, jax):
+        an object with __dlpack__ and __dlpack_device__ over the load's memory, as
+        DLPack exports it (ckload.h: types DLPack 0.6 cannot name come as bytes). read_only: the
+        consumer must not write it (DLPack 1.0's read-only flag; a consumer that asks only for
+        0.6 capsules, which cannot say so, is refused)."""
+        return Export(self, i, read_only)
 
     def release(self) -> None:
         """Drops this object's reference on the load (tensors handed out keep it alive)."""
@@ -540,6 +609,217 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
               buffers=buffers) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+
+
+class Export:
+    """Tensor i of a load as the DLPack protocol hands it to a consumer (Load.export): each
+    __dlpack__ call exports it once more, holding a reference on the load until the consumer's
+    array goes. Its bytes are in place when it is exported: no stream needs to wait."""
+
+    def __init__(self, load: Load, i: int, read_only: bool = False) -> None:
+        load.wait(i)
+        self._load, self._i, self._read_only = load, i, read_only
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        dev = self._load.device
+        return (kDLCUDA, int(dev[5:])) if dev.startswith("cuda") else (kDLCPU, 0)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("ckload: a DLPack export is never a copy (copy=True)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"ckload: the tensor is on {self._load.device}, not {dl_device}")
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        if self._read_only and not versioned:
+            raise BufferError("ckload: a read-only export needs DLPack 1.0 "
+                              "(__dlpack__(max_version=(1, 0)))")
+        m = self._load._export(self._i, versioned, READ_ONLY if self._read_only else 0)
+        return _capsule(m, versioned)
+
+
+# --- into the caller's tensors -----------------------------------------------------------------
+
+class IncompatibleKeys(NamedTuple):
+    """What load_into reports, as torch's load_state_dict does: the target's names that nothing
+    filled, and the checkpoint's names that the target lacks."""
+    missing_keys: List[str]
+    unexpected_keys: List[str]
+
+
+# The torch dtype of each pack dtype torch may have (by name: older torches lack some).
+_TORCH_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                "U16": "uint16", "U32": "uint32", "U64": "uint64", "C64": "complex64",
+                "C128": "complex128", **{k: v for k, v in _RAW.items() if v}}
+
+
+def _targets_of(target):
+    """{name: tensor} of a module (its state_dict's tensors, persistent buffers included, tied
+    parameters under each name) or of a mapping of tensors."""
+    if isinstance(target, torch.nn.Module):
+        return {k: v.data if isinstance(v, torch.nn.Parameter) else v
+                for k, v in target.state_dict(keep_vars=True).items()}
+    out = {}
+    for k, v in dict(target).items():
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"ckload: target '{k}' is {type(v).__name__}, not a torch.Tensor")
+        out[k] = v
+    return out
+
+
+def _device_of(targets):
+    """The one device every target tensor is on ("cpu" or "cuda:N"), or ValueError."""
+    devices = set()
+    for name, t in targets.items():
+        if t.device.type == "meta":
+            raise ValueError(f"ckload: target '{name}' is on the meta device: materialize the "
+                             f"module first (module.to_empty(device=...))")
+        devices.add(str(t.device) if t.device.type != "cuda"
+                    else f"cuda:{t.device.index if t.device.index is not None else 0}")
+    if len(devices) > 1:
+        raise ValueError(f"ckload: the target's tensors are on several devices "
+                         f"({', '.join(sorted(devices))}): load_into fills one device at a time")
+    return devices.pop() if devices else "cpu"
+
+
+class _Placement:
+    """ckl_options.dest for load_into: each checkpoint tensor into the target of its name, once
+    per target memory (tied parameters: the first name in pack order fills it), checked for
+    dtype, shape and layout; the rest skipped. The final call refuses the load when any
+    tensor did not fit, or (strict) when a name is missing or unexpected."""
+
+    def __init__(self, targets, strict, only):
+        self.targets, self.strict, self.only = targets, strict, only
+        self.filled = set()            # (data_ptr, nbytes) of the target memory filled
+        self.loaded, self.unexpected, self.wrong = set(), [], []
+        self.refused = False
+
+    def _fits(self, name, t, dtype, shape, nbytes):
+        """Why target t cannot take the checkpoint's tensor, or None."""
+        want = _torch_dtype(_TORCH_NAMES.get(dtype))
+        if want is None:  # a type this torch lacks: the target holds its bytes
+            if t.dtype != torch.uint8 or t.numel() != nbytes:
+                return f"{dtype} {list(shape)} needs a torch.uint8 target of {nbytes} bytes"
+        elif t.dtype != want or tuple(t.shape) != shape:
+            return (f"the checkpoint has {want} {list(shape)}, the target {t.dtype} "
+                    f"{list(t.shape)}")
+        if not t.is_contiguous():
+            return "the target is not contiguous"
+        return None
+
+    def __call__(self, ctx, tp, at):
+        try:
+            if not tp:
+                return self.finish()
+            c = tp.contents
+            name = c.name.decode("utf-8", "surrogateescape")
+            t = self.targets.get(name)
+            if t is None:
+                self.unexpected.append(name)
+                return DEST_SKIP
+            shape = tuple(c.shape[k] for k in range(c.rank))
+            why = self._fits(name, t, c.dtype.decode(), shape, c.nbytes)
+            if why:
+                self.wrong.append(f"{name}: {why}")
+                return DEST_SKIP
+            key = (t.data_ptr(), c.nbytes)
+            self.loaded.add(name)
+            if key in self.filled:
+                return DEST_SKIP  # tied in the target: an earlier name fills this memory
+            self.filled.add(key)
+            at[0] = t.data_ptr() if c.nbytes else None
+            return DEST_AT
+        except BaseException as e:  # cannot cross into C: refuse, and say why afterwards
+            self.wrong.append(f"{type(e).__name__}: {e}")
+            return DEST_REFUSE
+
+    def missing(self):
+        lib = library()
+        only = None if self.only is None else os.fsencode(self.only)
+        return [k for k, t in self.targets.items()
+                if (t.data_ptr(), t.numel() * t.element_size()) not in self.filled and k not in self.loaded and
+                lib.ckl_selected(only, os.fsencode(k))]
+
+    def problems(self):
+        """The lines of load_state_dict's error message that apply, or []."""
+        out, missing = [], self.missing() if self.strict else []
+        if missing:
+            out.append("missing key(s): " + ", ".join(missing))
+        if self.strict and self.unexpected:
+            out.append("unexpected key(s): " + ", ".join(self.unexpected))
+        out += [f"cannot load {w}" for w in self.wrong]
+        return out
+
+    def finish(self):
+        self.refused = bool(self.problems())
+        return DEST_REFUSE if self.refused else DEST_BLOCK
+
+
+class _EarlyReady:
+    """on_ready(i) as on_ready(name) for load_into: tensors that land before the load's handle
+    is known (its readers start inside ckl_load_start) are told once it is, on the caller's
+    thread; the others on the loader thread they land on."""
+
+    def __init__(self, on_ready):
+        self.on_ready, self.load, self.pending = on_ready, None, []
+        self.lock = threading.Lock()
+
+    def __call__(self, i):
+        with self.lock:
+            if self.load is None:
+                self.pending.append(i)
+                return
+        self.on_ready(self.load.name(i))
+
+    def start(self, load):
+        with self.lock:
+            self.load, pending, self.pending = load, self.pending, []
+        for i in pending:
+            self.on_ready(load.name(i))
+
+
+def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] = None,
+              verify: bool = False, threads: int = 0, buffer_size: int = 0,
+              slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
+              world_size: int = 1, buffers: int = 0,
+              on_ready: Optional[Callable[[str], None]] = None) -> IncompatibleKeys:
+    """Loads the checkpoint at path (any source load takes) into target's own memory: an
+    nn.Module (its state_dict's parameters and buffers) or a mapping {name: torch.Tensor}, all
+    on one device (CPU or CUDA, any allocator; a module built on `meta` must be materialized
+    first, e.g. with to_empty). Each tensor's bytes land straight in the target tensor of its
+    name (read into it for the host, through the pinned staging buffers for CUDA): no second
+    copy, no memory of ckload's that outlives the call, and on CUDA torch's allocator counts
+    it all. Names are matched exactly; each target must have the checkpoint's dtype and shape
+    (a tensor part's shape, with slices) and be contiguous. Tied parameters (one memory under
+    several names) are filled once. strict (the default): every target name must be filled
+    and every checkpoint name (selected by only) wanted, else nothing is read and
+    RuntimeError lists the missing and unexpected names, as load_state_dict does; strict=False
+    loads what matches and returns IncompatibleKeys(missing_keys, unexpected_keys). A dtype
+    or shape mismatch is an error either way. Target names that only leaves out are not
+    missing. on_ready(name) runs on a loader thread as each tensor lands. The other
+    arguments are load's. Returns IncompatibleKeys once every byte is in place; on any
+    failure raises RuntimeError, and the target may hold some of the bytes."""
+    targets = _targets_of(target)
+    device = _device_of(targets)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
+    place = _Placement(targets, strict, only)
+    ready, early = None, _EarlyReady(on_ready)
+    if on_ready is not None:
+        ready = early
+    try:
+        ld = Load(path, device=device, only=only, verify=verify, threads=threads,
+                  buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size,
+                  buffers=buffers, on_ready=ready, _dest=place)
+    except RuntimeError:
+        if place.refused or place.wrong:
+            raise RuntimeError(f"ckload: {os.fsdecode(path)}: cannot load into the target: " +
+                               "; ".join(place.problems())) from None
+        raise
+    with ld:
+        early.start(ld)
+        ld.wait_all()
+    return IncompatibleKeys(place.missing(), place.unexpected)
 
 
 # --- many processes: read once, broadcast ------------------------------------------------------

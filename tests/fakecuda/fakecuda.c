@@ -53,6 +53,7 @@ typedef struct op {
     const unsigned char *src;
     size_t n;
     alloc *dev, *pinned;  /* the allocations a copy touches (pinned may be NULL: pageable) */
+    alloc *from;          /* a device-to-device copy's source allocation, else NULL */
     event *ev;
     unsigned long seq;
     cudaHostFn_t fn;
@@ -640,6 +641,8 @@ static void retire_op(op *o)
         st.in_flight--;
         st.copies++;
         o->dev->queued--;
+        if (o->from)
+            o->from->queued--;
         if (o->pinned && --o->pinned->queued == 0)
             mprotect(o->pinned->addr, o->pinned->maplen, PROT_READ | PROT_WRITE);
     }
@@ -744,18 +747,14 @@ static void enqueue(fstream *s, op *o)
     pthread_cond_broadcast(&cv);
 }
 
-/* A queued copy: the device side must be device memory of the stream's device, which must be
- * the calling thread's current device (stricter than UVA hardware, which would let it pass). */
-static cudaError_t queue_copy(fstream *s, unsigned char *dst, const unsigned char *src, size_t n,
-                              enum cudaMemcpyKind kind)
+/* Whether a copy on stream s may touch device memory dev (found for p..+n): it is memory of
+ * the stream's device, the calling thread's current one (stricter than UVA hardware, which
+ * would let either pass); else a violation. */
+static cudaError_t copy_allowed(const fstream *s, const alloc *dev, const void *p, size_t n)
 {
-    int h2d = kind == cudaMemcpyHostToDevice;
-    alloc *dev = find_alloc(h2d ? dst : src, n, s->device);
-    if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost)
-        return cudaErrorInvalidValue;
     if (!dev) {
-        violation("cudaMemcpyAsync: %p..+%zu is not memory of device %d, the stream's",
-                  (void *)(h2d ? dst : src), n, s->device);
+        violation("cudaMemcpyAsync: %p..+%zu is not memory of device %d, the stream's", p, n,
+                  s->device);
         return cudaErrorInvalidValue;
     }
     if (s->device != current_device) {
@@ -763,6 +762,42 @@ static cudaError_t queue_copy(fstream *s, unsigned char *dst, const unsigned cha
                   s->device, current_device);
         return cudaErrorInvalidDevice;
     }
+    return cudaSuccess;
+}
+
+/* A queued copy from device memory to device memory, both the stream's device's. */
+static cudaError_t queue_d2d(fstream *s, unsigned char *dst, const unsigned char *src, size_t n)
+{
+    alloc *to = find_alloc(dst, n, s->device), *from = find_alloc(src, n, s->device);
+    cudaError_t e = copy_allowed(s, to, dst, n);
+    if (e == cudaSuccess)
+        e = copy_allowed(s, from, src, n);
+    op *o = e == cudaSuccess ? calloc(1, sizeof *o) : NULL;
+    if (e != cudaSuccess || !o)
+        return e != cudaSuccess ? e : cudaErrorMemoryAllocation;
+    *o = (op){.kind = OP_COPY, .n = n, .dev = to, .from = from, .seq = ++copies_queued,
+              .dst = to->view + (dst - to->addr), .src = from->view + (src - from->addr)};
+    to->queued++;
+    from->queued++;
+    if (++st.in_flight > st.max_in_flight)
+        st.max_in_flight = st.in_flight;
+    enqueue(s, o);
+    return cudaSuccess;
+}
+
+/* A queued copy between host and device memory (copy_allowed says which device memory). */
+static cudaError_t queue_copy(fstream *s, unsigned char *dst, const unsigned char *src, size_t n,
+                              enum cudaMemcpyKind kind)
+{
+    if (kind == cudaMemcpyDeviceToDevice)
+        return queue_d2d(s, dst, src, n);
+    int h2d = kind == cudaMemcpyHostToDevice;
+    alloc *dev = find_alloc(h2d ? dst : src, n, s->device);
+    if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost)
+        return cudaErrorInvalidValue;
+    cudaError_t e = copy_allowed(s, dev, h2d ? dst : src, n);
+    if (e != cudaSuccess)
+        return e;
     op *o = calloc(1, sizeof *o);
     if (!o)
         return cudaErrorMemoryAllocation;

@@ -138,3 +138,21 @@ def test_ckpt_load_to_cuda(tmp_path):
     p = ckpt_load(out, "--device", "cuda:0", "--verify")
     assert p.returncode == 0, p.stderr
     assert " into cuda:0 in " in p.stdout.decode()
+
+
+def test_load_into_cuda_parameters(tmp_path, warm):
+    """load_into a CUDA module: each tensor lands in the module's own parameters (torch's
+    allocator owns them all: memory_allocated grows by nothing), byte-exact against the
+    safetensors library, ties filled once; the load's own block is one byte."""
+    from test_load_into import fresh, safetensors_of, trained
+    src = trained()
+    path = safetensors_of(src, tmp_path / "m.safetensors")
+    got = fresh().to("cuda:0")
+    before = torch.cuda.memory_allocated(0)
+    ptrs = {k: v.data_ptr() for k, v in got.state_dict().items()}
+    assert ckload.load_into(got, path) == ([], [])
+    assert torch.cuda.memory_allocated(0) == before
+    assert {k: v.data_ptr() for k, v in got.state_dict().items()} == ptrs
+    for k, v in src.state_dict().items():
+        assert torch_bytes(got.state_dict()[k].cpu()) == torch_bytes(v), k
+    assert got.head.weight.data_ptr() == got.wte.weight.data_ptr()

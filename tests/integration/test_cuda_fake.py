@@ -43,6 +43,8 @@ fake.fakecuda_stat.restype, fake.fakecuda_stat.argtypes = ctypes.c_longlong, [ct
 fake.fakecuda_configure.argtypes = [ctypes.c_char_p]
 fake.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 fake.cudaSetDevice.argtypes = [ctypes.c_int]
+fake.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+fake.cudaFree.argtypes = [ctypes.c_void_p]
 
 
 def loaded_libcudart():
@@ -275,6 +277,41 @@ def test_strided_and_tied_tensors_through_staging(tmp_path):
     with ckload.Load(src, device="cuda", threads=3, buffer_size=5000) as ld:
         check(read_all(ld), expected_tensors(src))
         assert ld.pointer(ld.find("tied.a")) == ld.pointer(ld.find("tied.b"))
+
+
+def test_dest_places_tensors_in_the_callers_device_memory(tmp_path):
+    """ckl_options.dest: each tensor lands in device memory the caller allocated, through the
+    staging buffers; a tie placed apart gets a device-to-device copy; a skipped tensor is left
+    out; the load's own block holds nothing."""
+    src = strided_source(tmp_path)
+    expected = expected_tensors(src)
+    placed = {}
+
+    def dest(ctx, tp, at):
+        if not tp:
+            return ckload.DEST_BLOCK  # the final call: go on
+        t = tp.contents
+        name = t.name.decode()
+        if name == "head":
+            return ckload.DEST_SKIP
+        p = ctypes.c_void_p()
+        assert fake.cudaMalloc(ctypes.byref(p), t.nbytes) == 0
+        placed[name] = (p.value, t.nbytes)
+        at[0] = p.value
+        return ckload.DEST_AT
+
+    ld = Raw(src, dest=ckload.DEST(dest), threads=3, buffer_size=5000)
+    try:
+        assert ld.rc == 0 and ld.wait_all() == 0, ld.err.value
+        check(ld.read(), {k: v for k, v in expected.items() if k != "head"})
+        for i in range(lib.ckl_count(ld.h)):
+            t = lib.ckl_get(ld.h, i).contents
+            assert t.data == placed[t.name.decode()][0]
+        assert stat("device_bytes") - sum(n for _, n in placed.values()) <= 256
+    finally:
+        ld.release()
+        for ptr, _ in placed.values():
+            assert fake.cudaFree(ctypes.c_void_p(ptr)) == 0
 
 
 def many_tensors(d, n=24, seed=5):

@@ -15,6 +15,9 @@ from ckptfs_testlib import build_dir, run, write_safetensors
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
+# The soname's number: the ABI version ckload.h owns.
+SONAME = "libckload.so." + re.search(r"#define CKL_ABI_VERSION (\d+)",
+                                     (REPO / "cuda/ckload.h").read_text()).group(1)
 
 
 def clean_env():
@@ -46,10 +49,10 @@ def prefix(tmp_path_factory, build):
 
 def test_files_in_place(prefix):
     for f in ("bin/ckptfs", "bin/ckpt", "sbin/mount.fuse.ckptfs", "share/man/man1/ckptfs.1",
-              "share/man/man1/ckpt.1", "lib/libckload.so.2", "lib/libckload.so",
+              "share/man/man1/ckpt.1", f"lib/{SONAME}", "lib/libckload.so",
               "include/ckload.h", "lib/pkgconfig/ckload.pc"):
         assert (prefix / f).exists(), f
-    assert os.readlink(prefix / "lib/libckload.so") == "libckload.so.2"
+    assert os.readlink(prefix / "lib/libckload.so") == SONAME
     assert f"prefix={prefix}" in (prefix / "lib/pkgconfig/ckload.pc").read_text()
 
 
@@ -78,7 +81,7 @@ def test_import_from_anywhere(prefix, tmp_path):
     assert p.returncode == 0, p.stderr.decode()
     mod, lib, values = p.stdout.decode().splitlines()
     assert Path(mod) == site / "ckload.py"
-    assert lib == f"{prefix}/lib/libckload.so.2"
+    assert lib == f"{prefix}/lib/{SONAME}"
     assert values == "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] [0, 1, 2, 3]"
 
 
@@ -94,7 +97,7 @@ def test_site_dir_is_on_the_system_path(pfx, tmp_path, build):
     p = subprocess.run([SYSTEM_PYTHON, "-I", "-c", "import sys; print('\\n'.join(sys.path))"],
                        capture_output=True, env=clean_env(), cwd=tmp_path)
     assert str(final) in p.stdout.decode().splitlines(), (final, p.stdout)
-    assert f'_INSTALLED_LIB = "{pfx}/lib/libckload.so.2"' in mod.read_text()
+    assert f'_INSTALLED_LIB = "{pfx}/lib/{SONAME}"' in mod.read_text()
 
 
 def test_man_pages_name_every_option_and_command(prefix):

@@ -453,3 +453,31 @@ Test(plan, keep_phase_moves_no_blob_of_a_whole_pack)
     ck_index_free(ix);
     ck_index_free(sx);
 }
+
+/* A blob marked elsewhere (its bytes go to the loader's caller's memory) takes no room: the
+ * others are placed as if it were not there, and whole plans' tensors know their whole entry. */
+Test(plan, a_blob_elsewhere_takes_no_room)
+{
+    static unsigned char data[3000];
+    fill_bytes(data, sizeof data, 7);
+    const char *src = st_file(strf("{%s,%s,%s}", st_tensor("a", "U8", "[1000]", 0, 1000),
+                                   st_tensor("b", "U8", "[1000]", 1000, 2000),
+                                   st_tensor("c", "U8", "[1000]", 2000, 3000)),
+                              data, sizeof data);
+    ck_index *ix = open_ok(src);
+    ck_plan *p = plan_ok(ix, NULL);
+    cr_assert_eq(p->nblobs, 3);
+    for (size_t t = 0; t < p->ntensors; t++)
+        cr_assert_eq(p->tensors[t].whole, p->tensors[t].entry);
+    p->blobs[0].elsewhere = 1;
+    ck_plan_keep_phase(p, NULL);
+    cr_assert_eq(p->blobs[0].dest_off, 0);
+    cr_assert_eq(p->blobs[1].dest_off, 0);
+    cr_assert_eq(p->blobs[2].dest_off, ck_align_up(1000, CK_PLAN_ALIGN));
+    cr_assert_eq(p->block_size, p->blobs[2].dest_off + 1000);
+    p->blobs[1].elsewhere = p->blobs[2].elsewhere = 1;
+    ck_plan_keep_phase(p, NULL);
+    cr_assert_eq(p->block_size, 0);
+    ck_plan_free(p);
+    ck_index_free(ix);
+}

@@ -1,0 +1,295 @@
+"""ckload.load_into: a checkpoint straight into a module's (or a dict's) own tensors, checked
+against torch's own load_state_dict of what torch.load and the safetensors library read: byte
+for byte, the same missing and unexpected names with strict=False, tied parameters, a module
+built on `meta` and materialized with to_empty, `only`, slices, on_ready; nothing read when the
+target does not fit; the host memory a load_into costs beside the model (no second copy).
+Also: a finished load closes its sources (a mount it read unmounts while its tensors live), and
+DLPack 1.0 exports (read-only where asked) to numpy. Runs under torch 1.13 and torch 2.x."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ckload
+from ckptfs_testlib import is_mounted, run, ckpt_bin, unmount
+
+
+class Tiny(torch.nn.Module):
+    """A small language-model shape: embedding, a block, a head tied to the embedding (or not),
+    a persistent buffer and a non-persistent one (never in a checkpoint)."""
+
+    def __init__(self, tied=True, vocab=50, dim=24):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab, dim)
+        self.ln = torch.nn.LayerNorm(dim)
+        self.fc = torch.nn.Linear(dim, 2 * dim)
+        self.proj = torch.nn.Linear(2 * dim, dim, bias=False)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        if tied:
+            self.head.weight = self.wte.weight
+        self.register_buffer("steps", torch.tensor([7], dtype=torch.int64))
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+
+def trained(tied=True, seed=1, dtype=torch.float32):
+    torch.manual_seed(seed)
+    m = Tiny(tied=tied).to(dtype)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p))
+    m.steps.fill_(seed)
+    return m
+
+
+def fresh(tied=True, dtype=torch.float32):
+    torch.manual_seed(999)  # other values than trained()'s
+    return Tiny(tied=tied).to(dtype)
+
+
+def as_bytes(t):
+    return t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() \
+        else b""
+
+
+def assert_same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype and sa[k].shape == sb[k].shape, k
+        assert as_bytes(sa[k]) == as_bytes(sb[k]), k
+
+
+def safetensors_of(m, path):
+    """m's state dict as the safetensors library saves it: one name per memory (a tied head is
+    dropped, as save_model does)."""
+    sd = {k: v.contiguous() for k, v in m.state_dict().items() if k != "head.weight"
+          or m.head.weight.data_ptr() != m.wte.weight.data_ptr()}
+    save_file(sd, str(path))
+    return path
+
+
+def sources(m, d):
+    """m saved every way: torch.save (zip, ties kept), safetensors, and the pack of the .pt."""
+    pt = d / "m.pt"
+    torch.save(m.state_dict(), pt)
+    pk = d / "m.pack"
+    p = run([ckpt_bin(), "pack", pt, pk])
+    assert p.returncode == 0, p.stderr
+    return {"pt": pt, "safetensors": safetensors_of(m, d / "m.safetensors"), "pack": pk}
+
+
+@pytest.mark.parametrize("kind", ["pt", "safetensors", "pack"])
+def test_into_a_module_byte_exact(tmp_path, kind):
+    src = trained()
+    path = sources(src, tmp_path)[kind]
+    want = fresh()
+    want.load_state_dict(torch.load(path) if kind == "pt" else
+                         load_file(str(sources(src, tmp_path)["safetensors"])), strict=False)
+    got = fresh()
+    before = {k: v.data_ptr() for k, v in got.state_dict().items()}
+    keys = ckload.load_into(got, path)
+    assert keys == ckload.IncompatibleKeys([], [])
+    assert_same_state(got, want)
+    assert_same_state(got, src)
+    # into the module's own memory: no tensor moved, the tie holds
+    assert {k: v.data_ptr() for k, v in got.state_dict().items()} == before
+    assert got.head.weight.data_ptr() == got.wte.weight.data_ptr()
+    assert torch.equal(got.scratch, torch.zeros(3))
+
+
+def test_dict_target_and_untied_module_from_tied_checkpoint(tmp_path):
+    """A .pt stores the tie once; an untied module gets the bytes in both of its tensors (the
+    second a copy made by the loader), and a dict of tensors is filled as a module is."""
+    src = trained(tied=True)
+    pt = sources(src, tmp_path)["pt"]
+    got = fresh(tied=False)
+    assert ckload.load_into(got, pt) == ([], [])
+    assert torch.equal(got.head.weight, src.wte.weight)
+    assert torch.equal(got.wte.weight, src.wte.weight)
+    assert got.head.weight.data_ptr() != got.wte.weight.data_ptr()
+    target = {k: torch.empty_like(v) for k, v in src.state_dict().items()}
+    ckload.load_into(target, pt)
+    for k, v in src.state_dict().items():
+        assert as_bytes(target[k]) == as_bytes(v), k
+
+
+def test_strict_and_not_as_load_state_dict(tmp_path):
+    """Missing and unexpected names: strict refuses before reading a byte, naming them; strict=False
+    reports the names torch's load_state_dict(strict=False) reports for the same state dict."""
+    src = trained()
+    path = tmp_path / "m.safetensors"
+    sd = {k: v.contiguous() for k, v in src.state_dict().items()
+          if k not in ("head.weight", "fc.bias")}
+    sd["extra.weight"] = torch.ones(3)
+    save_file(sd, str(path))
+    got = fresh(tied=False)
+    untouched = {k: as_bytes(v) for k, v in got.state_dict().items()}
+    with pytest.raises(RuntimeError) as e:
+        ckload.load_into(got, path)
+    msg = str(e.value)
+    assert "missing key(s): fc.bias, head.weight" in msg and "unexpected key(s): extra.weight" in msg
+    assert {k: as_bytes(v) for k, v in got.state_dict().items()} == untouched
+    ref = fresh(tied=False)
+    expected = ref.load_state_dict(load_file(str(path)), strict=False)
+    keys = ckload.load_into(got, path, strict=False)
+    assert sorted(keys.missing_keys) == sorted(expected.missing_keys)
+    assert sorted(keys.unexpected_keys) == sorted(expected.unexpected_keys)
+    assert_same_state(got, ref)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_target_that_does_not_fit_is_refused_untouched(tmp_path, strict):
+    """A dtype or shape that differs, or a target that is not contiguous, is an error either
+    way (as load_state_dict's size mismatch), and no byte is read into any target."""
+    src = trained()
+    path = safetensors_of(src, tmp_path / "m.safetensors")
+    for change, says in ((lambda m: m.fc.to(torch.float64), "float64"),
+                         (lambda m: setattr(m, "proj", torch.nn.Linear(48, 25, bias=False)),
+                          "[25, 48]"),
+                         (lambda m: setattr(m.proj, "weight",
+                                            torch.nn.Parameter(torch.empty(48, 24).t())),
+                          "not contiguous")):
+        got = fresh()
+        change(got)
+        untouched = {k: as_bytes(v) for k, v in got.state_dict().items()}
+        with pytest.raises(RuntimeError, match="cannot load into the target") as e:
+            ckload.load_into(got, path, strict=strict)
+        assert says in str(e.value)
+        assert {k: as_bytes(v) for k, v in got.state_dict().items()} == untouched
+
+
+def test_meta_then_to_empty(tmp_path):
+    src = trained()
+    path = sources(src, tmp_path)["pt"]
+    got = Tiny().to("meta")
+    with pytest.raises(ValueError, match="meta device: materialize"):
+        ckload.load_into(got, path)
+    got.to_empty(device="cpu")
+    ckload.load_into(got, path, strict=False)  # the non-persistent buffer is not in it
+    for k, v in src.state_dict().items():
+        assert as_bytes(got.state_dict()[k]) == as_bytes(v), k
+
+
+def test_only_on_ready_and_bf16(tmp_path):
+    """only selects part of the checkpoint: the target's names it leaves out are not missing;
+    on_ready names each tensor that landed."""
+    src = trained(dtype=torch.bfloat16)
+    path = sources(src, tmp_path)["pack"]
+    got = fresh(dtype=torch.bfloat16)
+    untouched = as_bytes(got.proj.weight)
+    seen = []
+    keys = ckload.load_into(got, path, only="fc", on_ready=seen.append)
+    assert keys == ([], [])
+    assert sorted(seen) == ["fc.bias", "fc.weight"]
+    assert as_bytes(got.fc.weight) == as_bytes(src.fc.weight)
+    assert as_bytes(got.proj.weight) == untouched
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_slices_land_in_the_local_shard(tmp_path, rank):
+    src = trained()
+    path = sources(src, tmp_path)["safetensors"]
+    rules = [("fc.weight", 0), ("proj.weight", 1), ("fc.bias", 0)]
+    sd = src.state_dict()
+    target = {k: torch.empty_like(v) for k, v in sd.items() if k != "head.weight"}
+    for name, dim in rules:
+        target[name] = torch.empty_like(torch.chunk(sd[name], 3, dim)[rank]).contiguous()
+    ckload.load_into(target, path, slices=rules, rank=rank, world_size=3)
+    for name, dim in rules:
+        assert torch.equal(target[name], torch.chunk(sd[name], 3, dim)[rank]), name
+    assert torch.equal(target["wte.weight"], sd["wte.weight"])
+
+
+def test_host_memory_is_the_model_once(tmp_path):
+    """The peak RSS a load adds to a fresh process whose 256 MiB module is allocated but
+    untouched (as to_empty leaves it), against torch filling it itself: load_into adds no block
+    of its own (at most 5 % of the model more); load() + load_state_dict adds a second model
+    (the test sees a copy)."""
+    path = tmp_path / "big.safetensors"
+    save_file({f"l{i}.weight": torch.full((1024, 1024 * 4), float(i)) for i in range(16)},
+              str(path))
+    code = textwrap.dedent("""
+        import sys, torch, ckload
+        def status_kib(key):  # VmHWM: this process's own peak (ru_maxrss keeps its parent's)
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) for l in f if l.startswith(key + ":"))
+        m = torch.nn.Module()
+        for i in range(16):
+            setattr(m, f"l{i}", torch.nn.Module())
+            getattr(m, f"l{i}").weight = torch.nn.Parameter(torch.empty(1024, 4096),
+                                                           requires_grad=False)
+        ckload.library()  # the library's own pages are not the load's
+        before = status_kib("VmRSS")
+        if sys.argv[2] == "fill":  # the model's own bytes, written by torch
+            for i, p in enumerate(m.parameters()):
+                p.fill_(float(i))
+        elif sys.argv[2] == "into":
+            ckload.load_into(m, sys.argv[1])
+        else:
+            m.load_state_dict(ckload.load(sys.argv[1], device="cpu"))
+        assert float(m.l5.weight[3, 7]) == 5.0
+        print(status_kib("VmHWM") - before)
+    """)
+    added = {}
+    for how in ("fill", "into", "state_dict"):
+        p = subprocess.run([sys.executable, "-c", code, str(path), how], capture_output=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr.decode()
+        added[how] = int(p.stdout.split()[-1])
+    model_kib = 256 * 1024
+    assert added["into"] - added["fill"] <= 0.05 * model_kib, added
+    assert added["state_dict"] - added["fill"] >= 0.75 * model_kib, added
+
+
+def test_a_finished_load_closes_its_sources(tmp_path, mount):
+    """Once a load is done it holds no descriptor of its source: a mount it read can be unmounted
+    while its tensors live, and they keep their bytes."""
+    src = trained()
+    pt = sources(src, tmp_path)["pt"]
+    for bypass in ("1", "0"):
+        os.environ["CKLOAD_BYPASS"] = bypass
+        try:
+            with mount(pt) as mnt:
+                sd = ckload.load(mnt, device="cpu")
+                fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                       if os.path.exists(f"/proc/self/fd/{fd}")]
+                assert not [f for f in fds if f.startswith((str(mnt), str(pt)))], fds
+                p = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
+                assert p.returncode == 0, p.stderr.decode()
+                assert not is_mounted(mnt)
+        finally:
+            del os.environ["CKLOAD_BYPASS"]
+        assert torch.equal(sd["fc.weight"], src.fc.weight.detach())
+
+
+def test_dlpack_versioned_where_asked(tmp_path):
+    """torch gets DLPack 1.0 capsules where it takes them (torch 2.x), 0.6 ones where it does not;
+    numpy gets a read-only array from a read-only export when it asks for 1.0, and a consumer
+    that asks only for 0.6 cannot take a read-only export."""
+    src = trained()
+    path = sources(src, tmp_path)["safetensors"]
+    names = []
+    real = ckload._capsule
+    ckload._capsule = lambda m, versioned: names.append(versioned) or real(m, versioned)
+    try:
+        sd = ckload.load(path, device="cpu")
+    finally:
+        ckload._capsule = real
+    assert set(names) == {hasattr(torch._C, "_to_dlpack_versioned")}
+    with ckload.Load(path, device="cpu") as ld:
+        i = ld.find("fc.weight")
+        a = np.from_dlpack(ld.export(i))
+        assert np.array_equal(a, sd["fc.weight"].numpy())
+        ro = ld.export(i, read_only=True)
+        with pytest.raises(BufferError, match="needs DLPack 1.0"):
+            ro.__dlpack__()
+        if tuple(int(x) for x in np.__version__.split(".")[:2]) >= (2, 1):  # asks for 1.0
+            assert a.flags.writeable
+            b = np.from_dlpack(ro)
+            assert not b.flags.writeable and np.array_equal(b, a)
+        ro.__dlpack__(max_version=(1, 0))  # not consumed: its capsule gives the reference back
