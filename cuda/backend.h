@@ -47,9 +47,9 @@ typedef struct backend {
     void *(*alloc)(int ordinal, size_t n, char *why, size_t len);
     void (*free)(void *block, size_t n);
     reader *(*open)(const reader_setup *s, char *why, size_t len);
-    /* Where to read the chunk whose place in the block is dst: dst itself, or a staging buffer
-     * (once the copy out of it has finished). */
-    unsigned char *(*stage)(reader *r, unsigned char *dst, char *why, size_t len);
+    /* Where to read the chunk of n bytes whose place in the block is dst: dst itself, or a
+     * staging buffer (once the copy out of it has finished). */
+    unsigned char *(*stage)(reader *r, unsigned char *dst, size_t n, char *why, size_t len);
     /* The n bytes at p, inside the buffer stage() gave, go to dst. */
     int (*put)(reader *r, unsigned char *dst, const unsigned char *p, size_t n, char *why,
                size_t len);

@@ -6,20 +6,53 @@
  * pages. */
 #include "backend.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-/* 2 MiB pages unless CKLOAD_HUGEPAGES=0. Measured on the 2-core VM of BENCHMARKS.md: a first
- * touch of fresh anonymous memory costs the same with either page size when the hypervisor has
- * taken the memory back (0.5-0.7 GB/s a thread), and huge pages are 5-10x faster when it has
- * not (memory freed a moment before); so huge pages by default, and a switch to compare. */
+/* The first bytes (at most n - 1) of file path, NUL-terminated, into buf; "" if unreadable. */
+static void read_small(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "re");
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[got] = 0;
+    if (f)
+        fclose(f);
+}
+
+/* Whether this machine gives the memory it frees back to a hypervisor: a virtio balloon
+ * (device 0x0005) with free page reporting (feature bit 5, VIRTIO_BALLOON_F_REPORTING). */
+static int freed_memory_reported(void)
+{
+    DIR *d = opendir("/sys/bus/virtio/devices");
+    int reported = 0;
+    for (struct dirent *e; d && !reported && (e = readdir(d)) != NULL;) {
+        char path[512], device[16], features[16];
+        snprintf(path, sizeof path, "/sys/bus/virtio/devices/%s/device", e->d_name);
+        read_small(path, device, sizeof device);
+        snprintf(path, sizeof path, "/sys/bus/virtio/devices/%s/features", e->d_name);
+        read_small(path, features, sizeof features);
+        reported = strncmp(device, "0x0005", 6) == 0 && strlen(features) > 5 && features[5] == '1';
+    }
+    if (d)
+        closedir(d);
+    return reported;
+}
+
+/* 2 MiB pages, unless the machine reports the memory it frees to its hypervisor; CKLOAD_HUGEPAGES
+ * =0 or 1 decides instead. Such a machine hands a fresh 2 MiB page out of a block it has
+ * reported (free page reporting reports 2 MiB blocks and larger), which the host must back
+ * again on the first touch; 4 KiB pages come mostly from memory it kept. Measured on the VM of
+ * BENCHMARKS.md (issue 28), fresh processes loading 2 GiB, hot: 4 KiB pages 2.9 GB/s median
+ * (2.6-3.7), 2 MiB pages 1.5 (0.9-7.6); cold 2.0 against 1.6. Elsewhere 2 MiB pages make a
+ * load's faults 512 times fewer. */
 static int huge_pages(void)
 {
     const char *v = getenv("CKLOAD_HUGEPAGES");
-    return !v || strcmp(v, "0") != 0;
+    return v ? strcmp(v, "0") != 0 : !freed_memory_reported();
 }
 
 enum { HUGE_PAGE = 2 << 20 };
@@ -92,9 +125,22 @@ static reader *cpu_open(const reader_setup *s, char *why, size_t len)
     return r;
 }
 
-static unsigned char *cpu_stage(reader *r, unsigned char *dst, char *why, size_t len)
+/* Faults the pages of [dst, dst + n) in before a read lands there. A read into fresh memory
+ * faults each page inside the kernel's copy, one exception per page; MADV_POPULATE_WRITE faults
+ * them in a loop in the kernel, each reader thread its own chunk: measured on the VM of
+ * BENCHMARKS.md (issue 28), a hot 2 GiB load in a fresh process ran 1.45x faster with it. Pages
+ * already there cost a page-table walk. Where the kernel lacks it (before 5.14) it fails, and the
+ * read faults the pages as before. */
+static void populate(unsigned char *dst, size_t n)
+{
+    uintptr_t start = (uintptr_t)dst & ~(uintptr_t)(DIRECT_ALIGN - 1);
+    madvise((void *)start, (uintptr_t)dst + n - start, MADV_POPULATE_WRITE);
+}
+
+static unsigned char *cpu_stage(reader *r, unsigned char *dst, size_t n, char *why, size_t len)
 {
     (void)why, (void)len;
+    populate(dst, n);
     return r->bounce ? r->bounce : dst;
 }
 

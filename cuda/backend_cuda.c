@@ -162,9 +162,9 @@ static reader *cuda_open(const reader_setup *s, char *why, size_t len)
     return r;
 }
 
-static unsigned char *cuda_stage(reader *r, unsigned char *dst, char *why, size_t len)
+static unsigned char *cuda_stage(reader *r, unsigned char *dst, size_t n, char *why, size_t len)
 {
-    (void)dst;
+    (void)dst, (void)n;
     stage *s = r->current = &r->stages[r->turn++ % r->nstages];
     cudaError_t e = s->used ? cudart.EventSynchronize(s->event) : cudaSuccess;
     if (e != cudaSuccess) {

@@ -331,7 +331,7 @@ static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
                 return;
             continue;
         }
-        unsigned char *buf = l->be->stage(r, dst, why, sizeof why);
+        unsigned char *buf = l->be->stage(r, dst, n, why, sizeof why);
         const unsigned char *p = buf ? read_chunk(l, bl, at, n, buf, st) : NULL;
         if (buf && !p)
             return; /* read_chunk said why */
