@@ -66,6 +66,13 @@ extern const backend cpu_backend;
 /* NULL in a libckload built without the CUDA toolkit. */
 extern const backend *const cuda_backend;
 
+/* Faults the pages of host memory [p, p + n) in (whole pages: the first and last may hold other
+ * bytes, which it keeps). A read into fresh memory faults each page inside the kernel's copy,
+ * one exception per page; MADV_POPULATE_WRITE faults them in a loop in the kernel. Pages
+ * already there cost a page-table walk. 0, or -1 where the kernel lacks it (before 5.14): the
+ * reads then fault the pages as before. backend_cpu.c. */
+int populate(unsigned char *p, size_t n);
+
 /* What the core gives its backends (ckload.c). Blob b of load l is in place. */
 void blob_landed(ckl_load *l, size_t b);
 /* A kept staging buffer of at least size bytes, or NULL: the caller makes a new one. */

@@ -455,13 +455,11 @@ static void *fault_ahead(void *arg)
         const ck_plan_blob *bl = &l->plan->blobs[b];
         if (!reads(l, b) || !ring_reads(l, bl))
             continue;
-        /* Whole pages: the first and last may hold other bytes, which populating keeps. */
-        uintptr_t start = (uintptr_t)blob_at(l, bl) & ~(uintptr_t)(DIRECT_ALIGN - 1);
-        size_t n = (size_t)((uintptr_t)blob_at(l, bl) + bl->len - start);
-        for (size_t at = 0; at < n; at += FAULT_STEP)
-            if (failed(l) || madvise((void *)(start + at), n - at < FAULT_STEP ? n - at : FAULT_STEP,
-                                     MADV_POPULATE_WRITE) != 0)
+        for (uint64_t at = 0; at < bl->len; at += FAULT_STEP) {
+            uint64_t n = bl->len - at < FAULT_STEP ? bl->len - at : FAULT_STEP;
+            if (failed(l) || populate(blob_at(l, bl) + at, (size_t)n) != 0)
                 return NULL;
+        }
     }
     return NULL;
 }
@@ -651,9 +649,8 @@ static int make_plan(ckl_load *l, const unsigned char *keep, const ck_slicing *c
 }
 
 /* With ckl_options.dest: where each planned tensor goes. The tensors it skips are left out (the
- * plan is made again without them); the others' addresses go to tensor_at, and a blob with a
- * placed tensor goes to the first one's address (blob_at), taking no room in the block. 0, or
- * -1 with e set. */
+ * plan is made again without them); the others' addresses go to tensor_at. 0, or -1 with e
+ * set. */
 static int ask_dests(ckl_load *l, const ck_slicing *cut, ck_error *e)
 {
     const ck_index *ix = l->ix;
@@ -680,23 +677,30 @@ static int ask_dests(ckl_load *l, const ck_slicing *cut, ck_error *e)
         rc = ck_fail(e, l->path, "the load was refused by its caller");
     if (rc == 0 && skipped)
         rc = make_plan(l, keep, cut, e);
-    const ck_plan *p = l->plan;
-    if (rc == 0 && (!(l->tensor_at = calloc(p->ntensors ? p->ntensors : 1, sizeof(void *))) ||
-                    !(l->blob_at = calloc(p->nblobs ? p->nblobs : 1, sizeof(void *)))))
+    size_t nt = rc == 0 ? l->plan->ntensors : 0;
+    if (rc == 0 && !(l->tensor_at = calloc(nt ? nt : 1, sizeof *l->tensor_at)))
         rc = ck_fail(e, l->path, "out of memory");
-    for (size_t i = 0; rc == 0 && i < p->ntensors; i++) {
-        const ck_plan_tensor *pt = &p->tensors[i];
-        l->tensor_at[i] = at[pt->whole - ix->entries];
-        if (pt->blob != CK_PLAN_NONE && l->tensor_at[i] && !l->blob_at[pt->blob]) {
-            l->blob_at[pt->blob] = l->tensor_at[i]; /* tensors come in order: the first's */
-            p->blobs[pt->blob].elsewhere = 1;
-        }
-    }
-    if (rc == 0)
-        ck_plan_keep_phase(l->plan, NULL); /* placed again: those blobs take no room */
+    for (size_t i = 0; rc == 0 && i < nt; i++)
+        l->tensor_at[i] = at[l->plan->tensors[i].whole - ix->entries];
     free(at);
     free(keep);
     return rc;
+}
+
+/* Each blob with a tensor the caller placed (tensor_at) goes to the first such tensor's address
+ * (tensors come in pack order), taking no room in the block. */
+static void place_elsewhere(ckl_load *l)
+{
+    const ck_plan *p = l->plan;
+    for (size_t i = 0; l->tensor_at && i < p->ntensors; i++) {
+        uint32_t b = p->tensors[i].blob;
+        if (b != CK_PLAN_NONE && l->tensor_at[i] && !l->blob_at[b]) {
+            l->blob_at[b] = l->tensor_at[i];
+            p->blobs[b].elsewhere = 1;
+        }
+    }
+    if (l->tensor_at)
+        ck_plan_keep_phase(l->plan, NULL); /* placed again: those blobs take no room */
 }
 
 /* The plan (plan.h: a pack's layout as its reader checked it, or any other source's as its
@@ -728,8 +732,7 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     const ck_plan *p = l->plan;
     l->tensors = calloc(p->ntensors ? p->ntensors : 1, sizeof *l->tensors);
     l->landed = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->landed);
-    if (!l->blob_at)
-        l->blob_at = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->blob_at);
+    l->blob_at = calloc(p->nblobs ? p->nblobs : 1, sizeof *l->blob_at);
     int sums = l->opt.verify && p->stored_sums;
     l->check_files = (l->opt.verify && !p->stored_sums) ||
                      (l->src.read_path && strcmp(l->src.read_path, "bypass") == 0);
@@ -740,6 +743,7 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     }
     for (size_t i = 0; i < p->ntensors; i++)
         l->tensors[i] = tensor_of(p->tensors[i].entry);
+    place_elsewhere(l);
     if (sums && ck_plan_sums(l->ix, p, l->stored_sums, &e) != 0) {
         snprintf(err, errlen, "%s", e.msg);
         return -1;

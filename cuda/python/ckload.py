@@ -649,8 +649,8 @@ class IncompatibleKeys(NamedTuple):
 # The torch dtype of each pack dtype torch may have (by name: older torches lack some).
 _TORCH_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                 "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-                "U16": "uint16", "U32": "uint32", "U64": "uint64", "C64": "complex64",
-                "C128": "complex128", **{k: v for k, v in _RAW.items() if v}}
+                "C64": "complex64", "C128": "complex128",
+                **{k: v for k, (v, _) in _UNSIGNED.items()}, **{k: v for k, v in _RAW.items() if v}}
 
 
 def _targets_of(target):
@@ -694,7 +694,7 @@ class _Placement:
         self.loaded, self.unexpected, self.wrong = set(), [], []
         self.refused = False
 
-    def _fits(self, name, t, dtype, shape, nbytes):
+    def _fits(self, t, dtype, shape, nbytes):
         """Why target t cannot take the checkpoint's tensor, or None."""
         want = _torch_dtype(_TORCH_NAMES.get(dtype))
         if want is None:  # a type this torch lacks: the target holds its bytes
@@ -718,7 +718,7 @@ class _Placement:
                 self.unexpected.append(name)
                 return DEST_SKIP
             shape = tuple(c.shape[k] for k in range(c.rank))
-            why = self._fits(name, t, c.dtype.decode(), shape, c.nbytes)
+            why = self._fits(t, c.dtype.decode(), shape, c.nbytes)
             if why:
                 self.wrong.append(f"{name}: {why}")
                 return DEST_SKIP
@@ -737,8 +737,8 @@ class _Placement:
         lib = library()
         only = None if self.only is None else os.fsencode(self.only)
         return [k for k, t in self.targets.items()
-                if (t.data_ptr(), t.numel() * t.element_size()) not in self.filled and k not in self.loaded and
-                lib.ckl_selected(only, os.fsencode(k))]
+                if k not in self.loaded and lib.ckl_selected(only, os.fsencode(k)) and
+                (t.data_ptr(), t.numel() * t.element_size()) not in self.filled]
 
     def problems(self):
         """The lines of load_state_dict's error message that apply, or []."""
@@ -804,13 +804,11 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
     place = _Placement(targets, strict, only)
-    ready, early = None, _EarlyReady(on_ready)
-    if on_ready is not None:
-        ready = early
+    early = _EarlyReady(on_ready)
     try:
         ld = Load(path, device=device, only=only, verify=verify, threads=threads,
                   buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size,
-                  buffers=buffers, on_ready=ready, _dest=place)
+                  buffers=buffers, on_ready=early if on_ready else None, _dest=place)
     except RuntimeError:
         if place.refused or place.wrong:
             raise RuntimeError(f"ckload: {os.fsdecode(path)}: cannot load into the target: " +

@@ -132,7 +132,8 @@ def test_strict_and_not_as_load_state_dict(tmp_path):
     with pytest.raises(RuntimeError) as e:
         ckload.load_into(got, path)
     msg = str(e.value)
-    assert "missing key(s): fc.bias, head.weight" in msg and "unexpected key(s): extra.weight" in msg
+    assert "missing key(s): fc.bias, head.weight" in msg
+    assert "unexpected key(s): extra.weight" in msg
     assert {k: as_bytes(v) for k, v in got.state_dict().items()} == untouched
     ref = fresh(tied=False)
     expected = ref.load_state_dict(load_file(str(path)), strict=False)
