@@ -57,7 +57,7 @@ CORE_SRC := $(wildcard pack/*.c)
 # and the tools'.
 MOUNTINFO_SRC := fs/mountinfo.c fs/tree.c
 VIEW_SRC := fs/view.c fs/core.c
-FS_SRC   := fs/ll.c fs/main.c
+FS_SRC   := fs/ll.c fs/main.c fs/watch.c
 TOOL_SRC := $(wildcard tools/*.c)
 # The loader's planning (which blobs, where in the block, tensor-parallel parts): the loader's,
 # and the unit tests' and the plan fuzzer's.

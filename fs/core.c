@@ -187,7 +187,10 @@ static int vfile_ready(ck_fs *fs, uint32_t k)
         } else {
             fs->vfile[k].made = 1;
             /* What the making freed (a JSON tree of every tensor: several times the file it
-             * made) goes back to the kernel, not kept for the life of the mount */
+             * made), and what the parse before it freed, goes back to the kernel, not kept for
+             * the life of the mount. Trimmed here, after the mount is made (ckptfs's main
+             * starts index.json first), not on the way to it: the making reuses the parse's
+             * freed pages, and the trim is off the path `ckptfs SRC MNT` waits on. */
             malloc_trim(0);
         }
     }

@@ -24,6 +24,7 @@
 #include "../pack/open.h"
 #include "../pack/size.h"
 #include "ll.h"
+#include "watch.h"
 
 #ifndef CKPTFS_VERSION
 #error "CKPTFS_VERSION comes from the Makefile (the VERSION file)"
@@ -161,14 +162,28 @@ static int have_fusermount(void)
     return 0;
 }
 
-/* Whether the mount is made with libfuse's auto_unmount: a daemon that dies (kill -9, a crash)
- * takes its mount with it instead of leaving "Transport endpoint is not connected" behind. The
- * default, unless asked otherwise (noauto_unmount: mount.fuse.ckptfs's, fstab's mounts being
- * the administrator's), the mountpoint is another's (/dev/fd/N), or fusermount3, which does
- * the watching, is not there (a container without it): then only when asked. */
+/* Whether the mount is made with auto_unmount: a daemon that dies (kill -9, a crash) takes its
+ * mount with it instead of leaving "Transport endpoint is not connected" behind. The default,
+ * unless asked otherwise (noauto_unmount: mount.fuse.ckptfs's, fstab's mounts being the
+ * administrator's), the mountpoint is another's (/dev/fd/N), or nobody can do the watching:
+ * root's own watcher (watch_unmount), else fusermount3 (libfuse's), when it is not there (a
+ * container without it). Then only when asked. */
 static int wants_auto_unmount(const struct ck_opts *o, int by_fd)
 {
-    return o->auto_unmount || (!o->no_auto_unmount && !by_fd && have_fusermount());
+    return o->auto_unmount ||
+           (!o->no_auto_unmount && !by_fd && (geteuid() == 0 || have_fusermount()));
+}
+
+/* Root watches its own mount (watch.h): libfuse's auto_unmount would mount through fusermount3,
+ * whose start is a sixth of a small checkpoint's mount (~1.3 ms here), where root's mount(2)
+ * takes ~0.1 ms. Others keep libfuse's watcher, which their mount needs anyway. The socket to
+ * the watcher, or -1 for libfuse's (or none). */
+static int watch_unmount(int auto_unmount, int by_fd, const char *mountpoint, char *args,
+                         size_t args_len)
+{
+    return auto_unmount && !by_fd && geteuid() == 0
+               ? ck_watch_start(mountpoint, args, args_len)
+               : -1;
 }
 
 /* Mount options every ckptfs mount carries; fsname shows SOURCE in `mount` and `df`, as
@@ -465,6 +480,10 @@ static void prefault_heap(const char *source)
 
 int main(int argc, char **argv)
 {
+    /* the argument block, as the kernel shows it (hide_args below rewrites it in place) */
+    char *arg_block = argc > 0 ? argv[0] : NULL;
+    size_t arg_block_len =
+        argc > 0 ? (size_t)(argv[argc - 1] - argv[0]) + strlen(argv[argc - 1]) + 1 : 0;
     keep_freed_memory();
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     struct ck_opts o = {.timeout = 86400, .readahead_kb = 4096};
@@ -472,7 +491,7 @@ int main(int argc, char **argv)
     ck_mount m = {0};
     struct fuse_session *se = NULL;
     http_remote *remote = NULL; /* every remote file's caches */
-    int status = 1, mounted = 0, ready = -1;
+    int status = 1, mounted = 0, ready = -1, watch = -1;
 
     /* Before anything else: the daemon lives long, and `ps` would show SOURCE's secrets. */
     if (ck_location_hide_args(argc, argv) != 0) {
@@ -509,6 +528,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
         goto out;
     }
+    int auto_unmount = wants_auto_unmount(&o, by_fd);
+    watch = watch_unmount(auto_unmount, by_fd, co.mountpoint, arg_block, arg_block_len);
     uint64_t cache_mem, cache_max;
     if (option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
         option_size("cache_max", o.cache_max, &cache_max) != 0)
@@ -524,10 +545,9 @@ int main(int argc, char **argv)
         prefault_heap(o.source);
     if (build_view(&m, remote, o.source, &o) != 0)
         goto out;
-    malloc_trim(0); /* the parse's JSON tree and buffers: not kept for the life of the mount */
     char abs[PATH_MAX];
     if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
-                                  ? abs : o.source, wants_auto_unmount(&o, by_fd)) != 0 ||
+                                  ? abs : o.source, auto_unmount && watch < 0) != 0 ||
         pthread_key_create(&m.read_buf, free) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
         goto out;
@@ -538,6 +558,8 @@ int main(int argc, char **argv)
     if (fuse_session_mount(se, co.mountpoint) != 0)
         goto out;
     mounted = 1;
+    if (watch >= 0)
+        ck_watch_arm(watch);
     if (serve_init(se) != 0)
         goto out;
     if (!by_fd) /* a mount made by someone else: its path is not ours to know */

@@ -37,8 +37,9 @@ def fuse(build):
 
 
 def _ckptfs_children():
-    """{pid: state} of our child processes named ckptfs (daemons, once their parent exited,
-    are reparented to us: see the subreaper below)."""
+    """{pid: state} of our child processes named ckptfs or ckptfs-watch (daemons and root's
+    auto_unmount watchers, once their parent exited, are reparented to us: see the subreaper
+    below)."""
     out = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -49,7 +50,7 @@ def _ckptfs_children():
             continue
         comm = stat_line[stat_line.index("(") + 1:stat_line.rindex(")")]
         state, ppid = stat_line[stat_line.rindex(")") + 2:].split()[:2]
-        if comm == "ckptfs" and int(ppid) == os.getpid():
+        if comm in ("ckptfs", "ckptfs-watch") and int(ppid) == os.getpid():
             out[int(d.name)] = state
     return out
 

@@ -1,7 +1,7 @@
 """SIGTERM / SIGINT / SIGHUP end a mount cleanly: unmounted, exit status 0; the daemon goes
 away when unmounted with fusermount3; a daemon killed outright (SIGKILL) takes its mount with it
-(libfuse's auto_unmount, the default), or with -o noauto_unmount leaves it for fusermount3 -u,
-as docs/SEMANTICS.md says."""
+(auto_unmount, the default: root's own ckptfs-watch process, else libfuse's fusermount3), or with
+-o noauto_unmount leaves it for fusermount3 -u, as docs/SEMANTICS.md says."""
 import errno
 import os
 import signal
@@ -166,6 +166,103 @@ def test_a_killed_daemon_takes_its_mount_with_it(source, mountpoint):
         assert wait_gone(mountpoint), "still mounted after the daemon was killed"
         assert os.listdir(mountpoint) == []
     finally:
+        unmount(mountpoint)
+
+
+def watcher_pids():
+    """Live ckptfs-watch processes (comm and command line both say so)."""
+    out = set()
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().rstrip(b"\0").split(b"\0")
+        except (OSError, ValueError):
+            continue
+        comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if comm == "ckptfs-watch" and state != "Z":
+            assert argv == [b"ckptfs-watch"], argv
+            out.add(int(d))
+    return out
+
+
+def fusermount_of(mnt):
+    """fusermount3 processes that name mnt: libfuse's auto_unmount watchers."""
+    pids = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"fusermount3") and str(mnt).encode() in argv:
+            pids.append(int(d))
+    return pids
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="root's own watcher: run as root")
+
+
+@root_only
+def test_root_watches_its_mount_itself(source, mountpoint):
+    """As root the mount is made with mount(2), not through fusermount3 (a sixth of a small
+    mount's time), and auto_unmount's watcher is a ckptfs-watch process: told from the daemon
+    by pgrep and pkill, holding no file (no source, no mountpoint: /dev/null and its socket), in
+    "/" and its own session; it ends with the mount."""
+    before = watcher_pids()
+    p = run([ckptfs_bin(), source, mountpoint])
+    try:
+        assert p.returncode == 0, p.stderr
+        (w,) = watcher_pids() - before
+        assert not fusermount_of(mountpoint)
+        assert os.readlink(f"/proc/{w}/cwd") == "/"
+        assert os.getsid(w) == w
+        fds = {os.readlink(f"/proc/{w}/fd/{fd}") for fd in os.listdir(f"/proc/{w}/fd")}
+        assert len(fds) == 2 and "/dev/null" in fds, fds  # and its socket to the daemon
+        assert all(f == "/dev/null" or f.startswith("socket:") for f in fds), fds
+        assert len(ckptfs_pids(mountpoint)) == 1  # the daemon alone
+        r = run(["fusermount3", "-u", mountpoint])
+        assert r.returncode == 0, r.stderr
+        assert wait_gone(mountpoint)
+        deadline = time.monotonic() + 15
+        while w in watcher_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w not in watcher_pids(), "the watcher outlived its mount"
+    finally:
+        unmount(mountpoint)
+
+
+def wait_not_watching(pid, timeout=15):
+    deadline = time.monotonic() + timeout
+    while pid in watcher_pids():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@root_only
+def test_a_watcher_leaves_a_mount_made_over_its_own(source, mountpoint):
+    """The watcher detaches only the mount it watched: when something else is mounted over it
+    (here a tmpfs), a killed daemon's watcher leaves the top mount alone, and the dead mount
+    under it for fusermount3 -u, as with noauto_unmount."""
+    before = watcher_pids()
+    p = run([ckptfs_bin(), source, mountpoint])
+    assert p.returncode == 0, p.stderr
+    over = False
+    try:
+        (w,) = watcher_pids() - before
+        (daemon,) = ckptfs_pids(mountpoint)
+        over = run(["mount", "-t", "tmpfs", "none", mountpoint]).returncode == 0
+        assert over
+        (mountpoint / "mine").write_bytes(b"x")
+        os.kill(daemon, signal.SIGKILL)
+        assert wait_not_watching(w), "the watcher outlived its daemon"
+        assert (mountpoint / "mine").read_bytes() == b"x"
+    finally:
+        if over:
+            run(["umount", mountpoint])
         unmount(mountpoint)
 
 
