@@ -57,6 +57,15 @@ int ck_slice_entry(const ck_index *ix, const ck_entry *e, int dim, const ck_slic
     int64_t start, len;
     ck_slice_part(e->shape[dim], s->rank, s->world, &start, &len);
     unsigned rank = e->rank;
+    if (e->layout == CK_CHUNKED) { /* a box of the chunks: only its start moves (index.h) */
+        *out = *e;
+        memcpy(dims, e->shape, 2 * rank * sizeof *dims);
+        dims[dim] = len;
+        dims[rank + dim] += start;
+        out->shape = dims;
+        return ck_tensor_nbytes(rank, dims, e->dtype, &out->nbytes) == 0 ? 0
+               : ck_fail(err, src, "tensor '%.*s': its slice's size overflows", nl, e->name);
+    }
     int contiguous = e->layout == CK_CONTIGUOUS;
     uint64_t inner = 1, esize = 0; /* elements after dim; one element's bytes */
     for (unsigned k = 0; k < rank; k++) {

@@ -133,7 +133,7 @@ ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, ui
     if (grow(&v, &ix->cap_entries, ix->nentries + 1, sizeof(ck_entry)) != 0)
         return ck_fail(err, ck_index_source(ix), "out of memory"), NULL;
     ix->entries = v;
-    size_t ndims = layout == CK_STRIDED ? 2 * (size_t)rank : rank;
+    size_t ndims = layout == CK_STRIDED || layout == CK_CHUNKED ? 2 * (size_t)rank : rank;
     int64_t *dims = ndims ? ck_index_alloc(ix, ndims * sizeof *dims) : NULL;
     char *nm = ck_index_strndup(ix, name, name_len);
     if ((ndims && !dims) || !nm)
@@ -457,6 +457,63 @@ static int read_swapped(const ck_index *ix, const ck_entry *e, unsigned char *bu
     return 0;
 }
 
+/* The chunk holding the element at coordinates g of the whole tensor (every element has one:
+ * the chunks tile it). Linear in the chunks: a tensor has about as many as ranks wrote it. */
+static const ck_chunk *chunk_at(const ck_chunks *cs, unsigned rank, const int64_t *g)
+{
+    for (uint32_t i = 0; i < cs->n; i++) {
+        const ck_chunk *c = &cs->chunk[i];
+        unsigned d = 0;
+        while (d < rank && g[d] >= c->offsets[d] && g[d] - c->offsets[d] < c->sizes[d])
+            d++;
+        if (d == rank)
+            return c;
+    }
+    return NULL;
+}
+
+/* Bytes [off, off+len) of a chunked entry: from each chunk, the longest run that lies in one
+ * piece of both it and the entry's box (a row, or rows where the chunk spans the box's width),
+ * read straight into buf. */
+static int read_chunked(const ck_index *ix, const ck_entry *e, unsigned char *buf, size_t len,
+                        uint64_t off)
+{
+    unsigned rank = e->rank;
+    const int64_t *dims = e->shape, *start = e->shape + rank;
+    uint64_t esize;
+    ck_dtype_nbytes(e->dtype, 1, &esize);
+    while (len) {
+        int64_t g[CK_MAX_RANK], idx[CK_MAX_RANK];
+        uint64_t elem = off / esize, rest = elem;
+        for (unsigned d = rank; d-- > 0;) {
+            idx[d] = (int64_t)(rest % (uint64_t)dims[d]);
+            rest /= (uint64_t)dims[d];
+            g[d] = start[d] + idx[d];
+        }
+        const ck_chunk *c = chunk_at(e->chunks, rank, g);
+        if (!c)
+            return -EIO;
+        /* run: elements from g on, in one piece of both the box and the chunk */
+        uint64_t run = 1, local = 0, cstride = 1;
+        int whole = 1; /* the dims after d are whole in both: the run may grow through d */
+        for (unsigned d = rank; d-- > 0;) {
+            int64_t box_end = start[d] + dims[d], ch_end = c->offsets[d] + c->sizes[d];
+            if (whole)
+                run *= (uint64_t)((box_end < ch_end ? box_end : ch_end) - g[d]);
+            whole &= idx[d] == 0 && c->offsets[d] == start[d] && c->sizes[d] == dims[d];
+            local += (uint64_t)(g[d] - c->offsets[d]) * cstride;
+            cstride *= (uint64_t)c->sizes[d];
+        }
+        uint64_t skip = off % esize, n = run * esize - skip;
+        size_t k = n < len ? (size_t)n : len;
+        int rc = ck_file_pread(ix, c->ext.file, buf, k, c->ext.offset + local * esize + skip);
+        if (rc)
+            return rc;
+        buf += k, off += k, len -= k;
+    }
+    return 0;
+}
+
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)
 {
     len = entry_span(e, len, off);
@@ -479,6 +536,9 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
         break;
     case CK_SWAPPED:
         rc = read_swapped(ix, e, buf, len, off);
+        break;
+    case CK_CHUNKED:
+        rc = read_chunked(ix, e, buf, len, off);
         break;
     default:
         return -EIO;

@@ -42,7 +42,12 @@ enum ck_layout {
     CK_SWAPPED,    /* ext holds every byte, in order, each scalar big-endian (a big-endian
                     * .npy): read, every scalar's bytes are reversed (a complex number's two
                     * halves each), so readers see the little-endian tensor */
+    CK_CHUNKED,    /* `chunks` tile a whole tensor (a DCP checkpoint's shards, each in a file
+                    * of its own); the entry is the box of it that starts at shape[rank..2*rank)
+                    * (zeros: the whole tensor; a slice's start otherwise), of dims shape[0..rank).
+                    * Whole-byte dtypes only. ext is unused. */
 };
+
 
 struct zip_inflated;
 
@@ -52,12 +57,27 @@ typedef struct ck_extent {
     uint32_t file;   /* index into ck_index.files */
 } ck_extent;
 
+/* One piece of a chunked tensor: the box it covers, and its elements, row-major over sizes. */
+typedef struct ck_chunk {
+    const int64_t *offsets, *sizes; /* rank each */
+    ck_extent ext;
+} ck_chunk;
+
+/* Chunks that tile a tensor of dims exactly once (their reader checked it). */
+typedef struct ck_chunks {
+    const int64_t *dims;
+    const ck_chunk *chunk;
+    uint32_t n;
+} ck_chunks;
+
 typedef struct ck_entry {
     const char *name;      /* UTF-8, name_len bytes, NUL-terminated, never contains NUL */
-    const int64_t *shape;  /* rank dims; CK_STRIDED: followed by rank strides (elements) */
+    const int64_t *shape;  /* rank dims; CK_STRIDED: followed by rank strides (elements);
+                            * CK_CHUNKED: followed by the box's start in the whole tensor */
     union {
         const char *text;                     /* CK_VALUE: nbytes bytes */
         const struct zip_inflated *deflated;  /* CK_DEFLATED: how to decode it (zip.h) */
+        const ck_chunks *chunks;              /* CK_CHUNKED: its pieces */
     };
     ck_extent ext;         /* CK_CONTIGUOUS: the bytes; CK_STRIDED: file and first element;
                             * CK_DEFLATED: the compressed bytes */
@@ -150,7 +170,7 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err);
  * "shard") and adds it. The file id, or -1 with err set. */
 int ck_index_add_source(ck_index *ix, const char *loc, const char *what, ck_error *err);
 /* Appends an entry with a copy of name and shape (rank dims, plus rank strides when the layout
- * is CK_STRIDED); the caller fills in where the bytes are. NULL with err set when rank exceeds
+ * is CK_STRIDED, or the start when CK_CHUNKED); the caller fills in where the bytes are. NULL with err set when rank exceeds
  * CK_MAX_RANK, name_len UINT32_MAX, or memory runs out. */
 ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, uint8_t layout,
                              unsigned rank, const int64_t *shape, ck_error *err);

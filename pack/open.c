@@ -1,6 +1,7 @@
 /* open.c — ck_open (open.h): what kind of checkpoint a location holds, decided by content
  * alone; the one file that knows every format. */
 #include "open.h"
+#include "dcp.h"
 #include "gguf.h"
 #include "http.h"
 #include "hub.h"
@@ -157,6 +158,16 @@ static int open_hub(http_remote *remote, const char *loc, ck_index **out, ck_err
     return rc;
 }
 
+static int open_dcp_dir(http_remote *remote, const char *dir, ck_index **out, ck_error *err)
+{
+    char *meta = NULL;
+    if (asprintf(&meta, "%s/" DCP_METADATA, dir) < 0)
+        return ck_fail(err, dir, "out of memory");
+    int rc = dcp_open(remote, meta, out, err);
+    free(meta);
+    return rc;
+}
+
 /* What ck_open opens, before the hints. */
 static int open_any(http_remote *remote, const char *source, ck_index **out, ck_error *err)
 {
@@ -164,11 +175,16 @@ static int open_any(http_remote *remote, const char *source, ck_index **out, ck_
     if (hub_is_url(source))
         return open_hub(remote, source, out, err);
     struct stat st;
-    if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode))
-        /* The one place a directory's kind is decided: GGUF splits, else safetensors shards. */
+    if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode)) {
+        /* The one place a directory's kind is decided: a DCP checkpoint (its .metadata), GGUF
+         * splits, else safetensors shards. */
+        if (dcp_dir_probe(source))
+            return open_dcp_dir(remote, source, out, err);
         return gguf_dir_probe(source) ? gguf_open_dir(source, out, err)
                                       : st_open_dir(source, out, err);
-    return open_file(remote, source, out, err);
+    }
+    return dcp_is_metadata(source) ? dcp_open(remote, source, out, err)
+                                   : open_file(remote, source, out, err);
 }
 
 http_remote *ck_remote_new(const http_config *c)

@@ -47,6 +47,15 @@ const pk_limits pk_default_limits = {
     .max_depth = 1000,
 };
 
+const pk_limits pk_dcp_limits = {
+    .max_stack = 1000000,
+    .max_marks = 10000,
+    .max_memo = 10000000,
+    .max_objects = 50000000,
+    .max_depth = 1000,
+    .dcp = 1,
+};
+
 #define COPY_PER_INPUT_BYTE 8
 #define COPY_SLACK (1u << 20)
 #define MAX_QUOTE 100 /* characters of a refused global's module or name quoted in a message */
@@ -108,10 +117,11 @@ static pk_obj recycled_memo;
 
 static int is_container(const pk_obj *o)
 {
-    return (unsigned)o->type - PK_TUPLE <= PK_DICT - PK_TUPLE; /* three in a row */
+    return (unsigned)o->type - PK_TUPLE <= PK_OBJECT - PK_TUPLE; /* four in a row */
 }
 
-_Static_assert(PK_LIST == PK_TUPLE + 1 && PK_DICT == PK_TUPLE + 2, "containers in a row");
+_Static_assert(PK_LIST == PK_TUPLE + 1 && PK_DICT == PK_TUPLE + 2 && PK_OBJECT == PK_TUPLE + 3,
+               "containers in a row");
 
 static pk_box *box(pk_obj *o)
 {
@@ -139,6 +149,7 @@ const char *pk_type_name(enum pk_type t)
         [PK_NONE] = "None",   [PK_BOOL] = "bool",       [PK_INT] = "int",
         [PK_FLOAT] = "float", [PK_STR] = "str",         [PK_BYTES] = "bytes",
         [PK_TUPLE] = "tuple", [PK_LIST] = "list",       [PK_DICT] = "dict",
+        [PK_OBJECT] = "object",
         [PK_GLOBAL] = "global", [PK_STORAGE] = "storage", [PK_TENSOR] = "tensor",
     };
     return (unsigned)t < sizeof names / sizeof *names ? names[t] : "?";
@@ -1297,7 +1308,7 @@ static int op_setitems(vm *v, int marked)
 
 static int resolve(vm *v, const char *mod, size_t ml, const char *name, size_t nl)
 {
-    const pk_allowed *a = pk_allowed_global(mod, ml, name, nl);
+    const pk_allowed *a = pk_allowed_global(mod, ml, name, nl, v->lim.dcp);
     if (a) {
         pk_obj *o = new_obj(v, PK_GLOBAL);
         if (o) {
@@ -1649,6 +1660,53 @@ static int make_device(vm *v, const pk_obj *fn, pk_obj *args)
     return 0;
 }
 
+/* The str args[0] of a call that takes one str and stands for it (_get_layout: the reader
+ * checks the layout's name), or of getattr(_MEM_FORMAT_ENCODING, name): the name. */
+static int str_argument(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    size_t n = args->u.seq.n, first = fn->u.global.which == PKG_GETATTR;
+    pk_obj **a = args->u.seq.items;
+    if (n != first + 1 || a[first]->type != PK_STR ||
+        (first && (a[0]->type != PK_GLOBAL || a[0]->u.global.which != PKG_DCP_MEM_FORMAT)))
+        return fail(v, "%s: takes (%sstr)", fn->u.global.name,
+                    first ? "torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING, " : "");
+    v->stack[v->sp - 1] = a[first];
+    return 0;
+}
+
+/* pathlib.PosixPath(*parts), as the str of its parts joined by '/' ("." for none). */
+static int posix_path(vm *v, const pk_obj *fn, pk_obj *args)
+{
+    size_t n = args->u.seq.n, len = 0;
+    pk_obj **a = args->u.seq.items;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i]->type != PK_STR)
+            return fail(v, "%s: part %zu is a %s, not a str", fn->u.global.name, i,
+                        kind_of(a[i]));
+        len += a[i]->u.str.len + 1;
+    }
+    if (charge_copy(v, len + 1, fn->u.global.name))
+        return -1;
+    char *path = malloc(len + 2);
+    if (!path)
+        return oom(v);
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            path[at++] = '/';
+        memcpy(path + at, a[i]->u.str.s, a[i]->u.str.len);
+        at += a[i]->u.str.len;
+    }
+    if (!n)
+        path[at++] = '.';
+    pk_obj *o = new_str(v, PK_STR, path, at);
+    free(path);
+    if (!o)
+        return -1;
+    v->stack[v->sp - 1] = o;
+    return 0;
+}
+
 /* What REDUCE of fn (an allowed global) on args (a tuple) leaves on the stack, in fn's place. */
 static int call(vm *v, const pk_obj *fn, pk_obj *args)
 {
@@ -1669,6 +1727,11 @@ static int call(vm *v, const pk_obj *fn, pk_obj *args)
         return codecs_encode(v, fn, args);
     case PKG_DEVICE:
         return make_device(v, fn, args);
+    case PKG_GET_LAYOUT:
+    case PKG_GETATTR:
+        return str_argument(v, fn, args);
+    case PKG_POSIX_PATH:
+        return posix_path(v, fn, args);
     case PKG_BYTES: {
         if (args->u.seq.n != 0)
             return fail(v, "%s %s: only bytes() is supported", opname(v), name);
@@ -1699,21 +1762,46 @@ static int op_reduce(vm *v)
     return 0;
 }
 
-/* NEWOBJ (cls, args) and NEWOBJ_EX (cls, args, kwargs): only OrderedDict, whose __new__ makes
- * an empty dict whatever the arguments (its items come later, by SETITEMS). */
+static int is_record_class(const pk_obj *o)
+{
+    return o->type == PK_GLOBAL && o->u.global.which >= PKG_DCP_METADATA &&
+           o->u.global.which <= PKG_DCP_STORAGE_INFO;
+}
+
+/* NEWOBJ (cls, args) and NEWOBJ_EX (cls, args, kwargs): OrderedDict, whose __new__ makes an
+ * empty dict whatever the arguments (its items come later, by SETITEMS), and a record class
+ * with no arguments (a dataclass, its fields set by BUILD): an object of it. */
 static int op_newobj(vm *v, int ex)
 {
     if (need(v, ex ? 3 : 2))
         return -1;
     pk_obj *kwargs = ex ? pop(v) : NULL, *args = pop(v), *cls = pop(v);
-    if (cls->type != PK_GLOBAL || cls->u.global.which != PKG_ORDERED_DICT)
-        return fail(v, "%s of %s%s%s is not supported (only collections.OrderedDict)",
+    int record = is_record_class(cls);
+    if (!record && (cls->type != PK_GLOBAL || cls->u.global.which != PKG_ORDERED_DICT))
+        return fail(v, "%s of %s%s%s is not supported (only collections.OrderedDict%s)",
                     opname(v), kind_of(cls), cls->type == PK_GLOBAL ? " " : "",
-                    cls->type == PK_GLOBAL ? cls->u.global.name : "");
+                    cls->type == PK_GLOBAL ? cls->u.global.name : "",
+                    v->lim.dcp ? " and the DCP metadata's classes" : "");
     if (args->type != PK_TUPLE || (kwargs && kwargs->type != PK_DICT))
         return fail(v, "%s: arguments are not a tuple%s", opname(v), ex ? " and a dict" : "");
-    pk_box *d = new_box(v, PK_DICT, 0);
-    return d ? push(v, obj(d)) : -1;
+    if (record && (args->u.seq.n || (kwargs && kwargs->u.seq.n)))
+        return fail(v, "%s of %s: takes no arguments", opname(v), cls->u.global.name);
+    pk_box *b = new_box(v, record ? PK_OBJECT : PK_DICT, record ? 2 : 0);
+    if (!b || (record && adopt(v, b, cls)))
+        return -1;
+    return push(v, obj(b));
+}
+
+/* BUILD of an object: its state, once (a dict of fields, or the tuple a __getstate__ gave). */
+static int build_object(vm *v, pk_obj *o, pk_obj *state)
+{
+    if (box(o)->seq.n != 1)
+        return fail(v, "%s on a %s that has its state", opname(v),
+                    o->u.seq.items[0]->u.global.name);
+    if (state->type != PK_DICT && state->type != PK_TUPLE)
+        return fail(v, "%s on a %s with a %s state is not supported", opname(v),
+                    o->u.seq.items[0]->u.global.name, kind_of(state));
+    return adopt(v, box(o), state);
 }
 
 static int is_state_dict(const pk_obj *o)
@@ -1730,6 +1818,8 @@ static int op_build(vm *v)
     pk_obj *state = pop(v), *o = top(v);
     if (o->type == PK_TENSOR)
         return 0;
+    if (o->type == PK_OBJECT)
+        return build_object(v, o, state);
     if (o->type != PK_DICT)
         return fail(v, "%s on a %s is not supported", opname(v), kind_of(o));
     if (!is_state_dict(state) &&

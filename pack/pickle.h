@@ -33,6 +33,9 @@ enum pk_type {
     PK_NONE, PK_BOOL, PK_INT, PK_FLOAT, PK_STR, PK_BYTES,
     PK_TUPLE, PK_LIST, PK_DICT, /* DICT: items[2k] key, items[2k+1] value, in insertion order;
                                  * each key once, as Python has it (pickle.c: set_item) */
+    PK_OBJECT,                  /* an instance of an allowed record class (a DCP .metadata's
+                                 * dataclasses: pk_limits.dcp): items[0] its class (a GLOBAL),
+                                 * items[1] the state BUILD gave it (a dict or tuple), n 1 or 2 */
     PK_GLOBAL,                  /* an allowed global that is a value: a storage class, a dtype */
     PK_STORAGE,                 /* a persistent id naming a storage record */
     PK_TENSOR,                  /* _rebuild_tensor* / _rebuild_parameter* */
@@ -52,6 +55,21 @@ enum pk_global {
     PKG_DTYPE,                     /* torch.float32, torch.float8_e4m3fn, ...: .dtype */
     PKG_DEVICE,                    /* torch.device */
     PKG_BYTES,                     /* builtins.bytes: protocols < 3 write b'' as bytes() */
+    /* Allowed only in a DCP .metadata pickle (pk_limits.dcp). Record classes, which NEWOBJ
+     * makes and BUILD gives a state (PK_OBJECT): */
+    PKG_DCP_METADATA,              /* torch.distributed.checkpoint.metadata.Metadata */
+    PKG_DCP_TENSOR_STORAGE,        /* ...metadata.TensorStorageMetadata */
+    PKG_DCP_BYTES_STORAGE,         /* ...metadata.BytesStorageMetadata */
+    PKG_DCP_CHUNK,                 /* ...metadata.ChunkStorageMetadata */
+    PKG_DCP_TENSOR_PROPERTIES,     /* ...metadata.TensorProperties */
+    PKG_DCP_METADATA_INDEX,        /* ...metadata.MetadataIndex */
+    PKG_DCP_STORAGE_META,          /* ...metadata.StorageMeta */
+    PKG_DCP_STORAGE_INFO,          /* torch.distributed.checkpoint.filesystem._StorageInfo */
+    /* and values: */
+    PKG_DCP_MEM_FORMAT,            /* ...metadata._MEM_FORMAT_ENCODING, only for getattr */
+    PKG_GET_LAYOUT,                /* torch.serialization._get_layout(name): the str name */
+    PKG_GETATTR,                   /* builtins.getattr(_MEM_FORMAT_ENCODING, name): the str */
+    PKG_POSIX_PATH,                /* pathlib.PosixPath(*parts): the parts joined by '/' */
 };
 
 /* Marks an untyped storage (torch.UntypedStorage): its numel counts bytes, and the tensors on
@@ -103,10 +121,13 @@ typedef struct pk_limits {
     size_t max_memo;       /* memo slots; an index beyond is an error */
     size_t max_objects;    /* objects created in all */
     size_t max_depth;      /* container nesting of the result */
+    int dcp;               /* also the DCP .metadata's globals (PKG_DCP_* and after) */
 } pk_limits;
 
 /* Defaults: stack 1,000,000; marks 10,000; memo 10,000,000; objects 50,000,000; depth 1,000. */
 extern const pk_limits pk_default_limits;
+/* The same, with the DCP .metadata's globals allowed. */
+extern const pk_limits pk_dcp_limits;
 
 typedef struct pk_result {
     pk_obj *root;          /* the value STOP returned */

@@ -115,6 +115,22 @@ static const struct {
     {"torch", "quint2x4", "quantized"},
 };
 
+#define DCP_MODULE "torch.distributed.checkpoint.metadata"
+static const pk_allowed dcp_allowlist[] = {
+    G(DCP_MODULE, "Metadata", PKG_DCP_METADATA, 0),
+    G(DCP_MODULE, "TensorStorageMetadata", PKG_DCP_TENSOR_STORAGE, 0),
+    G(DCP_MODULE, "BytesStorageMetadata", PKG_DCP_BYTES_STORAGE, 0),
+    G(DCP_MODULE, "ChunkStorageMetadata", PKG_DCP_CHUNK, 0),
+    G(DCP_MODULE, "TensorProperties", PKG_DCP_TENSOR_PROPERTIES, 0),
+    G(DCP_MODULE, "MetadataIndex", PKG_DCP_METADATA_INDEX, 0),
+    G(DCP_MODULE, "StorageMeta", PKG_DCP_STORAGE_META, 0),
+    G(DCP_MODULE, "_MEM_FORMAT_ENCODING", PKG_DCP_MEM_FORMAT, 0),
+    G("torch.distributed.checkpoint.filesystem", "_StorageInfo", PKG_DCP_STORAGE_INFO, 0),
+    G("torch.serialization", "_get_layout", PKG_GET_LAYOUT, 0),
+    G("builtins", "getattr", PKG_GETATTR, 0),
+    G("pathlib", "PosixPath", PKG_POSIX_PATH, 0),
+};
+
 /* --- lookups -------------------------------------------------------------------------- */
 
 static int eq(const char *s, size_t n, const char *lit)
@@ -122,12 +138,24 @@ static int eq(const char *s, size_t n, const char *lit)
     return strlen(lit) == n && memcmp(s, lit, n) == 0;
 }
 
-const pk_allowed *pk_allowed_global(const char *module, size_t ml, const char *name, size_t nl)
+static const pk_allowed *find_allowed(const pk_allowed *list, size_t n, const char *module,
+                                      size_t ml, const char *name, size_t nl)
 {
-    for (size_t i = 0; i < sizeof allowlist / sizeof *allowlist; i++)
-        if (eq(module, ml, allowlist[i].module) && eq(name, nl, allowlist[i].name))
-            return &allowlist[i];
+    for (size_t i = 0; i < n; i++)
+        if (eq(module, ml, list[i].module) && eq(name, nl, list[i].name))
+            return &list[i];
     return NULL;
+}
+
+const pk_allowed *pk_allowed_global(const char *module, size_t ml, const char *name, size_t nl,
+                                    int dcp)
+{
+    const pk_allowed *a =
+        find_allowed(allowlist, sizeof allowlist / sizeof *allowlist, module, ml, name, nl);
+    if (!a && dcp)
+        a = find_allowed(dcp_allowlist, sizeof dcp_allowlist / sizeof *dcp_allowlist, module, ml,
+                         name, nl);
+    return a;
 }
 
 const char *pk_unsupported_kind(const char *module, size_t ml, const char *name, size_t nl)

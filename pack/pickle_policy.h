@@ -56,8 +56,10 @@ typedef struct pk_allowed {
     uint8_t dtype;         /* PKG_STORAGE_CLASS, PKG_DTYPE: enum ck_dtype or PK_DTYPE_BYTES */
 } pk_allowed;
 
-/* The allowlist's entry for module.name, or NULL when it is not allowed. */
-const pk_allowed *pk_allowed_global(const char *module, size_t ml, const char *name, size_t nl);
+/* The allowlist's entry for module.name, or NULL when it is not allowed. The DCP .metadata's
+ * globals are allowed only when dcp is set: nothing else is made of them. */
+const pk_allowed *pk_allowed_global(const char *module, size_t ml, const char *name, size_t nl,
+                                    int dcp);
 
 /* The kind of tensor ("quantized", "sparse", ...) a global that is not allowed builds, or NULL
  * when it is not one of those. */

@@ -152,3 +152,35 @@ void ck_file_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes)
     if (f->ops)
         f->ops->stats(f, requests, bytes);
 }
+
+/* --- windows ------------------------------------------------------------------------------ */
+
+static int window_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
+{
+    const ck_window *w = f->remote;
+    if (off > f->size || len > f->size - off)
+        return -EIO;
+    return ck_file_read(w->parent, buf, len, w->base + off);
+}
+
+static int window_same(const ck_file *f)
+{
+    return ck_file_unchanged(((const ck_window *)f->remote)->parent);
+}
+
+static ssize_t window_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
+                           void **token)
+{
+    (void)f, (void)len, (void)off, (void)ptr, (void)token;
+    return -ENOTSUP;
+}
+
+static const ck_source_ops window_ops = {.pread = window_pread, .same = window_same,
+                                         .hold = window_hold};
+
+void ck_window_init(ck_window *w, const ck_file *parent, uint64_t base, uint64_t size)
+{
+    *w = (ck_window){.file = {.path = parent->path, .fd = -1, .size = size,
+                              .mtime = parent->mtime, .ops = &window_ops, .remote = w},
+                     .parent = parent, .base = base};
+}

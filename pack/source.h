@@ -98,6 +98,18 @@ int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off);
 ssize_t ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
 void ck_file_release(const ck_file *f, void *token);
 
+/* A window onto a file: the size bytes of parent at base, read as a file of their own, through
+ * ck_file_read only (a read past its size is -EIO; ck_file_unchanged asks the parent). What
+ * parses an archive laid inside another file (a DCP chunk: torch.save archives end to end)
+ * reads it through one; the parent must outlive it, and closing it is not needed. */
+typedef struct ck_window {
+    ck_file file;
+    const ck_file *parent;
+    uint64_t base;
+} ck_window;
+
+void ck_window_init(ck_window *w, const ck_file *parent, uint64_t base, uint64_t size);
+
 /* Whether f is a local file, with a descriptor that pread, O_DIRECT and mmap may use. */
 int ck_file_is_local(const ck_file *f);
 

@@ -142,7 +142,8 @@ static uint32_t *ordered_entries(const ck_index *ix, const char *only, const uns
 /* --- blobs: tensors with the same source bytes share one ------------------------------------ */
 
 /* Orders tensors by where their bytes come from; equal means the same bytes: all empty
- * tensors; contiguous ones with one source range; strided ones with one gather. */
+ * tensors; contiguous ones with one source range; strided ones with one gather; chunked ones
+ * with the same chunks and box. */
 static int by_source(const void *x, const void *y, void *ixp)
 {
     const ck_index *ix = ixp;
@@ -152,6 +153,8 @@ static int by_source(const void *x, const void *y, void *ixp)
     if (a->nbytes == 0)
         return 0;
     CMP(layout);
+    if (a->layout == CK_CHUNKED && a->chunks != b->chunks) /* the same pieces, or none alike */
+        return (uintptr_t)a->chunks < (uintptr_t)b->chunks ? -1 : 1;
     CMP(ext.file);
     CMP(ext.offset);
     if (a->layout == CK_CONTIGUOUS)

@@ -32,6 +32,10 @@ typedef struct pt_place {
 typedef struct pt_reader {
     ck_index *ix;
     uint32_t file;
+    uint64_t base;            /* the archive's first byte in the file (pt_read_zip_at) */
+    const char *root_name;    /* what the pickle's object is named ("": its children by key) */
+    pt_tensor *tensor;        /* pt_read_zip_tensor: the one tensor, described here */
+    int captured;             /* and whether it was */
     const char *path;
     const zip_archive *zip;   /* zip: records are found here under prefix */
     const char *prefix;
@@ -157,12 +161,13 @@ static int walk(pt_reader *r, const pk_obj *root, pt_visit visit)
     pt_frame *stack = malloc(cap * sizeof *stack);
     if (!stack)
         return ck_fail(r->err, r->path, "out of memory");
-    if (reserve_name(r, 0) != 0) {
+    size_t root_len = r->root_name ? strlen(r->root_name) : 0;
+    if (reserve_name(r, root_len) != 0) {
         free(stack);
         return -1;
     }
-    r->name[0] = 0;
-    stack[0] = (pt_frame){.obj = root};
+    memcpy(r->name, r->root_name ? r->root_name : "", root_len + 1);
+    stack[0] = (pt_frame){.obj = root, .name_len = root_len, .named = root_len > 0};
     int rc = 0;
     while (n && rc == 0) {
         pt_frame *f = &stack[n - 1];
@@ -264,7 +269,7 @@ static int storage_place(pt_reader *r, const pk_obj *s, pt_place *out)
     if (e->size != need)
         return ck_fail(r->err, r->path, "record '%s' holds %llu bytes, its storage needs %llu",
                        rec, (unsigned long long)e->size, (unsigned long long)need);
-    *out = (pt_place){.key = s->u.storage.key, .offset = e->data_offset, .bytes = e->size,
+    *out = (pt_place){.key = s->u.storage.key, .offset = r->base + e->data_offset, .bytes = e->size,
                       .numel = s->u.storage.numel, .dtype = s->u.storage.dtype};
     return 0;
 }
@@ -294,7 +299,8 @@ static int last_element(const pk_obj *t, uint64_t *last)
     return 0;
 }
 
-static int add_tensor(pt_reader *r, size_t name_len, const pk_obj *t)
+/* The tensor t (named r->name) as a pt_tensor: checked against its storage. */
+static int describe_tensor(pt_reader *r, const pk_obj *t, pt_tensor *out)
 {
     const char *name = r->name;
     const pk_obj *s = t->u.tensor.storage;
@@ -304,7 +310,7 @@ static int add_tensor(pt_reader *r, size_t name_len, const pk_obj *t)
     pt_place p = {0};
     if (storage_place(r, s, &p) != 0)
         return -1;
-    int64_t dims[2 * CK_MAX_RANK];
+    int64_t *dims = out->dims;
     for (unsigned d = 0; d < rank; d++) {
         if (t->u.tensor.stride[d] < 0)
             return ck_fail(r->err, r->path, "tensor '%s': negative stride %lld", name,
@@ -315,22 +321,45 @@ static int add_tensor(pt_reader *r, size_t name_len, const pk_obj *t)
     uint64_t nbytes, last;
     if (ck_tensor_nbytes(rank, dims, t->u.tensor.dtype, &nbytes) != 0)
         return ck_fail(r->err, r->path, "tensor '%s': shape overflows", name);
-    int contiguous = nbytes == 0 || is_row_major(t);
+    out->contiguous = nbytes == 0 || is_row_major(t);
     if (nbytes) {
         if (last_element(t, &last) != 0 || last >= p.bytes / esize)
             return ck_fail(r->err, r->path, "tensor '%s' reaches past the end of its storage "
                            "'%s' (%llu bytes)", name, s->u.storage.key,
                            (unsigned long long)p.bytes);
     }
-    ck_entry *e = ck_index_add_entry(r->ix, name, name_len, contiguous ? CK_CONTIGUOUS : CK_STRIDED,
-                                     rank, dims, r->err);
+    out->dtype = t->u.tensor.dtype;
+    out->rank = (uint8_t)rank;
+    uint64_t first = nbytes ? p.offset + (uint64_t)t->u.tensor.offset * esize : p.offset;
+    out->ext = (ck_extent){.offset = first, .length = nbytes, .file = r->file};
+    return 0;
+}
+
+static int add_tensor(pt_reader *r, size_t name_len, const pk_obj *t)
+{
+    pt_tensor d;
+    if (describe_tensor(r, t, &d) != 0)
+        return -1;
+    ck_entry *e = ck_index_add_entry(r->ix, r->name, name_len,
+                                     d.contiguous ? CK_CONTIGUOUS : CK_STRIDED, d.rank, d.dims,
+                                     r->err);
     if (!e)
         return -1;
-    e->dtype = t->u.tensor.dtype;
-    e->nbytes = nbytes;
-    uint64_t first = nbytes ? p.offset + (uint64_t)t->u.tensor.offset * esize : p.offset;
-    e->ext = (ck_extent){.offset = first, .length = nbytes, .file = r->file};
+    e->dtype = d.dtype;
+    e->nbytes = d.ext.length;
+    e->ext = d.ext;
     return 0;
+}
+
+/* pt_read_zip_tensor's visit: the object is one tensor, described into r->tensor. */
+static int capture_tensor(pt_reader *r, size_t name_len, const pk_obj *leaf)
+{
+    if (name_len || leaf->type != PK_TENSOR) /* a name: a container's child */
+        return ck_fail(r->err, r->path, "the torch.save archive at byte %llu holds a %s, not "
+                       "one tensor", (unsigned long long)r->base,
+                       name_len ? "container" : pk_type_name(leaf->type));
+    r->captured = 1;
+    return describe_tensor(r, leaf, r->tensor);
 }
 
 static int add_value(pt_reader *r, size_t name_len, const pk_obj *v)
@@ -579,7 +608,7 @@ static int read_small_record(pt_reader *r, const zip_entry *e, char *buf, size_t
     if (e->method != 0 || e->size >= cap)
         return ck_fail(r->err, r->path, "record '%s' is compressed or over %zu bytes", e->name,
                        cap - 1);
-    int rc = ck_file_pread(r->ix, r->file, buf, (size_t)e->size, e->data_offset);
+    int rc = ck_file_pread(r->ix, r->file, buf, (size_t)e->size, r->base + e->data_offset);
     if (rc)
         return ck_fail(r->err, r->path, "cannot read record '%s': %s", e->name, strerror(-rc));
     buf[e->size] = 0;
@@ -618,35 +647,68 @@ static int load_data_pkl(pt_reader *r, pk_result *res)
     unsigned char *buf = malloc(e->size ? (size_t)e->size : 1);
     if (!buf)
         return ck_fail(r->err, r->path, "out of memory");
-    int rc = ck_file_pread(r->ix, r->file, buf, (size_t)e->size, e->data_offset);
+    int rc = ck_file_pread(r->ix, r->file, buf, (size_t)e->size, r->base + e->data_offset);
     if (rc)
         ck_fail(r->err, r->path, "cannot read record '%s': %s", e->name, strerror(-rc));
-    else if ((rc = pk_load(buf, (size_t)e->size, &pk_default_limits, r->path, e->data_offset,
+    else if ((rc = pk_load(buf, (size_t)e->size, &pk_default_limits, r->path,
+                           r->base + e->data_offset,
                            res, r->err)) != 0)
         rc = -1;
     free(buf);
     return rc;
 }
 
+/* The archive f (size bytes: the file, or a window onto it at r->base), its object walked
+ * with visit. */
+static int read_archive(pt_reader *r, const ck_file *f, uint64_t size, pt_visit visit)
+{
+    zip_archive z;
+    if (zip_read_directory(f, size, r->path, &z, r->err) != 0)
+        return -1;
+    r->zip = &z;
+    pk_result res = {0};
+    int rc = find_prefix(r, &z);
+    if (rc == 0)
+        rc = check_zip_records(r);
+    if (rc == 0)
+        rc = load_data_pkl(r, &res);
+    if (rc == 0) {
+        budget_index(r, &res);
+        rc = walk(r, res.root, visit);
+    }
+    pk_free(&res);
+    free(r->name);
+    zip_free(&z);
+    return rc;
+}
+
 int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
-    zip_archive z;
-    if (zip_read_directory(f, f->size, f->path, &z, err) != 0)
-        return -1;
-    pt_reader r = {.ix = ix, .file = file, .path = f->path, .zip = &z, .err = err};
-    pk_result res = {0};
-    int rc = find_prefix(&r, &z);
-    if (rc == 0)
-        rc = check_zip_records(&r);
-    if (rc == 0)
-        rc = load_data_pkl(&r, &res);
-    if (rc == 0) {
-        budget_index(&r, &res);
-        rc = walk(&r, res.root, add_leaf);
-    }
-    pk_free(&res);
-    free(r.name);
-    zip_free(&z);
+    pt_reader r = {.ix = ix, .file = file, .path = f->path, .err = err};
+    return read_archive(&r, f, f->size, add_leaf);
+}
+
+int pt_read_zip_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, const char *name,
+                   ck_error *err)
+{
+    ck_window w;
+    ck_window_init(&w, &ix->files[file], base, size);
+    pt_reader r = {.ix = ix, .file = file, .base = base, .root_name = name,
+                   .path = ix->files[file].path, .err = err};
+    return read_archive(&r, &w.file, size, add_leaf);
+}
+
+int pt_read_zip_tensor(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
+                       pt_tensor *out, ck_error *err)
+{
+    ck_window w;
+    ck_window_init(&w, &ix->files[file], base, size);
+    pt_reader r = {.ix = ix, .file = file, .base = base, .tensor = out,
+                   .path = ix->files[file].path, .err = err};
+    int rc = read_archive(&r, &w.file, size, capture_tensor);
+    if (rc == 0 && !r.captured)
+        rc = ck_fail(err, r.path, "the torch.save archive at byte %llu holds an empty "
+                     "container, not one tensor", (unsigned long long)base);
     return rc;
 }

@@ -25,4 +25,20 @@ int pt_probe_legacy(const unsigned char *head, size_t n);
 int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err);
 int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err);
 
+/* A torch.save archive inside file `file` of ix, its size bytes at base (DCP writes them end to
+ * end): pt_read_zip_at appends its entries named under name (the object itself named name, a
+ * container's children name.KEY); pt_read_zip_tensor describes the one tensor it holds (an
+ * error if it holds anything else) without adding an entry. */
+typedef struct pt_tensor {
+    int64_t dims[2 * CK_MAX_RANK]; /* rank dims, then rank strides (elements) */
+    ck_extent ext;                 /* from its first element; its bytes when contiguous */
+    uint8_t dtype, rank;
+    uint8_t contiguous;            /* row-major: ext holds every byte, in order */
+} pt_tensor;
+
+int pt_read_zip_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, const char *name,
+                   ck_error *err);
+int pt_read_zip_tensor(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
+                       pt_tensor *out, ck_error *err);
+
 #endif

@@ -783,7 +783,7 @@ Test(pickle_ops, null_limits_are_the_defaults)
 Test(pickle_ops, type_names)
 {
     const char *want[] = {"None", "bool", "int", "float", "str", "bytes", "tuple", "list",
-                          "dict", "global", "storage", "tensor"};
+                          "dict", "object", "global", "storage", "tensor"};
     for (int t = PK_NONE; t <= PK_TENSOR; t++)
         cr_assert_str_eq(pk_type_name((enum pk_type)t), want[t]);
     cr_assert_str_eq(pk_type_name((enum pk_type)99), "?");
@@ -1328,6 +1328,57 @@ Test(pickle_hostile, refused_globals)
         ops(&p, "\x85R.");
         fails(&p, strf("refused global '%s %s' (byte 2)", evil[i][0], evil[i][1]));
     }
+}
+
+/* The DCP metadata's classes exist only for a .metadata pickle: a checkpoint's object pickle
+ * may not name them, and getattr stays refused there (only _MEM_FORMAT_ENCODING's names,
+ * and only in DCP mode, does it reach). */
+static void dcp_metadata_object(pb *p)
+{
+    ops(p, "\x80\x02");
+    global(p, "torch.distributed.checkpoint.metadata", "Metadata");
+    ops(p, ")\x81.");
+}
+
+Test(pickle_hostile, dcp_globals_only_in_dcp_metadata)
+{
+    pb p = {0}, q = {0};
+    dcp_metadata_object(&p);
+    fails(&p, "refused global 'torch.distributed.checkpoint.metadata Metadata' (byte 2)");
+    dcp_metadata_object(&q);
+    pk_result r = load_ok_with(&q, &pk_dcp_limits);
+    cr_assert_eq(r.root->type, PK_OBJECT);
+    cr_assert_eq(r.root->u.seq.items[0]->u.global.which, PKG_DCP_METADATA);
+    pk_free(&r);
+
+    pb g = {0};
+    ops(&g, "\x80\x02");
+    global(&g, "builtins", "getattr");
+    global(&g, "os", "system");
+    str_(&g, "x");
+    ops(&g, "\x86R.");
+    fails(&g, "refused global 'builtins getattr' (byte 2)");
+    pb h = {0};
+    ops(&h, "\x80\x02");
+    global(&h, "builtins", "getattr");
+    global(&h, "os", "system");
+    fails_with(&h, &pk_dcp_limits, PK_ERROR, "refused global 'os system'");
+}
+
+/* A record object takes one state, and only while no container holds it: no cycles. */
+Test(pickle_hostile, dcp_object_state_once_and_before_adoption)
+{
+    pb p = {0};
+    ops(&p, "\x80\x02");
+    global(&p, "torch.distributed.checkpoint.metadata", "Metadata");
+    ops(&p, ")\x81q\x00}b}b.");
+    fails_with(&p, &pk_dcp_limits, PK_ERROR, "BUILD on a torch.distributed.checkpoint.metadata."
+               "Metadata that has its state");
+    pb c = {0};
+    ops(&c, "\x80\x02");
+    global(&c, "torch.distributed.checkpoint.metadata", "Metadata");
+    ops(&c, ")\x81q\x00}\x8c\x01k" "h\x00" "sb."); /* obj; {'k': obj}; BUILD obj with it */
+    fails_with(&c, &pk_dcp_limits, PK_ERROR, "already inside another container");
 }
 
 Test(pickle_hostile, refused_stack_globals)

@@ -1,0 +1,478 @@
+/* dcp.c — torch.distributed.checkpoint directories into the common index (dcp.h). */
+#include "dcp.h"
+#include "pickle.h"
+#include "torch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define DCP_MAX_METADATA (256u << 20) /* the .metadata pickle may not be bigger */
+#define DCP_MAX_CHUNKS 1000000u       /* chunks of one tensor */
+
+/* One storage record: where the bytes of a fqn's chunk (offsets set) or value (NULL) are. */
+typedef struct dcp_record {
+    const pk_obj *fqn;       /* a str */
+    const pk_obj *offsets;   /* a tuple of ints, or NULL for a bytes value */
+    uint64_t offset, length;
+    uint32_t file;
+} dcp_record;
+
+typedef struct dcp_reader {
+    ck_index *ix;
+    const char *path;        /* the .metadata, for messages */
+    const char *meta;        /* its location, which the .distcp files are beside */
+    dcp_record *records;
+    size_t nrecords;
+    char **names;            /* the .distcp files opened, by file id - 1 */
+    ck_error *err;
+} dcp_reader;
+
+int dcp_dir_probe(const char *loc)
+{
+    char path[4096];
+    struct stat st;
+    int n = snprintf(path, sizeof path, "%s/" DCP_METADATA, loc);
+    return n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int dcp_is_metadata(const char *loc)
+{
+    const char *slash = strrchr(loc, '/');
+    return strcmp(slash ? slash + 1 : loc, DCP_METADATA) == 0;
+}
+
+/* --- the metadata's objects ------------------------------------------------------------- */
+
+static int is_object(const pk_obj *o, enum pk_global cls)
+{
+    return o && o->type == PK_OBJECT && o->u.seq.items[0]->u.global.which == cls;
+}
+
+/* Field name of a record object whose state is a dict of fields; NULL when absent. */
+static const pk_obj *field(const pk_obj *o, const char *name)
+{
+    const pk_obj *state = o->u.seq.n == 2 ? o->u.seq.items[1] : NULL;
+    if (!state || state->type != PK_DICT)
+        return NULL;
+    for (size_t i = 0; i < state->u.seq.n; i += 2) {
+        const pk_obj *k = state->u.seq.items[i];
+        if (k->type == PK_STR && strcmp(k->u.str.s, name) == 0)
+            return state->u.seq.items[i + 1];
+    }
+    return NULL;
+}
+
+static int is_int_tuple(const pk_obj *t, size_t n)
+{
+    if (!t || t->type != PK_TUPLE || t->u.seq.n != n)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (t->u.seq.items[i]->type != PK_INT || t->u.seq.items[i]->u.i < 0)
+            return 0;
+    return 1;
+}
+
+static int64_t nth(const pk_obj *t, size_t i)
+{
+    return t->u.seq.items[i]->u.i;
+}
+
+/* --- storage records -------------------------------------------------------------------- */
+
+/* The file id of .distcp file name, opened beside the metadata the first time it is named. */
+static int file_of(dcp_reader *r, const pk_obj *name, uint32_t *id)
+{
+    for (uint32_t i = r->ix->nfiles; i-- > 1;)
+        if (strcmp(r->names[i - 1], name->u.str.s) == 0)
+            return (int)(*id = i), 0;
+    char *loc = ck_source_sibling(r->meta, name->u.str.s, r->err);
+    if (!loc)
+        return -1;
+    int f = ck_index_add_source(r->ix, loc, "a file the metadata names", r->err);
+    free(loc);
+    if (f < 0)
+        return -1;
+    char **names = realloc(r->names, (size_t)f * sizeof *names);
+    if (!names)
+        return ck_fail(r->err, r->path, "out of memory");
+    r->names = names;
+    names[f - 1] = (char *)name->u.str.s;
+    *id = (uint32_t)f;
+    return 0;
+}
+
+static int record_of(dcp_reader *r, const pk_obj *key, const pk_obj *info, dcp_record *out)
+{
+    const pk_obj *fqn = is_object(key, PKG_DCP_METADATA_INDEX) ? field(key, "fqn") : NULL;
+    const pk_obj *offsets = fqn ? field(key, "offset") : NULL;
+    const pk_obj *rel = is_object(info, PKG_DCP_STORAGE_INFO) ? field(info, "relative_path")
+                                                              : NULL;
+    const pk_obj *off = rel ? field(info, "offset") : NULL, *len = rel ? field(info, "length")
+                                                                       : NULL;
+    if (!fqn || fqn->type != PK_STR || !rel || rel->type != PK_STR || !off ||
+        off->type != PK_INT || off->u.i < 0 || !len || len->type != PK_INT || len->u.i < 0)
+        return ck_fail(r->err, r->path, "storage record %zu is not a MetadataIndex(fqn, "
+                       "offset, index) -> _StorageInfo(relative_path, offset, length)",
+                       r->nrecords);
+    const pk_obj *transforms = field(info, "transform_descriptors");
+    if (transforms && transforms->type != PK_NONE &&
+        !(transforms->type == PK_LIST && transforms->u.seq.n == 0))
+        return ck_fail(r->err, r->path, "'%s': its bytes are transformed (compressed or "
+                       "encrypted on save), which ckptfs does not read", fqn->u.str.s);
+    *out = (dcp_record){.fqn = fqn, .offsets = offsets && offsets->type != PK_NONE ? offsets
+                                                                                    : NULL,
+                        .offset = (uint64_t)off->u.i, .length = (uint64_t)len->u.i};
+    if (file_of(r, rel, &out->file) != 0)
+        return -1;
+    const ck_file *f = &r->ix->files[out->file];
+    if (out->offset > f->size || out->length > f->size - out->offset)
+        return ck_fail(r->err, r->path, "'%s': its record (bytes %llu to %llu of %s) lies past "
+                       "the end of that file (%llu bytes)", fqn->u.str.s,
+                       (unsigned long long)out->offset,
+                       (unsigned long long)(out->offset + out->length), rel->u.str.s,
+                       (unsigned long long)f->size);
+    return 0;
+}
+
+/* Orders records by fqn, then by chunk offsets (a value's NULL first). */
+static int record_cmp(const void *a, const void *b)
+{
+    const dcp_record *x = a, *y = b;
+    int c = strcmp(x->fqn->u.str.s, y->fqn->u.str.s);
+    if (c || !x->offsets || !y->offsets)
+        return c ? c : (x->offsets != NULL) - (y->offsets != NULL);
+    size_t n = x->offsets->u.seq.n < y->offsets->u.seq.n ? x->offsets->u.seq.n
+                                                         : y->offsets->u.seq.n;
+    for (size_t i = 0; i < n; i++)
+        if (nth(x->offsets, i) != nth(y->offsets, i))
+            return nth(x->offsets, i) < nth(y->offsets, i) ? -1 : 1;
+    return (x->offsets->u.seq.n > n) - (y->offsets->u.seq.n > n);
+}
+
+static int read_records(dcp_reader *r, const pk_obj *storage)
+{
+    if (!storage || storage->type != PK_DICT)
+        return ck_fail(r->err, r->path, "the metadata has no storage_data dict");
+    size_t n = storage->u.seq.n / 2;
+    r->records = malloc((n ? n : 1) * sizeof *r->records);
+    if (!r->records)
+        return ck_fail(r->err, r->path, "out of memory");
+    for (size_t i = 0; i < n; i++, r->nrecords++)
+        if (record_of(r, storage->u.seq.items[2 * i], storage->u.seq.items[2 * i + 1],
+                      &r->records[i]) != 0)
+            return -1;
+    qsort(r->records, n, sizeof *r->records, record_cmp);
+    for (size_t i = 1; i < n; i++)
+        if (record_cmp(&r->records[i - 1], &r->records[i]) == 0)
+            return ck_fail(r->err, r->path, "'%s': two storage records for one %s",
+                           r->records[i].fqn->u.str.s, r->records[i].offsets ? "chunk" : "value");
+    return 0;
+}
+
+static const dcp_record *find_record(const dcp_reader *r, const pk_obj *fqn,
+                                     const pk_obj *offsets)
+{
+    dcp_record key = {.fqn = fqn, .offsets = offsets};
+    return bsearch(&key, r->records, r->nrecords, sizeof key, record_cmp);
+}
+
+/* --- values ----------------------------------------------------------------------------- */
+
+/* A bytes value: the entries of its archive, or an omission saying why there are none. */
+static int add_value(dcp_reader *r, const pk_obj *fqn)
+{
+    const dcp_record *rec = find_record(r, fqn, NULL);
+    if (!rec)
+        return ck_fail(r->err, r->path, "value '%s' has no storage record", fqn->u.str.s);
+    size_t before = r->ix->nentries;
+    ck_error why;
+    if (pt_read_zip_at(r->ix, rec->file, rec->offset, rec->length, fqn->u.str.s, &why) == 0)
+        return 0;
+    r->ix->nentries = before; /* what it added before it failed is not the value */
+    return ck_index_add_omission(r->ix, fqn->u.str.s, fqn->u.str.len, why.msg, r->err);
+}
+
+/* --- tensors ---------------------------------------------------------------------------- */
+
+typedef struct dcp_tensor {
+    const pk_obj *fqn;
+    unsigned rank;
+    int64_t dims[CK_MAX_RANK];
+    uint8_t dtype;
+    uint64_t esize;
+} dcp_tensor;
+
+static int tensor_fail(dcp_reader *r, const dcp_tensor *t, size_t chunk, const char *what)
+{
+    return ck_fail(r->err, r->path, "tensor '%s', chunk %zu: %s", t->fqn->u.str.s, chunk, what);
+}
+
+/* The tensor's dtype, rank and dims from its TensorStorageMetadata. */
+static int tensor_header(dcp_reader *r, const pk_obj *meta, dcp_tensor *t)
+{
+    const char *name = t->fqn->u.str.s;
+    const pk_obj *props = field(meta, "properties"), *size = field(meta, "size");
+    const pk_obj *state = is_object(props, PKG_DCP_TENSOR_PROPERTIES) && props->u.seq.n == 2
+                              ? props->u.seq.items[1] : NULL;
+    const pk_obj *dtype = !state ? NULL
+                          : state->type == PK_TUPLE && state->u.seq.n >= 2
+                              ? state->u.seq.items[0] : field(props, "dtype");
+    const pk_obj *layout = !state ? NULL
+                           : state->type == PK_TUPLE ? state->u.seq.items[1]
+                                                     : field(props, "layout");
+    if (!dtype || dtype->type != PK_GLOBAL || dtype->u.global.which != PKG_DTYPE)
+        return ck_fail(r->err, r->path, "tensor '%s': its properties name no dtype", name);
+    if (layout && !(layout->type == PK_STR && strcmp(layout->u.str.s, "torch.strided") == 0))
+        return ck_fail(r->err, r->path, "tensor '%s': layout %s is not supported (strided "
+                       "only)", name, layout->type == PK_STR ? layout->u.str.s : "?");
+    if (!size || size->type != PK_TUPLE || size->u.seq.n > CK_MAX_RANK ||
+        !is_int_tuple(size, size->u.seq.n))
+        return ck_fail(r->err, r->path, "tensor '%s': its size is not a torch.Size of at most "
+                       "%d dims", name, CK_MAX_RANK);
+    t->rank = (unsigned)size->u.seq.n;
+    t->dtype = dtype->u.global.dtype;
+    for (unsigned d = 0; d < t->rank; d++)
+        t->dims[d] = nth(size, d);
+    if (ck_dtype_block_elems(t->dtype) != 1 || ck_dtype_nbytes(t->dtype, 1, &t->esize) ||
+        !t->esize)
+        return ck_fail(r->err, r->path, "tensor '%s': dtype %s is not whole bytes per element",
+                       name, ck_dtype_name(t->dtype));
+    return 0;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int by_cell(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The edges of the grid along dim d: every chunk's start and end there, sorted, unique. */
+static int64_t *grid_lines(const ck_chunk *c, size_t n, unsigned d, size_t *nlines)
+{
+    int64_t *v = malloc((2 * n + 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        v[m++] = c[i].offsets[d];
+        v[m++] = c[i].offsets[d] + c[i].sizes[d];
+    }
+    qsort(v, m, sizeof *v, by_value);
+    size_t u = 0;
+    for (size_t i = 0; i < m; i++)
+        if (!u || v[i] != v[u - 1])
+            v[u++] = v[i];
+    *nlines = u;
+    return v;
+}
+
+/* Whether the n (non-empty, in-bounds) chunks tile dims exactly once, as a grid: each chunk
+ * one cell between consecutive edges in every dim, the edges reaching 0 and the dim, and as
+ * many chunks as cells, no two in one cell. Returns NULL, or what is wrong. */
+static const char *check_grid(const dcp_tensor *t, const ck_chunk *c, size_t n)
+{
+    uint64_t *cell = calloc(n ? n : 1, sizeof *cell), cells = 1;
+    const char *why = cell ? NULL : "out of memory";
+    for (unsigned d = 0; d < t->rank && !why; d++) {
+        size_t m;
+        int64_t *lines = grid_lines(c, n, d, &m);
+        if (!lines) {
+            why = "out of memory";
+            break;
+        }
+        if (n && (lines[0] != 0 || lines[m - 1] != t->dims[d]))
+            why = "the chunks leave part of the tensor uncovered";
+        for (size_t i = 0; i < n && !why; i++) {
+            int64_t *at = bsearch(&c[i].offsets[d], lines, m, sizeof *lines, by_value);
+            size_t k = (size_t)(at - lines);
+            if (k + 1 >= m || lines[k + 1] != c[i].offsets[d] + c[i].sizes[d])
+                why = "the chunks overlap, or do not form a grid";
+            else
+                cell[i] = cell[i] * (m - 1) + k;
+        }
+        cells = m - 1 && cells > UINT64_MAX / (m - 1) ? UINT64_MAX : cells * (m - 1);
+        free(lines);
+    }
+    if (!why && n && cells != n)
+        why = "the chunks leave part of the tensor uncovered, or overlap";
+    if (!why) {
+        qsort(cell, n, sizeof *cell, by_cell);
+        for (size_t i = 1; i < n && !why; i++)
+            if (cell[i] == cell[i - 1])
+                why = "two chunks cover the same part of the tensor";
+    }
+    free(cell);
+    return why;
+}
+
+/* Chunk i's box from the metadata, checked against the tensor, into c (its arrays in the
+ * index's arena). */
+static int chunk_box(dcp_reader *r, const dcp_tensor *t, const pk_obj *meta, size_t i,
+                     ck_chunk *c)
+{
+    const pk_obj *offsets = is_object(meta, PKG_DCP_CHUNK) ? field(meta, "offsets") : NULL;
+    const pk_obj *sizes = offsets ? field(meta, "sizes") : NULL;
+    if (!is_int_tuple(offsets, t->rank) || !is_int_tuple(sizes, t->rank))
+        return tensor_fail(r, t, i, "not a ChunkStorageMetadata(offsets, sizes) of the "
+                           "tensor's rank");
+    int64_t *v = ck_index_alloc(r->ix, 2 * t->rank * sizeof *v + 1);
+    if (!v)
+        return ck_fail(r->err, r->path, "out of memory");
+    for (unsigned d = 0; d < t->rank; d++) {
+        v[d] = nth(offsets, d);
+        v[t->rank + d] = nth(sizes, d);
+        if (v[t->rank + d] > t->dims[d] || v[d] > t->dims[d] - v[t->rank + d])
+            return tensor_fail(r, t, i, "it reaches past the tensor's size");
+    }
+    *c = (ck_chunk){.offsets = v, .sizes = v + t->rank};
+    return 0;
+}
+
+/* Where chunk c's elements are: the one contiguous tensor of its sizes in its archive. */
+static int chunk_bytes(dcp_reader *r, const dcp_tensor *t, const pk_obj *offsets, size_t i,
+                       ck_chunk *c)
+{
+    const dcp_record *rec = find_record(r, t->fqn, offsets);
+    if (!rec)
+        return tensor_fail(r, t, i, "no storage record holds it");
+    pt_tensor pt;
+    ck_error why;
+    if (pt_read_zip_tensor(r->ix, rec->file, rec->offset, rec->length, &pt, &why) != 0)
+        return tensor_fail(r, t, i, why.msg);
+    if (pt.dtype != t->dtype || pt.rank != t->rank || !pt.contiguous)
+        return tensor_fail(r, t, i, pt.dtype != t->dtype
+                                        ? "its archive's dtype is not the tensor's"
+                                        : "its archive's tensor is not a contiguous one of "
+                                          "the chunk's rank");
+    for (unsigned d = 0; d < t->rank; d++)
+        if (pt.dims[d] != c->sizes[d])
+            return tensor_fail(r, t, i, "its archive's tensor is not of the chunk's sizes");
+    c->ext = pt.ext;
+    return 0;
+}
+
+static int add_tensor(dcp_reader *r, const pk_obj *fqn, const pk_obj *meta)
+{
+    dcp_tensor t = {.fqn = fqn};
+    if (tensor_header(r, meta, &t) != 0)
+        return -1;
+    const pk_obj *list = field(meta, "chunks");
+    if (!list || list->type != PK_LIST || list->u.seq.n > DCP_MAX_CHUNKS)
+        return ck_fail(r->err, r->path, "tensor '%s': no list of at most %u chunks",
+                       fqn->u.str.s, DCP_MAX_CHUNKS);
+    uint64_t nbytes;
+    int64_t shape[2 * CK_MAX_RANK] = {0};
+    memcpy(shape, t.dims, t.rank * sizeof *shape);
+    if (ck_tensor_nbytes(t.rank, shape, t.dtype, &nbytes) != 0)
+        return ck_fail(r->err, r->path, "tensor '%s': its size overflows", fqn->u.str.s);
+    ck_chunk *chunk = ck_index_alloc(r->ix, (list->u.seq.n + 1) * sizeof *chunk);
+    if (!chunk)
+        return ck_fail(r->err, r->path, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < list->u.seq.n; i++) {
+        const pk_obj *m = list->u.seq.items[i];
+        if (chunk_box(r, &t, m, i, &chunk[n]) != 0)
+            return -1;
+        uint64_t volume = 1;
+        for (unsigned d = 0; d < t.rank; d++)
+            volume *= (uint64_t)chunk[n].sizes[d];
+        if (volume && chunk_bytes(r, &t, field(m, "offsets"), i, &chunk[n]) != 0)
+            return -1;
+        n += volume != 0; /* an empty chunk (a rank with no rows) covers nothing */
+    }
+    const char *why = nbytes ? check_grid(&t, chunk, n) : NULL;
+    if (why)
+        return ck_fail(r->err, r->path, "tensor '%s': %s", fqn->u.str.s, why);
+    int one = n == 1 || !nbytes;
+    ck_entry *e = ck_index_add_entry(r->ix, fqn->u.str.s, fqn->u.str.len,
+                                     one ? CK_CONTIGUOUS : CK_CHUNKED, t.rank, shape, r->err);
+    ck_chunks *cs = one ? NULL : ck_index_alloc(r->ix, sizeof *cs);
+    if (!e || (!one && !cs))
+        return e ? ck_fail(r->err, r->path, "out of memory") : -1;
+    e->dtype = t.dtype;
+    e->nbytes = nbytes;
+    if (one) {
+        e->ext = n ? chunk[0].ext : (ck_extent){0};
+    } else {
+        *cs = (ck_chunks){.dims = e->shape, .chunk = chunk, .n = (uint32_t)n};
+        e->chunks = cs;
+    }
+    return 0;
+}
+
+/* --- the checkpoint --------------------------------------------------------------------- */
+
+static int read_metadata(dcp_reader *r, pk_result *res)
+{
+    const ck_file *f = &r->ix->files[0];
+    if (f->size > DCP_MAX_METADATA)
+        return ck_fail(r->err, r->path, "%llu bytes, over the limit of %u",
+                       (unsigned long long)f->size, DCP_MAX_METADATA);
+    unsigned char *buf = malloc(f->size ? (size_t)f->size : 1);
+    if (!buf)
+        return ck_fail(r->err, r->path, "out of memory");
+    int rc = ck_file_pread(r->ix, 0, buf, (size_t)f->size, 0);
+    if (rc)
+        ck_fail(r->err, r->path, "cannot read: %s", strerror(-rc));
+    else if (pk_load(buf, (size_t)f->size, &pk_dcp_limits, r->path, 0, res, r->err) != 0)
+        rc = -1;
+    free(buf);
+    return rc;
+}
+
+static int add_entries(dcp_reader *r, const pk_obj *root)
+{
+    const pk_obj *sd = is_object(root, PKG_DCP_METADATA) ? field(root, "state_dict_metadata")
+                                                         : NULL;
+    if (!sd || sd->type != PK_DICT)
+        return ck_fail(r->err, r->path, "not a DCP Metadata with a state_dict_metadata dict");
+    if (read_records(r, field(root, "storage_data")) != 0)
+        return -1;
+    for (size_t i = 0; i < sd->u.seq.n; i += 2) {
+        const pk_obj *fqn = sd->u.seq.items[i], *meta = sd->u.seq.items[i + 1];
+        if (fqn->type != PK_STR || memchr(fqn->u.str.s, 0, fqn->u.str.len))
+            return ck_fail(r->err, r->path, "state_dict_metadata key %zu is not a name", i / 2);
+        int rc = is_object(meta, PKG_DCP_TENSOR_STORAGE)  ? add_tensor(r, fqn, meta)
+                 : is_object(meta, PKG_DCP_BYTES_STORAGE) ? add_value(r, fqn)
+                     : ck_fail(r->err, r->path, "'%s': neither tensor nor bytes metadata",
+                               fqn->u.str.s);
+        if (rc)
+            return -1;
+    }
+    return 0;
+}
+
+int dcp_open(http_remote *remote, const char *meta, ck_index **out, ck_error *err)
+{
+    (void)remote;
+    ck_index *ix = ck_index_new("dcp");
+    if (!ix)
+        return ck_fail(err, meta, "out of memory");
+    ix->remote = remote;
+    dcp_reader r = {.ix = ix, .meta = meta, .err = err};
+    pk_result res = {0};
+    int rc = ck_index_add_source(ix, meta, NULL, err) < 0 ? -1 : 0;
+    r.path = ix->nfiles ? ix->files[0].path : meta;
+    if (rc == 0)
+        rc = read_metadata(&r, &res);
+    if (rc == 0)
+        rc = add_entries(&r, res.root);
+    pk_free(&res);
+    free(r.records);
+    free(r.names);
+    if (rc) {
+        ck_index_free(ix);
+        return -1;
+    }
+    *out = ix;
+    return 0;
+}

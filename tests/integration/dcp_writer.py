@@ -1,0 +1,143 @@
+"""Run by test_dcp.py under torch 2.x (.deps/torch2): writes DCP checkpoints with torch itself,
+and what torch reads back from them, for the tests to compare ckptfs against.
+
+  dcp_writer.py save DIR                 one process, a small transformer state dict + values
+  dcp_writer.py sharded DIR WORLD        WORLD gloo ranks: DTensors Shard(0), Shard(1),
+                                         Replicate, and an FSDP2 module with Adam's state
+  dcp_writer.py expect DIR OUT           torch's own reading of DIR (dcp_to_torch_save, then
+                                         torch.load): OUT/manifest.json and one raw file per
+                                         tensor (row-major, little-endian), values as str()
+  dcp_writer.py hostile SRC DST KIND     DST: SRC's checkpoint with its .metadata changed
+"""
+import json, os, pickle, shutil, sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+
+def small_state_dict():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model.embed_tokens.weight": torch.randn(64, 16, generator=g),
+        "model.layers.0.self_attn.q_proj.weight": torch.randn(16, 16, generator=g).bfloat16(),
+        "model.layers.0.mlp.conv": torch.randn(3, 4, 5, generator=g).half(),
+        "model.layers.0.input_layernorm.weight": torch.ones(16),
+        "model.position_ids": torch.arange(32, dtype=torch.int64),
+        "step": 7, "name": "run-1", "opt": {"lr": 0.001, "betas": (0.9, 0.95)},
+    }
+
+
+def save(path):
+    dcp.save(small_state_dict(), checkpoint_id=path)
+
+
+def sharded_rank(rank, world, path, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)  # every rank makes the same full tensors, then keeps its part
+    full = {"row": torch.randn(10, 6), "col": torch.randn(5, 9).bfloat16(),
+            "rep": torch.randn(7), "cube": torch.randn(4, 6, 3)}
+    sd = {"dt.row": distribute_tensor(full["row"], mesh, [Shard(0)]),
+          "dt.col": distribute_tensor(full["col"], mesh, [Shard(1)]),
+          "dt.rep": distribute_tensor(full["rep"], mesh, [Replicate()]),
+          "dt.cube": distribute_tensor(full["cube"], mesh, [Shard(1)])}
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3))
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(5, 6)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    sd.update({"model": msd, "optim": osd, "epoch": 3})
+    dcp.save(sd, checkpoint_id=path)
+    dist.destroy_process_group()
+
+
+def sharded(path, world):
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(sharded_rank, args=(world, path, port), nprocs=world, join=True)
+
+
+def flatten(obj, prefix, out):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
+    elif isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        for i, v in enumerate(obj):
+            flatten(v, f"{prefix}.{i}", out)
+    else:
+        out[prefix] = obj
+    return out
+
+
+def expect(path, out):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    os.makedirs(out, exist_ok=True)
+    pt = os.path.join(out, "all.pt")
+    dcp_to_torch_save(path, pt)
+    sd = torch.load(pt, weights_only=False)
+    os.unlink(pt)
+    manifest = {"tensors": {}, "values": {}}
+    for i, (name, v) in enumerate(flatten(sd, "", {}).items()):
+        if isinstance(v, torch.Tensor):
+            v = v.contiguous()
+            flat = v.reshape(-1)
+            raw = flat.view(torch.uint8) if v.dtype != torch.bool else flat.to(torch.uint8)
+            with open(os.path.join(out, f"t{i}"), "wb") as f:
+                f.write(raw.numpy().tobytes())
+            manifest["tensors"][name] = {"file": f"t{i}", "shape": list(v.shape),
+                                         "dtype": str(v.dtype)}
+        else:
+            manifest["values"][name] = str(v)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+
+
+def hostile(src, dst, kind):
+    shutil.copytree(src, dst)
+    with open(os.path.join(dst, ".metadata"), "rb") as f:
+        md = pickle.load(f)
+    tensors = [(k, v) for k, v in md.state_dict_metadata.items() if hasattr(v, "chunks")]
+    name, tm = next((k, v) for k, v in tensors if len(v.chunks) > 1)
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    c0, c1 = tm.chunks[0], tm.chunks[1]
+    if kind == "overlap":  # the second chunk starts one row early
+        off = list(c1.offsets)
+        off[0 if c1.offsets[0] else 1] -= 1
+        tm.chunks[1] = ChunkStorageMetadata(offsets=torch.Size(off), sizes=c1.sizes)
+    elif kind == "gap":
+        del tm.chunks[1]
+    elif kind == "past_file":
+        info = next(v for k, v in md.storage_data.items() if k.fqn == name)
+        info.length = os.path.getsize(os.path.join(dst, info.relative_path)) + 1000
+    elif kind == "dtype":
+        tm.properties.dtype = torch.float64
+    elif kind == "size":
+        tm.size = torch.Size([tm.size[0] + 1] + list(tm.size[1:]))
+    elif kind == "class":  # a class outside the list
+        import collections
+        md.planner_data = collections.Counter("abc")
+    elif kind == "not_zip":
+        info = next(v for k, v in md.storage_data.items() if k.fqn == name)
+        with open(os.path.join(dst, info.relative_path), "r+b") as f:
+            f.seek(info.offset)
+            f.write(b"\0" * min(info.length, 64))
+    with open(os.path.join(dst, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    {"save": lambda: save(*args),
+     "sharded": lambda: sharded(args[0], int(args[1])),
+     "expect": lambda: expect(*args),
+     "hostile": lambda: hostile(*args)}[cmd]()
