@@ -16,6 +16,7 @@
 typedef struct dcp_record {
     const pk_obj *fqn;       /* a str */
     const pk_obj *offsets;   /* a tuple of ints, or NULL for a bytes value */
+    const pk_obj *rel;       /* the .distcp file's name, a str */
     uint64_t offset, length;
     uint32_t file;
 } dcp_record;
@@ -26,7 +27,6 @@ typedef struct dcp_reader {
     const char *meta;        /* its location, which the .distcp files are beside */
     dcp_record *records;
     size_t nrecords;
-    char **names;            /* the .distcp files opened, by file id - 1 */
     ck_error *err;
 } dcp_reader;
 
@@ -82,28 +82,6 @@ static int64_t nth(const pk_obj *t, size_t i)
 
 /* --- storage records -------------------------------------------------------------------- */
 
-/* The file id of .distcp file name, opened beside the metadata the first time it is named. */
-static int file_of(dcp_reader *r, const pk_obj *name, uint32_t *id)
-{
-    for (uint32_t i = r->ix->nfiles; i-- > 1;)
-        if (strcmp(r->names[i - 1], name->u.str.s) == 0)
-            return (int)(*id = i), 0;
-    char *loc = ck_source_sibling(r->meta, name->u.str.s, r->err);
-    if (!loc)
-        return -1;
-    int f = ck_index_add_source(r->ix, loc, "a file the metadata names", r->err);
-    free(loc);
-    if (f < 0)
-        return -1;
-    char **names = realloc(r->names, (size_t)f * sizeof *names);
-    if (!names)
-        return ck_fail(r->err, r->path, "out of memory");
-    r->names = names;
-    names[f - 1] = (char *)name->u.str.s;
-    *id = (uint32_t)f;
-    return 0;
-}
-
 static int record_of(dcp_reader *r, const pk_obj *key, const pk_obj *info, dcp_record *out)
 {
     const pk_obj *fqn = is_object(key, PKG_DCP_METADATA_INDEX) ? field(key, "fqn") : NULL;
@@ -124,17 +102,52 @@ static int record_of(dcp_reader *r, const pk_obj *key, const pk_obj *info, dcp_r
                        "encrypted on save), which ckptfs does not read", fqn->u.str.s);
     *out = (dcp_record){.fqn = fqn, .offsets = offsets && offsets->type != PK_NONE ? offsets
                                                                                     : NULL,
-                        .offset = (uint64_t)off->u.i, .length = (uint64_t)len->u.i};
-    if (file_of(r, rel, &out->file) != 0)
-        return -1;
-    const ck_file *f = &r->ix->files[out->file];
-    if (out->offset > f->size || out->length > f->size - out->offset)
-        return ck_fail(r->err, r->path, "'%s': its record (bytes %llu to %llu of %s) lies past "
-                       "the end of that file (%llu bytes)", fqn->u.str.s,
-                       (unsigned long long)out->offset,
-                       (unsigned long long)(out->offset + out->length), rel->u.str.s,
-                       (unsigned long long)f->size);
+                        .rel = rel, .offset = (uint64_t)off->u.i, .length = (uint64_t)len->u.i};
     return 0;
+}
+
+static int by_file_name(const void *a, const void *b)
+{
+    return strcmp((*(const dcp_record *const *)a)->rel->u.str.s,
+                  (*(const dcp_record *const *)b)->rel->u.str.s);
+}
+
+/* Opens each .distcp file the records name, once, beside the metadata (records grouped by
+ * name: no search per record), and checks each record lies inside its file. */
+static int open_files(dcp_reader *r)
+{
+    dcp_record **by_name = malloc((r->nrecords ? r->nrecords : 1) * sizeof *by_name);
+    if (!by_name)
+        return ck_fail(r->err, r->path, "out of memory");
+    for (size_t i = 0; i < r->nrecords; i++)
+        by_name[i] = &r->records[i];
+    qsort(by_name, r->nrecords, sizeof *by_name, by_file_name);
+    int rc = 0;
+    for (size_t i = 0; i < r->nrecords && rc == 0; i++) {
+        dcp_record *rec = by_name[i];
+        if (i && strcmp(rec->rel->u.str.s, by_name[i - 1]->rel->u.str.s) == 0) {
+            rec->file = by_name[i - 1]->file;
+        } else {
+            char *loc = ck_source_sibling(r->meta, rec->rel->u.str.s, r->err);
+            int f = loc ? ck_index_add_source(r->ix, loc, "a file the metadata names", r->err)
+                        : -1;
+            free(loc);
+            if (f < 0) {
+                rc = -1;
+                break;
+            }
+            rec->file = (uint32_t)f;
+        }
+        const ck_file *f = &r->ix->files[rec->file];
+        if (rec->offset > f->size || rec->length > f->size - rec->offset)
+            rc = ck_fail(r->err, r->path, "'%s': its record (bytes %llu to %llu of %s) lies "
+                         "past the end of that file (%llu bytes)", rec->fqn->u.str.s,
+                         (unsigned long long)rec->offset,
+                         (unsigned long long)(rec->offset + rec->length), rec->rel->u.str.s,
+                         (unsigned long long)f->size);
+    }
+    free(by_name);
+    return rc;
 }
 
 /* Orders records by fqn, then by chunk offsets (a value's NULL first). */
@@ -164,6 +177,8 @@ static int read_records(dcp_reader *r, const pk_obj *storage)
         if (record_of(r, storage->u.seq.items[2 * i], storage->u.seq.items[2 * i + 1],
                       &r->records[i]) != 0)
             return -1;
+    if (open_files(r) != 0)
+        return -1;
     qsort(r->records, n, sizeof *r->records, record_cmp);
     for (size_t i = 1; i < n; i++)
         if (record_cmp(&r->records[i - 1], &r->records[i]) == 0)
@@ -275,12 +290,14 @@ static int64_t *grid_lines(const ck_chunk *c, size_t n, unsigned d, size_t *nlin
     return v;
 }
 
-/* Whether the n (non-empty, in-bounds) chunks tile dims exactly once, as a grid: each chunk
+/* Whether the n (non-empty, in-bounds) chunks tile dims (not empty) exactly once, as a grid: each chunk
  * one cell between consecutive edges in every dim, the edges reaching 0 and the dim, and as
  * many chunks as cells, no two in one cell. Returns NULL, or what is wrong. */
 static const char *check_grid(const dcp_tensor *t, const ck_chunk *c, size_t n)
 {
-    uint64_t *cell = calloc(n ? n : 1, sizeof *cell), cells = 1;
+    if (!n)
+        return "no chunk holds any of it";
+    uint64_t *cell = calloc(n, sizeof *cell), cells = 1;
     const char *why = cell ? NULL : "out of memory";
     for (unsigned d = 0; d < t->rank && !why; d++) {
         size_t m;
@@ -289,7 +306,7 @@ static const char *check_grid(const dcp_tensor *t, const ck_chunk *c, size_t n)
             why = "out of memory";
             break;
         }
-        if (n && (lines[0] != 0 || lines[m - 1] != t->dims[d]))
+        if (lines[0] != 0 || lines[m - 1] != t->dims[d])
             why = "the chunks leave part of the tensor uncovered";
         for (size_t i = 0; i < n && !why; i++) {
             int64_t *at = bsearch(&c[i].offsets[d], lines, m, sizeof *lines, by_value);
@@ -302,7 +319,7 @@ static const char *check_grid(const dcp_tensor *t, const ck_chunk *c, size_t n)
         cells = m - 1 && cells > UINT64_MAX / (m - 1) ? UINT64_MAX : cells * (m - 1);
         free(lines);
     }
-    if (!why && n && cells != n)
+    if (!why && cells != n)
         why = "the chunks leave part of the tensor uncovered, or overlap";
     if (!why) {
         qsort(cell, n, sizeof *cell, by_cell);
@@ -338,10 +355,10 @@ static int chunk_box(dcp_reader *r, const dcp_tensor *t, const pk_obj *meta, siz
 }
 
 /* Where chunk c's elements are: the one contiguous tensor of its sizes in its archive. */
-static int chunk_bytes(dcp_reader *r, const dcp_tensor *t, const pk_obj *offsets, size_t i,
+static int chunk_bytes(dcp_reader *r, const dcp_tensor *t, const pk_obj *meta, size_t i,
                        ck_chunk *c)
 {
-    const dcp_record *rec = find_record(r, t->fqn, offsets);
+    const dcp_record *rec = find_record(r, t->fqn, field(meta, "offsets"));
     if (!rec)
         return tensor_fail(r, t, i, "no storage record holds it");
     pt_tensor pt;
@@ -385,7 +402,7 @@ static int add_tensor(dcp_reader *r, const pk_obj *fqn, const pk_obj *meta)
         uint64_t volume = 1;
         for (unsigned d = 0; d < t.rank; d++)
             volume *= (uint64_t)chunk[n].sizes[d];
-        if (volume && chunk_bytes(r, &t, field(m, "offsets"), i, &chunk[n]) != 0)
+        if (volume && chunk_bytes(r, &t, m, i, &chunk[n]) != 0)
             return -1;
         n += volume != 0; /* an empty chunk (a rank with no rows) covers nothing */
     }
@@ -468,7 +485,6 @@ int dcp_open(http_remote *remote, const char *meta, ck_index **out, ck_error *er
         rc = add_entries(&r, res.root);
     pk_free(&res);
     free(r.records);
-    free(r.names);
     if (rc) {
         ck_index_free(ix);
         return -1;

@@ -39,22 +39,11 @@
 #include "seed.h"
 #include "utf8.h"
 
-const pk_limits pk_default_limits = {
-    .max_stack = 1000000,
-    .max_marks = 10000,
-    .max_memo = 10000000,
-    .max_objects = 50000000,
-    .max_depth = 1000,
-};
-
-const pk_limits pk_dcp_limits = {
-    .max_stack = 1000000,
-    .max_marks = 10000,
-    .max_memo = 10000000,
-    .max_objects = 50000000,
-    .max_depth = 1000,
-    .dcp = 1,
-};
+#define DEFAULT_LIMITS                                                                     \
+    .max_stack = 1000000, .max_marks = 10000, .max_memo = 10000000, .max_objects = 50000000,  \
+    .max_depth = 1000
+const pk_limits pk_default_limits = {DEFAULT_LIMITS};
+const pk_limits pk_dcp_limits = {DEFAULT_LIMITS, .dcp = 1};
 
 #define COPY_PER_INPUT_BYTE 8
 #define COPY_SLACK (1u << 20)

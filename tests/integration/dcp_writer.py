@@ -55,6 +55,9 @@ def sharded_rank(rank, world, path, port):
     msd, osd = get_state_dict(model, opt)
     sd.update({"model": msd, "optim": osd, "epoch": 3})
     dcp.save(sd, checkpoint_id=path)
+    # every rank past its last collective before any tears its group down: gloo aborts a rank
+    # whose peer has gone mid-exchange ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -116,6 +119,8 @@ def hostile(src, dst, kind):
         tm.chunks[1] = ChunkStorageMetadata(offsets=torch.Size(off), sizes=c1.sizes)
     elif kind == "gap":
         del tm.chunks[1]
+    elif kind == "no_chunks":
+        tm.chunks = []
     elif kind == "past_file":
         info = next(v for k, v in md.storage_data.items() if k.fqn == name)
         info.length = os.path.getsize(os.path.join(dst, info.relative_path)) + 1000

@@ -105,7 +105,8 @@ def sharded2(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind,says", [
-    ("overlap", "overlap"), ("gap", "uncovered"), ("past_file", "past the end"),
+    ("overlap", "overlap"), ("gap", "uncovered"), ("no_chunks", "no chunk"),
+    ("past_file", "past the end"),
     ("dtype", "dtype"), ("size", "uncovered"), ("class", "refused global"),
     ("not_zip", "chunk")])
 def test_hostile_metadata_is_refused_in_one_line(sharded2, tmp_path, mountpoint, kind, says):
