@@ -269,31 +269,6 @@ static int storage_place(pt_reader *r, const pk_obj *s, pt_place *out)
     return 0;
 }
 
-static int is_row_major(const pk_obj *t)
-{
-    int64_t expect = 1;
-    for (unsigned d = t->u.tensor.rank; d-- > 0;) {
-        if (t->u.tensor.size[d] != 1 && t->u.tensor.stride[d] != expect)
-            return 0;
-        expect *= t->u.tensor.size[d];
-    }
-    return 1;
-}
-
-/* The last element the tensor touches, in elements from the storage start; -1 on overflow. */
-static int last_element(const pk_obj *t, uint64_t *last)
-{
-    uint64_t at = (uint64_t)t->u.tensor.offset;
-    for (unsigned d = 0; d < t->u.tensor.rank; d++) {
-        uint64_t span = (uint64_t)(t->u.tensor.size[d] - 1), step = (uint64_t)t->u.tensor.stride[d];
-        if (step && span > (UINT64_MAX - at) / step)
-            return -1;
-        at += span * step;
-    }
-    *last = at;
-    return 0;
-}
-
 static int add_tensor(pt_reader *r, size_t name_len, const pk_obj *t)
 {
     const char *name = r->name;
@@ -315,9 +290,10 @@ static int add_tensor(pt_reader *r, size_t name_len, const pk_obj *t)
     uint64_t nbytes, last;
     if (ck_tensor_nbytes(rank, dims, t->u.tensor.dtype, &nbytes) != 0)
         return ck_fail(r->err, r->path, "tensor '%s': shape overflows", name);
-    int contiguous = nbytes == 0 || is_row_major(t);
+    int contiguous = nbytes == 0 || ck_strides_row_major(rank, dims);
     if (nbytes) {
-        if (last_element(t, &last) != 0 || last >= p.bytes / esize)
+        if (ck_strided_last(rank, dims, (uint64_t)t->u.tensor.offset, &last) != 0 ||
+            last >= p.bytes / esize)
             return ck_fail(r->err, r->path, "tensor '%s' reaches past the end of its storage "
                            "'%s' (%llu bytes)", name, s->u.storage.key,
                            (unsigned long long)p.bytes);
