@@ -27,13 +27,18 @@ static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t
         ix->format = "npz";
         return npz_read_file(ix, id, err);
     }
-    if (!first || memchr(first, '/', len)) {
-        ix->format = "pytorch-zip";
-        return pt_read_zip(ix, id, err);
-    }
-    return ck_fail(err, ix->files[id].path, "a zip archive, but neither an .npz (its first "
-                   "member '%.*s' is not an .npy file) nor a PyTorch checkpoint (whose records "
-                   "lie in one folder)", (int)(len < 200 ? len : 200), first);
+    if (first && !memchr(first, '/', len))
+        return ck_fail(err, ix->files[id].path, "a zip archive, but neither an .npz (its first "
+                       "member '%.*s' is not an .npy file) nor a PyTorch checkpoint (whose "
+                       "records lie in one folder)", (int)(len < 200 ? len : 200), first);
+    const ck_file *f = &ix->files[id];
+    zip_archive z;
+    if (zip_read_directory(f, f->size, f->path, &z, err) != 0)
+        return -1;
+    ix->format = "pytorch-zip";
+    int rc = pt_read_zip(ix, id, &z, err);
+    zip_free(&z);
+    return rc;
 }
 
 static int open_file(http_remote *remote, const char *source, ck_index **out, ck_error *err)

@@ -604,15 +604,11 @@ static int load_data_pkl(pt_reader *r, pk_result *res)
     return rc;
 }
 
-int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
+int pt_read_zip(ck_index *ix, uint32_t file, const zip_archive *z, ck_error *err)
 {
-    const ck_file *f = &ix->files[file];
-    zip_archive z;
-    if (zip_read_directory(f, f->size, f->path, &z, err) != 0)
-        return -1;
-    pt_reader r = {.ix = ix, .file = file, .path = f->path, .zip = &z, .err = err};
+    pt_reader r = {.ix = ix, .file = file, .path = ix->files[file].path, .zip = z, .err = err};
     pk_result res = {0};
-    int rc = find_prefix(&r, &z);
+    int rc = find_prefix(&r, z);
     if (rc == 0)
         rc = check_zip_records(&r);
     if (rc == 0)
@@ -623,6 +619,5 @@ int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
     }
     pk_free(&res);
     free(r.name);
-    zip_free(&z);
     return rc;
 }
