@@ -6,6 +6,7 @@
 #include "hub.h"
 #include "npy.h"
 #include "packfile.h"
+#include "pt2.h"
 #include "safetensors.h"
 #include "torch.h"
 #include "zip.h"
@@ -16,8 +17,9 @@
 #include <sys/stat.h>
 
 /* A zip is an .npz when its first member is an .npy file (np.savez writes nothing else), and a
- * PyTorch checkpoint when its first record lies in a folder (torch.save's "archive/..."); any
- * other is named for what it holds. */
+ * PyTorch archive when its first record lies in a folder: a torch.export archive (.pt2) when the
+ * directory says so (pt2_probe), else a torch.save checkpoint ("archive/..."). The directory is
+ * read once, for both. Any other zip is named for what it holds. */
 static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t n,
                     ck_error *err)
 {
@@ -35,8 +37,9 @@ static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t
     zip_archive z;
     if (zip_read_directory(f, f->size, f->path, &z, err) != 0)
         return -1;
-    ix->format = "pytorch-zip";
-    int rc = pt_read_zip(ix, id, &z, err);
+    int pt2 = pt2_probe(&z);
+    ix->format = pt2 ? "pt2" : "pytorch-zip";
+    int rc = pt2 ? pt2_read_zip(ix, id, &z, err) : pt_read_zip(ix, id, &z, err);
     zip_free(&z);
     return rc;
 }
