@@ -9,7 +9,8 @@
 #       replays tests/regress/TARGET/* through each harness linked with a plain main (gcc, and
 #       the sanitizers when SANITIZE is set); `make test` runs it.
 
-FUZZ_TARGETS ?= safetensors sharded zip pickle torch_zip torch_legacy packfile source plan npy gguf
+FUZZ_TARGETS ?= safetensors sharded zip pickle torch_zip torch_legacy packfile source plan npy gguf \
+                pt2
 FUZZ_SECONDS ?= 60
 FUZZ_MAX_LEN ?= 262144
 FUZZ_CC      ?= clang

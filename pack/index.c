@@ -246,6 +246,30 @@ int ck_tensor_nbytes(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint
     return ck_dtype_nbytes(dt, count, nbytes);
 }
 
+int ck_strides_row_major(unsigned rank, const int64_t *shape)
+{
+    uint64_t expect = 1;
+    for (unsigned d = rank; d-- > 0;) {
+        if (shape[d] != 1 && (uint64_t)shape[rank + d] != expect)
+            return 0;
+        expect *= (uint64_t)shape[d];
+    }
+    return 1;
+}
+
+int ck_strided_last(unsigned rank, const int64_t *shape, uint64_t offset, uint64_t *last)
+{
+    uint64_t at = offset;
+    for (unsigned d = 0; d < rank; d++) {
+        uint64_t span = (uint64_t)(shape[d] - 1), step = (uint64_t)shape[rank + d];
+        if (step && span > (UINT64_MAX - at) / step)
+            return -1;
+        at += span * step;
+    }
+    *last = at;
+    return 0;
+}
+
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off)
 {
     return ck_file_read(&ix->files[file], buf, len, off);

@@ -203,4 +203,12 @@ char *ck_index_strndup(ck_index *ix, const char *s, size_t n);
  * blocks (a sub-byte dtype whose elements do not fill whole bytes). */
 int ck_tensor_nbytes(unsigned rank, const int64_t *shape, enum ck_dtype dt, uint64_t *nbytes);
 
+/* A strided tensor as a CK_STRIDED entry holds it: rank dims, then rank element strides (none
+ * negative). ck_strides_row_major: whether its elements lie row-major contiguous (every dim of
+ * more than one element steps by the product of the dims after it), so one extent serves it.
+ * ck_strided_last: the last element it touches, in elements from its storage's start, its first
+ * being `offset`; every dim at least 1 (a tensor with elements). -1 on overflow. */
+int ck_strides_row_major(unsigned rank, const int64_t *shape);
+int ck_strided_last(unsigned rank, const int64_t *shape, uint64_t offset, uint64_t *last);
+
 #endif

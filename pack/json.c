@@ -24,6 +24,73 @@ int ck_json_count(const cJSON *v, uint64_t *out)
     return 0;
 }
 
+/* A byte JSON forbids here: any control byte in a string; outside, all but tab, LF and CR. */
+static int is_control(unsigned char c, int in_string)
+{
+    return c < 0x20 && (in_string || (c != '\t' && c != '\n' && c != '\r'));
+}
+
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* The rules of ck_json_parse that cJSON does not keep, checked on the text: cJSON returns
+ * doubles, which cannot tell 2 from 2.0, so integer spelling is checked here; so are \u0000 and
+ * raw control bytes. */
+static int scan_text(const char *s, size_t n, const char *what, const char *path, ck_error *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (is_control((unsigned char)s[i], 0))
+            return ck_fail(err, path, "%s holds control byte 0x%02x (%s byte %zu)", what,
+                           (unsigned char)s[i], what, i);
+        if (s[i] == '"') {
+            for (i++; i < n && s[i] != '"'; i++) {
+                if (is_control((unsigned char)s[i], 1))
+                    return ck_fail(err, path, "%s holds control byte 0x%02x (%s byte %zu)", what,
+                                   (unsigned char)s[i], what, i);
+                if (s[i] != '\\')
+                    continue;
+                if (i + 5 < n && memcmp(s + i + 1, "u0000", 5) == 0)
+                    return ck_fail(err, path, "%s string contains \\u0000 (%s byte %zu)", what,
+                                   what, i);
+                i++;
+            }
+        } else if (s[i] == '-' || (s[i] >= '0' && s[i] <= '9')) {
+            size_t start = i;
+            int integral = 1;
+            for (; i < n && (is_digit(s[i]) || (s[i] && strchr("-+.eE", s[i]))); i++)
+                integral &= is_digit(s[i]) || s[i] == '-';
+            if (!integral)
+                return ck_fail(err, path, "number %.*s is not an integer (%s byte %zu)",
+                               (int)(i - start > 32 ? 32 : i - start), s + start, what, start);
+            i--;
+        }
+    }
+    return 0;
+}
+
+cJSON *ck_json_parse(const char *s, size_t n, const char *what, const char *path, ck_error *err)
+{
+    if (scan_text(s, n, what, path, err))
+        return NULL;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(s, n, &end, 0);
+    if (!root) {
+        ck_fail(err, path, "%s is not valid JSON (%s byte %zu)", what, what,
+                end ? (size_t)(end - s) : (size_t)0);
+        return NULL;
+    }
+    for (; end < s + n; end++)
+        if (!strchr(" \t\r\n", *end) || *end == 0) {
+            cJSON_Delete(root);
+            ck_fail(err, path, "unexpected bytes after the %s JSON (%s byte %zu)", what, what,
+                    (size_t)(end - s));
+            return NULL;
+        }
+    return root;
+}
+
 /* Whether any of the 8 bytes in w is below 0x20, '"' or '\\' (a byte that needs an escape).
  * The usual bit tricks: a zero byte of w - 0x01.., where w's byte had no high bit. */
 static int word_has_special(uint64_t w)

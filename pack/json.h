@@ -9,6 +9,10 @@
  * as a count only when a double holds it exactly, a whole number with 0 <= n < 2^53: 0, or -1
  * for anything else. A double cannot tell 2 from 2.0: a reader that must refuse the spelling
  * 2.0 checks the text.
+ * Reading: ck_json_parse is how a reader parses JSON it does not trust (a safetensors header, a
+ * .pt2's configs): every number must be spelled as an integer, no string may hold \u0000 (cJSON
+ * would cut it there), no raw control byte may appear (cJSON takes them as white space, or keeps
+ * them in a string), and nothing but white space may follow the value.
  */
 #ifndef CK_JSON_H
 #define CK_JSON_H
@@ -16,6 +20,8 @@
 #include <cjson/cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "error.h"
 
 /* Where ck_json_string writes: n bytes at s, to ctx. */
 typedef void (*ck_json_put)(void *ctx, const char *s, size_t n);
@@ -29,6 +35,11 @@ enum { CK_JSON_UTF8 = 1, CK_JSON_NAMED = 2 };
 void ck_json_string(ck_json_put put, void *ctx, const char *s, size_t n, int how);
 
 cJSON *ck_json_uint(uint64_t v);
+
+/* The JSON text s (n bytes, not NUL-terminated), checked as above and parsed; what names the text
+ * in messages ("header"), path the file. NULL with err set ("what is wrong (what byte N)"). The
+ * caller frees the tree with cJSON_Delete. */
+cJSON *ck_json_parse(const char *s, size_t n, const char *what, const char *path, ck_error *err);
 int ck_json_count(const cJSON *v, uint64_t *out);
 
 #endif

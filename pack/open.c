@@ -7,6 +7,7 @@
 #include "hub.h"
 #include "npy.h"
 #include "packfile.h"
+#include "pt2.h"
 #include "safetensors.h"
 #include "torch.h"
 #include "zip.h"
@@ -17,8 +18,9 @@
 #include <sys/stat.h>
 
 /* A zip is an .npz when its first member is an .npy file (np.savez writes nothing else), and a
- * PyTorch checkpoint when its first record lies in a folder (torch.save's "archive/..."); any
- * other is named for what it holds. */
+ * PyTorch archive when its first record lies in a folder: a torch.export archive (.pt2) when the
+ * directory says so (pt2_probe), else a torch.save checkpoint ("archive/..."). The directory is
+ * read once, for both. Any other zip is named for what it holds. */
 static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t n,
                     ck_error *err)
 {
@@ -28,13 +30,19 @@ static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t
         ix->format = "npz";
         return npz_read_file(ix, id, err);
     }
-    if (!first || memchr(first, '/', len)) {
-        ix->format = "pytorch-zip";
-        return pt_read_zip(ix, id, err);
-    }
-    return ck_fail(err, ix->files[id].path, "a zip archive, but neither an .npz (its first "
-                   "member '%.*s' is not an .npy file) nor a PyTorch checkpoint (whose records "
-                   "lie in one folder)", (int)(len < 200 ? len : 200), first);
+    if (first && !memchr(first, '/', len))
+        return ck_fail(err, ix->files[id].path, "a zip archive, but neither an .npz (its first "
+                       "member '%.*s' is not an .npy file) nor a PyTorch checkpoint (whose "
+                       "records lie in one folder)", (int)(len < 200 ? len : 200), first);
+    const ck_file *f = &ix->files[id];
+    zip_archive z;
+    if (zip_read_directory(f, f->size, f->path, &z, err) != 0)
+        return -1;
+    int pt2 = pt2_probe(&z);
+    ix->format = pt2 ? "pt2" : "pytorch-zip";
+    int rc = pt2 ? pt2_read_zip(ix, id, &z, err) : pt_read_zip(ix, id, &z, err);
+    zip_free(&z);
+    return rc;
 }
 
 static int open_file(http_remote *remote, const char *source, ck_index **out, ck_error *err)

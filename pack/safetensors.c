@@ -19,54 +19,6 @@ int st_probe(const unsigned char *head, size_t n)
     return n >= 9 && head[8] == '{';
 }
 
-/* A byte JSON forbids here: any control byte in a string; outside, all but tab, LF and CR. */
-static int is_control(unsigned char c, int in_string)
-{
-    return c < 0x20 && (in_string || (c != '\t' && c != '\n' && c != '\r'));
-}
-
-static int is_digit(char c)
-{
-    return c >= '0' && c <= '9';
-}
-
-/* Numbers in a header can only be offsets and dims, so all must be integers. cJSON returns
- * doubles, which cannot tell 2 from 2.0, so integer spelling is checked on the text. Strings
- * may not hold \u0000: cJSON would cut the name there, and a name must survive intact. Raw
- * control bytes, which JSON forbids, cJSON takes as white space, or in a string keeps (a NUL
- * cutting the name again): they are refused. */
-static int st_scan_text(const char *s, size_t n, const char *path, ck_error *err)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (is_control((unsigned char)s[i], 0))
-            return ck_fail(err, path, "header holds control byte 0x%02x (header byte %zu)",
-                           (unsigned char)s[i], i);
-        if (s[i] == '"') {
-            for (i++; i < n && s[i] != '"'; i++) {
-                if (is_control((unsigned char)s[i], 1))
-                    return ck_fail(err, path, "header holds control byte 0x%02x (header byte "
-                                   "%zu)", (unsigned char)s[i], i);
-                if (s[i] != '\\')
-                    continue;
-                if (i + 5 < n && memcmp(s + i + 1, "u0000", 5) == 0)
-                    return ck_fail(err, path, "header string contains \\u0000 (header byte %zu)",
-                                   i);
-                i++;
-            }
-        } else if (s[i] == '-' || (s[i] >= '0' && s[i] <= '9')) {
-            size_t start = i;
-            int integral = 1;
-            for (; i < n && (is_digit(s[i]) || (s[i] && strchr("-+.eE", s[i]))); i++)
-                integral &= is_digit(s[i]) || s[i] == '-';
-            if (!integral)
-                return ck_fail(err, path, "number %.*s is not an integer (header byte %zu)",
-                               (int)(i - start > 32 ? 32 : i - start), s + start, start);
-            i--;
-        }
-    }
-    return 0;
-}
-
 typedef struct st_tensor {
     const char *name;
     const cJSON *shape;
@@ -306,19 +258,9 @@ int st_parse_header(ck_index *ix, uint32_t file, const char *json, size_t len,
         return ck_fail(err, path, "header is not valid UTF-8 (header byte %zu)", bad);
     if (len == 0 || json[0] != '{')
         return ck_fail(err, path, "header does not start with '{' (header byte 0)");
-    if (st_scan_text(json, len, path, err))
-        return -1;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    cJSON *root = ck_json_parse(json, len, "header", path, err);
     if (!root)
-        return ck_fail(err, path, "header is not valid JSON (header byte %zu)",
-                       end ? (size_t)(end - json) : (size_t)0);
-    for (; end < json + len; end++)
-        if (!strchr(" \t\r\n", *end) || *end == 0) {
-            cJSON_Delete(root);
-            return ck_fail(err, path, "unexpected bytes after the header JSON (header byte %zu)",
-                           (size_t)(end - json));
-        }
+        return -1;
     int rc = 0;
     size_t n = 0, nmeta = 0;
     st_tensor *t = NULL;

@@ -274,31 +274,6 @@ static int storage_place(pt_reader *r, const pk_obj *s, pt_place *out)
     return 0;
 }
 
-static int is_row_major(const pk_obj *t)
-{
-    int64_t expect = 1;
-    for (unsigned d = t->u.tensor.rank; d-- > 0;) {
-        if (t->u.tensor.size[d] != 1 && t->u.tensor.stride[d] != expect)
-            return 0;
-        expect *= t->u.tensor.size[d];
-    }
-    return 1;
-}
-
-/* The last element the tensor touches, in elements from the storage start; -1 on overflow. */
-static int last_element(const pk_obj *t, uint64_t *last)
-{
-    uint64_t at = (uint64_t)t->u.tensor.offset;
-    for (unsigned d = 0; d < t->u.tensor.rank; d++) {
-        uint64_t span = (uint64_t)(t->u.tensor.size[d] - 1), step = (uint64_t)t->u.tensor.stride[d];
-        if (step && span > (UINT64_MAX - at) / step)
-            return -1;
-        at += span * step;
-    }
-    *last = at;
-    return 0;
-}
-
 /* The tensor t (named r->name) as a pt_tensor: checked against its storage. */
 static int describe_tensor(pt_reader *r, const pk_obj *t, pt_tensor *out)
 {
@@ -321,9 +296,10 @@ static int describe_tensor(pt_reader *r, const pk_obj *t, pt_tensor *out)
     uint64_t nbytes, last;
     if (ck_tensor_nbytes(rank, dims, t->u.tensor.dtype, &nbytes) != 0)
         return ck_fail(r->err, r->path, "tensor '%s': shape overflows", name);
-    out->contiguous = nbytes == 0 || is_row_major(t);
+    out->contiguous = nbytes == 0 || ck_strides_row_major(rank, dims);
     if (nbytes) {
-        if (last_element(t, &last) != 0 || last >= p.bytes / esize)
+        if (ck_strided_last(rank, dims, (uint64_t)t->u.tensor.offset, &last) != 0 ||
+            last >= p.bytes / esize)
             return ck_fail(r->err, r->path, "tensor '%s' reaches past the end of its storage "
                            "'%s' (%llu bytes)", name, s->u.storage.key,
                            (unsigned long long)p.bytes);
@@ -658,16 +634,13 @@ static int load_data_pkl(pt_reader *r, pk_result *res)
     return rc;
 }
 
-/* The archive f (size bytes: the file, or a window onto it at r->base), its object walked
- * with visit. */
-static int read_archive(pt_reader *r, const ck_file *f, uint64_t size, pt_visit visit)
+/* The archive whose directory is z (read from the file, or through a window onto it at
+ * r->base), its object walked with visit. */
+static int walk_archive(pt_reader *r, const zip_archive *z, pt_visit visit)
 {
-    zip_archive z;
-    if (zip_read_directory(f, size, r->path, &z, r->err) != 0)
-        return -1;
-    r->zip = &z;
+    r->zip = z;
     pk_result res = {0};
-    int rc = find_prefix(r, &z);
+    int rc = find_prefix(r, z);
     if (rc == 0)
         rc = check_zip_records(r);
     if (rc == 0)
@@ -678,35 +651,42 @@ static int read_archive(pt_reader *r, const ck_file *f, uint64_t size, pt_visit 
     }
     pk_free(&res);
     free(r->name);
-    zip_free(&z);
     return rc;
 }
 
-int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err)
+int pt_read_zip(ck_index *ix, uint32_t file, const zip_archive *z, ck_error *err)
 {
-    const ck_file *f = &ix->files[file];
-    pt_reader r = {.ix = ix, .file = file, .path = f->path, .err = err};
-    return read_archive(&r, f, f->size, add_leaf);
+    pt_reader r = {.ix = ix, .file = file, .path = ix->files[file].path, .err = err};
+    return walk_archive(&r, z, add_leaf);
+}
+
+/* The archive of size bytes at r->base in r->file, read through a window onto them. */
+static int read_window(pt_reader *r, uint64_t size, pt_visit visit)
+{
+    ck_window w;
+    ck_window_init(&w, &r->ix->files[r->file], r->base, size);
+    zip_archive z;
+    if (zip_read_directory(&w.file, size, r->path, &z, r->err) != 0)
+        return -1;
+    int rc = walk_archive(r, &z, visit);
+    zip_free(&z);
+    return rc;
 }
 
 int pt_read_zip_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, const char *name,
                    ck_error *err)
 {
-    ck_window w;
-    ck_window_init(&w, &ix->files[file], base, size);
     pt_reader r = {.ix = ix, .file = file, .base = base, .root_name = name,
                    .path = ix->files[file].path, .err = err};
-    return read_archive(&r, &w.file, size, add_leaf);
+    return read_window(&r, size, add_leaf);
 }
 
 int pt_read_zip_tensor(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
                        pt_tensor *out, ck_error *err)
 {
-    ck_window w;
-    ck_window_init(&w, &ix->files[file], base, size);
     pt_reader r = {.ix = ix, .file = file, .base = base, .tensor = out,
                    .path = ix->files[file].path, .err = err};
-    int rc = read_archive(&r, &w.file, size, capture_tensor);
+    int rc = read_window(&r, size, capture_tensor);
     if (rc == 0 && !r.captured)
         rc = ck_fail(err, r.path, "the torch.save archive at byte %llu holds an empty "
                      "container, not one tensor", (unsigned long long)base);

@@ -13,6 +13,7 @@
 #define CK_TORCH_H
 
 #include "index.h"
+#include "zip.h"
 
 #define PT_MAX_PICKLE (256u << 20) /* the object pickle may not be bigger */
 
@@ -21,8 +22,9 @@
 /* True when head (the first n bytes) starts a legacy torch file (its magic-number pickle). */
 int pt_probe_legacy(const unsigned char *head, size_t n);
 
-/* Parse file `file` of ix (already added) and append its entries. */
-int pt_read_zip(ck_index *ix, uint32_t file, ck_error *err);
+/* Parse file `file` of ix (already added) and append its entries: a zip whose directory z
+ * (zip_read_directory) is read, or a legacy file. */
+int pt_read_zip(ck_index *ix, uint32_t file, const zip_archive *z, ck_error *err);
 int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err);
 
 /* A torch.save archive inside file `file` of ix, its size bytes at base (DCP writes them end to
