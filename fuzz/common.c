@@ -1,6 +1,7 @@
 /* common.c — the memfd and the checks every harness shares (see fuzz.h). */
 #include "fuzz.h"
 #include "../pack/packfile.h"
+#include "../pack/zip.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -37,6 +38,21 @@ ck_index *fuzz_index(const uint8_t *data, size_t size)
     FUZZ_REQUIRE(ix != NULL);
     FUZZ_REQUIRE(ck_index_add_file(ix, "fuzz-input", fuzz_memfd(data, size), &err) == 0);
     return ix;
+}
+
+void fuzz_zip_reader_run(const uint8_t *data, size_t size, fuzz_zip_reader read)
+{
+    ck_error err = {{0}};
+    ck_index *ix = fuzz_index(data, size);
+    const ck_file *f = &ix->files[0];
+    zip_archive z;
+    int rc = zip_read_directory(f, f->size, f->path, &z, &err);
+    if (rc == 0) {
+        rc = read(ix, 0, &z, &err);
+        zip_free(&z);
+    }
+    fuzz_check(rc, ix, &err);
+    ck_index_free(ix);
 }
 
 void fuzz_fix_pack_xxh3(uint8_t *data, size_t size)

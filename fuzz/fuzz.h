@@ -26,6 +26,13 @@ int fuzz_memfd(const uint8_t *data, size_t size);
 /* A fresh index whose file 0 is a memfd holding the input. */
 ck_index *fuzz_index(const uint8_t *data, size_t size);
 
+/* Runs read (a reader of a zip whose directory the opener read: pt_read_zip, pt2_read_zip) on
+ * the input as file 0, after the directory, and checks the result (fuzz_check). */
+struct zip_archive;
+typedef int (*fuzz_zip_reader)(ck_index *ix, uint32_t file, const struct zip_archive *z,
+                               ck_error *err);
+void fuzz_zip_reader_run(const uint8_t *data, size_t size, fuzz_zip_reader read);
+
 /* For a pack in data (size bytes, writable): sets the header's index_xxh3 to the XXH3 of the
  * index, when the header's index_length fits. Almost every mutation of the index breaks that
  * checksum, so without this the fuzzer would never get past it; comparing a checksum needs no
