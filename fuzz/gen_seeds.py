@@ -10,6 +10,7 @@ them short, which drops a zip's central directory.
 import argparse
 import collections
 import io
+import json
 import os
 import pickle
 import shutil
@@ -24,7 +25,7 @@ from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_sharded.c splits its input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan", "npy", "gguf"]
+           "source", "plan", "npy", "gguf", "pt2"]
 PLAN_SELECTORS = b"\x00\x01\x02\x07"  # fuzz_plan.c: no only, a prefix, a glob, another prefix
 
 
@@ -151,6 +152,43 @@ def gguf_seeds(corpus_files):
     return out
 
 
+def pt2_seeds():
+    """torch.export archives in the layout torch 2.x writes (tests/integration/test_pt2.py reads
+    real ones; torch 1.13, which runs this, cannot export): a stored zip under one root folder,
+    its configs naming each weight's record, dtype (ScalarType: 7 F32, 13 BF16, 5 I64), sizes,
+    strides and storage offset."""
+    def meta(dtype, sizes, strides, offset=0):
+        return {"dtype": dtype, "sizes": [{"as_int": n} for n in sizes], "requires_grad": False,
+                "device": {"type": "cpu", "index": None},
+                "strides": [{"as_int": n} for n in strides],
+                "storage_offset": {"as_int": offset}, "layout": 7}
+
+    def archive(weights, constants):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("m/archive_format", "pt2")
+            z.writestr("m/byteorder", "little")
+            for kind, items in (("weights", weights), ("constants", constants)):
+                config = {}
+                for i, (fqn, data, m) in enumerate(items):
+                    path = f"{kind[:-1] if kind == 'weights' else 'tensor'}_{i}"
+                    z.writestr(f"m/data/{kind}/{path}", data)
+                    config[fqn] = {"path_name": path, "is_param": kind == "weights",
+                                   "use_pickle": False, "tensor_meta": m}
+                z.writestr(f"m/data/{kind}/model_{kind}_config.json",
+                           json.dumps({"config": config}))
+        return buf.getvalue()
+
+    f32 = np.arange(12, dtype="<f4").tobytes()
+    return {
+        "gen_linear.pt2": archive(
+            [("lin.weight", f32, meta(7, [3, 4], [4, 1])), ("lin.bias", f32[:12], meta(7, [3], [1])),
+             ("t.weight", f32, meta(7, [4, 3], [1, 4])), ("bf", f32[:8], meta(13, [2, 2], [2, 1]))],
+            [("c", np.arange(4, dtype="<i8").tobytes(), meta(5, [2], [1], 2))]),
+        "gen_empty.pt2": archive([], []),
+    }
+
+
 def write(dirpath, name, data):
     os.makedirs(dirpath, exist_ok=True)
     with open(os.path.join(dirpath, name), "wb") as f:
@@ -254,6 +292,9 @@ def main():
                    if n.endswith(".gguf")]
     for name, data in gguf_seeds(corpus_gguf).items():
         add(["gguf", "source"], name, data)
+
+    for name, data in pt2_seeds().items():
+        add(["pt2", "zip", "source"], name, data)
 
     # packs of some of the above, written by our own tool
     with tempfile.TemporaryDirectory() as tmp:
