@@ -85,7 +85,8 @@ static _Noreturn void watch(int fd, const char *mountpoint, char *args, size_t a
     close_range(3, (unsigned)keep - 1, 0);
     close_range((unsigned)keep + 1, ~0u, 0);
     (void)setsid();
-    (void)chdir("/");
+    if (chdir("/") != 0)
+        _exit(1); /* "/" always exists: failing here means a broken namespace */
     prctl(PR_SET_NAME, WATCH_NAME);
     if (args_len) {
         memset(args, 0, args_len);
