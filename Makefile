@@ -174,6 +174,7 @@ bench: all
 	CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-diff
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-dist
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-http
+	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) $(CURDIR)/.deps/torch2/bin/python scripts/bench-dcp
 
 demo: setup all
 	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo

@@ -29,7 +29,10 @@ class BuildWithMake(build):
 
     def run(self):
         super().run()
-        subprocess.check_call(["make", "-C", HERE, "BUILD=build/wheel", "build/wheel/libckload.so"])
+        # a plain build whatever make ran this (a sanitizer run passes SANITIZE down through
+        # MAKEFLAGS): build/wheel's objects are then always the same kind, never a mix
+        subprocess.check_call(["make", "-C", HERE, "BUILD=build/wheel", "SANITIZE=", "COVERAGE=",
+                               "build/wheel/libckload.so"])
         pkg = os.path.join(self.build_lib, "ckload")
         os.makedirs(pkg, exist_ok=True)
         shutil.copyfile(os.path.join(HERE, "cuda", "python", "ckload.py"),

@@ -202,12 +202,8 @@ static int add_value(dcp_reader *r, const pk_obj *fqn)
     const dcp_record *rec = find_record(r, fqn, NULL);
     if (!rec)
         return ck_fail(r->err, r->path, "value '%s' has no storage record", fqn->u.str.s);
-    size_t before = r->ix->nentries;
-    ck_error why;
-    if (pt_read_zip_at(r->ix, rec->file, rec->offset, rec->length, fqn->u.str.s, &why) == 0)
-        return 0;
-    r->ix->nentries = before; /* what it added before it failed is not the value */
-    return ck_index_add_omission(r->ix, fqn->u.str.s, fqn->u.str.len, why.msg, r->err);
+    return pt_read_zip_or_omit(r->ix, rec->file, rec->offset, rec->length, fqn->u.str.s,
+                               fqn->u.str.len, NULL, r->err);
 }
 
 /* --- tensors ---------------------------------------------------------------------------- */

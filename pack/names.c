@@ -47,9 +47,35 @@ int ck_name_selected(const char *name, size_t len, const char *only)
     if (!only)
         return 1;
     size_t n = strlen(only);
-    if (len >= n && memcmp(name, only, n) == 0 && (len == n || name[n] == '.'))
+    /* "model" and "model." both select model.* (and "model." nothing else) */
+    if (len >= n && memcmp(name, only, n) == 0 &&
+        (len == n || name[n] == '.' || (n && only[n - 1] == '.')))
         return 1;
     return fnmatch(only, name, 0) == 0;
+}
+
+size_t ck_name_distance(const char *a, size_t alen, const char *b, size_t blen, size_t max)
+{
+    if (alen > CK_DISTANCE_MAX_LEN || blen > CK_DISTANCE_MAX_LEN ||
+        (alen > blen ? alen - blen : blen - alen) > max)
+        return max + 1;
+    size_t row[CK_DISTANCE_MAX_LEN + 1];
+    for (size_t j = 0; j <= blen; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= alen; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= blen; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[blen] <= max ? row[blen] : max + 1;
 }
 
 static int by_key_then_index(const void *a, const void *b, void *keys)

@@ -11,8 +11,15 @@
 #include <stddef.h>
 
 /* Whether name (len bytes, NUL-terminated) is selected by only: NULL selects all; else a name
- * that equals only or continues it with '.', or that matches it as a glob (fnmatch). */
+ * that equals only or continues it with '.' (only ending in '.': any name it begins), or that
+ * matches it as a glob (fnmatch). */
 int ck_name_selected(const char *name, size_t len, const char *only);
+
+/* The edit distance (insertions, deletions, substitutions of bytes) between a and b when it is
+ * at most max, else max + 1 (told from the lengths alone where they differ by more); names of
+ * over CK_DISTANCE_MAX_LEN bytes are max + 1 from everything. For "did you mean" on a miss. */
+#define CK_DISTANCE_MAX_LEN 256
+size_t ck_name_distance(const char *a, size_t alen, const char *b, size_t blen, size_t max);
 
 /* Natural order of names: digit runs compare as numbers ("layers.2" < "layers.10"). */
 int ck_natural_cmp(const char *a, size_t alen, const char *b, size_t blen);

@@ -2,6 +2,7 @@
 #include "pt2.h"
 #include "json.h"
 #include "names.h"
+#include "torch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -302,10 +303,12 @@ static int add_payload(pt2_reader *r, const char *what, const char *dir, const c
     const char *name = entry_name(r, fqn, &len);
     if (!name)
         return -1;
-    if (cJSON_IsTrue(pickled))
-        return ck_index_add_omission(r->ix, name, len, "torch.save'd inside the archive "
-                                     "(use_pickle: a tensor subclass or a custom object), which "
-                                     "ckptfs does not read", r->err);
+    if (cJSON_IsTrue(pickled)) /* torch.save'd into the record: its pickle through our VM */
+        return e->method != 0
+                   ? ck_index_add_omission(r->ix, name, len, "use_pickle, in a compressed "
+                                           "record", r->err)
+                   : pt_read_zip_or_omit(r->ix, r->file, e->data_offset, e->size, name, len,
+                                         "use_pickle", r->err);
     pt2_meta t;
     if (read_meta(r, what, fqn, cJSON_GetObjectItemCaseSensitive(p, "tensor_meta"), &t) != 0)
         return -1;

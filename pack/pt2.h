@@ -13,9 +13,11 @@
  *    record of the storage's raw little-endian elements, seen through sizes, element strides and
  *    storage_offset: one extent when row-major contiguous, else a strided gather. dtype is
  *    torch's ScalarType number (torch/_export/serde/schema.py); layout must be Strided (7).
- *  - Payloads torch pickles (use_pickle: tensor subclasses, custom objects) and empty records
- *    of tensors with elements (fake tensors, which torch loads as zeros) are omissions, with the
- *    reason.
+ *  - A payload torch pickles (use_pickle: torch.save of a tensor subclass, or a custom
+ *    object's pickle) is read as the torch.save archive it is, through the safe pickle VM
+ *    (torch.h's pt_read_zip_or_omit): what it can show is shown under FQN, else FQN is an
+ *    omission with the reason (a class outside the policy, not an archive). Empty records of
+ *    tensors with elements (fake tensors, which torch loads as zeros) are omissions too.
  *  - Nothing is trusted unchecked: the configs pass ck_json_parse and are at most
  *    PT2_MAX_CONFIG bytes; each record must exist, be stored (a deflated one is refused) and
  *    hold every element the tensor reaches, a whole number of elements; a name given twice is

@@ -1,6 +1,7 @@
 /* torch.c — PyTorch checkpoints (zip and legacy) into the common index, via the safe pickle VM. */
 #include "torch.h"
 #include "bytes.h"
+#include "location.h"
 #include "pickle.h"
 #include "pickle_text.h"
 #include "zip.h"
@@ -679,6 +680,24 @@ int pt_read_zip_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, co
     pt_reader r = {.ix = ix, .file = file, .base = base, .root_name = name,
                    .path = ix->files[file].path, .err = err};
     return read_window(&r, size, add_leaf);
+}
+
+int pt_read_zip_or_omit(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
+                        const char *name, size_t len, const char *context, ck_error *err)
+{
+    size_t before = ix->nentries;
+    ck_error why;
+    if (pt_read_zip_at(ix, file, base, size, name, &why) == 0)
+        return 0;
+    ix->nentries = before; /* what it added before it failed is not the object */
+    /* the reason without the "FILE: " the message starts with: an omission is of that file */
+    char shown[sizeof why.msg], reason[sizeof why.msg + 128];
+    const char *msg = why.msg;
+    size_t n = strlen(ck_location_shown(ix->files[file].path, shown, sizeof shown));
+    if (strncmp(msg, shown, n) == 0 && strncmp(msg + n, ": ", 2) == 0)
+        msg += n + 2;
+    snprintf(reason, sizeof reason, "%s%s%s", context ? context : "", context ? ": " : "", msg);
+    return ck_index_add_omission(ix, name, len, reason, err);
 }
 
 int pt_read_zip_tensor(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,

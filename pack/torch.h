@@ -28,9 +28,12 @@ int pt_read_zip(ck_index *ix, uint32_t file, const zip_archive *z, ck_error *err
 int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err);
 
 /* A torch.save archive inside file `file` of ix, its size bytes at base (DCP writes them end to
- * end): pt_read_zip_at appends its entries named under name (the object itself named name, a
- * container's children name.KEY); pt_read_zip_tensor describes the one tensor it holds (an
- * error if it holds anything else) without adding an entry. */
+ * end; a .pt2 stores pickled payloads so): pt_read_zip_at appends its entries named under name
+ * (the object itself named name, a container's children name.KEY); pt_read_zip_or_omit does,
+ * or when the archive cannot be read (not one, a class the policy refuses...) appends the
+ * omission of name (len bytes) with why, after "context: " when context is not NULL, and fails
+ * only for want of memory; pt_read_zip_tensor describes the one tensor it holds (an error if
+ * it holds anything else) without adding an entry. */
 typedef struct pt_tensor {
     int64_t dims[2 * CK_MAX_RANK]; /* rank dims, then rank strides (elements) */
     ck_extent ext;                 /* from its first element; its bytes when contiguous */
@@ -40,6 +43,8 @@ typedef struct pt_tensor {
 
 int pt_read_zip_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, const char *name,
                    ck_error *err);
+int pt_read_zip_or_omit(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
+                        const char *name, size_t len, const char *context, ck_error *err);
 int pt_read_zip_tensor(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
                        pt_tensor *out, ck_error *err);
 

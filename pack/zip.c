@@ -35,6 +35,7 @@ enum {
     END64_LEN = 56, /* up to and including the central directory offset */
     LOC64_LEN = 20,
     MAX_COMMENT = 65535,
+    END_PROBE = 512, /* the tail searched first for the end record */
     EXTRA_ZIP64 = 0x0001,
     FLAG_ENCRYPTED = 0x0001,
     NAME_SHOWN = 200, /* at most this many bytes of an entry name go into a message */
@@ -69,35 +70,54 @@ typedef struct zip_end {
     uint64_t limit;     /* the central directory must end by here: the first end record */
 } zip_end;
 
+/* The last end-of-central-directory record in tail[0..n) whose comment length reaches exactly
+ * its end: its index, or n; *liar the last record whose comment length is wrong, or n. */
+static size_t last_end_record(const unsigned char *tail, size_t n, size_t *liar)
+{
+    *liar = n;
+    for (size_t i = n - END_LEN + 1; i-- > 0;) {
+        if (get_le32(tail + i) != SIG_END)
+            continue;
+        if (i + END_LEN + get_le16(tail + i + 20) == n)
+            return i;
+        if (*liar == n)
+            *liar = i;
+    }
+    return n;
+}
+
 /* Finds the end-of-central-directory record: its offset in *at, its 22 bytes in rec. It ends
  * the file but for its comment (up to 65535 bytes), so the search is over the last 65557 bytes,
  * backwards, and a record only counts when its comment length reaches exactly the end of the
- * file: a comment may itself hold "PK\5\6". */
+ * file: a comment may itself hold "PK\5\6". Archives rarely have a comment (torch.save's
+ * never do), so the last END_PROBE bytes are searched first: a record found there is the one
+ * the whole search finds (the last), and many small archives in one file (a DCP checkpoint's
+ * chunks) are not each read 64 KiB deep. */
 static int find_end(const ck_file *f, uint64_t file_size, const char *path, uint64_t *at,
                     unsigned char rec[END_LEN], ck_error *err)
 {
     if (file_size < END_LEN)
         return ck_fail(err, path, "file is %llu bytes, too short for a zip archive (needs %d)",
                        (ull)file_size, END_LEN);
-    size_t n = file_size < END_LEN + MAX_COMMENT ? (size_t)file_size : END_LEN + MAX_COMMENT;
-    uint64_t base = file_size - n;
-    unsigned char *tail = malloc(n);
+    size_t deepest = file_size < END_LEN + MAX_COMMENT ? (size_t)file_size
+                                                        : END_LEN + MAX_COMMENT;
+    unsigned char *tail = malloc(deepest);
     if (!tail)
         return ck_fail(err, path, "out of memory");
-    int rc = ck_file_read(f, tail, n, base);
-    if (rc) {
-        free(tail);
-        return ck_fail(err, path, "cannot read the last %zu bytes: %s", n, strerror(-rc));
+    size_t n = deepest < END_PROBE ? deepest : END_PROBE, found, liar;
+    int rc;
+    for (;;) {
+        rc = ck_file_read(f, tail, n, file_size - n);
+        if (rc) {
+            free(tail);
+            return ck_fail(err, path, "cannot read the last %zu bytes: %s", n, strerror(-rc));
+        }
+        found = last_end_record(tail, n, &liar);
+        if (found < n || n == deepest)
+            break;
+        n = deepest;
     }
-    size_t found = n, liar = n; /* liar: the last record whose comment length is wrong */
-    for (size_t i = n - END_LEN + 1; i-- > 0 && found == n;) {
-        if (get_le32(tail + i) != SIG_END)
-            continue;
-        if (i + END_LEN + get_le16(tail + i + 20) == n)
-            found = i;
-        else if (liar == n)
-            liar = i;
-    }
+    uint64_t base = file_size - n;
     if (found < n) {
         *at = base + found;
         memcpy(rec, tail + found, END_LEN);

@@ -4,6 +4,10 @@ and what torch reads back from them, for the tests to compare ckptfs against.
   dcp_writer.py save DIR                 one process, a small transformer state dict + values
   dcp_writer.py sharded DIR WORLD        WORLD gloo ranks: DTensors Shard(0), Shard(1),
                                          Replicate, and an FSDP2 module with Adam's state
+  dcp_writer.py model DIR WORLD LAYERS HIDDEN [DTYPE]
+                                         WORLD gloo ranks save an FSDP2-sharded stack of LAYERS
+                                         transformer-shaped blocks (HIDDEN wide, float32 or
+                                         bfloat16): chunks of rows, one per rank and weight
   dcp_writer.py expect DIR OUT           torch's own reading of DIR (dcp_to_torch_save, then
                                          torch.load): OUT/manifest.json and one raw file per
                                          tensor (row-major, little-endian), values as str()
@@ -62,12 +66,58 @@ def sharded_rank(rank, world, path, port):
 
 
 def sharded(path, world):
+    spawn_ranks(sharded_rank, world, path)
+
+
+def spawn_ranks(fn, world, *args):
+    """fn(rank, world, *args, port) on world processes of one gloo group on 127.0.0.1."""
     import socket
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(sharded_rank, args=(world, path, port), nprocs=world, join=True)
+    mp.spawn(fn, args=(world, *args, port), nprocs=world, join=True)
+
+
+def model_rank(rank, world, path, layers, hidden, dtype, port):
+    """Built on the meta device and sharded before any memory is taken: each rank holds and
+    fills only its rows (seeded by rank), so a 2 GiB model costs each rank its share."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    mesh = init_device_mesh("cpu", (world,))
+    h, nn = hidden, torch.nn
+
+    def block():
+        b = nn.Module()
+        for name, shape in (("q_proj", (h, h)), ("k_proj", (h, h)), ("v_proj", (h, h)),
+                            ("o_proj", (h, h)), ("up_proj", (4 * h, h)),
+                            ("down_proj", (h, 4 * h))):
+            b.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype)))
+        b.register_parameter("norm", nn.Parameter(torch.empty(h, dtype=dtype)))
+        return b
+    with torch.device("meta"):
+        model = nn.Module()
+        model.layers = nn.ModuleList(block() for _ in range(layers))
+        model.embed = nn.Parameter(torch.empty(1024, h, dtype=dtype))
+    for b in model.layers:
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(1000 + rank)
+    with torch.no_grad():
+        for p in model.parameters():
+            local = p.to_local()
+            local.copy_(torch.randn(local.shape, generator=g).to(dtype))
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def model(path, world, layers, hidden, dtype="float32"):
+    spawn_ranks(model_rank, int(world), path, int(layers), int(hidden), getattr(torch, dtype))
 
 
 def flatten(obj, prefix, out):
@@ -144,5 +194,6 @@ if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"save": lambda: save(*args),
      "sharded": lambda: sharded(args[0], int(args[1])),
+     "model": lambda: model(*args),
      "expect": lambda: expect(*args),
      "hostile": lambda: hostile(*args)}[cmd]()

@@ -1,7 +1,10 @@
 """torch.distributed.checkpoint (DCP) directories: written by torch 2.x itself (one process, and
 2 and 4 gloo ranks with DTensor Shard(0) / Shard(1) / Replicate and an FSDP2 module with Adam's
-state), read by ckptfs (mount, ckpt ls / cat, convert) and compared with what torch reads back
+state), read by ckptfs (mount, ckpt ls / cat, convert, over nginx too) and ckload (whole, into a
+module's memory, and resharded: a rank's tensor-parallel part of an FSDP checkpoint, with the
+bytes it read counted by the kernel) and compared with what torch reads back
 (dcp_to_torch_save, then torch.load); hostile metadata refused in one line."""
+import fnmatch
 import json
 import subprocess
 import sys
@@ -10,7 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptfs_testlib import REPO, assert_refused, ckpt_bin, read_index, run
+import ckload
+import netlab
+from ckptfs_testlib import REPO, assert_refused, ckpt_bin, read_index, run, torch_bytes
+from test_slices import part
 
 TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
 WRITER = Path(__file__).with_name("dcp_writer.py")
@@ -41,6 +47,12 @@ def checkpoint(request, tmp_path_factory):
 
 def expected_bytes(exp, t):
     return (exp / t["file"]).read_bytes()
+
+
+def expected_tensor(exp, t):
+    dtype = getattr(torch, t["dtype"].split(".")[-1])
+    flat = torch.frombuffer(bytearray(expected_bytes(exp, t)), dtype=dtype)
+    return flat.reshape(t["shape"])
 
 
 def test_every_tensor_mounts_at_its_global_shape_with_torchs_bytes(checkpoint, mount):
@@ -89,6 +101,22 @@ def test_ckpt_cat_and_convert_agree_with_torch(checkpoint, tmp_path):
         assert flat.view(torch.uint8).numpy().tobytes() == expected_bytes(exp, t), name
 
 
+def test_convert_to_hugging_face_shards_leaving_optimizer_state_out(checkpoint, tmp_path):
+    d, manifest, exp = checkpoint
+    out = tmp_path / "hf"
+    p = run([ckpt_bin(), "convert", d, out, "--max-shard-size", "1KB", "--only", "model."],
+            timeout=120)
+    assert p.returncode == 0, p.stderr
+    weight_map = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    want = {n: t for n, t in manifest["tensors"].items() if n.startswith("model.")}
+    assert set(weight_map) == set(want) and want
+    from safetensors.torch import load_file
+    for shard in set(weight_map.values()):
+        for name, t in load_file(str(out / shard)).items():
+            assert weight_map[name] == shard
+            assert torch_bytes(t.contiguous()) == expected_bytes(exp, want[name]), name
+
+
 def test_the_metadata_file_itself_is_a_source(checkpoint):
     d, manifest, _ = checkpoint
     p = run([ckpt_bin(), "ls", d / ".metadata"])
@@ -114,3 +142,80 @@ def test_hostile_metadata_is_refused_in_one_line(sharded2, tmp_path, mountpoint,
     torch2("hostile", sharded2, bad, kind)
     line = assert_refused(bad, mountpoint, prefix=bad / ".metadata")
     assert says in line, line
+
+
+def test_ckload_loads_every_tensor_and_fills_a_modules_memory(checkpoint):
+    d, manifest, exp = checkpoint
+    sd = ckload.load(d, device="cpu")
+    assert set(sd) == set(manifest["tensors"])
+    for name, t in manifest["tensors"].items():
+        assert list(sd[name].shape) == t["shape"], name
+        assert torch_bytes(sd[name]) == expected_bytes(exp, t), name
+    target = {name: torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"].split(".")[-1]))
+              for name, t in manifest["tensors"].items()}
+    ckload.load_into(target, d)
+    for name, t in manifest["tensors"].items():
+        assert torch_bytes(target[name]) == expected_bytes(exp, t), name
+
+
+@pytest.fixture(scope="module")
+def fsdp4(tmp_path_factory):
+    """4 ranks' FSDP2 checkpoint of two 256-wide blocks: each weight in 4 chunks of rows."""
+    return written(tmp_path_factory, "model", 4, 2, 256)
+
+
+def rchar():
+    """Bytes this process has asked read(2) and pread(2) for, every thread's, whatever the page
+    cache held (the kernel's count, /proc/self/io): what the loader read, not what readahead
+    brought in."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def counted(fn):
+    before = rchar()
+    out = fn()
+    return out, rchar() - before
+
+
+# tensor-parallel rules over FSDP's row chunks: rows for the input projections, columns (a
+# piece of every chunk) for the output ones
+TP_RULES = [("*.o_proj", 1), ("*.down_proj", 1), ("*", 0)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_resharded_load_reads_its_share_and_no_more(fsdp4, world):
+    """4 ranks' FSDP chunks loaded as `world` tensor-parallel parts: each rank's tensors are
+    torch.chunk's parts of torch's own tensors, and each rank reads, by the kernel's count, at
+    most 1/world of the tensor bytes plus one chunk, besides what opening the checkpoint reads
+    (measured: a whole load's count less its tensor bytes)."""
+    d, manifest, exp = fsdp4
+    whole = lambda: ckload.load(d, device="cpu")
+    counted(whole)  # the first: imports and lazy set-up out of the counts
+    sd, whole_read = counted(whole)
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    opening = whole_read - total
+    assert 0 <= opening < total / 20, (whole_read, total)
+    chunk = max(t.numel() * t.element_size() for t in sd.values()) // 4
+    for rank in range(world):
+        got, read = counted(lambda: ckload.load(d, device="cpu", slices=TP_RULES, rank=rank,
+                                                world_size=world))
+        for name, t in manifest["tensors"].items():
+            dim = next(dim for glob, dim in TP_RULES if fnmatch.fnmatchcase(name, glob))
+            want = part(expected_tensor(exp, t), dim, rank, world)
+            assert torch_bytes(got[name]) == torch_bytes(want), (name, rank)
+        assert read <= total / world + chunk + opening, (rank, read, total, chunk, opening)
+
+
+def test_over_http_as_any_source(checkpoint, mount):
+    """The .metadata's URL: the .distcp files beside it fetched by range."""
+    d, manifest, exp = checkpoint
+    with netlab.Nginx(d) as srv:
+        url = srv.url(".metadata")
+        with mount(url) as m:
+            paths = {t["name"]: t["path"] for t in read_index(m)["tensors"]}
+            for name, t in manifest["tensors"].items():
+                assert (m / paths[name]).read_bytes() == expected_bytes(exp, t), name
+        sd = ckload.load(url, device="cpu")
+        for name, t in manifest["tensors"].items():
+            assert torch_bytes(sd[name]) == expected_bytes(exp, t), name

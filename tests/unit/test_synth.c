@@ -893,7 +893,9 @@ static int log_progress(void *ctx, uint64_t done, uint64_t total)
 Test(synth_only, prefix_is_the_name_or_a_name_that_goes_on_with_a_dot)
 {
     CHECK_ONLY("layers.1", "layers.1.w");
+    CHECK_ONLY("layers.1.", "layers.1.w"); /* ending in a dot: the names it begins */
     CHECK_ONLY("layers", "layers.1.w", "layers.2.w", "layers.10.w");
+    CHECK_ONLY("layers.", "layers.1.w", "layers.2.w", "layers.10.w");
     CHECK_ONLY("layers.10.w", "layers.10.w");
     CHECK_ONLY("embed", "embed.part", "embed.weight");
     CHECK_ONLY("block.1", "block.1.w");
@@ -920,6 +922,9 @@ Test(synth_only, name_selected)
     cr_assert(ck_name_selected("layers.1.w", 10, "layers.1"));
     cr_assert_not(ck_name_selected("layers.10.w", 11, "layers.1"));
     cr_assert_not(ck_name_selected("layers", 6, "layers.1"));
+    cr_assert(ck_name_selected("model.layers.0.w", 16, "model."));
+    cr_assert_not(ck_name_selected("model", 5, "model."));
+    cr_assert_not(ck_name_selected("optim.state.w", 13, "model."));
     cr_assert(ck_name_selected("layers.10.w", 11, "layers.*"));
     cr_assert(ck_name_selected("a.b.c", 5, "*c"));
     cr_assert_not(ck_name_selected("a.b.c", 5, "*d"));
@@ -929,7 +934,7 @@ Test(synth_only, name_selected)
 Test(synth_only, selecting_nothing_fails)
 {
     ck_index *ix = sample_index();
-    static const char *const none[] = {"nothing", "lay", "layers.1.", "LAYERS.*", "t.t", "*.x"};
+    static const char *const none[] = {"nothing", "lay", "layers.9.", "LAYERS.*", "t.t", "*.x"};
     for (size_t i = 0; i < sizeof none / sizeof *none; i++) {
         int dummy;
         ck_synth *sy = (ck_synth *)&dummy;

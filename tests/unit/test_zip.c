@@ -445,8 +445,10 @@ Test(zip_python, finds_by_exact_name)
 
 Test(zip_python, comment_of_every_length)
 {
-    /* The longest comment puts the record at the very start of the 65557 bytes searched. */
-    const char *bodies[] = {"b''", "b'x'", "b'c' * 1000", "b'c' * 65534", "b'c' * 65535"};
+    /* The longest comment puts the record at the very start of the 65557 bytes searched; 490
+     * and 491 bytes at the start of, and just before, the 512 searched first. */
+    const char *bodies[] = {"b''", "b'x'", "b'c' * 490", "b'c' * 491", "b'c' * 1000",
+                            "b'c' * 65534", "b'c' * 65535"};
     for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
         const char *path = py_zip(strf("    zf.writestr('x', b'data')\n"
                                        "    zf.writestr('y', b'more data')\n"
