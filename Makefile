@@ -194,10 +194,13 @@ PYDIR ?= $(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sysconfig as s; \
            print(s.get_python_version() + "/" + s.get_path("purelib").rstrip("/").split("/")[-1])')
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/include \
-	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PYDIR)
+	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 \
+	    $(DESTDIR)$(PREFIX)/share/man/man3 $(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(PYDIR)
 	install -m 0755 $(BUILD)/ckptfs $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 tools/mount.fuse.ckptfs $(DESTDIR)$(PREFIX)/sbin/
 	install -m 0644 man/ckptfs.1 man/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 0644 man/libckload.3 $(DESTDIR)$(PREFIX)/share/man/man3/
+	install -m 0644 man/mount.fuse.ckptfs.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0755 $(BUILD)/libckload.so $(DESTDIR)$(PREFIX)/lib/libckload.so.$(CKL_ABI)
 	ln -sf libckload.so.$(CKL_ABI) $(DESTDIR)$(PREFIX)/lib/libckload.so
 	install -m 0644 cuda/ckload.h $(DESTDIR)$(PREFIX)/include/

@@ -1,7 +1,8 @@
-/* size.c — parse_size (size.h). */
+/* size.c — sizes in and out (size.h). */
 #include "size.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,4 +29,16 @@ uint64_t parse_size(const char *s, int decimal_b)
         v *= mul;
     }
     return *end ? 0 : v;
+}
+
+void ck_size_human(uint64_t b, char *buf, size_t cap)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)b;
+    unsigned u = 0;
+    while (v >= 1024 && u < 5) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
 }

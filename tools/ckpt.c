@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include "../fs/view.h"
+#include "../pack/names.h"
 #include "../pack/npy.h"
 #include "../pack/open.h"
 #include "../pack/packfile.h"
 #include "../cuda/ckload.h"
 #include "../pack/synth.h"
 #include "commands.h"
+#include "options.h"
 #include "outfile.h"
 #include "progress.h"
 
@@ -28,21 +30,16 @@ typedef struct ck_command {
     const char *name;
     const char *usage;
     const char *help;
+    const ck_option *options;
     int (*run)(int argc, char **argv);
 } ck_command;
 
 static const ck_command *find_command(const char *name);
 
-static int usage_error(const char *cmd, const char *what)
-{
-    fprintf(stderr, "ckpt: %s: %s (see ckpt %s --help)\n", cmd, what, cmd);
-    return 2;
-}
-
-/* True when argv holds -h or --help. */
+/* Whether argv (a command's arguments) asks for help: -h or --help, before any "--". */
 static int wants_help(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
             return 1;
     return 0;
@@ -76,17 +73,24 @@ void print_name(const char *s, size_t len)
     }
 }
 
-static void print_table(const ck_index *ix, const uint32_t *alias_of)
+/* The table of ls: for people (a terminal), a header and sizes as "1.5 MiB"; for scripts, the
+ * same columns with sizes in bytes and no header. */
+static void print_table(const ck_index *ix, const uint32_t *alias_of, int people, int bytes)
 {
-    char shape[1400];
+    char shape[1400], size[32];
+    if (people)
+        printf("NAME\tDTYPE\tSHAPE\tSIZE\tOFFSET%s\n", ix->nfiles > 1 ? "\tFILE" : "");
     for (size_t i = 0; i < ix->nentries; i++) {
         const ck_entry *e = &ix->entries[i];
         if (e->kind != CK_TENSOR)
             continue;
         ck_view_shape_json(e, shape, sizeof shape);
+        if (people && !bytes)
+            ck_size_human(e->nbytes, size, sizeof size);
+        else
+            snprintf(size, sizeof size, "%llu", (unsigned long long)e->nbytes);
         print_name(e->name, e->name_len);
-        printf("\t%s\t%s\t%llu\t", ck_dtype_name(e->dtype), shape,
-               (unsigned long long)e->nbytes);
+        printf("\t%s\t%s\t%s\t", ck_dtype_name(e->dtype), shape, size);
         if (e->layout == CK_CONTIGUOUS)
             printf("%llu", (unsigned long long)e->ext.offset);
         else
@@ -143,22 +147,32 @@ static void report_requests(const ck_index *ix, const char *source)
             (unsigned long long)bytes, ix->nfiles, ix->nfiles == 1 ? "" : "s");
 }
 
+enum { LS_JSON, LS_BYTES };
+static const ck_option ls_options[] = {
+    {"json", NULL, "the mount's index.json, with \"file\" and \"offset\" for each tensor", 0},
+    {"bytes", NULL, "sizes in bytes on a terminal too (in a pipe they always are)", 0},
+    {NULL, NULL, NULL, 0}};
+
 static int cmd_ls(int argc, char **argv)
 {
-    int json = 0;
-    const char *source = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
+    int json = 0, bytes = 0, k;
+    const char *source = NULL, *val;
+    ck_opts p;
+    ck_opts_init(&p, "ls", ls_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k == LS_JSON)
             json = 1;
-        else if (argv[i][0] == '-' && argv[i][1])
-            return usage_error("ls", "unknown option");
+        else if (k == LS_BYTES)
+            bytes = 1;
         else if (source)
-            return usage_error("ls", "one SOURCE only");
+            return ck_usage_error("ls", "one SOURCE only");
         else
-            source = argv[i];
+            source = val;
     }
     if (!source)
-        return usage_error("ls", "missing SOURCE");
+        return ck_usage_error("ls", "missing SOURCE");
     ck_index *ix;
     if (open_source(source, &ix) != 0)
         return 1;
@@ -168,7 +182,7 @@ static int cmd_ls(int argc, char **argv)
     if (alias_of && json)
         rc = print_json(ix, alias_of, source);
     else if (alias_of)
-        print_table(ix, alias_of);
+        print_table(ix, alias_of, isatty(STDOUT_FILENO), bytes);
     free(alias_of);
     if (ck_location_is_url(source))
         report_requests(ix, source);
@@ -215,58 +229,145 @@ static int write_entry(const ck_index *ix, const ck_entry *e, const char *source
     return rc;
 }
 
-/* `ckpt cat [--npy] SOURCE NAME`: with --npy, the NumPy header first, as the mount's NAME.npy
- * view (ckptfs -o npy) has it (npy_header_make owns it). */
+enum { CAT_NPY };
+static const ck_option cat_options[] = {
+    {"npy", NULL, "a NumPy .npy header first (as NAME.npy in a mount made with -o npy)", 0},
+    {NULL, NULL, NULL, 0}};
+
+/* The entry that name names in ix: by its name, else by its path in a mount ("a/b/c", as `ls
+ * -R` shows it under the mountpoint, escapes and all); NULL when neither. */
+static const ck_entry *entry_named(const ck_index *ix, const char *name)
+{
+    const ck_entry *e = ck_index_find(ix, name);
+    ck_tree *t;
+    ck_error err;
+    if (e || !strchr(name, '/') || ck_tree_build(ix, NULL, NULL, 0, &t, &err) != 0)
+        return e;
+    uint32_t node = 0;
+    for (const char *p = name; node != CK_NO_NODE && *p;) {
+        size_t n = strcspn(p, "/");
+        if (n)
+            node = ck_tree_lookup(t, node, p, n);
+        p += n + (p[n] == '/');
+    }
+    if (node != CK_NO_NODE &&
+        (t->nodes[node].kind == CK_NODE_TENSOR || t->nodes[node].kind == CK_NODE_VALUE))
+        e = &ix->entries[t->nodes[node].id];
+    ck_tree_free(t);
+    return e;
+}
+
+/* What to say after a miss of name: the first three names it selects as a prefix (enc.w for
+ * "enc", the mount's directory), else the (up to) three names of ix nearest to it, within three
+ * edits; "" when none. */
+static void suggest(const ck_index *ix, const char *name, char *buf, size_t cap)
+{
+    enum { SHOW = 3, FAR = 3 };
+    const ck_entry *best[SHOW + 1] = {0};
+    size_t dist[SHOW] = {FAR + 1, FAR + 1, FAR + 1}, len = strlen(name), under = 0;
+    for (size_t i = 0; i < ix->nentries && under <= SHOW; i++)
+        if (ck_name_selected(ix->entries[i].name, ix->entries[i].name_len, name))
+            best[under++] = &ix->entries[i];
+    for (size_t i = 0; !under && i < ix->nentries; i++) {
+        const ck_entry *e = &ix->entries[i];
+        size_t d = ck_name_distance(name, len, e->name, e->name_len, FAR);
+        for (size_t k = 0; k < SHOW && d <= FAR; k++)
+            if (d < dist[k]) { /* insert at k */
+                memmove(&best[k + 1], &best[k], (SHOW - 1 - k) * sizeof *best);
+                memmove(&dist[k + 1], &dist[k], (SHOW - 1 - k) * sizeof *dist);
+                best[k] = e, dist[k] = d;
+                break;
+            }
+    }
+    const char *lead = under ? " (under it: " : " (did you mean ";
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t k = 0; k < SHOW && best[k] && used < cap; k++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s'%.80s'", k ? ", " : lead,
+                                 best[k]->name);
+    if (used && used < cap)
+        snprintf(buf + used, cap - used, "%s", under > SHOW ? ", ...)" : under ? ")" : "?)");
+}
+
+/* `ckpt cat [--npy] SOURCE NAME`: NAME a tensor's or a value's name, or its path in a mount;
+ * with --npy, a tensor's NumPy header first, as the mount's NAME.npy view (ckptfs -o npy) has
+ * it (npy_header_make owns it). A NAME that begins with '-' comes after "--". */
 static int cmd_cat(int argc, char **argv)
 {
-    const char *args[2];
-    int nargs = 0, npy = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--npy") == 0) /* the only option: a NAME may begin with '-' */
+    const char *args[2], *val;
+    int nargs = 0, npy = 0, k;
+    ck_opts p;
+    ck_opts_init(&p, "cat", cat_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k == CAT_NPY)
             npy = 1;
         else if (nargs < 2)
-            args[nargs++] = argv[i];
+            args[nargs++] = val;
         else
-            return usage_error("cat", "need SOURCE and NAME");
+            return ck_usage_error("cat", "need SOURCE and NAME");
     }
     if (nargs != 2)
-        return usage_error("cat", "need SOURCE and NAME");
+        return ck_usage_error("cat", "need SOURCE and NAME");
     ck_index *ix;
     if (open_source(args[0], &ix) != 0)
         return 1;
-    const ck_entry *e = ck_index_find(ix, args[1]);
+    const ck_entry *e = entry_named(ix, args[1]);
     unsigned char head[NPY_MAKE_MAX];
-    char shown[CK_SHOWN_MAX];
+    char shown[CK_SHOWN_MAX], hint[400];
     int raw, rc = 1;
-    if (!e || e->kind != CK_TENSOR)
-        fprintf(stderr, "ckpt: %s: no tensor named '%s'\n",
-                ck_location_shown(args[0], shown, sizeof shown), args[1]);
-    else if (!npy || write_out((const char *)head, npy_header_make(e->dtype, e->rank, e->shape,
-                                                                   e->nbytes, head, &raw)) == 0)
+    ck_location_shown(args[0], shown, sizeof shown);
+    if (!e) {
+        char dotted[CK_DISTANCE_MAX_LEN + 1]; /* a path's suggestions: as a name ('/' as '.') */
+        snprintf(dotted, sizeof dotted, "%s", args[1] + (args[1][0] == '/'));
+        for (char *c = dotted; (c = strchr(c, '/'));)
+            *c = '.';
+        suggest(ix, dotted, hint, sizeof hint);
+        fprintf(stderr, "ckpt: %s: no tensor or value named '%s'%s\n", shown, args[1], hint);
+    } else if (npy && e->kind != CK_TENSOR) {
+        fprintf(stderr, "ckpt: %s: '%s' is a value, not a tensor: --npy is for tensors\n", shown,
+                e->name);
+    } else if (!npy || write_out((const char *)head, npy_header_make(e->dtype, e->rank, e->shape,
+                                                                     e->nbytes, head, &raw)) == 0) {
         rc = write_entry(ix, e, args[0]) != 0;
+    }
     ck_index_free(ix);
     return rc;
 }
 
+enum { PACK_ONLY, PACK_VERBOSE };
+static const ck_option pack_options[] = {
+    {"only", "P", CK_ONLY_HELP, 0},
+    {"verbose", NULL, "say what was written, in a pipe too (a terminal is told anyway)", 'v'},
+    {NULL, NULL, NULL, 0}};
+
 static int cmd_pack(int argc, char **argv)
 {
-    const char *only = NULL, *args[2];
-    int nargs = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            only = argv[++i];
-        else if (argv[i][0] == '-' && argv[i][1])
-            return usage_error("pack", "unknown option");
+    const char *only = NULL, *args[2], *val;
+    int nargs = 0, k, flags = ck_out_say_default();
+    ck_opts p;
+    ck_opts_init(&p, "pack", pack_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k == PACK_ONLY)
+            only = val;
+        else if (k == PACK_VERBOSE)
+            flags |= CK_OUT_SAY;
         else if (nargs == 2)
-            return usage_error("pack", "need SOURCE and OUT only");
+            return ck_usage_error("pack", "need SOURCE and OUT only");
         else
-            args[nargs++] = argv[i];
+            args[nargs++] = val;
     }
     if (nargs != 2)
-        return usage_error("pack", "need SOURCE and OUT");
+        return ck_usage_error("pack", "need SOURCE and OUT");
+    char *out = ck_out_file_path(args[1], "model.pack");
     ck_index *ix;
-    if (open_source(args[0], &ix) != 0)
+    if (!out || open_source(args[0], &ix) != 0) {
+        free(out);
         return 1;
+    }
     ck_error err;
     ck_synth *sy;
     int rc = 1;
@@ -275,10 +376,11 @@ static int cmd_pack(int argc, char **argv)
     } else {
         ck_progress_catch_signals();
         signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp file goes */
-        rc = ck_out_file(sy, args[1], "pack") != 0;
+        rc = ck_out_file(sy, out, "pack", flags) != 0;
         ck_synth_free(sy);
     }
     ck_index_free(ix);
+    free(out);
     return rc;
 }
 
@@ -359,15 +461,28 @@ static int verify_pack(const ck_index *ix, const char *path)
     return rc;
 }
 
+static const ck_option no_options[] = {{NULL, NULL, NULL, 0}};
+
 static int cmd_verify(int argc, char **argv)
 {
-    if (argc != 2)
-        return usage_error("verify", "need one FILE.pack");
+    const char *path = NULL, *val;
+    int k;
+    ck_opts p;
+    ck_opts_init(&p, "verify", no_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (path)
+            return ck_usage_error("verify", "need one FILE.pack");
+        path = val;
+    }
+    if (!path)
+        return ck_usage_error("verify", "need one FILE.pack");
     ck_index *ix;
-    if (open_source(argv[1], &ix) != 0)
+    if (open_source(path, &ix) != 0)
         return 1;
     char shown[CK_SHOWN_MAX];
-    ck_location_shown(argv[1], shown, sizeof shown);
+    ck_location_shown(path, shown, sizeof shown);
     int rc = 1;
     if (!pack_layout_of(ix, 0)) {
         fprintf(stderr, "ckpt: %s: not a pack (it is %s)\n", shown, ix->format);
@@ -459,55 +574,101 @@ static int parse_slice(char *val, ckl_slice *r)
     return 0;
 }
 
+enum { LOAD_DEVICE, LOAD_THREADS, LOAD_BUFFERS, LOAD_BUFFER_SIZE, LOAD_ONLY, LOAD_VERIFY,
+       LOAD_SLICE, LOAD_RANK, LOAD_WORLD_SIZE };
+static const ck_option load_options[] = {
+    {"device", "D", "cpu, cuda, cuda:N or auto (CUDA when a device is usable; the default)", 0},
+    {"threads", "T", "reader threads", 0},
+    {"buffers", "N", "pinned staging buffers per thread, for CUDA (default 2)", 0},
+    {"buffer-size", "S", "bytes read at a time (K, M, G suffixes)", 0},
+    {"only", "P", CK_ONLY_HELP, 0},
+    {"verify", NULL, "a pack's checksums as the bytes stream; for other sources, that each\n"
+                     "file is unchanged after its bytes are read", 0},
+    {"slice", "GLOB:DIM", "rank R's part of the tensors GLOB selects, cut along DIM (-1:\n"
+                          "whole) into W parts as torch.chunk cuts; repeats, the first that\n"
+                          "selects a name decides", 0},
+    {"rank", "R", "the part --slice loads (default 0)", 0},
+    {"world-size", "W", "the parts --slice cuts (default 1)", 0},
+    {NULL, NULL, NULL, 0}};
+
+/* The value of a numeric option of load, from lo to hi: 0, or CK_USAGE after saying why. */
+static int load_count(const ck_opts *p, int k, const char *val, uint64_t lo, uint64_t hi,
+                      uint64_t *out)
+{
+    uint64_t n = parse_size(val, 0);
+    if (n >= lo && n <= hi) {
+        *out = n;
+        return 0;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "a %s from %llu to %llu",
+             k == LOAD_BUFFER_SIZE ? "size" : "count", (unsigned long long)lo,
+             (unsigned long long)hi);
+    return ck_opts_bad_value(p, k, val, what);
+}
+
+/* One option of ckpt load into o (slices: room for max rules); 0, or CK_USAGE. */
+static int load_option(const ck_opts *p, int k, const char *val, ckl_options *o,
+                       ckl_slice *slices, unsigned max)
+{
+    uint64_t n = 0;
+    switch (k) {
+    case LOAD_DEVICE:
+        return parse_device(val, o) == 0 ? 0
+                                         : ck_opts_bad_value(p, k, val, "cpu, cuda, cuda:N or auto");
+    case LOAD_THREADS:
+        return load_count(p, k, val, 1, CKL_MAX_THREADS, &n) ? CK_USAGE
+                                                            : (o->threads = (unsigned)n, 0);
+    case LOAD_BUFFERS:
+        return load_count(p, k, val, 1, CKL_MAX_BUFFERS, &n) ? CK_USAGE
+                                                            : (o->buffers = (unsigned)n, 0);
+    case LOAD_BUFFER_SIZE:
+        return load_count(p, k, val, CKL_MIN_BUFFER_SIZE, CKL_MAX_BUFFER_SIZE, &n)
+                   ? CK_USAGE : (o->buffer_size = (size_t)n, 0);
+    case LOAD_ONLY:
+        o->only = val;
+        return 0;
+    case LOAD_VERIFY:
+        o->verify = 1;
+        return 0;
+    case LOAD_SLICE:
+        if (o->nslices == max)
+            return ck_opts_bad_value(p, k, val, "allowed: too many rules");
+        return parse_slice((char *)val, &slices[o->nslices]) == 0 /* argv's own bytes */
+                   ? (o->nslices++, 0)
+                   : ck_opts_bad_value(p, k, val, "GLOB:DIM with DIM from -1 (whole) to 63");
+    case LOAD_RANK:
+        return plain_count(val, &o->rank) == 0
+                   ? 0 : ck_opts_bad_value(p, k, val, "a rank from 0 to 1048576");
+    default: /* LOAD_WORLD_SIZE */
+        return plain_count(val, &o->world_size) == 0 && o->world_size
+                   ? 0 : ck_opts_bad_value(p, k, val, "a world size from 1 to 1048576");
+    }
+}
+
 static int cmd_load(int argc, char **argv)
 {
     ckl_options o;
     ckl_default_options(&o);
-    const char *path = NULL;
+    const char *path = NULL, *val;
     enum { MAX_SLICES = 64 };
     ckl_slice slices[MAX_SLICES];
     o.slices = slices;
-    for (int i = 1; i < argc; i++) {
-        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t n = val ? parse_size(val, 0) : 0;
-        if (strcmp(opt, "--verify") == 0) {
-            o.verify = 1;
-            continue;
-        }
-        if (opt[0] == '-' && opt[1] && !val)
-            return usage_error("load", "an option without its value");
-        else if (strcmp(opt, "--device") == 0) {
-            if (parse_device(val, &o) != 0)
-                return usage_error("load", "--device: cpu, cuda, cuda:N or auto");
-        } else if (strcmp(opt, "--only") == 0)
-            o.only = val;
-        else if (strcmp(opt, "--threads") == 0 && n && n <= CKL_MAX_THREADS)
-            o.threads = (unsigned)n;
-        else if (strcmp(opt, "--buffers") == 0 && n && n <= CKL_MAX_BUFFERS)
-            o.buffers = (unsigned)n;
-        else if (strcmp(opt, "--buffer-size") == 0 && n >= CKL_MIN_BUFFER_SIZE &&
-                 n <= CKL_MAX_BUFFER_SIZE)
-            o.buffer_size = (size_t)n;
-        else if (strcmp(opt, "--slice") == 0 && o.nslices < MAX_SLICES) {
-            if (parse_slice(argv[i + 1], &slices[o.nslices++]) != 0)
-                return usage_error("load", "--slice GLOB:DIM, DIM -1 (whole) to 63");
-        } else if (strcmp(opt, "--rank") == 0 && plain_count(val, &o.rank) == 0)
-            ;
-        else if (strcmp(opt, "--world-size") == 0 && plain_count(val, &o.world_size) == 0 &&
-                 o.world_size)
-            ;
-        else if (opt[0] == '-' && opt[1])
-            return usage_error("load", "unknown option or value out of range");
-        else if (path)
-            return usage_error("load", "one SOURCE only");
-        else {
-            path = opt;
-            continue;
-        }
-        i++;
+    int k;
+    ck_opts p;
+    ck_opts_init(&p, "load", load_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k >= 0 && load_option(&p, k, val, &o, slices, MAX_SLICES) != 0)
+            return CK_USAGE;
+        if (k == CK_OPT_OPERAND && path)
+            return ck_usage_error("load", "one SOURCE only");
+        if (k == CK_OPT_OPERAND)
+            path = val;
     }
     if (!path)
-        return usage_error("load", "missing SOURCE");
+        return ck_usage_error("load", "missing SOURCE");
     char err[PATH_MAX + 512];
     ckl_load *l;
     double t0 = seconds_now();
@@ -539,29 +700,34 @@ static int cmd_load(int argc, char **argv)
 static int cmd_help(int argc, char **argv);
 
 static const ck_command commands[] = {
-    {"ls", "ckpt ls SOURCE [--json]",
-     "Lists the tensors of SOURCE, one per line, tab-separated: name, dtype, shape, bytes, byte\n"
+    {"ls", "ckpt ls SOURCE [--json] [--bytes]",
+     "Lists the tensors of SOURCE, one per line, tab-separated: name, dtype, shape, size, byte\n"
      "offset in the source ('-' when the bytes are not one extent) and, for sharded sources, the\n"
-     "file. Control bytes and '\\' in names are written \\xNN and \\\\. --json prints the mount's\n"
-     "index.json with \"file\" and \"offset\" added to each tensor.",
-     cmd_ls},
+     "file. On a terminal a header comes first and sizes read 1.5 MiB; in a pipe there is no\n"
+     "header and sizes are bytes. Control bytes and '\\' in names are written \\xNN and \\\\.\n"
+     "--json prints the mount's index.json with \"file\" and \"offset\" added to each tensor.",
+     ls_options, cmd_ls},
     {"cat", "ckpt cat [--npy] SOURCE NAME",
      "Writes the bytes of tensor NAME to stdout: row-major, little-endian, no header (the same\n"
-     "bytes as the tensor's file in a mount). --npy puts a NumPy .npy header in front (the same\n"
-     "bytes as NAME.npy in a mount made with -o npy), so that np.load reads it.",
-     cmd_cat},
-    {"pack", "ckpt pack SOURCE OUT.pack [--only PREFIX_OR_GLOB]",
+     "bytes as the tensor's file in a mount); a value (a pickle's epoch, a DCP step) as the\n"
+     "mount's text. NAME is a name or its path in a mount (model/h/0/ln_1/weight); a miss\n"
+     "names the nearest names. A NAME that begins with '-' goes after \"--\". --npy puts a\n"
+     "NumPy .npy header in front (the same bytes as NAME.npy in a mount made with -o npy), so\n"
+     "that np.load reads it.",
+     cat_options, cmd_cat},
+    {"pack", "ckpt pack SOURCE OUT.pack [--only P] [-v]",
      "Writes SOURCE as a pack (pack/FORMAT.md): the same bytes as the mount's\n"
      ".ckptfs/checkpoint.pack. Memory stays a few MiB whatever the size. The file is written\n"
      "beside OUT, fsynced and renamed, so OUT appears whole or not at all (Ctrl-C and errors\n"
-     "leave nothing). --only keeps the entries whose name is PREFIX or starts with PREFIX.,\n"
-     "or matches the glob. A progress bar is drawn when stderr is a terminal.",
-     cmd_pack},
-    {"convert", convert_usage, convert_help, cmd_convert},
+     "leave nothing). OUT a directory: OUT/model.pack. --only keeps the entries whose name is\n"
+     "P or starts with P., or matches the glob. A progress bar is drawn when stderr is a\n"
+     "terminal, and a line says what was written (-v: in a pipe too).",
+     pack_options, cmd_pack},
+    {"convert", convert_usage, convert_help, convert_options, cmd_convert},
     {"verify", "ckpt verify FILE.pack",
      "Recomputes every tensor's checksum. Names the first tensor that does not match and exits\n"
      "1; prints a summary and exits 0 when all match.",
-     cmd_verify},
+     no_options, cmd_verify},
     {"load", "ckpt load SOURCE [--device D] [--threads T] [--buffers N] [--buffer-size S] "
              "[--only P] [--verify] [--slice GLOB:DIM ... --rank R --world-size W]",
      "Loads SOURCE (a pack file, a mount's .ckptfs/checkpoint.pack, or any source ckptfs mounts,\n"
@@ -577,7 +743,7 @@ static const ck_command commands[] = {
      "is drawn when stderr is a terminal. --slice loads rank R's part of each tensor whose name\n"
      "GLOB selects (as --only), cut along DIM into W parts as torch.chunk cuts it (DIM -1:\n"
      "whole; the first --slice that selects a name decides), read straight from the source.",
-     cmd_load},
+     load_options, cmd_load},
     {"diff", "ckpt diff A B [--json] [--only PREFIX_OR_GLOB]",
      "Compares the tensors of two sources (formats may differ: a .bin and its safetensors):\n"
      "names only in A or only in B, dtype or shape changes, and for tensors in both whether\n"
@@ -586,20 +752,21 @@ static const ck_command commands[] = {
      "||a-b||/||a||, computed in double. Values (non-tensor pickle entries) are not compared.\n"
      "--only compares the entries whose name is P or starts with P., or matches the glob.\n"
      "Exits 0 when the same, 1 when different, 2 on trouble (as cmp and diff do).",
-     cmd_diff},
-    {"info", "ckpt info SOURCE [--depth N] [--json]",
+     diff_options, cmd_diff},
+    {"info", "ckpt info SOURCE [--depth N] [--json] [--full]",
      "Summarizes SOURCE: format, files, tensor and value counts, parameters (elements), bytes\n"
      "by dtype, a du-like tree of bytes and parameters by name prefix ('.'-separated parts) to\n"
-     "depth N (default 2), and the metadata. Reads no tensor data.",
-     cmd_info},
+     "depth N (default 2), and the metadata (a long array as its count and first items, long\n"
+     "text cut: --full shows them whole). Reads no tensor data.",
+     info_options, cmd_info},
     {"stats", "ckpt stats SOURCE [NAME|GLOB...] [--json]",
      "For each tensor (or those named: NAME, a prefix, or a glob): element count, min, max,\n"
      "mean and std (population) over the finite values, and the NaN, Inf and zero counts.\n"
      "Every integer dtype, BOOL, F64/F32/F16/BF16 and F8 E4M3/E5M2 are decoded (64-bit\n"
      "integers through double); complex, F4/F6, F8 E8M0 and FNUZ, and GGUF block-quantized\n"
      "tensors are listed as skipped. On a terminal each tensor gets a 10-bin histogram.",
-     cmd_stats},
-    {"help", "ckpt help [COMMAND]", "Shows what a command does.", cmd_help},
+     stats_options, cmd_stats},
+    {"help", "ckpt help [COMMAND]", "Shows what a command does.", no_options, cmd_help},
 };
 enum { NCOMMANDS = sizeof commands / sizeof *commands };
 
@@ -616,13 +783,14 @@ static void print_usage(FILE *out)
 static void print_command_help(const ck_command *c)
 {
     printf("usage: %s\n\n%s\n", c->usage, c->help);
+    ck_opts_print_help(stdout, c->options);
 }
 
 static int cmd_help(int argc, char **argv)
 {
     const ck_command *c = argc > 1 ? find_command(argv[1]) : NULL;
     if (argc > 1 && !c)
-        return usage_error("help", "unknown command");
+        return ck_usage_error("help", "unknown command");
     if (c)
         print_command_help(c);
     else
@@ -647,27 +815,31 @@ int main(int argc, char **argv)
     }
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         print_usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return argc < 2 ? CK_USAGE : 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("ckpt %s\n", CKPTFS_VERSION);
         return 0;
     }
-    if (strcmp(argv[1], "--cacert") == 0) { /* CA certificates for https sources */
-        if (argc < 4)
-            return usage_error("--cacert", "needs FILE and a COMMAND");
+    if (strncmp(argv[1], "--cacert", 8) == 0 && (!argv[1][8] || argv[1][8] == '=')) {
+        /* CA certificates for https sources: --cacert FILE or --cacert=FILE */
+        int eq = argv[1][8] == '=', used = eq ? 1 : 2;
+        if (argc < used + 2 || (eq && !argv[1][9])) {
+            fprintf(stderr, "ckpt: --cacert needs FILE and a COMMAND (see ckpt --help)\n");
+            return CK_USAGE;
+        }
         /* the variable, not a config: `ckpt load` opens its source in libckload too */
-        if (setenv("CKPTFS_CACERT", argv[2], 1) != 0) {
+        if (setenv("CKPTFS_CACERT", eq ? argv[1] + 9 : argv[2], 1) != 0) {
             fprintf(stderr, "ckpt: out of memory\n");
             return 1;
         }
-        argc -= 2;
-        argv += 2;
+        argc -= used;
+        argv += used;
     }
     const ck_command *c = find_command(argv[1]);
     if (!c) {
         fprintf(stderr, "ckpt: unknown command '%s' (see ckpt --help)\n", argv[1]);
-        return 2;
+        return CK_USAGE;
     }
     if (wants_help(argc - 1, argv + 1)) {
         print_command_help(c);
@@ -679,5 +851,6 @@ int main(int argc, char **argv)
     }
     int status = c->run(argc - 1, argv + 1);
     http_remote_free(remote);
+    ck_progress_die_if_interrupted(); /* what it was writing is gone: now die as asked */
     return status;
 }

@@ -11,16 +11,19 @@
 #include <stdint.h>
 
 #include "../pack/size.h" /* parse_size: counts and sizes of options */
+#include "options.h"
 
 /* tools/convert.c */
 int cmd_convert(int argc, char **argv);
 extern const char convert_usage[], convert_help[];
+extern const ck_option convert_options[];
 
 /* tools/diff.c, info.c, stats.c: diff exits 0 (same), 1 (different), 2 (trouble); info and stats
  * 0, or 1/2. */
 int cmd_diff(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
+extern const ck_option diff_options[], info_options[], stats_options[];
 
 struct ck_index;
 

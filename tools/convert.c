@@ -15,12 +15,13 @@
 #include "../pack/open.h"
 #include "../pack/synth.h"
 #include "commands.h"
+#include "inspect.h"
 #include "outfile.h"
 #include "progress.h"
 
 const char convert_usage[] =
     "ckpt convert SOURCE OUT [--to safetensors|pack] [--max-shard-size SIZE] [--only P] "
-    "[--skip-unsupported] [--keep P] [--drop P]";
+    "[--skip-unsupported] [--keep P] [--drop P] [--force] [-v]";
 const char convert_help[] =
     "Writes SOURCE (any format ckptfs mounts) as OUT, without running anything in it.\n"
     "--to safetensors (the default): one safetensors file whose __metadata__ is {\"format\":\n"
@@ -41,54 +42,98 @@ const char convert_help[] =
     "`ckpt pack` writes. --only keeps the entries whose name is P or starts with P., or\n"
     "matches the glob. Memory stays a few MiB; OUT (file or directory) is written beside\n"
     "itself and renamed, so it appears whole or not at all; the same input gives the same\n"
-    "bytes. A progress bar is drawn when stderr is a terminal.";
+    "bytes. An existing directory OUT gets OUT/model.safetensors (or model.pack); a shard\n"
+    "directory OUT must not exist or be empty, unless --force replaces it (a directory of\n"
+    "files only). A progress bar is drawn when stderr is a terminal, and a line says what\n"
+    "was written (-v: in a pipe too).";
 
 typedef struct options {
     const char *source, *out, *only;
     uint64_t max_shard; /* 0: one file */
     int pack, skip_unsupported;
-    int argc;       /* the arguments, for the patterns of --keep and --drop (named) */
-    char **argv;
+    int out_flags; /* CK_OUT_* */
+    const char **keep, **drop; /* the patterns of --keep and --drop */
+    int nkeep, ndrop;
 } options;
 
-static int usage(const char *what)
+enum { CONVERT_TO, CONVERT_MAX_SHARD_SIZE, CONVERT_ONLY, CONVERT_SKIP_UNSUPPORTED, CONVERT_KEEP,
+       CONVERT_DROP, CONVERT_FORCE, CONVERT_VERBOSE };
+const ck_option convert_options[] = {
+    {"to", "FORMAT", "safetensors (the default) or pack", 0},
+    {"max-shard-size", "SIZE", "OUT a directory of Hugging Face shards of at most SIZE (5GB,\n"
+                               "500MB decimal; 2GiB binary)", 0},
+    {"only", "P", CK_ONLY_HELP, 0},
+    {"skip-unsupported", NULL, "leave out the dtypes safetensors lacks (listed in the metadata)", 0},
+    {"keep", "P", "of tied tensors, keep the name P selects; repeats", 0},
+    {"drop", "P", "of tied tensors, keep another name than P; repeats", 0},
+    {"force", NULL, "with --max-shard-size: replace OUT when it is a file or a directory of\n"
+                    "files (a file OUT is always replaced, as cp does)", 0},
+    {"verbose", NULL, "say what was written, in a pipe too (a terminal is told anyway)", 'v'},
+    {NULL, NULL, NULL, 0}};
+
+static void options_free(options *o)
 {
-    fprintf(stderr, "ckpt: convert: %s (see ckpt convert --help)\n", what);
-    return 2;
+    free(o->keep);
+    free(o->drop);
+}
+
+/* One option k of convert, its value val, into o (and *to); 0 or CK_USAGE. */
+static int convert_option(const ck_opts *p, int k, const char *val, options *o, const char **to)
+{
+    switch (k) {
+    case CONVERT_TO:
+        *to = val;
+        return strcmp(val, "pack") == 0 || strcmp(val, "safetensors") == 0
+                   ? 0 : ck_opts_bad_value(p, k, val, "safetensors or pack");
+    case CONVERT_MAX_SHARD_SIZE:
+        return (o->max_shard = parse_size(val, 1))
+                   ? 0 : ck_opts_bad_value(p, k, val, "a size such as 5GB or 500MiB");
+    case CONVERT_ONLY:
+        o->only = val;
+        return 0;
+    case CONVERT_SKIP_UNSUPPORTED:
+        o->skip_unsupported = 1;
+        return 0;
+    case CONVERT_KEEP:
+        o->keep[o->nkeep++] = val;
+        return 0;
+    case CONVERT_FORCE:
+        o->out_flags |= CK_OUT_FORCE;
+        return 0;
+    case CONVERT_VERBOSE:
+        o->out_flags |= CK_OUT_SAY;
+        return 0;
+    default: /* CONVERT_DROP */
+        o->drop[o->ndrop++] = val;
+        return 0;
+    }
 }
 
 static int parse_args(int argc, char **argv, options *o)
 {
-    const char *to = "safetensors";
-    int nargs = 0;
-    *o = (options){.argc = argc, .argv = argv};
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            o->only = argv[++i];
-        else if ((strcmp(argv[i], "--keep") == 0 || strcmp(argv[i], "--drop") == 0) &&
-                 i + 1 < argc)
-            i++; /* named() reads them */
-        else if (strcmp(argv[i], "--to") == 0 && i + 1 < argc)
-            to = argv[++i];
-        else if (strcmp(argv[i], "--max-shard-size") == 0 && i + 1 < argc) {
-            if (!(o->max_shard = parse_size(argv[++i], 1)))
-                return usage("--max-shard-size wants a size such as 5GB or 500MiB");
-        } else if (strcmp(argv[i], "--skip-unsupported") == 0)
-            o->skip_unsupported = 1;
-        else if (argv[i][0] == '-' && argv[i][1])
-            return usage("unknown option");
-        else if (nargs == 2)
-            return usage("need SOURCE and OUT only");
-        else
-            *(nargs++ ? &o->out : &o->source) = argv[i];
+    const char *to = "safetensors", *val;
+    int nargs = 0, k;
+    *o = (options){.keep = calloc((size_t)argc, sizeof *o->keep),
+                   .drop = calloc((size_t)argc, sizeof *o->drop), .out_flags = ck_out_say_default()};
+    if (!o->keep || !o->drop)
+        return fprintf(stderr, "ckpt: out of memory\n"), 1;
+    ck_opts p;
+    ck_opts_init(&p, "convert", convert_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k >= 0 && convert_option(&p, k, val, o, &to) != 0)
+            return CK_USAGE;
+        if (k == CK_OPT_OPERAND && nargs == 2)
+            return ck_usage_error("convert", "need SOURCE and OUT only");
+        if (k == CK_OPT_OPERAND)
+            *(nargs++ ? &o->out : &o->source) = val;
     }
     if (nargs != 2)
-        return usage("need SOURCE and OUT");
+        return ck_usage_error("convert", "need SOURCE and OUT");
     o->pack = strcmp(to, "pack") == 0;
-    if (!o->pack && strcmp(to, "safetensors") != 0)
-        return usage("--to is safetensors or pack");
     if (o->pack && o->max_shard)
-        return usage("--max-shard-size is for safetensors");
+        return ck_usage_error("convert", "--max-shard-size is for safetensors");
     return 0;
 }
 
@@ -107,16 +152,6 @@ static void plan_free(plan *p)
     free(p->write);
     free(p->omit);
     free(p->extra);
-}
-
-/* Whether e's name matches the pattern of one of o's options `option` (--keep or --drop), as
- * --only matches. */
-static int named(const ck_entry *e, const options *o, const char *option)
-{
-    for (int i = 1; i + 1 < o->argc; i++)
-        if (strcmp(o->argv[i], option) == 0 && ck_name_selected(e->name, e->name_len, o->argv[++i]))
-            return 1;
-    return 0;
 }
 
 /* Whether SOURCE's directory holds a config.json saying "tie_word_embeddings": false (read
@@ -168,9 +203,9 @@ static uint32_t *keepers(const ck_index *ix, const uint32_t *alias_of, const opt
         if (!ck_name_selected(e->name, e->name_len, o->only))
             continue;
         first[g] = first[g] == UINT32_MAX ? i : first[g];
-        if (keep[g] == UINT32_MAX && named(e, o, "--keep"))
+        if (keep[g] == UINT32_MAX && selected(e, o->keep, o->nkeep))
             keep[g] = i;
-        if (spare[g] == UINT32_MAX && !named(e, o, "--drop"))
+        if (spare[g] == UINT32_MAX && !selected(e, o->drop, o->ndrop))
             spare[g] = i;
     }
     for (size_t g = 0; g < ix->nentries; g++)
@@ -304,7 +339,7 @@ static int write_sharded(const ck_index *ix, const plan *p, const options *o)
     int rc = -1;
     if (!json)
         fprintf(stderr, "ckpt: out of memory\n");
-    else if (ck_out_dir_begin(&d, o->out, p->total, "convert") == 0) {
+    else if (ck_out_dir_begin(&d, o->out, p->total, "convert", o->out_flags) == 0) {
         rc = 0;
         for (uint32_t s = 0; s < n && rc == 0; s++) {
             ck_synth *sy;
@@ -337,7 +372,7 @@ static int convert(const ck_index *ix, const options *o)
         if (ck_synth_pack(ix, o->only, &sy, &err) != 0)
             fprintf(stderr, "ckpt: %s\n", err.msg);
         else
-            rc = ck_out_file(sy, o->out, "convert"), ck_synth_free(sy);
+            rc = ck_out_file(sy, o->out, "convert", o->out_flags), ck_synth_free(sy);
         return rc;
     }
     if (make_plan(ix, o, &p) != 0)
@@ -345,7 +380,7 @@ static int convert(const ck_index *ix, const options *o)
     if (o->max_shard)
         rc = write_sharded(ix, &p, o);
     else if (synth_part(ix, &p, p.write, p.nwrite, &sy) == 0)
-        rc = ck_out_file(sy, o->out, "convert"), ck_synth_free(sy);
+        rc = ck_out_file(sy, o->out, "convert", o->out_flags), ck_synth_free(sy);
     plan_free(&p);
     return rc;
 }
@@ -354,14 +389,22 @@ int cmd_convert(int argc, char **argv)
 {
     options o;
     int rc = parse_args(argc, argv, &o);
-    if (rc != 0)
-        return rc;
+    char *file = NULL; /* a file output's path: OUT, or a file in the directory OUT */
+    if (rc == 0 && !o.max_shard &&
+        !(file = ck_out_file_path(o.out, o.pack ? "model.pack" : "model.safetensors")))
+        rc = 1;
+    if (file)
+        o.out = file;
     ck_index *ix;
-    if (open_source(o.source, &ix) != 0)
-        return 1;
-    ck_progress_catch_signals();
-    signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp output goes */
-    rc = convert(ix, &o) != 0;
-    ck_index_free(ix);
+    if (rc == 0 && open_source(o.source, &ix) != 0)
+        rc = 1;
+    if (rc == 0) {
+        ck_progress_catch_signals();
+        signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp output goes */
+        rc = convert(ix, &o) != 0;
+        ck_index_free(ix);
+    }
+    options_free(&o);
+    free(file);
     return rc;
 }

@@ -407,22 +407,32 @@ static void print_diff_text(const diff_result *d)
     putchar('\n');
 }
 
+enum { DIFF_JSON, DIFF_ONLY };
+const ck_option diff_options[] = {
+    {"json", NULL, "the comparison as JSON", 0},
+    {"only", "P", CK_ONLY_HELP, 0},
+    {NULL, NULL, NULL, 0}};
+
 int cmd_diff(int argc, char **argv)
 {
-    const char *src[2] = {NULL, NULL}, *only = NULL;
-    int json = 0, nsrc = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
+    const char *src[2] = {NULL, NULL}, *only = NULL, *val;
+    int json = 0, nsrc = 0, k;
+    ck_opts p;
+    ck_opts_init(&p, "diff", diff_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k == DIFF_JSON)
             json = 1;
-        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            only = argv[++i];
-        else if (argv[i][0] != '-' && nsrc < 2)
-            src[nsrc++] = argv[i];
+        else if (k == DIFF_ONLY)
+            only = val;
+        else if (nsrc == 2)
+            return ck_usage_error("diff", "needs two sources only");
         else
-            return fprintf(stderr, "ckpt: diff: bad arguments (see ckpt diff --help)\n"), 2;
+            src[nsrc++] = val;
     }
     if (nsrc != 2)
-        return fprintf(stderr, "ckpt: diff: needs two sources (see ckpt diff --help)\n"), 2;
+        return ck_usage_error("diff", "needs two sources");
     ck_index *ia = NULL, *ib = NULL;
     diff_run r = {0};
     diff_result d = {0};

@@ -83,22 +83,67 @@ typedef struct info {
     size_t ntree;
 } info;
 
-static void human(uint64_t b, char *buf, size_t cap)
+enum { SHOWN_ITEMS = 3, SHOWN_BYTES = 160 }; /* of a metadata value, without --full */
+
+/* What an array's items are, in words: "strings", "integers", "numbers", "booleans", or
+ * "values" when they are mixed. */
+static const char *items_word(const cJSON *a)
 {
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    double v = (double)b;
-    unsigned u = 0;
-    while (v >= 1024 && u < 5) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+    int kinds = 0;
+    for (const cJSON *x = a->child; x; x = x->next)
+        kinds |= cJSON_IsString(x) ? 1 : cJSON_IsBool(x) ? 2 : cJSON_IsNumber(x) ? 4 : 8;
+    return kinds == 1 ? "strings" : kinds == 2 ? "booleans" : kinds == 4 ? "numbers" : "values";
 }
 
-static void print_info_text(const ck_index *ix, const info *in)
+/* text (len bytes), cut after SHOWN_BYTES (at a character's start) unless full. */
+static void print_cut(const char *text, size_t len, int full)
+{
+    size_t cut = SHOWN_BYTES;
+    if (full || len <= SHOWN_BYTES) {
+        print_name(text, len);
+        return;
+    }
+    while (cut && (text[cut] & 0xC0) == 0x80) /* not inside a UTF-8 character */
+        cut--;
+    print_name(text, cut);
+    printf("\u2026 (%zu bytes; --full shows all)", len);
+}
+
+/* A metadata value as `ckpt info` shows it: a typed JSON value (a GGUF key's {"type", "value"})
+ * as its value, in JSON; an array of more than SHOWN_ITEMS items as its count and first items
+ * unless full (a vocabulary of 128000 tokens: [128000 strings: "<unk>", "<s>", "</s>", …]);
+ * text cut after SHOWN_BYTES unless full. */
+static void print_meta_value(const ck_meta *m, int full)
+{
+    size_t len = strlen(m->value);
+    cJSON *doc = m->json ? cJSON_ParseWithLength(m->value, len) : NULL;
+    const cJSON *typed = cJSON_IsObject(doc) ? cJSON_GetObjectItemCaseSensitive(doc, "value")
+                                             : NULL, *v = typed ? typed : doc;
+    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    char *text = NULL;
+    if (!full && n > SHOWN_ITEMS) {
+        printf("[%d %s: ", n, items_word(v));
+        int k = 0;
+        for (const cJSON *x = v->child; x && k < SHOWN_ITEMS; x = x->next, k++) {
+            if ((text = cJSON_PrintUnformatted(x)))
+                print_cut(text, strlen(text), 0);
+            free(text);
+            printf(", ");
+        }
+        printf("\u2026]");
+    } else if (v && (text = cJSON_PrintUnformatted(v))) {
+        print_cut(text, strlen(text), full);
+        free(text);
+    } else {
+        print_cut(m->value, len, full);
+    }
+    cJSON_Delete(doc);
+}
+
+static void print_info_text(const ck_index *ix, const info *in, int full)
 {
     char h[32];
-    human(in->bytes, h, sizeof h);
+    ck_size_human(in->bytes, h, sizeof h);
     printf("source: %s\nformat: %s\nfiles: %u\ntensors: %zu\nvalues: %zu\n", ck_index_source(ix),
            ix->format, ix->nfiles, in->tensors, in->values);
     if (in->aliases)
@@ -110,14 +155,14 @@ static void print_info_text(const ck_index *ix, const info *in)
     for (unsigned t = 0; t < CK_DTYPE_COUNT; t++) {
         if (!in->by[t].tensors)
             continue;
-        human(in->by[t].bytes, h, sizeof h);
+        ck_size_human(in->by[t].bytes, h, sizeof h);
         printf("  %-10s %6llu tensors %14llu parameters %12s\n", ck_dtype_name(t),
                (unsigned long long)in->by[t].tensors, (unsigned long long)in->by[t].params, h);
     }
     printf("tree:\n");
     for (size_t i = 0; i < in->ntree; i++) {
         const prefix *p = &in->tree[i];
-        human(p->bytes, h, sizeof h);
+        ck_size_human(p->bytes, h, sizeof h);
         printf("  %10s %14llu  %*s", h, (unsigned long long)p->params, (int)(2 * (p->depth - 1)),
                "");
         print_name(p->s, p->len);
@@ -129,7 +174,7 @@ static void print_info_text(const ck_index *ix, const info *in)
         printf("  ");
         print_name(ix->meta[i].key, strlen(ix->meta[i].key));
         printf(": ");
-        print_name(ix->meta[i].value, strlen(ix->meta[i].value));
+        print_meta_value(&ix->meta[i], full);
         putchar('\n');
     }
 }
@@ -180,25 +225,41 @@ static int print_info_json(const ck_index *ix, const info *in)
     return print_json_doc(doc);
 }
 
+enum { INFO_DEPTH, INFO_JSON, INFO_FULL };
+const ck_option info_options[] = {
+    {"depth", "N", "the tree of bytes by name prefix to depth N, 0 to 64 (default 2)", 0},
+    {"json", NULL, "the summary as JSON (metadata always whole)", 0},
+    {"full", NULL, "metadata values whole: long arrays and text are cut without it", 0},
+    {NULL, NULL, NULL, 0}};
+
 int cmd_info(int argc, char **argv)
 {
-    const char *source = NULL;
-    int json = 0;
+    const char *source = NULL, *val;
+    int json = 0, full = 0, k;
     unsigned depth = 2;
-    for (int i = 1; i < argc; i++) {
+    ck_opts p;
+    ck_opts_init(&p, "info", info_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
         char *end;
-        if (strcmp(argv[i], "--json") == 0)
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k == INFO_JSON) {
             json = 1;
-        else if (strcmp(argv[i], "--depth") == 0 && i + 1 < argc &&
-                 (depth = (unsigned)strtoul(argv[++i], &end, 10)) <= 64 && !*end && *argv[i])
-            continue;
-        else if (argv[i][0] != '-' && !source)
-            source = argv[i];
-        else
-            return fprintf(stderr, "ckpt: info: bad arguments (see ckpt info --help)\n"), 2;
+        } else if (k == INFO_FULL) {
+            full = 1;
+        } else if (k == INFO_DEPTH) {
+            unsigned long d = strtoul(val, &end, 10);
+            if (!*val || *end || d > 64 || val[0] == '-')
+                return ck_opts_bad_value(&p, k, val, "a depth from 0 to 64");
+            depth = (unsigned)d;
+        } else if (source) {
+            return ck_usage_error("info", "one SOURCE only");
+        } else {
+            source = val;
+        }
     }
     if (!source)
-        return fprintf(stderr, "ckpt: info: needs a source (see ckpt info --help)\n"), 2;
+        return ck_usage_error("info", "needs a source");
     ck_index *ix;
     if (open_source(source, &ix))
         return 1;
@@ -238,7 +299,7 @@ int cmd_info(int argc, char **argv)
         if (json)
             rc = print_info_json(ix, &in) != 0;
         else
-            print_info_text(ix, &in);
+            print_info_text(ix, &in, full);
     }
     free(in.tree);
     ck_index_free(ix);

@@ -133,7 +133,7 @@ int print_json_doc(cJSON *doc)
 }
 
 /* Whether name is selected by any of the n patterns (none: every name). */
-int selected(const ck_entry *e, char **pats, int n)
+int selected(const ck_entry *e, const char *const *pats, int n)
 {
     if (n == 0)
         return 1;

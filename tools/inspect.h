@@ -47,7 +47,7 @@ cJSON *number_json(double v);
 int print_json_doc(cJSON *doc);
 
 /* Whether name is selected by any of the n patterns (none: every name). */
-int selected(const ck_entry *e, char **pats, int n);
+int selected(const ck_entry *e, const char *const *pats, int n);
 
 /* e's name as a JSON string. */
 cJSON *name_json(const ck_entry *e);

@@ -4,7 +4,9 @@
  * directory beside OUT, each ck_out_dir_add writes one fsynced file in it, ck_out_dir_commit
  * syncs and renames it to OUT (which must not exist as a non-empty directory). On any failure,
  * or Ctrl-C (progress.h), the temp file or directory is removed, one line "ckpt: OUT: why" is
- * printed, and -1 returned. A progress bar over all the bytes is drawn on a terminal.
+ * printed, and -1 returned. A progress bar over all the bytes is drawn on a terminal. Temp
+ * names are OUT.ckpt-tmp-PID-XXXXXX; one whose process is gone (killed before it could clean
+ * up) is removed by the next output to OUT.
  */
 #ifndef CK_TOOLS_OUTFILE_H
 #define CK_TOOLS_OUTFILE_H
@@ -14,7 +16,18 @@
 #include "../pack/synth.h"
 #include "progress.h"
 
-int ck_out_file(ck_synth *sy, const char *out, const char *label);
+/* How an output is written: CK_OUT_FORCE replaces what is there (a directory output's), and
+ * CK_OUT_SAY prints "ckpt: OUT: written, SIZE in T s (RATE)" on success (what a terminal gets
+ * anyway: ck_out_say_default). */
+enum { CK_OUT_FORCE = 1, CK_OUT_SAY = 2 };
+int ck_out_say_default(void);
+
+int ck_out_file(ck_synth *sy, const char *out, const char *label, int flags);
+
+/* Where a file output given as out goes: out, or out/name when out is a directory (as cp puts
+ * a file in one). NULL after one line saying why not: out ends in '/' but is no directory, or
+ * a directory above it is missing (the shallowest named). The caller frees it. */
+char *ck_out_file_path(const char *out, const char *name);
 
 typedef struct ck_out_dir {
     const char *out;
@@ -22,9 +35,13 @@ typedef struct ck_out_dir {
     int dirfd;
     uint64_t done, total;   /* bytes, for the bar */
     ck_bar bar;
+    int flags;              /* CK_OUT_* */
 } ck_out_dir;
 
-int ck_out_dir_begin(ck_out_dir *d, const char *out, uint64_t total, const char *label);
+/* Fails (said) when out is a non-empty directory or not a directory, unless CK_OUT_FORCE, which
+ * replaces a directory of files or a file at the commit; or when its parent is missing. */
+int ck_out_dir_begin(ck_out_dir *d, const char *out, uint64_t total, const char *label,
+                     int flags);
 /* Writes sy as file name in the directory (removes the directory on failure). */
 int ck_out_dir_add(ck_out_dir *d, const char *name, ck_synth *sy);
 /* Writes n bytes as file name in the directory (removes the directory on failure). */

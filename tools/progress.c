@@ -24,6 +24,15 @@ void ck_progress_catch_signals(void)
     sigaction(SIGHUP, &sa, NULL);
 }
 
+void ck_progress_die_if_interrupted(void)
+{
+    int sig = interrupted;
+    if (!sig)
+        return;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static double now_s(void)
 {
     struct timespec t;
@@ -49,13 +58,18 @@ int ck_progress_tick(void *bar, uint64_t done, uint64_t total)
         fill[WIDTH] = 0;
         double rate = done / (t - b->start > 1e-6 ? t - b->start : 1e-6);
         double eta = rate > 0 ? (double)(total - done) / rate : 0;
-        fprintf(stderr, "\r%s [%s] %.2f/%.2f GiB  %.0f MB/s  ETA %d:%02d ", b->label, fill,
-                done / 1073741824.0, total / 1073741824.0, rate / 1e6, (int)eta / 60,
+        fprintf(stderr, "\r%s [%s] %.2f/%.2f GiB  %.0f MiB/s  ETA %d:%02d ", b->label, fill,
+                done / 1073741824.0, total / 1073741824.0, rate / 1048576.0, (int)eta / 60,
                 (int)eta % 60);
         b->last = t;
         b->drawn = 1;
     }
     return interrupted != 0;
+}
+
+double ck_bar_seconds(const ck_bar *b)
+{
+    return now_s() - b->start;
 }
 
 void ck_bar_end(ck_bar *b)

@@ -129,14 +129,6 @@ static void print_hist(const stat_acc *s)
                "########################################", (unsigned long long)s->hist[b]);
 }
 
-static void print_stat_line(const ck_entry *e, const stat_acc *s)
-{
-    print_name(e->name, e->name_len);
-    printf("\t%s\t%llu\t%.9g\t%.9g\t%.9g\t%.9g\t%llu\t%llu\t%llu\n", ck_dtype_name(e->dtype),
-           (unsigned long long)s->count, s->finite ? s->min : NAN, s->finite ? s->max : NAN,
-           s->finite ? s->mean : NAN, stat_std(s), (unsigned long long)s->nan,
-           (unsigned long long)s->inf, (unsigned long long)s->zero);
-}
 
 typedef struct stats_run {
     const ck_index *ix;
@@ -211,12 +203,48 @@ static int stats_compute(stats_run *r)
     return bad ? -1 : 0;
 }
 
+/* A tensor's line: for a pipe tab-separated at full precision (width 0); for a terminal in
+ * columns, the name padded to width, numbers to 6 digits. */
+static void print_stat_line(const ck_entry *e, const stat_acc *s, int width)
+{
+    print_name(e->name, e->name_len);
+    double min = s->finite ? s->min : NAN, max = s->finite ? s->max : NAN,
+           mean = s->finite ? s->mean : NAN;
+    if (!width) {
+        printf("\t%s\t%llu\t%.9g\t%.9g\t%.9g\t%.9g\t%llu\t%llu\t%llu\n", ck_dtype_name(e->dtype),
+               (unsigned long long)s->count, min, max, mean, stat_std(s),
+               (unsigned long long)s->nan, (unsigned long long)s->inf,
+               (unsigned long long)s->zero);
+        return;
+    }
+    printf("%*s %-6s %12llu %12.6g %12.6g %12.6g %12.6g %8llu %8llu %10llu\n",
+           width > (int)e->name_len ? width - (int)e->name_len : 0, "", ck_dtype_name(e->dtype),
+           (unsigned long long)s->count, min, max, mean, stat_std(s),
+           (unsigned long long)s->nan, (unsigned long long)s->inf, (unsigned long long)s->zero);
+}
+
+/* The header of those lines, and the name column's width on a terminal (0 for a pipe). */
+static int print_stat_header(const stats_run *r)
+{
+    enum { NAME_COLUMN = 64 }; /* longer names push their line's columns right */
+    int width = 4;
+    for (size_t i = 0; r->hist && i < r->n; i++)
+        if ((int)r->sel[i]->name_len > width)
+            width = r->sel[i]->name_len > NAME_COLUMN ? NAME_COLUMN : (int)r->sel[i]->name_len;
+    if (!r->hist) {
+        printf("name\tdtype\tcount\tmin\tmax\tmean\tstd\tnan\tinf\tzero\n");
+        return 0;
+    }
+    printf("%-*s %-6s %12s %12s %12s %12s %12s %8s %8s %10s\n", width, "name", "dtype", "count",
+           "min", "max", "mean", "std", "nan", "inf", "zero");
+    return width;
+}
+
 static int print_stats(const stats_run *r, int json)
 {
     cJSON *doc = json ? cJSON_CreateObject() : NULL, *ts = cJSON_CreateArray(),
           *sk = cJSON_CreateArray();
-    if (!json)
-        printf("name\tdtype\tcount\tmin\tmax\tmean\tstd\tnan\tinf\tzero\n");
+    int width = json ? 0 : print_stat_header(r);
     for (size_t i = 0; i < r->n; i++) {
         const ck_entry *e = r->sel[i];
         if (!decoded_size(e->dtype)) {
@@ -230,7 +258,7 @@ static int print_stats(const stats_run *r, int json)
             cJSON_AddItemToArray(ts, stat_json(e, &r->acc[i]));
             continue;
         }
-        print_stat_line(e, &r->acc[i]);
+        print_stat_line(e, &r->acc[i], width);
         if (r->hist)
             print_hist(&r->acc[i]);
     }
@@ -249,27 +277,31 @@ static int print_stats(const stats_run *r, int json)
     return print_json_doc(doc);
 }
 
+enum { STATS_JSON };
+const ck_option stats_options[] = {
+    {"json", NULL, "the statistics as JSON", 0},
+    {NULL, NULL, NULL, 0}};
+
 int cmd_stats(int argc, char **argv)
 {
-    const char *source = NULL;
-    int json = 0, npat = 0;
-    char **pats = calloc((size_t)argc, sizeof *pats);
+    const char *source = NULL, *val;
+    int json = 0, npat = 0, k;
+    const char **pats = calloc((size_t)argc, sizeof *pats);
     if (!pats)
         return fprintf(stderr, "ckpt: out of memory\n"), 1;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
+    ck_opts p;
+    ck_opts_init(&p, "stats", stats_options, argc, argv);
+    while ((k = ck_opts_next(&p, &val)) != CK_OPT_END && k != CK_OPT_ERROR) {
+        if (k == STATS_JSON)
             json = 1;
-        else if (argv[i][0] == '-') {
-            free(pats);
-            return fprintf(stderr, "ckpt: stats: bad arguments (see ckpt stats --help)\n"), 2;
-        } else if (!source)
-            source = argv[i];
+        else if (!source)
+            source = val;
         else
-            pats[npat++] = argv[i];
+            pats[npat++] = val;
     }
-    if (!source) {
+    if (k == CK_OPT_ERROR || !source) {
         free(pats);
-        return fprintf(stderr, "ckpt: stats: needs a source (see ckpt stats --help)\n"), 2;
+        return k == CK_OPT_ERROR ? CK_USAGE : ck_usage_error("stats", "needs a source");
     }
     ck_index *ix;
     if (open_source(source, &ix)) {

@@ -400,3 +400,24 @@ def check_torch_mount(mnt, path, fmt):
     return index
 
 
+
+
+def run_on_a_terminal(argv, stderr_too=False, timeout=60):
+    """argv with its stdout (and stderr too, or else a pipe) a pseudo-terminal, as a person
+    runs it: (status, what the terminal shows with "\r\n" as "\n", stderr's bytes or b"")."""
+    import pty
+    master, slave = pty.openpty()
+    p = subprocess.run([str(a) for a in argv], stdout=slave,
+                       stderr=slave if stderr_too else subprocess.PIPE, timeout=timeout)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the other side is closed and all is read
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return p.returncode, out.decode().replace("\r\n", "\n"), p.stderr or b""

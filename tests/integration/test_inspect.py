@@ -11,7 +11,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from ckptfs_testlib import ckpt_bin, run, torch_bytes, write_safetensors, xxh3
+from ckptfs_testlib import (ckpt_bin, run, run_on_a_terminal, torch_bytes, write_safetensors,
+                            xxh3)
 
 
 def make_tensors(seed):
@@ -314,28 +315,12 @@ def test_stats_histogram_on_a_terminal(ckpts):
     """On a terminal each tensor gets 10 bins over [min, max] of its finite values; their
     counts add up to numpy's count of finite values and follow numpy.histogram but for values
     on a bin edge (the two round the edges differently)."""
-    import os
-    import pty
-    import subprocess
     d, a, _ = ckpts
-    master, slave = pty.openpty()
-    p = subprocess.run([str(ckpt_bin()), "stats", str(d / "a.bin"), "dec.special", "big"],
-                       stdout=slave, stderr=subprocess.PIPE, timeout=60)
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
-    assert p.returncode == 0 and p.stderr == b""
-    lines = out.decode().replace("\r\n", "\n").splitlines()
+    rc, out, err = run_on_a_terminal([ckpt_bin(), "stats", d / "a.bin", "dec.special", "big"])
+    assert rc == 0 and err == b""
+    lines = out.splitlines()
     for name in ("dec.special", "big"):
-        i = next(k for k, l in enumerate(lines) if l.startswith(name + "\t"))
+        i = next(k for k, l in enumerate(lines) if l.split() and l.split()[0] == name)
         counts = [int(l.split()[-1]) for l in lines[i + 1:i + 11]]
         v = a[name].double().numpy()
         v = v[np.isfinite(v)]

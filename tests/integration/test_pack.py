@@ -348,20 +348,68 @@ def test_a_bad_source_leaves_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad.pt"]
 
 
-def test_an_interrupted_pack_leaves_nothing(tmp_path):
-    big = tmp_path / "big.safetensors"
-    save_file({f"t{i}": torch.ones((64 << 20) // 4) for i in range(24)}, str(big))  # 1.5 GiB
+def started_writing(p, d, prefix):
+    deadline = time.time() + 20
+    while not any(n.startswith(prefix) for n in os.listdir(d)):
+        assert time.time() < deadline and p.poll() is None, "ckpt never started writing"
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    path = tmp_path_factory.mktemp("big") / "big.safetensors"
+    save_file({f"t{i}": torch.ones((64 << 20) // 4) for i in range(24)}, str(path))  # 1.5 GiB
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=lambda s: s.name)
+@pytest.mark.parametrize("cmd", ["pack", "convert"])
+def test_an_interrupted_command_leaves_nothing_and_dies_by_the_signal(big, tmp_path, sig, cmd):
+    """As coreutils do: what it was writing is removed, then it dies by the same signal (the
+    shell sees 128+N, and a loop around it stops)."""
+    out = tmp_path / "out"
+    p = subprocess.Popen([str(ckpt_bin()), cmd, str(big), str(out)], stderr=subprocess.PIPE)
+    started_writing(p, tmp_path, "out.ckpt-tmp-")
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -sig, (p.returncode, err)
+    assert b"interrupted" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_commands_leftover_is_cleaned_by_the_next_run(big, tmp_path):
     out = tmp_path / "out.pack"
     p = subprocess.Popen([str(ckpt_bin()), "pack", str(big), str(out)], stderr=subprocess.PIPE)
-    deadline = time.time() + 20
-    while not any(n.startswith("out.pack.tmp-") for n in os.listdir(tmp_path)):
-        assert time.time() < deadline and p.poll() is None, "ckpt pack never started writing"
-        time.sleep(0.005)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 1, err
-    assert b"interrupted" in err
-    assert sorted(os.listdir(tmp_path)) == ["big.safetensors"]
+    started_writing(p, tmp_path, "out.pack.ckpt-tmp-")
+    p.kill()
+    p.communicate(timeout=60)
+    left = os.listdir(tmp_path)
+    assert len(left) == 1 and left[0].startswith(f"out.pack.ckpt-tmp-{p.pid}-"), left
+    # a live writer's temp file (this process's pid) and another output's are not touched
+    mine = tmp_path / f"out.pack.ckpt-tmp-{os.getpid()}-abcdef"
+    other = tmp_path / f"other.pack.ckpt-tmp-{p.pid}-abcdef"
+    mine.write_bytes(b"x")
+    other.write_bytes(b"x")
+    small = tmp_path.parent / "small.safetensors"
+    save_file({"w": torch.ones(4)}, str(small))
+    q = ckpt("pack", small, out)
+    assert q.returncode == 0, q.stderr
+    assert sorted(os.listdir(tmp_path)) == sorted(["out.pack", mine.name, other.name])
+
+
+def test_a_killed_directory_outputs_leftover_is_cleaned(tmp_path):
+    """A shard directory's temp: the directory and the files in it."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"hf.ckpt-tmp-{gone.pid}-abcdef"
+    stale.mkdir()
+    (stale / "model-00001-of-00002.safetensors").write_bytes(b"partial")
+    small = tmp_path.parent / "small2.safetensors"
+    save_file({"w": torch.ones(4)}, str(small))
+    q = ckpt("convert", small, tmp_path / "hf", "--max-shard-size", "1MB")
+    assert q.returncode == 0, q.stderr
+    assert os.listdir(tmp_path) == ["hf"]
 
 
 def one_line(stderr):
@@ -399,7 +447,8 @@ def test_pack_into_a_missing_directory_creates_nothing(tmp_path):
     p = ckpt("pack", src, out)
     assert p.returncode == 1
     line = one_line(p.stderr)
-    assert line == f"ckpt: {out}: cannot create: {os.strerror(errno.ENOENT)}\n", line
+    assert line == (f"ckpt: {out}: cannot create it: {out.parent} does not exist "
+                    f"(mkdir -p {out.parent} first)\n"), line
     assert p.stdout == b""
     assert os.listdir(tmp_path) == ["src.safetensors"]
 
