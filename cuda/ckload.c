@@ -660,17 +660,17 @@ static ckl_tensor tensor_of(const ck_entry *x)
                         .nbytes = x->nbytes, .rank = x->rank, .dtype_code = x->dtype};
 }
 
-/* The plan of the entries keep selects (plan.h), cut as cut says, with this process's share.
- * 0, or the error's class (ckload.h: EINVAL where only or a slice rule is refused) with e
+/* The plan of the entries only and keep select (plan.h), cut as cut says, with this process's
+ * share. 0, or the error's class (ckload.h: EINVAL where only or a slice rule is refused) with e
  * set. */
-static int make_plan(ckl_load *l, const unsigned char *keep, const ck_slicing *cut,
-                     ck_error *e)
+static int make_plan(ckl_load *l, const char *only, const unsigned char *keep,
+                     const ck_slicing *cut, ck_error *e)
 {
     enum ck_plan_read share = l->opt.read == CKL_READ_PARTS ? CK_READ_ALL
                                                              : (enum ck_plan_read)l->opt.read;
     ck_plan_free(l->plan);
     l->plan = NULL;
-    int rc = ck_plan_make_sliced(l->ix, l->opt.only, keep, cut, &l->plan, e);
+    int rc = ck_plan_make_sliced(l->ix, only, keep, cut, &l->plan, e);
     if (rc != 0)
         return rc == CK_PLAN_REFUSED ? EINVAL : EIO;
     if (ck_plan_share(l->plan, share, cut->world) != 0)
@@ -679,34 +679,33 @@ static int make_plan(ckl_load *l, const unsigned char *keep, const ck_slicing *c
 }
 
 /* With ckl_options.dest: where each planned tensor goes. The tensors it skips are left out (the
- * plan is made again without them); the others' addresses go to tensor_at. 0, or the error's
- * class with e set (ECANCELED: the caller refused). */
+ * plan is made again of the others alone: keep, only already applied, so that skipping every
+ * tensor leaves an empty load whether only was given or not); the others' addresses go to
+ * tensor_at. 0, or the error's class with e set (ECANCELED: the caller refused). */
 static int ask_dests(ckl_load *l, const ck_slicing *cut, ck_error *e)
 {
     const ck_index *ix = l->ix;
     size_t ne = ix->nentries ? ix->nentries : 1;
     void **at = calloc(ne, sizeof *at); /* per index entry */
-    unsigned char *keep = malloc(ne);
+    unsigned char *keep = calloc(ne, 1);  /* the planned tensors not skipped */
     int rc = at && keep ? 0 : (ck_fail(e, l->path, "out of memory"), ENOMEM), skipped = 0;
-    for (size_t k = 0; rc == 0 && k < ix->nentries; k++)
-        keep[k] = l->src.keep ? l->src.keep[k] : 1;
     for (size_t i = 0; rc == 0 && i < l->plan->ntensors; i++) {
         const ck_plan_tensor *pt = &l->plan->tensors[i];
         ckl_tensor t = tensor_of(pt->entry);
         size_t k = (size_t)(pt->whole - ix->entries);
         void *where = NULL;
         int d = l->opt.dest(l->opt.ctx, &t, &where);
-        if (d == CKL_DEST_SKIP)
-            keep[k] = 0, skipped = 1;
-        else if (d == CKL_DEST_AT && where)
+        keep[k] = d != CKL_DEST_SKIP;
+        skipped |= d == CKL_DEST_SKIP;
+        if (d == CKL_DEST_AT && where)
             at[k] = where;
-        else if (d != CKL_DEST_BLOCK && d != CKL_DEST_AT)
+        else if (d != CKL_DEST_BLOCK && d != CKL_DEST_AT && d != CKL_DEST_SKIP)
             rc = (ck_fail(e, l->path, "tensor '%s': refused by the caller", t.name), ECANCELED);
     }
     if (rc == 0 && l->opt.dest(l->opt.ctx, NULL, NULL) != CKL_DEST_BLOCK)
         rc = (ck_fail(e, l->path, "the load was refused by its caller"), ECANCELED);
     if (rc == 0 && skipped)
-        rc = make_plan(l, keep, cut, e);
+        rc = make_plan(l, NULL, keep, cut, e);
     size_t nt = rc == 0 ? l->plan->ntensors : 0;
     if (rc == 0 && !(l->tensor_at = calloc(nt ? nt : 1, sizeof *l->tensor_at)))
         rc = (ck_fail(e, l->path, "out of memory"), ENOMEM);
@@ -759,7 +758,7 @@ static int plan(ckl_load *l, char *err, size_t errlen)
         rules[i] = (ck_slice_rule){.glob = l->opt.slices[i].glob, .dim = l->opt.slices[i].dim};
     ck_slicing cut = {.rules = rules, .nrules = l->opt.nslices, .rank = l->opt.rank,
                       .world = world, .parts_only = l->opt.read == CKL_READ_PARTS};
-    int rc = rules ? make_plan(l, l->src.keep, &cut, &e)
+    int rc = rules ? make_plan(l, l->opt.only, l->src.keep, &cut, &e)
                    : (ck_fail(&e, l->path, "out of memory"), ENOMEM);
     if (rc == 0 && l->opt.dest)
         rc = ask_dests(l, &cut, &e);

@@ -167,6 +167,12 @@ def test_load_into_refusals_stay_runtime_errors(tmp_path):
         ckload.load_into(target, path)
     with pytest.raises(ValueError, match="only='zzz' selects nothing"):
         ckload.load_into(target, path, only="zzz")
+    # only selects, but the target takes none of it: nothing to load, as without only (the
+    # library's plan of what is left is made without only, never refusing it in ckpt's words)
+    assert ckload.load_into({"x": torch.empty(2)}, path, strict=False, only="enc.w") == ([],
+                                                                                      ["enc.w"])
+    assert ckload.load_into({"x": torch.empty(2)}, path, strict=False) == (
+        ["x"], ["enc.b", "enc.w"])
 
 
 def test_the_library_reports_the_class_in_errno(tmp_path):
