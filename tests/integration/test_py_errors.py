@@ -79,21 +79,22 @@ def open_dir():
 
 
 def as_nobody(path):
-    """What CHILD raised loading path as user nobody."""
-    p = run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-             "/usr/bin/python3", "-c", CHILD, str(path)], timeout=60, env=dict(os.environ))
+    """What CHILD raised loading path as user nobody (root's tests), or as this user."""
+    user = (["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+            if os.geteuid() == 0 else [])
+    p = run([*user, sys.executable, "-c", CHILD, str(path)], timeout=60, env=dict(os.environ))
     assert p.returncode == 0, p.stderr.decode()
     return json.loads(p.stdout)
 
 
 def test_an_unreadable_source_is_permission_error(open_dir):
-    """A file only root may read, and a directory of shards only root may list, loaded by
-    nobody: PermissionError (an OSError, errno EACCES), not Error."""
+    """A file no one but root may read, and a directory of shards no one but root may list,
+    loaded by another user: PermissionError (an OSError, errno EACCES), not Error."""
     src = source(open_dir / "file")
-    os.chmod(src, 0o600)
+    os.chmod(src, 0o000)
     shards = open_dir / "shards"
     source(shards)
-    os.chmod(shards, 0o700)
+    os.chmod(shards, 0o000)
     for path in (src, shards):
         got = as_nobody(path)
         assert (got["class"], got["errno"], got["runtime"]) == ("PermissionError",
@@ -101,6 +102,7 @@ def test_an_unreadable_source_is_permission_error(open_dir):
         assert got["msg"].startswith(f"ckload: {path}: ") and "\n" not in got["msg"], got
         assert got["msg"].endswith(os.strerror(errno.EACCES)), got
     os.chmod(src, 0o644)
+    os.chmod(shards, 0o755)
     assert as_nobody(src) is None  # readable now: it loads
 
 
