@@ -19,7 +19,7 @@ static const struct {
     FIELD(ckl_options, only),    FIELD(ckl_options, verify),      FIELD(ckl_options, on_ready),
     FIELD(ckl_options, ctx),     FIELD(ckl_options, pool),        FIELD(ckl_options, slices),
     FIELD(ckl_options, nslices), FIELD(ckl_options, rank),        FIELD(ckl_options, world_size),
-    FIELD(ckl_options, read),    FIELD(ckl_options, dest),
+    FIELD(ckl_options, read),    FIELD(ckl_options, dest),      FIELD(ckl_options, spelling),
     SIZE(ckl_slice),            FIELD(ckl_slice, glob),         FIELD(ckl_slice, dim),
     SIZE(ckl_tensor),           FIELD(ckl_tensor, name),        FIELD(ckl_tensor, dtype),
     FIELD(ckl_tensor, shape),    FIELD(ckl_tensor, data),         FIELD(ckl_tensor, nbytes),

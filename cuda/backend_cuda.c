@@ -56,8 +56,12 @@ static int cuda_check(int ordinal, char *why, size_t len)
     cudaError_t e = cudart.GetDeviceCount(&count);
     if (e == cudaSuccess && ordinal >= 0 && ordinal < count)
         return 0;
-    snprintf(why, len, "no CUDA device %d (%s)", ordinal,
-             e != cudaSuccess ? cudart.GetErrorString(e) : "not that many devices");
+    if (e != cudaSuccess)
+        snprintf(why, len, "no CUDA device is visible (%s)", cudart.GetErrorString(e));
+    else if (count == 0)
+        snprintf(why, len, "no CUDA device is visible");
+    else
+        snprintf(why, len, "no CUDA device %d (%d visible)", ordinal, count);
     return -1;
 }
 

@@ -161,6 +161,35 @@ static void set_error(ckl_load *l, const char *fmt, ...)
     pthread_mutex_unlock(&l->lock);
 }
 
+/* Fails a call of the API: errno says the error's class (ckload.h). */
+static int fail_as(int code)
+{
+    errno = code;
+    return -1;
+}
+
+/* The options a message may name, and how each caller spells them (ckl_options.spelling), with
+ * what comes between the name and its value. */
+enum option { OPT_ONLY, OPT_THREADS, OPT_BUFFERS, OPT_BUFFER_SIZE };
+static const char *const spellings[][2] = {
+    [OPT_ONLY] = {"--only ", "only="},
+    [OPT_THREADS] = {"--threads ", "threads="},
+    [OPT_BUFFERS] = {"--buffers ", "buffers="},
+    [OPT_BUFFER_SIZE] = {"--buffer-size ", "buffer_size="},
+};
+
+static const char *spelled(const ckl_load *l, enum option opt)
+{
+    return spellings[opt][l->opt.spelling == CKL_SPELL_PARAMS];
+}
+
+/* "PATH: out of memory" into err; ENOMEM. */
+static int out_of_memory(const ckl_load *l, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: out of memory", l->path);
+    return ENOMEM;
+}
+
 static int failed(ckl_load *l)
 {
     pthread_mutex_lock(&l->lock);
@@ -505,7 +534,7 @@ static void ring_run_free(struct ring_run *rr)
 /* The ring, for a host load with blobs that land in place O_DIRECT (direct_in_place), unless
  * CKLOAD_URING=0. Where the kernel refuses io_uring (uring.h) there is none and the reader
  * threads read every blob, as with CKLOAD_URING=0; CKLOAD_URING=1 makes that an error instead.
- * 0, or -1 with err set. */
+ * 0, or the error's class with err set. */
 static int open_ring(ckl_load *l, char *err, size_t errlen)
 {
     const char *want = getenv("CKLOAD_URING");
@@ -520,8 +549,7 @@ static int open_ring(ckl_load *l, char *err, size_t errlen)
         !(rr->pending = calloc(nblobs, sizeof *rr->pending)) ||
         !(rr->bounce = aligned_alloc(DIRECT_ALIGN, (size_t)depth * DIRECT_ALIGN))) {
         ring_run_free(rr);
-        snprintf(err, errlen, "%s: out of memory", l->path);
-        return -1;
+        return out_of_memory(l, err, errlen);
     }
     int rc;
     if ((rr->io = ring_new(depth, ring_done, rr, &rc)) != NULL) {
@@ -534,7 +562,7 @@ static int open_ring(ckl_load *l, char *err, size_t errlen)
         return 0;
     snprintf(err, errlen, "%s: cannot set up io_uring (CKLOAD_URING=1): %s", l->path,
              strerror(-rc));
-    return -1;
+    return EIO;
 }
 
 /* The source files and O_DIRECT descriptors, closed once nothing will read them again. */
@@ -632,54 +660,55 @@ static ckl_tensor tensor_of(const ck_entry *x)
                         .nbytes = x->nbytes, .rank = x->rank, .dtype_code = x->dtype};
 }
 
-/* The plan of the entries keep selects (plan.h), cut as cut says, with this process's share.
- * 0, or -1 with e set. */
-static int make_plan(ckl_load *l, const unsigned char *keep, const ck_slicing *cut,
-                     ck_error *e)
+/* The plan of the entries only and keep select (plan.h), cut as cut says, with this process's
+ * share. 0, or the error's class (ckload.h: EINVAL where only or a slice rule is refused) with e
+ * set. */
+static int make_plan(ckl_load *l, const char *only, const unsigned char *keep,
+                     const ck_slicing *cut, ck_error *e)
 {
     enum ck_plan_read share = l->opt.read == CKL_READ_PARTS ? CK_READ_ALL
                                                              : (enum ck_plan_read)l->opt.read;
     ck_plan_free(l->plan);
     l->plan = NULL;
-    if (ck_plan_make_sliced(l->ix, l->opt.only, keep, cut, &l->plan, e) != 0)
-        return -1;
+    int rc = ck_plan_make_sliced(l->ix, only, keep, cut, &l->plan, e);
+    if (rc != 0)
+        return rc == CK_PLAN_REFUSED ? EINVAL : EIO;
     if (ck_plan_share(l->plan, share, cut->world) != 0)
-        return ck_fail(e, l->path, "out of memory");
+        return ck_fail(e, l->path, "out of memory"), ENOMEM;
     return 0;
 }
 
 /* With ckl_options.dest: where each planned tensor goes. The tensors it skips are left out (the
- * plan is made again without them); the others' addresses go to tensor_at. 0, or -1 with e
- * set. */
+ * plan is made again of the others alone: keep, only already applied, so that skipping every
+ * tensor leaves an empty load whether only was given or not); the others' addresses go to
+ * tensor_at. 0, or the error's class with e set (ECANCELED: the caller refused). */
 static int ask_dests(ckl_load *l, const ck_slicing *cut, ck_error *e)
 {
     const ck_index *ix = l->ix;
     size_t ne = ix->nentries ? ix->nentries : 1;
     void **at = calloc(ne, sizeof *at); /* per index entry */
-    unsigned char *keep = malloc(ne);
-    int rc = at && keep ? 0 : ck_fail(e, l->path, "out of memory"), skipped = 0;
-    for (size_t k = 0; rc == 0 && k < ix->nentries; k++)
-        keep[k] = l->src.keep ? l->src.keep[k] : 1;
+    unsigned char *keep = calloc(ne, 1);  /* the planned tensors not skipped */
+    int rc = at && keep ? 0 : (ck_fail(e, l->path, "out of memory"), ENOMEM), skipped = 0;
     for (size_t i = 0; rc == 0 && i < l->plan->ntensors; i++) {
         const ck_plan_tensor *pt = &l->plan->tensors[i];
         ckl_tensor t = tensor_of(pt->entry);
         size_t k = (size_t)(pt->whole - ix->entries);
         void *where = NULL;
         int d = l->opt.dest(l->opt.ctx, &t, &where);
-        if (d == CKL_DEST_SKIP)
-            keep[k] = 0, skipped = 1;
-        else if (d == CKL_DEST_AT && where)
+        keep[k] = d != CKL_DEST_SKIP;
+        skipped |= d == CKL_DEST_SKIP;
+        if (d == CKL_DEST_AT && where)
             at[k] = where;
-        else if (d != CKL_DEST_BLOCK && d != CKL_DEST_AT)
-            rc = ck_fail(e, l->path, "tensor '%s': refused by the caller", t.name);
+        else if (d != CKL_DEST_BLOCK && d != CKL_DEST_AT && d != CKL_DEST_SKIP)
+            rc = (ck_fail(e, l->path, "tensor '%s': refused by the caller", t.name), ECANCELED);
     }
     if (rc == 0 && l->opt.dest(l->opt.ctx, NULL, NULL) != CKL_DEST_BLOCK)
-        rc = ck_fail(e, l->path, "the load was refused by its caller");
+        rc = (ck_fail(e, l->path, "the load was refused by its caller"), ECANCELED);
     if (rc == 0 && skipped)
-        rc = make_plan(l, keep, cut, e);
+        rc = make_plan(l, NULL, keep, cut, e);
     size_t nt = rc == 0 ? l->plan->ntensors : 0;
     if (rc == 0 && !(l->tensor_at = calloc(nt ? nt : 1, sizeof *l->tensor_at)))
-        rc = ck_fail(e, l->path, "out of memory");
+        rc = (ck_fail(e, l->path, "out of memory"), ENOMEM);
     for (size_t i = 0; rc == 0 && i < nt; i++)
         l->tensor_at[i] = at[l->plan->tensors[i].whole - ix->entries];
     free(at);
@@ -705,7 +734,8 @@ static void place_elsewhere(ckl_load *l)
 
 /* The plan (plan.h: a pack's layout as its reader checked it, or any other source's as its
  * virtual pack), where the caller wants its tensors (ask_dests), each tensor's view of the
- * block-to-be, per-blob readiness, and with verify a pack's stored checksums. */
+ * block-to-be, per-blob readiness, and with verify a pack's stored checksums. 0, or the error's
+ * class (ckload.h) with err set. */
 static int plan(ckl_load *l, char *err, size_t errlen)
 {
     ck_error e;
@@ -713,7 +743,14 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     if (l->opt.rank >= world || (unsigned)l->opt.read > CKL_READ_PARTS) {
         snprintf(err, errlen, "%s: rank %u of world_size %u, read %d: no such share", l->path,
                  l->opt.rank, world, l->opt.read);
-        return -1;
+        return EINVAL;
+    }
+    /* Checked here rather than by the plan, so that the message names the option as the caller
+     * spells it. */
+    if (l->opt.only && !ck_plan_selects(l->ix, l->opt.only, l->src.keep)) {
+        snprintf(err, errlen, "%s: %s'%s' selects nothing", l->path, spelled(l, OPT_ONLY),
+                 l->opt.only);
+        return EINVAL;
     }
     /* ckl_slice is ck_slice_rule's public twin: the same two fields, copied across. */
     ck_slice_rule *rules = calloc(l->opt.nslices + 1, sizeof *rules);
@@ -721,13 +758,14 @@ static int plan(ckl_load *l, char *err, size_t errlen)
         rules[i] = (ck_slice_rule){.glob = l->opt.slices[i].glob, .dim = l->opt.slices[i].dim};
     ck_slicing cut = {.rules = rules, .nrules = l->opt.nslices, .rank = l->opt.rank,
                       .world = world, .parts_only = l->opt.read == CKL_READ_PARTS};
-    int rc = rules ? make_plan(l, l->src.keep, &cut, &e) : ck_fail(&e, l->path, "out of memory");
+    int rc = rules ? make_plan(l, l->opt.only, l->src.keep, &cut, &e)
+                   : (ck_fail(&e, l->path, "out of memory"), ENOMEM);
     if (rc == 0 && l->opt.dest)
         rc = ask_dests(l, &cut, &e);
     free(rules);
     if (rc != 0) {
         snprintf(err, errlen, "%s", e.msg);
-        return -1;
+        return rc;
     }
     const ck_plan *p = l->plan;
     l->tensors = calloc(p->ntensors ? p->ntensors : 1, sizeof *l->tensors);
@@ -737,16 +775,14 @@ static int plan(ckl_load *l, char *err, size_t errlen)
     l->check_files = (l->opt.verify && !p->stored_sums) ||
                      (l->src.read_path && strcmp(l->src.read_path, "bypass") == 0);
     l->stored_sums = sums ? calloc(p->nblobs ? p->nblobs : 1, sizeof *l->stored_sums) : NULL;
-    if (!l->tensors || !l->landed || !l->blob_at || (sums && !l->stored_sums)) {
-        snprintf(err, errlen, "%s: out of memory", l->path);
-        return -1;
-    }
+    if (!l->tensors || !l->landed || !l->blob_at || (sums && !l->stored_sums))
+        return out_of_memory(l, err, errlen);
     for (size_t i = 0; i < p->ntensors; i++)
         l->tensors[i] = tensor_of(p->tensors[i].entry);
     place_elsewhere(l);
     if (sums && ck_plan_sums(l->ix, p, l->stored_sums, &e) != 0) {
         snprintf(err, errlen, "%s", e.msg);
-        return -1;
+        return EIO;
     }
     return 0;
 }
@@ -949,24 +985,62 @@ static int pick_device(ckl_load *l, char *err, size_t errlen)
     return -1;
 }
 
-/* Whether o's numbers are within their bounds (ckload.h); else err says which is not. Checked
- * before anything is sized by them: a buffer size near 2^64 wrapped in the gather's arithmetic,
- * and a million threads were started. */
-static int options_valid(const ckl_options *o, const char *path, char *err, size_t errlen)
+/* Whether the load's numbers are within their bounds (ckload.h); else err says which is not,
+ * naming the option. Checked before anything is sized by them: a buffer size near 2^64 wrapped
+ * in the gather's arithmetic, and a million threads were started. */
+static int options_valid(const ckl_load *l, char *err, size_t errlen)
 {
+    const ckl_options *o = &l->opt;
     if (o->threads > CKL_MAX_THREADS)
-        snprintf(err, errlen, "%s: %u reader threads (at most %u)", path, o->threads,
-                 CKL_MAX_THREADS);
+        snprintf(err, errlen, "%s: %s%u: more than %u reader threads", l->path,
+                 spelled(l, OPT_THREADS), o->threads, CKL_MAX_THREADS);
     else if (o->buffers > CKL_MAX_BUFFERS)
-        snprintf(err, errlen, "%s: %u staging buffers per thread (at most %u)", path,
-                 o->buffers, CKL_MAX_BUFFERS);
+        snprintf(err, errlen, "%s: %s%u: more than %u staging buffers per thread", l->path,
+                 spelled(l, OPT_BUFFERS), o->buffers, CKL_MAX_BUFFERS);
     else if (o->buffer_size &&
              (o->buffer_size < CKL_MIN_BUFFER_SIZE || o->buffer_size > CKL_MAX_BUFFER_SIZE))
-        snprintf(err, errlen, "%s: a buffer size of %zu bytes (%u to %llu)", path,
-                 o->buffer_size, CKL_MIN_BUFFER_SIZE, CKL_MAX_BUFFER_SIZE);
+        snprintf(err, errlen, "%s: %s%zu: not within %u to %llu bytes", l->path,
+                 spelled(l, OPT_BUFFER_SIZE), o->buffer_size, CKL_MIN_BUFFER_SIZE,
+                 CKL_MAX_BUFFER_SIZE);
     else
         return 1;
     return 0;
+}
+
+/* Everything a load needs before its readers start: the source, the device, the plan, the block,
+ * the ring and each tensor's address. 0, or the error's class (ckload.h) with err set. */
+static int prepare(ckl_load *l, const char *path, char *err, size_t errlen)
+{
+    if (!options_valid(l, err, errlen))
+        return EINVAL;
+    int code = load_source_open(path, &l->src, err, errlen);
+    if (code != 0)
+        return code;
+    l->ix = l->src.ix;
+    if (!l->pool)
+        return out_of_memory(l, err, errlen);
+    if (pick_device(l, err, errlen) != 0)
+        return ENODEV;
+    if ((code = plan(l, err, errlen)) != 0)
+        return code;
+    if (open_direct_all(l) != 0)
+        return out_of_memory(l, err, errlen);
+    if (alloc_block(l, err, errlen) != 0)
+        return ENOMEM;
+    for (size_t b = 0; b < l->plan->nblobs; b++)
+        if (!l->plan->blobs[b].elsewhere)
+            l->blob_at[b] = l->block + l->plan->blobs[b].dest_off;
+    choose_readers(l);
+    if ((code = open_ring(l, err, errlen)) != 0)
+        return code;
+    const ck_plan *p = l->plan;
+    for (size_t i = 0; i < p->ntensors; i++) {
+        uint32_t b = p->tensors[i].blob;
+        void *mine = l->tensor_at ? l->tensor_at[i] : NULL;
+        l->tensors[i].data = mine ? mine : b == CK_PLAN_NONE ? l->block : l->blob_at[b];
+    }
+    l->threads = calloc(count_readers(l), sizeof *l->threads);
+    return l->threads ? 0 : out_of_memory(l, err, errlen);
 }
 
 int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
@@ -979,7 +1053,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     if (!l) {
         size_t n = strlen(ck_location_shown(path, err, errlen));
         snprintf(err + n, errlen - n, ": out of memory");
-        return -1;
+        return fail_as(ENOMEM);
     }
     l->path = ck_location_shown(path, (char *)(l + 1), plen); /* for messages: no secrets */
     l->err = l->path + plen;
@@ -990,53 +1064,14 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     l->opt = *o;
     if (!l->opt.buffers)
         l->opt.buffers = DEFAULT_STAGES;
-    if (!options_valid(&l->opt, l->path, err, errlen)) {
-        free_load(l);
-        return -1;
-    }
-    if (load_source_open(path, &l->src, err, errlen) != 0) {
-        free_load(l);
-        return -1;
-    }
-    l->ix = l->src.ix;
     l->pool = o->pool ? o->pool : ckl_pool_new();
     l->own_pool = !o->pool;
-    if (!l->pool || pick_device(l, err, errlen) != 0 || plan(l, err, errlen) != 0) {
-        if (!l->pool)
-            snprintf(err, errlen, "%s: out of memory", l->path);
+    int code = prepare(l, path, err, errlen);
+    if (code != 0) {
         free_load(l);
-        return -1;
-    }
-    if (open_direct_all(l) != 0) {
-        snprintf(err, errlen, "%s: out of memory", l->path);
-        free_load(l);
-        return -1;
-    }
-    if (alloc_block(l, err, errlen) != 0) {
-        free_load(l);
-        return -1;
-    }
-    for (size_t b = 0; b < l->plan->nblobs; b++)
-        if (!l->plan->blobs[b].elsewhere)
-            l->blob_at[b] = l->block + l->plan->blobs[b].dest_off;
-    choose_readers(l);
-    if (open_ring(l, err, errlen) != 0) {
-        free_load(l);
-        return -1;
-    }
-    const ck_plan *p = l->plan;
-    for (size_t i = 0; i < p->ntensors; i++) {
-        uint32_t b = p->tensors[i].blob;
-        void *mine = l->tensor_at ? l->tensor_at[i] : NULL;
-        l->tensors[i].data = mine ? mine : b == CK_PLAN_NONE ? l->block : l->blob_at[b];
+        return fail_as(code);
     }
     unsigned nt = count_readers(l);
-    l->threads = calloc(nt, sizeof *l->threads);
-    if (!l->threads) {
-        snprintf(err, errlen, "%s: out of memory", l->path);
-        free_load(l);
-        return -1;
-    }
     l->running = nt;
     for (unsigned i = 0; i < nt; i++) {
         if (pthread_create(&l->threads[i], NULL, worker, l) != 0) {
@@ -1101,8 +1136,8 @@ uint64_t ckl_done_bytes(const ckl_load *l)
 }
 
 /* Waits until blob_or_all has landed (SIZE_MAX: until the readers are done) or the load fails;
- * after a failure nothing counts as ready. 0, -1 (the error in err), or 1 once deadline (if not
- * NULL, CLOCK_REALTIME) has passed. */
+ * after a failure nothing counts as ready. 0, -1 (the error in err, errno EIO), or 1 once
+ * deadline (if not NULL, CLOCK_REALTIME) has passed. */
 static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *deadline,
                       char *err, size_t errlen)
 {
@@ -1130,14 +1165,14 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
     if (rc < 0 && err)
         snprintf(err, errlen, "%s", l->err);
     pthread_mutex_unlock(&l->lock);
-    return rc;
+    return rc < 0 ? fail_as(EIO) : rc;
 }
 
 int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen)
 {
     if (i >= l->plan->ntensors) {
         snprintf(err, errlen, "%s: no tensor %zu", l->path, i);
-        return -1;
+        return fail_as(EINVAL);
     }
     uint32_t b = l->plan->tensors[i].blob;
     if (b == CK_PLAN_NONE) /* empty: nothing to wait for, unless all failed */
@@ -1167,7 +1202,7 @@ int ckl_blob_wait(ckl_load *l, size_t b, char *err, size_t errlen)
 {
     if (b >= l->plan->nblobs) {
         snprintf(err, errlen, "%s: no blob %zu", l->path, b);
-        return -1;
+        return fail_as(EINVAL);
     }
     return wait_until(l, b, NULL, err, errlen);
 }
@@ -1176,7 +1211,7 @@ int ckl_blob_put(ckl_load *l, size_t b, char *err, size_t errlen)
 {
     if (b >= l->plan->nblobs || reads(l, b) || atomic_load(&l->landed[b])) {
         snprintf(err, errlen, "%s: blob %zu is not the caller's to put", l->path, b);
-        return -1;
+        return fail_as(EINVAL);
     }
     if (failed(l))
         return wait_until(l, b, NULL, err, errlen); /* says the load's error */

@@ -40,8 +40,17 @@
  *  - Errors (no driver or device, out of memory, truncated or corrupt pack, checksum mismatch
  *    with verify) are reported as one line "FILE: what is wrong", FILE as the caller spelled it,
  *    however long; the program that prints it puts its own name in front ("ckpt: ", "ckload: ").
- *    With its NUL it fits in strlen(path) + 512 bytes. After any error no tensor is handed out
- *    (ckl_wait fails) and ckl_release frees everything.
+ *    With its NUL it fits in strlen(path) + 512 bytes. A message names an option as the caller
+ *    spells it (ckl_options.spelling: "--only" for ckpt's flags, "only=" for Python's
+ *    parameters). Every function that fails with err set also sets errno to the error's class:
+ *    ENOENT (the source path does not exist), EACCES (it exists but cannot be opened for
+ *    reading), EINVAL (an argument is refused: an option out of its bounds, `only` that selects
+ *    nothing, a slice rule that cannot cut a tensor it selects, no such share, tensor or blob),
+ *    ENODEV (no CUDA runtime, driver or device), ENOMEM (out of host or device memory),
+ *    ECANCELED (ckl_options.dest refused the load), EIO (anything else: a source that is not a
+ *    checkpoint or is corrupt, a failed read, a checksum mismatch, a file changed while read,
+ *    another process's error). After any error no tensor is handed out (ckl_wait fails) and
+ *    ckl_release frees everything.
  *  - A load is reference counted: ckl_release drops the caller's reference; each DLPack export
  *    holds one more, so device memory is freed when the last exported tensor is deleted.
  *  - Into the caller's memory (ckl_options.dest): asked once per selected tensor, before any
@@ -70,7 +79,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CKL_ABI_VERSION 3
+#define CKL_ABI_VERSION 4
 
 enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
 
@@ -98,6 +107,10 @@ struct ckl_tensor;
  * of the load. Any other answer fails the load at start ("tensor 'NAME': refused by the
  * caller"). */
 enum ckl_dest { CKL_DEST_BLOCK = 0, CKL_DEST_AT = 1, CKL_DEST_SKIP = 2 };
+
+/* How messages name an option (ckl_options.spelling): as ckpt's flags ("--only 'x'", the
+ * default), or as the Python module's parameters ("only='x'"). */
+enum ckl_spelling { CKL_SPELL_FLAGS = 0, CKL_SPELL_PARAMS = 1 };
 
 /* The options' bounds: a load given a value outside them fails at start, naming the option. */
 #define CKL_MAX_THREADS 256u              /* threads */
@@ -133,6 +146,7 @@ typedef struct ckl_options {
      * Then once more with t and at NULL: any answer but CKL_DEST_BLOCK fails the load ("the
      * load was refused by its caller") before a byte is read. */
     int (*dest)(void *ctx, const struct ckl_tensor *t, void **at);
+    int spelling;            /* enum ckl_spelling: how messages name an option */
 } ckl_options;
 
 typedef struct ckl_tensor {
@@ -156,7 +170,8 @@ long ckl_layout(const char *what);
 /* Fills *o with the defaults. */
 void ckl_default_options(ckl_options *o);
 
-/* Starts loading path. 0 on success; -1 with err (errlen bytes) set, nothing allocated. */
+/* Starts loading path. 0 on success; -1 with err (errlen bytes) and errno set, nothing
+ * allocated. */
 int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
                    size_t errlen);
 
@@ -176,7 +191,8 @@ uint64_t ckl_done_bytes(const ckl_load *l);
  * "mount" (a path inside a mount, read through it: the bypass was refused or CKLOAD_BYPASS=0). */
 const char *ckl_read_path(const ckl_load *l);
 
-/* Waits for tensor i / for everything. 0, or -1 with the load's error in err. */
+/* Waits for tensor i / for everything. 0, or -1 with the load's error in err (errno EIO; EINVAL
+ * for no tensor i). */
 int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen);
 int ckl_wait_all(ckl_load *l, char *err, size_t errlen);
 /* As ckl_wait_all, but returns 1 if the load is still going after ms milliseconds (0: forever). */

@@ -3,10 +3,12 @@
 #include "mount.h"
 
 #include "../fs/mountinfo.h"
+#include "../pack/location.h"
 #include "../pack/open.h"
 #include "../fs/tree.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/magic.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 void load_source_close(load_source *s)
 {
@@ -163,6 +166,20 @@ static int open_in_mount(const char *path, const char *root, const char *rel, lo
     return !*rel || is_pack(rel) ? 0 : select_subtree(out, path, rel, err, errlen);
 }
 
+/* The class (ckload.h) of a failure to open the source at path: ENOENT where path does not
+ * exist (or a directory on its way is not a directory), EACCES where it is there but cannot be
+ * opened for reading, EIO otherwise (it opens, and what it holds is wrong; or it is a URL). */
+static int open_failure(const char *path)
+{
+    if (ck_location_is_url(path))
+        return EIO;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); /* a FIFO: no wait */
+    int e = fd < 0 ? errno : 0;
+    if (fd >= 0)
+        close(fd);
+    return e == ENOENT || e == ENOTDIR ? ENOENT : e == EACCES || e == EPERM ? EACCES : EIO;
+}
+
 int load_source_open(const char *path, load_source *out, char *err, size_t errlen)
 {
     *out = (load_source){0};
@@ -181,5 +198,5 @@ int load_source_open(const char *path, load_source *out, char *err, size_t errle
     free(root);
     if (rc)
         load_source_close(out);
-    return rc;
+    return rc ? open_failure(path) : 0;
 }

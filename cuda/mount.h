@@ -32,7 +32,8 @@ typedef struct load_source {
     const char *read_path;  /* "bypass" or "mount" for a path inside a mount; NULL otherwise */
 } load_source;
 
-/* What path stands for, into *out. 0, or -1 with err set and nothing held. */
+/* What path stands for, into *out. 0, or the error's class (ckload.h: ENOENT, EACCES or EIO)
+ * with err set and nothing held. */
 int load_source_open(const char *path, load_source *out, char *err, size_t errlen);
 
 void load_source_close(load_source *s);

@@ -32,12 +32,13 @@ void ck_plan_free(ck_plan *p)
 }
 
 /* What add_tensor needs beside the plan: the index, the slicing (NULL: every tensor whole), the
- * picks so far and where errors go. */
+ * picks so far, where errors go and whether the error is a slice rule refused. */
 typedef struct ck_plan_ctx {
     const ck_index *ix;
     const ck_slicing *slicing;
     uint32_t *picked, *picked_part; /* per pack blob (add_tensor) */
     ck_error *err;
+    int refused;                    /* CK_PLAN_REFUSED, not -1 */
 } ck_plan_ctx;
 
 static int selected(const ck_index *ix, const ck_entry *e, const char *only,
@@ -65,7 +66,7 @@ static int same_view(const ck_plan_blob *bl, const ck_entry *v)
 
 /* Tensor e's part for the plan's slicing, or e itself when it is whole. NULL with err set when
  * it cannot be sliced or memory runs out. */
-static const ck_entry *view_of(const ck_plan_ctx *c, const ck_entry *e, int *sliced)
+static const ck_entry *view_of(ck_plan_ctx *c, const ck_entry *e, int *sliced)
 {
     int dim = ck_slice_dim(c->slicing, e->name, e->name_len);
     *sliced = dim >= 0;
@@ -76,6 +77,7 @@ static const ck_entry *view_of(const ck_plan_ctx *c, const ck_entry *e, int *sli
         return ck_fail(c->err, ck_index_source(c->ix), "out of memory"), NULL;
     if (ck_slice_entry(c->ix, e, dim, c->slicing, &v->e, v->dims, c->err) != 0) {
         free(v);
+        c->refused = 1;
         return NULL;
     }
     return &v->e;
@@ -85,9 +87,9 @@ static const ck_entry *view_of(const ck_plan_ctx *c, const ck_entry *e, int *sli
  * blob joins at its first tensor, so blobs come in the order their first selected tensor does.
  * picked maps a pack blob to its plan blob + 1, and a sliced tensor's part to the last plan
  * blob made of a part of b (tied tensors cut alike share it). Each blob's count is its number
- * of tensors. 0, or -1 with err set (a slice refused, out of memory). */
+ * of tensors. 0, or -1 with err set (a slice refused: c->refused; out of memory). */
 static int add_tensor(ck_plan *p, const ck_entry *e, uint32_t b, ck_plan_blob src,
-                      const ck_plan_ctx *c)
+                      ck_plan_ctx *c)
 {
     int sliced;
     const ck_entry *v = view_of(c, e, &sliced);
@@ -121,7 +123,7 @@ static int add_tensor(ck_plan *p, const ck_entry *e, uint32_t b, ck_plan_blob sr
 /* A pack: its blobs as its layout says, in file order (the pack numbers its blobs by first use
  * and lays them out by number). */
 static int pick_pack(ck_plan *p, const pack_layout *pl, const char *only,
-                     const unsigned char *keep, const ck_plan_ctx *c)
+                     const unsigned char *keep, ck_plan_ctx *c)
 {
     for (uint32_t k = 0; k < pl->nentries; k++) {
         const ck_entry *e = &c->ix->entries[pl->first_entry + k];
@@ -139,7 +141,7 @@ static int pick_pack(ck_plan *p, const pack_layout *pl, const char *only,
 
 /* Any other source: the virtual pack's grouping (synth.h); a blob's bytes are one extent of a
  * source file, or a strided tensor gathered through ck_entry_read. */
-static int pick_groups(ck_plan *p, const ck_pack_groups *g, const ck_plan_ctx *c)
+static int pick_groups(ck_plan *p, const ck_pack_groups *g, ck_plan_ctx *c)
 {
     const ck_index *ix = c->ix;
     for (uint32_t k = 0; k < g->ntensors; k++) {
@@ -256,8 +258,6 @@ static int plan_pack(const pack_layout *pl, const char *only, const unsigned cha
     size_t nt = 0;
     for (uint32_t k = 0; k < pl->nentries; k++)
         nt += (size_t)selected(ix, &ix->entries[pl->first_entry + k], only, keep);
-    if (nt == 0 && only)
-        return ck_fail(c->err, ck_index_source(ix), "--only '%s' selects nothing", only);
     ck_plan *p = plan_new(nt, blob_room(c, nt, pl->nblobs));
     c->picked = picks_new(pl->nblobs);
     c->picked_part = c->picked ? c->picked + pl->nblobs + 1 : NULL;
@@ -296,17 +296,28 @@ static int plan_source(const char *only, const unsigned char *keep, ck_plan **ou
     return 0;
 }
 
+int ck_plan_selects(const ck_index *ix, const char *only, const unsigned char *keep)
+{
+    for (size_t i = 0; i < ix->nentries; i++)
+        if (selected(ix, &ix->entries[i], only, keep))
+            return 1;
+    return 0;
+}
+
 int ck_plan_make_sliced(const ck_index *ix, const char *only, const unsigned char *keep,
                         const ck_slicing *slicing, ck_plan **out, ck_error *err)
 {
     *out = NULL;
+    if (only && !ck_plan_selects(ix, only, keep))
+        return ck_fail(err, ck_index_source(ix), "--only '%s' selects nothing", only),
+               CK_PLAN_REFUSED;
     ck_plan_ctx c = {.ix = ix,
                      .slicing = slicing && (slicing->nrules || slicing->parts_only) ? slicing
                                                                                    : NULL,
                      .err = err};
     const pack_layout *pl = pack_of(ix);
     if ((pl ? plan_pack(pl, only, keep, out, &c) : plan_source(only, keep, out, &c)) != 0)
-        return -1;
+        return c.refused ? CK_PLAN_REFUSED : -1;
     slice(*out);
     group(*out);
     place(*out, NULL);

@@ -74,15 +74,22 @@ typedef struct ck_plan {
     int stored_sums;         /* the source is a pack: ck_plan_sums can tell its checksums */
 } ck_plan;
 
+/* What ck_plan_make returns when the caller's own arguments are refused (`only` selects nothing, a
+ * slice rule cannot cut a tensor it selects), rather than the checkpoint or memory (-1). */
+#define CK_PLAN_REFUSED (-2)
+
+/* Whether only and keep (as ck_plan_make takes them) select a tensor of ix. */
+int ck_plan_selects(const ck_index *ix, const char *only, const unsigned char *keep);
+
 /* The plan of ix's tensors selected by only and keep into *out (ck_plan_free frees it). 0, or -1
- * with err set and *out NULL. */
+ * or CK_PLAN_REFUSED with err set and *out NULL. */
 int ck_plan_make(const ck_index *ix, const char *only, const unsigned char *keep, ck_plan **out,
                  ck_error *err);
 
 struct ck_slicing;
 /* As ck_plan_make, each tensor that slicing (NULL, or slice.h's rules: a rule-less one cuts
  * nothing) cuts planned as its part, and with parts_only the others left out. Also fails with
- * the message of a slice refused. */
+ * the message of a slice refused (CK_PLAN_REFUSED). */
 int ck_plan_make_sliced(const ck_index *ix, const char *only, const unsigned char *keep,
                         const struct ck_slicing *slicing, ck_plan **out, ck_error *err);
 

@@ -1,5 +1,6 @@
-"""Shared by the benchmark scripts: sample checkpoints, mounting, the machine's description."""
-import json, os, platform, struct, subprocess, tempfile, time
+"""Shared by the benchmark scripts: sample checkpoints, mounting, the machine's description, and
+the raw runs for scripts/plot-bench (record)."""
+import json, os, platform, struct, subprocess, sys, tempfile, time
 
 BUILD = os.environ.get("CKPTFS_BUILD", "build")
 
@@ -118,3 +119,27 @@ class Owned(dict):
 def release(out):
     """Frees what a load returned that the garbage collector does not (a peer's own buffers)."""
     getattr(out, "close", lambda: None)()
+
+
+def _commit():
+    """This checkout's commit (short), or None outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                       text=True)
+    return p.stdout.strip() or None
+
+
+def record(chart, row, series, runs, **about):
+    """With BENCH_JSON=PATH set, appends one JSON line to PATH: every run's figure (so that
+    scripts/plot-bench draws the median and the min-max) of row in series of chart, with about
+    (title, unit, better: "higher" or "lower") and where it came from (the script, the commit,
+    the date, the machine). Appended, so that a bench's child processes add theirs to the same
+    file; the tables on stdout stay as they are."""
+    path = os.environ.get("BENCH_JSON")
+    if not path:
+        return
+    rec = {"chart": chart, "row": row, "series": series, "runs": [float(x) for x in runs],
+           "command": os.path.basename(sys.argv[0]), "commit": _commit(),
+           "date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine(), **about}
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")

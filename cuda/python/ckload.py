@@ -31,10 +31,17 @@ little-endian bytes:
   - F4, F6_E2M3, F6_E3M2 (sub-byte, always) and GGUF's block-quantized types (Q4_0 ... Q8_K,
     IQ*, TQ*, MXFP4, ...: raw ggml blocks): one dimension, the byte count.
 `Load.info(i)` tells the pack's dtype and shape in every case.
+
+Errors are one line, "ckload: FILE: what is wrong" (libckload's message), raised as the class
+libckload reports (its errno): FileNotFoundError (the source does not exist), PermissionError
+(it cannot be read), ValueError (an argument is refused: named as this module's parameter,
+`only=`, `threads=`, `slices=`, `device=`...), and ckload.Error, a RuntimeError, for anything
+else (a corrupt checkpoint, no CUDA device, a failed read, out of memory).
 """
 from __future__ import annotations
 
 import ctypes
+import errno as _errno
 import os
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -47,9 +54,9 @@ except ImportError as e:  # the wheel does not declare torch: the user's own bui
                       f"torch build your machine uses, e.g. `pip install torch`") from None
 
 __all__ = ["load", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
-           "DistributedLoad", "cuda_available", "cuda_built", "library"]
+           "DistributedLoad", "Error", "cuda_available", "cuda_built", "library"]
 
-ABI_VERSION = 3  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
+ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
 CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
 READ_ALL, READ_BALANCED, READ_RANK0, READ_PARTS = 0, 1, 2, 3  # enum ckl_read
@@ -62,6 +69,32 @@ PathLike = Union[str, bytes, os.PathLike]
 Device = Union[str, torch.device]
 ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
 DEST_BLOCK, DEST_AT, DEST_SKIP, DEST_REFUSE = 0, 1, 2, -1  # enum ckl_dest; any other: refused
+SPELL_PARAMS = 1  # enum ckl_spelling: messages name options as this module's parameters
+
+
+class Error(RuntimeError):
+    """A load failed for a reason that is neither a missing or unreadable source nor a bad
+    argument: a corrupt checkpoint, no CUDA device, a failed read, out of memory. A
+    RuntimeError, so `except RuntimeError` catches it as it caught every error before."""
+
+
+# libckload's error classes (ckload.h: errno after a failed call) that have a Python exception
+# of their own; every other class is Error.
+_CLASSES = {_errno.ENOENT: FileNotFoundError, _errno.EACCES: PermissionError,
+            _errno.EPERM: PermissionError, _errno.EINVAL: ValueError}
+
+
+def _error(code, msg):
+    """The exception for libckload's error class code (an errno) with message msg."""
+    e = _CLASSES.get(code, Error)(msg)
+    if isinstance(e, OSError):
+        e.errno = code  # str(e) stays msg: no strerror, no filename
+    return e
+
+
+def _code_of(e):
+    """The error class (an errno) of one of this module's exceptions: _error's inverse."""
+    return next((code for code, cls in _CLASSES.items() if type(e) is cls), _errno.EIO)
 
 
 class Slice(_c.Structure):
@@ -100,7 +133,8 @@ class Options(_c.Structure):
                 ("rank", _c.c_uint),
                 ("world_size", _c.c_uint),
                 ("read", _c.c_int),
-                ("dest", DEST)]
+                ("dest", DEST),
+                ("spelling", _c.c_int)]
 
 
 class DLDevice(_c.Structure):
@@ -199,13 +233,13 @@ def library() -> ctypes.CDLL:
         if _lib is None:
             path = _lib_path()
             try:
-                lib = _c.CDLL(path)
+                lib = _c.CDLL(path, use_errno=True)  # a failed call's errno: its error class
             except OSError as e:
-                raise RuntimeError(f"ckload: cannot load {path}: {e} (set CKLOAD_LIB, or run "
-                                   f"make)") from None
+                raise Error(f"ckload: cannot load {path}: {e} (set CKLOAD_LIB, or run "
+                            f"make)") from None
             wrong = _abi_mismatch(lib)
             if wrong:
-                raise RuntimeError(f"ckload: {path}: does not match this ckload.py: {wrong}")
+                raise Error(f"ckload: {path}: does not match this ckload.py: {wrong}")
             load_p = _c.c_void_p
             sigs = {
                 "ckl_default_options": (None, [_c.POINTER(Options)]),
@@ -360,8 +394,9 @@ def _shared_pool():
         return _pool
 
 
-def _parse_device(device):
-    """(enum ckl_device, ordinal) from "cpu", "cuda", "cuda:N", "auto" or a torch.device."""
+def _parse_device(device, path):
+    """(enum ckl_device, ordinal) from "cpu", "cuda", "cuda:N", "auto" or a torch.device;
+    ValueError about loading path otherwise."""
     s = str(device).strip().lower()
     if s == "cpu":
         return CKL_CPU, 0
@@ -371,12 +406,19 @@ def _parse_device(device):
         return CKL_CUDA, 0
     if s.startswith("cuda:") and s[5:].isdigit():
         return CKL_CUDA, int(s[5:])
-    raise ValueError(f"ckload: device {device!r}: expected cpu, cuda, cuda:N or auto")
+    raise _bad_argument(path, f"device={device!r}: expected cpu, cuda, cuda:N or auto")
+
+
+def _bad_argument(path, what):
+    """The ValueError for an argument refused before libckload sees it, worded as its own
+    messages are ("ckload: FILE: what is wrong")."""
+    return ValueError(f"ckload: {os.fsdecode(path)}: {what}")
 
 
 def _raise(err):
-    """libckload's message ("FILE: what is wrong") as this module's error."""
-    raise RuntimeError("ckload: " + err.value.decode("utf-8", "replace"))
+    """libckload's message ("FILE: what is wrong") as this module's error, of the class its
+    errno says (_error)."""
+    raise _error(_c.get_errno(), "ckload: " + err.value.decode("utf-8", "replace"))
 
 
 class Load:
@@ -384,8 +426,9 @@ class Load:
 
     Load(path, device="auto", only=None, verify=False, threads=0, buffer_size=0, on_ready=None,
          slices=None, rank=0, world_size=1, buffers=0)
-    raises RuntimeError ("ckload: FILE: what is wrong", libckload's line) when the load cannot
-    start. on_ready(i) runs on a loader thread as tensor i lands. slices: [(glob, dim), ...], the
+    raises FileNotFoundError, PermissionError, ValueError or Error ("ckload: FILE: what is
+    wrong", libckload's line: the module's docstring) when the load cannot start. on_ready(i)
+    runs on a loader thread as tensor i lands. slices: [(glob, dim), ...], the
     tensor-parallel rules (the first whose glob, a prefix or glob as `only`, selects a name
     decides; dim -1: whole): each tensor cut is loaded as part `rank` of world_size, as
     torch.chunk(tensor, world_size, dim)[rank] (empty where torch.chunk has fewer parts), read
@@ -400,15 +443,18 @@ class Load:
                  world_size: int = 1, buffers: int = 0, _read: int = READ_ALL,
                  _dest: Optional[Callable] = None) -> None:
         lib = library()
-        dev, ordinal = _parse_device(device)
+        self._path = os.fsencode(path)
+        dev, ordinal = _parse_device(device, path)
         # ctypes would wrap what its field cannot hold; the library checks the real bounds
         for name, v, field in (("threads", threads, _c.c_uint),
                                ("buffer_size", buffer_size, _c.c_size_t),
                                ("buffers", buffers, _c.c_uint)):
             if not 0 <= int(v) < 1 << (8 * _c.sizeof(field)):
-                raise ValueError(f"ckload: {name} must be >= 0 and fit in {field.__name__}")
+                raise _bad_argument(path, f"{name}={v}: must be >= 0 and fit in "
+                                          f"{field.__name__}")
         o = Options()
         lib.ckl_default_options(_c.byref(o))
+        o.spelling = SPELL_PARAMS
         o.device, o.cuda_device = dev, ordinal
         if threads:
             o.threads = int(threads)
@@ -430,7 +476,6 @@ class Load:
             o.on_ready, o.ctx = _trampoline, self._ctx
         if _dest is not None:  # called only inside ckl_load_start, on this thread
             o.dest = DEST(_dest)
-        self._path = os.fsencode(path)
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         handle = _c.c_void_p()
         self._h = None
@@ -444,11 +489,12 @@ class Load:
         """The slice rules, rank, world_size and read share into o (kept alive with self)."""
         rules = list(slices or [])
         if int(world_size) < 1 or not 0 <= int(rank) < int(world_size):
-            raise ValueError(f"ckload: rank {rank} of world_size {world_size}: no such rank")
+            raise _bad_argument(self._path, f"rank={rank}, world_size={world_size}: no such "
+                                            f"rank")
         for glob, dim in rules:
             if not isinstance(dim, int) or dim < -1:
-                raise ValueError(f"ckload: slice rule ({glob!r}, {dim!r}): dim is -1 (whole) "
-                                 f"or a dimension >= 0")
+                raise _bad_argument(self._path, f"slices=[({glob!r}, {dim!r})]: dim is -1 "
+                                                f"(whole) or a dimension >= 0")
         self._globs = [os.fsencode(g) for g, _ in rules]
         self._slices = (Slice * max(1, len(rules)))(
             *[Slice(g, d) for g, (_, d) in zip(self._globs, rules)])
@@ -531,13 +577,14 @@ class Load:
         return out
 
     def wait(self, i: int) -> None:
-        """Blocks until tensor i is in place; RuntimeError if the load failed."""
+        """Blocks until tensor i is in place; Error if the load failed (ValueError: no tensor
+        i)."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         if self._lib.ckl_wait(self._handle(), i, err, len(err)) != 0:
             _raise(err)
 
     def wait_all(self) -> None:
-        """Blocks until every tensor is in place; RuntimeError if the load failed."""
+        """Blocks until every tensor is in place; Error if the load failed."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
         if self._lib.ckl_wait_all(self._handle(), err, len(err)) != 0:
             _raise(err)
@@ -550,7 +597,7 @@ class Load:
              else self._lib.ckl_to_dlpack(h, i))
         if not m:
             self.wait(i)  # raises the load's error
-            raise RuntimeError(f"ckload: tensor '{name}': cannot export it (out of memory)")
+            raise Error(f"ckload: tensor '{name}': cannot export it (out of memory)")
         return m
 
     def tensor(self, i: int) -> torch.Tensor:
@@ -598,12 +645,14 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
     """Loads the checkpoint at path (a pack file, a mount's .ckptfs/checkpoint.pack, a
     safetensors file, a shard directory, a PyTorch file) and returns {name: torch.Tensor} in
     pack order, on device ("cpu", "cuda", "cuda:N", or "auto": CUDA when libckload can use a
-    device). only: a prefix or glob over names (as ckpt pack --only); verify: a pack's
+    device). only: a prefix or glob over names; verify: a pack's
     checksums, checked as the bytes stream; for other sources, which store none, only that each
     source file is unchanged while it is read. threads, buffer_size, buffers (pinned
     staging buffers per thread, CUDA): 0 to let libckload choose per load (ckload.h). slices,
-    rank, world_size: this rank's tensor-parallel parts (Load). Raises RuntimeError ("ckload:
-    FILE: what is wrong") on any failure; then no tensor is returned and all memory is freed."""
+    rank, world_size: this rank's tensor-parallel parts (Load). Raises FileNotFoundError (no
+    such source), PermissionError (unreadable), ValueError (an argument refused) or Error (any
+    other failure), each with one line "ckload: FILE: what is wrong"; then no tensor is returned
+    and all memory is freed."""
     with Load(path, device=device, only=only, verify=verify, threads=threads,
               buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size,
               buffers=buffers) as ld:
@@ -792,13 +841,13 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     it all. Names are matched exactly; each target must have the checkpoint's dtype and shape
     (a tensor part's shape, with slices) and be contiguous. Tied parameters (one memory under
     several names) are filled once. strict (the default): every target name must be filled
-    and every checkpoint name (selected by only) wanted, else nothing is read and
-    RuntimeError lists the missing and unexpected names, as load_state_dict does; strict=False
+    and every checkpoint name (selected by only) wanted, else nothing is read and Error (a
+    RuntimeError, as load_state_dict's) lists the missing and unexpected names; strict=False
     loads what matches and returns IncompatibleKeys(missing_keys, unexpected_keys). A dtype
     or shape mismatch is an error either way. Target names that only leaves out are not
     missing. on_ready(name) runs on a loader thread as each tensor lands. The other
-    arguments are load's. Returns IncompatibleKeys once every byte is in place; on any
-    failure raises RuntimeError, and the target may hold some of the bytes."""
+    arguments are load's. Returns IncompatibleKeys once every byte is in place; on any other
+    failure raises what load raises, and the target may hold some of the bytes."""
     targets = _targets_of(target)
     device = _device_of(targets)
     if device.startswith("cuda"):
@@ -811,8 +860,8 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
                   buffers=buffers, on_ready=early if on_ready else None, _dest=place)
     except RuntimeError:
         if place.refused or place.wrong:
-            raise RuntimeError(f"ckload: {os.fsdecode(path)}: cannot load into the target: " +
-                               "; ".join(place.problems())) from None
+            raise Error(f"ckload: {os.fsdecode(path)}: cannot load into the target: " +
+                        "; ".join(place.problems())) from None
         raise
     with ld:
         early.start(ld)
@@ -847,7 +896,9 @@ class DistributedLoad(Load):
     and tensor work per tensor on every rank as for Load: a tensor is ready once its bytes are
     in this rank's block, read here or received. Any rank's error (a missing file, a corrupt
     blob, a bad rule, torch.distributed's own) fails the load on every rank with that rank's
-    message ("ckload: rank R: FILE: what is wrong"); the group's timeout bounds every step.
+    message ("ckload: rank R: FILE: what is wrong"), as the exception class that rank raised
+    at the start (FileNotFoundError, PermissionError, ValueError), else as Error; the group's
+    timeout bounds every step.
     bytes_read() tells the bytes this rank read from storage (rank 0's for other ranks' parts
     included).
     """
@@ -862,7 +913,7 @@ class DistributedLoad(Load):
         self._h, self._thread, self._ctx, self._others = None, None, None, {}
         self._others_read = 0  # bytes the loads of self._others read, once they are released
         if plan not in ("balanced", "rank0"):
-            raise ValueError(f"ckload: plan {plan!r}: expected 'balanced' or 'rank0'")
+            raise _bad_argument(path, f"plan={plan!r}: expected 'balanced' or 'rank0'")
         self._rank, world = dist.get_rank(group), dist.get_world_size(group)
         kw = dict(device=device, only=only, verify=verify, threads=threads,
                   buffer_size=buffer_size, slices=slices, world_size=world)
@@ -873,8 +924,8 @@ class DistributedLoad(Load):
             if plan == "rank0" and slices and self._rank == 0:  # the others' parts, to send
                 self._others = {r: Load(path, rank=r, _read=READ_PARTS, **kw)
                                 for r in range(1, world)}
-        except (RuntimeError, ValueError) as e:
-            why = str(e)
+        except (RuntimeError, ValueError, OSError) as e:
+            why = (_code_of(e), str(e))
         # Every rank learns every rank's start, and that they planned the same whole blobs: a
         # rank that could not start, or whose checkpoint differs, fails them all.
         everyone = [None] * world
@@ -882,10 +933,12 @@ class DistributedLoad(Load):
         failed = next((r for r, (w, _) in enumerate(everyone) if w), None)
         if failed is None and any(s != everyone[0][1] for _, s in everyone):
             failed = 0
-            everyone[0] = ("ckload: the ranks' checkpoints differ (their blobs do not match)", 0)
+            everyone[0] = ((_errno.EIO, "ckload: the ranks' checkpoints differ (their blobs do "
+                                        "not match)"), 0)
         if failed is not None:
             self._release_all()
-            raise RuntimeError("ckload: " + self._rank_says(failed, everyone[failed][0]))
+            code, msg = everyone[failed][0]
+            raise _error(code, "ckload: " + self._rank_says(failed, msg))
         steps = [self._steps() if self._rank == 0 else None]
         dist.broadcast_object_list(steps, src=self._global(0), group=group)
         self._lib.ckl_retain(self._h)  # the sender's reference
@@ -1035,16 +1088,16 @@ class DistributedLoad(Load):
             msg = str(e)
             if msg.startswith("ckload: rank "):
                 raise
-            raise RuntimeError("ckload: " + self._rank_says(self._rank, msg)) from None
+            raise Error("ckload: " + self._rank_says(self._rank, msg)) from None
 
     def wait(self, i: int) -> None:
-        """Blocks until tensor i is in place on this rank; RuntimeError with the failing rank's
+        """Blocks until tensor i is in place on this rank; Error with the failing rank's
         message if the load failed."""
         self._ranked(super().wait, i)
 
     def wait_all(self) -> None:
         """Blocks until every tensor is in place on this rank and every rank has agreed that all
-        went well; RuntimeError with the failing rank's message otherwise."""
+        went well; Error with the failing rank's message otherwise."""
         if self._thread is not None:
             self._thread.join()
         self._ranked(super().wait_all)
@@ -1058,8 +1111,8 @@ def load_distributed(path: PathLike, group=None, device: Device = "auto",
     """ckload.load on every rank of a torch.distributed group at once, each byte read from
     storage by one rank (DistributedLoad): {name: torch.Tensor} on every rank, the whole state
     dict, or with slices each rank's parts of the tensors they cut. Collective; raises
-    RuntimeError ("ckload: rank R: FILE: what is wrong") on every rank when any rank fails, and
-    then frees everything."""
+    ("ckload: rank R: FILE: what is wrong", DistributedLoad says which class) on every rank when
+    any rank fails, and then frees everything."""
     with DistributedLoad(path, group=group, device=device, plan=plan, slices=slices, only=only,
                          verify=verify, threads=threads, buffer_size=buffer_size) as ld:
         ld.wait_all()

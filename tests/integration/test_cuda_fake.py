@@ -384,16 +384,23 @@ def test_second_of_two_devices(tmp_path):
 
 
 def test_no_device_and_no_driver(tmp_path):
+    """No device is a ckload.Error (a RuntimeError) of one line: "no CUDA device is visible",
+    with the driver's reason after it."""
     out = pack(safetensors_source(tmp_path), tmp_path / "o.pack")
-    for spec, says in [("nodevice", "no CUDA-capable device"), ("nodriver", "driver")]:
+    for spec, says in [("nodevice", "no CUDA-capable device is detected"),
+                       ("nodriver", "CUDA driver version is insufficient for CUDA runtime "
+                                    "version")]:
         configure(spec)
         assert not ckload.cuda_available()
-        with pytest.raises(RuntimeError, match=f"no CUDA device 0 .*{says}"):
+        with pytest.raises(ckload.Error) as e:
             ckload.Load(out, device="cuda")
+        assert str(e.value) == f"ckload: {out}: no CUDA device is visible ({says})"
+        assert isinstance(e.value, RuntimeError)
         assert {t.device.type for t in ckload.load(out).values()} == {"cpu"}  # auto
     configure("devices=2")
-    with pytest.raises(RuntimeError, match="no CUDA device 2"):
+    with pytest.raises(ckload.Error) as e:
         ckload.Load(out, device="cuda:2")
+    assert str(e.value) == f"ckload: {out}: no CUDA device 2 (2 visible)"
 
 
 # --- readiness -----------------------------------------------------------------------------------

@@ -222,9 +222,11 @@ def load_on(rank, world, paths, kw):
                                                               **kw[rank]).items()}
 
 
-def all_fail_with(res, rank, *words):
+def all_fail_with(res, rank, cls, *words):
+    """Every rank failed with rank rank's message, holding words, as exception class cls (the
+    failing rank's: ckload.Error is a RuntimeError)."""
     for r in res:
-        assert r[0] == "error" and r[1] == "RuntimeError", res
+        assert r[0] == "error" and r[1] == cls, res
         assert r[2].startswith(f"ckload: rank {rank}: "), r
         assert all(w in r[2] for w in words), (r, words)
 
@@ -233,13 +235,13 @@ def test_a_missing_file_fails_every_rank(tmp_path):
     path = model_file(tmp_path, n=4, numel=4096)
     missing = tmp_path / "gone.safetensors"
     res = spawn(2, load_on, [path, missing], [{}, {}])
-    all_fail_with(res, 1, str(missing), os.strerror(2))
+    all_fail_with(res, 1, "FileNotFoundError", str(missing), os.strerror(2))
 
 
 def test_a_bad_rule_on_one_rank_fails_every_rank(tmp_path):
     path = model_file(tmp_path, n=4, numel=4096)
     res = spawn(2, load_on, [path, path], [{}, {"slices": [("layers.0.norm", 3)]}])
-    all_fail_with(res, 1, "tensor 'layers.0.norm' has 1 dimensions: no dimension 3")
+    all_fail_with(res, 1, "ValueError", "tensor 'layers.0.norm' has 1 dimensions: no dimension 3")
 
 
 def test_another_checkpoint_fails_every_rank(tmp_path):
@@ -247,7 +249,7 @@ def test_another_checkpoint_fails_every_rank(tmp_path):
     (tmp_path / "b").mkdir()
     b = model_file(tmp_path / "b", n=2, numel=4096)
     res = spawn(2, load_on, [a, b], [{}, {}])
-    all_fail_with(res, 0, "checkpoints differ")
+    all_fail_with(res, 0, "Error", "checkpoints differ")
 
 
 def test_a_corrupt_blob_fails_every_rank(tmp_path):
@@ -266,4 +268,4 @@ def test_a_corrupt_blob_fails_every_rank(tmp_path):
         f.seek(data_offset + 5)
         f.write(bytes([byte[0] ^ 1]))
     res = spawn(2, load_on, [packed, packed], [{"verify": True}, {"verify": True}])
-    all_fail_with(res, 0, f"tensor '{name}': checksum mismatch")
+    all_fail_with(res, 0, "Error", f"tensor '{name}': checksum mismatch")
