@@ -2,8 +2,9 @@
  * answer into a reply; what to serve is decided there, not here.
  * Contract: every reply may be cached by the kernel for as long as it likes (nothing changes
  * after mount): entries and attributes for `timeout` seconds, file pages and directory
- * listings for good (keep_cache, cache_readdir); every handler that would modify answers
- * EROFS. Handlers are safe to run on many threads at once.
+ * listings for good (keep_cache, cache_readdir); but a volatile file's (ck_fs_is_volatile:
+ * .ckptfs/status) attributes and pages are never cached. Every handler that would modify
+ * answers EROFS. Handlers are safe to run on many threads at once.
  */
 #ifndef CK_LL_H
 #define CK_LL_H
