@@ -1,4 +1,5 @@
 #include "watch.h"
+#include "mountinfo.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,46 +14,14 @@
 
 #define WATCH_NAME "ckptfs-watch"
 
-/* path as /proc/self/mountinfo writes it: space, tab, newline and backslash as \ooo. */
-static int escaped_path(const char *path, char *out, size_t cap)
+/* The mount ID of the top mount at mountpoint when it is a ckptfs mount, else -1. */
+static long top_mount_id(const char *mountpoint)
 {
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
-        if (cap - n < 5)
-            return -1;
-        if (strchr(" \t\n\\", *p))
-            n += (size_t)snprintf(out + n, cap - n, "\\%03o", *p);
-        else
-            out[n++] = (char)*p;
-    }
-    out[n] = '\0';
-    return 0;
-}
-
-/* The mount ID of the top mount at the escaped path (the last one listed there) when it is a
- * ckptfs mount, else -1. One pass over the table, a line at a time. */
-static long top_mount_id(const char *escaped)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (!f)
-        return -1;
-    char *line = NULL;
-    size_t cap = 0;
-    long id = -1;
-    while (getline(&line, &cap, f) > 0) {
-        /* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER */
-        char *save = NULL, *mid = strtok_r(line, " ", &save);
-        for (int i = 0; i < 3 && mid; i++)
-            (void)strtok_r(NULL, " ", &save);
-        char *point = mid ? strtok_r(NULL, " ", &save) : NULL;
-        if (!point || strcmp(point, escaped) != 0)
-            continue;
-        char *tail = strstr(save, " - ");
-        id = tail && strncmp(tail + 3, "fuse.ckptfs ", 12) == 0 ? strtol(mid, NULL, 10) : -1;
-    }
-    free(line);
-    fclose(f);
-    return id;
+    ck_mount_at at;
+    return ck_mount_top(CK_MOUNTINFO, mountpoint, &at) == 1 &&
+                   strcmp(at.fstype, "fuse.ckptfs") == 0
+               ? at.id
+               : -1;
 }
 
 /* A byte from the other end of the socket fd: 1, or 0 when that end is closed. */
@@ -77,10 +46,8 @@ static void send_byte(int fd)
  * (a byte) before it waits for the daemon's. */
 static _Noreturn void watch(int fd, const char *mountpoint, char *args, size_t args_len)
 {
-    char escaped[4 * PATH_MAX + 1];
     int keep = fcntl(fd, F_DUPFD_CLOEXEC, 3), null = open("/dev/null", O_RDWR);
-    if (keep < 0 || null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0 ||
-        escaped_path(mountpoint, escaped, sizeof escaped) != 0)
+    if (keep < 0 || null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
         _exit(1);
     close_range(3, (unsigned)keep - 1, 0);
     close_range((unsigned)keep + 1, ~0u, 0);
@@ -96,10 +63,10 @@ static _Noreturn void watch(int fd, const char *mountpoint, char *args, size_t a
 
     if (!recv_byte(keep))
         _exit(0); /* never armed: nothing was mounted */
-    long id = top_mount_id(escaped);
+    long id = top_mount_id(mountpoint);
     while (recv_byte(keep))
         ;
-    if (id >= 0 && top_mount_id(escaped) == id &&
+    if (id >= 0 && top_mount_id(mountpoint) == id &&
         umount2(mountpoint, MNT_DETACH | UMOUNT_NOFOLLOW) != 0 && errno == EPERM)
         /* mounted for us by fusermount3 (libfuse's fallback): it may take it down again */
         execlp("fusermount3", "fusermount3", "-u", "-z", "--", mountpoint, (char *)NULL);
