@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <syslog.h>
 #include <sys/mman.h>
@@ -23,16 +24,28 @@ void ck_ll_log(const char *line)
     fuse_log(FUSE_LOG_ERR, "%s\n", line);
 }
 
-/* fuse_log_level is syslog's priority, level for level. */
-static void log_syslog(enum fuse_log_level level, const char *fmt, va_list ap)
+static int log_stderr; /* ck_ll_log_start's to_stderr */
+
+/* A line to stderr when it is still someone's to read, and to syslog when stderr is not, or
+ * when it is an error (a detached daemon's reader may not be watching). fuse_log_level is
+ * syslog's priority, level for level. */
+static void log_both(enum fuse_log_level level, const char *fmt, va_list ap)
 {
-    vsyslog((int)level, fmt, ap);
+    if (log_stderr) {
+        va_list again;
+        va_copy(again, ap);
+        vfprintf(stderr, fmt, again);
+        va_end(again);
+    }
+    if (!log_stderr || level <= FUSE_LOG_ERR)
+        vsyslog((int)level, fmt, ap);
 }
 
-void ck_ll_log_to_syslog(void)
+void ck_ll_log_start(int to_stderr)
 {
+    log_stderr = to_stderr;
     openlog("ckptfs", LOG_PID, LOG_DAEMON);
-    fuse_set_log_func(log_syslog);
+    fuse_set_log_func(log_both);
 }
 
 /* How long the kernel may keep ino's attributes: none for a file that changes (its size). */

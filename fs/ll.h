@@ -26,8 +26,10 @@ typedef struct ck_mount {
 extern const struct fuse_lowlevel_ops ck_ll_ops;
 
 /* The core's log (ck_fs_log): one line through fuse_log, which writes to stderr until
- * ck_ll_log_to_syslog is called, as a daemon does once it has detached. */
+ * ck_ll_log_start is called, once the mount serves: from then on every line goes to stderr
+ * when to_stderr (the foreground, or a daemon whose stderr is a file), and to syslog (facility
+ * daemon, ident ckptfs) when not, and when it is an error. */
 void ck_ll_log(const char *line);
-void ck_ll_log_to_syslog(void);
+void ck_ll_log_start(int to_stderr);
 
 #endif

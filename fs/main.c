@@ -322,13 +322,21 @@ static int daemon_fork(int *ready)
     _exit(WIFEXITED(st) && WEXITSTATUS(st) ? WEXITSTATUS(st) : 1);
 }
 
+/* Whether stderr is a file (`2>>ckptfs.log`), where the daemon may go on writing. A terminal,
+ * a pipe or a socket is the command's, and a reader of a pipe waits for its end. */
+static int stderr_is_file(void)
+{
+    struct stat st;
+    return fstat(2, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 /* Detaches the daemon (its own session, "/" as its directory, /dev/null as stdin, stdout and
- * stderr) and lets the waiting command end. */
-static int daemon_ready(int ready)
+ * stderr, unless keep_stderr) and lets the waiting command end. */
+static int daemon_ready(int ready, int keep_stderr)
 {
     int null = open("/dev/null", O_RDWR);
     int rc = setsid() < 0 || chdir("/") != 0 || null < 0 || dup2(null, 0) < 0 ||
-             dup2(null, 1) < 0 || dup2(null, 2) < 0;
+             dup2(null, 1) < 0 || (!keep_stderr && dup2(null, 2) < 0);
     if (null > 2)
         close(null);
     if (rc)
@@ -564,13 +572,12 @@ int main(int argc, char **argv)
         goto out;
     if (!by_fd) /* a mount made by someone else: its path is not ours to know */
         set_readahead(co.mountpoint, o.readahead_kb, o.readahead_set);
-    if (!co.foreground) {
-        if (daemon_ready(ready) != 0) {
-            fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));
-            goto out;
-        }
-        ck_ll_log_to_syslog(); /* stderr is /dev/null now */
+    int keep_stderr = co.foreground || stderr_is_file();
+    if (!co.foreground && daemon_ready(ready, keep_stderr) != 0) {
+        fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));
+        goto out;
     }
+    ck_ll_log_start(keep_stderr);
     status = serve(se, &co) < 0;
 out:
     if (se) {
