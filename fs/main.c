@@ -11,6 +11,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +48,12 @@ struct ck_opts {
     char *cache_max;
     int auto_unmount;    /* -o auto_unmount given */
     int no_auto_unmount; /* -o noauto_unmount given (mount.fuse.ckptfs: fstab's mounts) */
+    char *extra;         /* the first argument after MOUNTPOINT: a usage error */
 };
+
+/* Exit statuses: 0 mounted (or --help, --version), 1 anything else that failed, 2 the
+ * command line itself (as ckpt's usage errors). */
+enum { EXIT_FAILED = 1, EXIT_USAGE = 2 };
 
 #define CK_OPT(t, p) {t, offsetof(struct ck_opts, p), 1}
 static const struct fuse_opt ck_opt_spec[] = {
@@ -69,9 +75,9 @@ static const struct fuse_opt ck_opt_spec[] = {
     FUSE_OPT_END,
 };
 
-static void usage(const char *prog)
+static void usage(FILE *out, const char *prog)
 {
-    printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
+    fprintf(out, "usage: %s [options] SOURCE MOUNTPOINT\n\n"
            "Mounts a checkpoint read-only, one file per tensor. SOURCE is a safetensors file,\n"
            "a directory of safetensors shards, a PyTorch checkpoint (torch.save: zip or\n"
            "legacy), a ckptfs pack, a GGUF file, or a NumPy .npy or .npz file; the format is\n"
@@ -95,7 +101,8 @@ static void usage(const char *prog)
            "    -o cacert=FILE         CA certificates (PEM) for https sources (default: the\n"
            "                           system's; also CKPTFS_CACERT)\n"
            "    -o allow_other         let other users in (needs user_allow_other in\n"
-           "                           /etc/fuse.conf unless root)\n\n",
+           "                           /etc/fuse.conf unless root)\n\n"
+           "Exit status: 0 mounted, 1 refused or failed, 2 a usage error.\n\n",
            prog);
 }
 
@@ -119,14 +126,17 @@ static int is_fstab_only(const char *arg)
     return 0;
 }
 
-/* The first non-option argument is SOURCE, the second MOUNTPOINT: both stay ours, so that a bad
- * mountpoint is reported in our one-line form rather than by libfuse's parser. */
+/* The first non-option argument is SOURCE, the second MOUNTPOINT, any other one too many: all
+ * stay ours, so that a bad one is reported in our one-line form rather than by libfuse's
+ * parser (which takes a third as its mountpoint). */
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
 {
     (void)outargs;
     struct ck_opts *o = data;
-    if (key == FUSE_OPT_KEY_NONOPT && (!o->source || !o->mountpoint)) {
-        *(o->source ? &o->mountpoint : &o->source) = strdup(arg);
+    if (key == FUSE_OPT_KEY_NONOPT) {
+        char **slot = !o->source ? &o->source : !o->mountpoint ? &o->mountpoint : &o->extra;
+        if (!*slot && !(*slot = strdup(arg)))
+            return -1;
         return 0;
     }
     if (key == FUSE_OPT_KEY_OPT && is_fstab_only(arg))
@@ -222,6 +232,78 @@ static void set_readahead(const char *mnt, unsigned kb, int explicit)
     if (!ok && explicit)
         fprintf(stderr, "ckptfs: %s: cannot set readahead (%s): %s\n", mnt, knob,
                 strerror(errno));
+}
+
+/* What libfuse says (fuse_log) while the main thread is `capturing` (in libfuse's parsers and
+ * its mount), kept so that it is reported in ckptfs's one-line form (say_refused), never in
+ * libfuse's words; every other line (the core's, on any thread) goes to stderr as libfuse's
+ * default would. Once the mount serves, ck_ll_log_start takes over. */
+static _Thread_local int capturing;
+static char libfuse_said[1024];
+
+static void keep_libfuse_said(enum fuse_log_level level, const char *fmt, va_list ap)
+{
+    size_t n = capturing ? strlen(libfuse_said) : 0;
+    if (!capturing)
+        vfprintf(stderr, fmt, ap);
+    else if (level <= FUSE_LOG_ERR && n + 1 < sizeof libfuse_said)
+        vsnprintf(libfuse_said + n, sizeof libfuse_said - n, fmt, ap);
+}
+
+/* Reports what libfuse refused, as one line: its "fuse: what is wrong `WHAT'[...]" becomes
+ * "ckptfs: WHAT: what is wrong[...]", anything else "ckptfs: about: what it said". */
+static void say_refused(const char *about)
+{
+    char *s = libfuse_said + (strncmp(libfuse_said, "fuse: ", 6) == 0 ? 6 : 0);
+    s[strcspn(s, "\n")] = '\0';
+    char *open = strchr(s, '`'), *close = open ? strchr(open + 1, '\'') : NULL;
+    if (close) {
+        *open = *close = '\0';
+        for (char *e = open; e > s && strchr(" :", e[-1]); e--)
+            e[-1] = '\0';
+        fprintf(stderr, "ckptfs: %s: %s%s\n", open + 1, s, close + 1);
+    } else {
+        fprintf(stderr, "ckptfs: %s: %s\n", about, *s ? s : "refused by libfuse");
+    }
+    libfuse_said[0] = '\0';
+}
+
+/* Whether libfuse takes the options left to it (args): a session made and dropped at once,
+ * before anything is forked or parsed, so that an option nobody knows is a usage error
+ * reported before the work starts, in our words (the session made to mount would find it
+ * only after SOURCE is parsed). A session holds no descriptor until it is mounted. */
+static int libfuse_accepts(const struct fuse_args *args)
+{
+    struct fuse_args copy = FUSE_ARGS_INIT(0, NULL);
+    int ok = 1;
+    for (int i = 0; i < args->argc && ok; i++)
+        ok = fuse_opt_add_arg(&copy, args->argv[i]) == 0;
+    capturing = 1;
+    struct fuse_session *se = ok ? fuse_session_new(&copy, &ck_ll_ops, sizeof ck_ll_ops, NULL)
+                                 : NULL;
+    capturing = 0;
+    ok = se != NULL;
+    if (se)
+        fuse_session_destroy(se);
+    fuse_opt_free_args(&copy);
+    return ok;
+}
+
+/* FUSE's device, opened first so that a machine (a container) without it is told so in one
+ * line before SOURCE is parsed; libfuse opens it again to mount. A user who may not open it
+ * may still mount through fusermount3 (set-user-ID root), which is then left to try. */
+static int check_fuse_device(void)
+{
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return 0;
+    }
+    if (geteuid() != 0 && (errno == EACCES || errno == EPERM))
+        return 0;
+    fprintf(stderr, "ckptfs: /dev/fuse: %s: FUSE is not usable here (a container needs "
+            "--device /dev/fuse)\n", strerror(errno));
+    return -1;
 }
 
 static int check_mountpoint(const char *mnt)
@@ -488,10 +570,13 @@ static void prefault_heap(const char *source)
 
 int main(int argc, char **argv)
 {
+    if (argc < 2) { /* nothing asked: how to ask */
+        usage(stderr, argc ? argv[0] : "ckptfs");
+        return EXIT_USAGE;
+    }
     /* the argument block, as the kernel shows it (hide_args below rewrites it in place) */
-    char *arg_block = argc > 0 ? argv[0] : NULL;
-    size_t arg_block_len =
-        argc > 0 ? (size_t)(argv[argc - 1] - argv[0]) + strlen(argv[argc - 1]) + 1 : 0;
+    char *arg_block = argv[0];
+    size_t arg_block_len = (size_t)(argv[argc - 1] - argv[0]) + strlen(argv[argc - 1]) + 1;
     keep_freed_memory();
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     struct ck_opts o = {.timeout = 86400, .readahead_kb = 4096};
@@ -499,18 +584,26 @@ int main(int argc, char **argv)
     ck_mount m = {0};
     struct fuse_session *se = NULL;
     http_remote *remote = NULL; /* every remote file's caches */
-    int status = 1, mounted = 0, ready = -1, watch = -1;
+    int status = EXIT_FAILED, mounted = 0, ready = -1, watch = -1;
+    uint64_t cache_mem, cache_max;
 
     /* Before anything else: the daemon lives long, and `ps` would show SOURCE's secrets. */
     if (ck_location_hide_args(argc, argv) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
-        return 1;
+        return EXIT_FAILED;
     }
-    if (fuse_opt_parse(&args, &o, ck_opt_spec, opt_proc) != 0 ||
-        fuse_parse_cmdline(&args, &co) != 0)
+    fuse_set_log_func(keep_libfuse_said);
+    capturing = 1;
+    int parsed = fuse_opt_parse(&args, &o, ck_opt_spec, opt_proc) == 0 &&
+                 fuse_parse_cmdline(&args, &co) == 0;
+    capturing = 0;
+    if (!parsed) {
+        say_refused("arguments");
+        status = EXIT_USAGE;
         goto out;
+    }
     if (co.show_help) {
-        usage(argv[0]);
+        usage(stdout, argv[0]);
         fuse_cmdline_help();
         fuse_lowlevel_help();
         status = 0;
@@ -521,27 +614,38 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    if (!o.source || !o.mountpoint || co.mountpoint) { /* co.mountpoint: a third argument */
-        fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", argv[0]);
+    status = EXIT_USAGE; /* until the command line is known good */
+    if (!o.source || !o.mountpoint || o.extra) {
+        if (o.extra)
+            fprintf(stderr, "ckptfs: %s: one argument too many (usage: %s [options] SOURCE "
+                    "MOUNTPOINT)\n", o.extra, argv[0]);
+        else
+            fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", argv[0]);
         goto out;
     }
-    if (!options_valid(&o) || check_mountpoint(o.mountpoint) != 0)
+    if (!libfuse_accepts(&args)) {
+        say_refused("options");
+        goto out;
+    }
+    if (!options_valid(&o) || option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
+        option_size("cache_max", o.cache_max, &cache_max) != 0)
+        goto out;
+    status = EXIT_FAILED;
+    if (check_mountpoint(o.mountpoint) != 0)
         goto out;
     int by_fd = mountpoint_fd(o.mountpoint) >= 0; /* the path stays as libfuse parses it */
     if (!(co.mountpoint = by_fd ? strdup(o.mountpoint) : realpath(o.mountpoint, NULL))) {
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
+    if (!by_fd && check_fuse_device() != 0)
+        goto out;
     if (!co.foreground && daemon_fork(&ready) != 0) {
         fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
         goto out;
     }
     int auto_unmount = wants_auto_unmount(&o, by_fd);
     watch = watch_unmount(auto_unmount, by_fd, co.mountpoint, arg_block, arg_block_len);
-    uint64_t cache_mem, cache_max;
-    if (option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
-        option_size("cache_max", o.cache_max, &cache_max) != 0)
-        goto out;
     remote = ck_remote_new(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
                                           .cache_dir = o.cache_dir, .cache_max = cache_max,
                                           .log = log_line});
@@ -560,12 +664,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: out of memory\n");
         goto out;
     }
+    capturing = 1;
     se = fuse_session_new(&args, &ck_ll_ops, sizeof ck_ll_ops, &m);
-    if (!se || fuse_set_signal_handlers(se) != 0)
+    int started = se && fuse_set_signal_handlers(se) == 0;
+    mounted = started && fuse_session_mount(se, co.mountpoint) == 0;
+    capturing = 0;
+    if (!mounted) {
+        say_refused(started ? o.mountpoint : "cannot start the session");
         goto out;
-    if (fuse_session_mount(se, co.mountpoint) != 0)
-        goto out;
-    mounted = 1;
+    }
     if (watch >= 0)
         ck_watch_arm(watch);
     if (serve_init(se) != 0)
@@ -591,6 +698,7 @@ out:
     free(co.mountpoint);
     free(o.mountpoint);
     free(o.source);
+    free(o.extra);
     free(o.cacert);
     free(o.cache_mem);
     free(o.cache_dir);
