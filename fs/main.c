@@ -25,6 +25,7 @@
 #include "../pack/open.h"
 #include "../pack/size.h"
 #include "ll.h"
+#include "mountinfo.h"
 #include "watch.h"
 
 #ifndef CKPTFS_VERSION
@@ -48,6 +49,7 @@ struct ck_opts {
     char *cache_max;
     int auto_unmount;    /* -o auto_unmount given */
     int no_auto_unmount; /* -o noauto_unmount given (mount.fuse.ckptfs: fstab's mounts) */
+    int nonempty;        /* -o nonempty: mount over a ckptfs mount, or over SOURCE itself */
     char *extra;         /* the first argument after MOUNTPOINT: a usage error */
 };
 
@@ -72,6 +74,7 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("cache_max=%s", cache_max),
     CK_OPT("auto_unmount", auto_unmount),
     CK_OPT("noauto_unmount", no_auto_unmount),
+    CK_OPT("nonempty", nonempty),
     FUSE_OPT_END,
 };
 
@@ -101,7 +104,9 @@ static void usage(FILE *out, const char *prog)
            "    -o cacert=FILE         CA certificates (PEM) for https sources (default: the\n"
            "                           system's; also CKPTFS_CACERT)\n"
            "    -o allow_other         let other users in (needs user_allow_other in\n"
-           "                           /etc/fuse.conf unless root)\n\n"
+           "                           /etc/fuse.conf unless root)\n"
+           "    -o nonempty            mount even over a ckptfs mount, or a directory that\n"
+           "                           holds SOURCE (which the mount then hides)\n\n"
            "Exit status: 0 mounted, 1 refused or failed, 2 a usage error.\n\n",
            prog);
 }
@@ -304,6 +309,42 @@ static int check_fuse_device(void)
     fprintf(stderr, "ckptfs: /dev/fuse: %s: FUSE is not usable here (a container needs "
             "--device /dev/fuse)\n", strerror(errno));
     return -1;
+}
+
+/* Refuses a mountpoint that is already a ckptfs mount (at real, its canonical path): the new
+ * mount would hide the old one, whose daemon would then serve nobody until both are
+ * unmounted. */
+static int check_not_mounted(const char *mnt, const char *real)
+{
+    ck_mount_at at;
+    if (ck_mount_top(CK_MOUNTINFO, real, &at) != 1 || strcmp(at.fstype, "fuse.ckptfs") != 0)
+        return 0;
+    fprintf(stderr, "ckptfs: %s: already a ckptfs mount of %s; unmount it first (fusermount3 "
+            "-u %s), or mount over it with -o nonempty\n", mnt, at.source, mnt);
+    return -1;
+}
+
+/* Whether path lies at or under dir (both canonical). */
+static int is_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0' || dir[n - 1] == '/');
+}
+
+/* Refuses a mountpoint (real: canonical) that holds one of the source files: the mount would
+ * hide it, and every open would fail, as the core checks each source file by its path. */
+static int check_sources_outside(const ck_fs *fs, const char *mnt, const char *real)
+{
+    for (uint32_t i = 0; i < fs->ix->nfiles; i++) {
+        char buf[PATH_MAX];
+        const char *p = realpath(fs->src_path[i], buf) ? buf : fs->src_path[i];
+        if (ck_file_is_local(&fs->ix->files[i]) && is_under(p, real)) {
+            fprintf(stderr, "ckptfs: %s: holds the source %s, which the mount would hide "
+                    "(-o nonempty mounts anyway)\n", mnt, p);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static int check_mountpoint(const char *mnt)
@@ -638,7 +679,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
-    if (!by_fd && check_fuse_device() != 0)
+    if (!by_fd && (check_fuse_device() != 0 ||
+                   (!o.nonempty && check_not_mounted(o.mountpoint, co.mountpoint) != 0)))
         goto out;
     if (!co.foreground && daemon_fork(&ready) != 0) {
         fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
@@ -655,7 +697,8 @@ int main(int argc, char **argv)
     }
     if (!ck_location_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
         prefault_heap(o.source);
-    if (build_view(&m, remote, o.source, &o) != 0)
+    if (build_view(&m, remote, o.source, &o) != 0 ||
+        (!by_fd && !o.nonempty && check_sources_outside(&m.fs, o.mountpoint, co.mountpoint)))
         goto out;
     char abs[PATH_MAX];
     if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
