@@ -728,6 +728,8 @@ int main(int argc, char **argv)
         goto out;
     }
     ck_ll_log_start(keep_stderr);
+    if (!by_fd) /* not when the mount is another's (/dev/fd/N): its namespace is theirs */
+        (void)ck_watch_namespace(co.mountpoint);
     status = serve(se, &co) < 0;
 out:
     if (se) {

@@ -134,3 +134,18 @@ int ck_mount_top(const char *table, const char *path, ck_mount_at *at)
     fclose(f);
     return found;
 }
+
+int ck_mount_listed(const char *table, long id)
+{
+    FILE *f = fopen(table, "re");
+    if (!f)
+        return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (!found && getline(&line, &cap, f) > 0)
+        found = strtol(line, NULL, 10) == id;
+    free(line);
+    fclose(f);
+    return found;
+}

@@ -53,4 +53,7 @@ typedef struct ck_mount_at {
  * -1 when table cannot be read or path is too long to look for. */
 int ck_mount_top(const char *table, const char *path, ck_mount_at *at);
 
+/* Whether table lists the mount ID id: 1 or 0; -1 when table cannot be read. */
+int ck_mount_listed(const char *table, long id);
+
 #endif

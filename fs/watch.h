@@ -20,4 +20,16 @@
 int ck_watch_start(const char *mountpoint, char *args, size_t args_len);
 void ck_watch_arm(int fd);
 
+/* Follows this process's mount namespace: once no other process is in it (this process's
+ * children aside: the watchers), sends this process SIGTERM, whose handler unmounts and ends
+ * it (fuse_set_signal_handlers), releasing the source. A namespace made for one job
+ * (`unshare -m sh -c 'ckptfs SRC MNT && ...'`) then takes its mount and daemon with it,
+ * instead of keeping both alive, out of everyone's reach, for good. A thread that waits on
+ * one process of the namespace at a time (a pidfd; it looks for another when that one ends),
+ * so it costs nothing while PID 1 or a shell is there. Not started (-1) when /proc is another
+ * PID namespace's, or the mount at mountpoint propagates to peers (shared: others may be
+ * reading it). A process whose namespace may not be read (another user's) counts as in it.
+ * 0 when started. */
+int ck_watch_namespace(const char *mountpoint);
+
 #endif

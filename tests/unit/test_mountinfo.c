@@ -1,5 +1,6 @@
-/* The mount table reader (fs/mountinfo.h ck_mount_top) on tables written here: which mount is
- * on top at a path, its type, source (unescaped) and propagation. */
+/* The mount table readers (fs/mountinfo.h) on tables written here: which mount is on top at a
+ * path, its type, source (unescaped) and propagation (ck_mount_top); whether a table lists a
+ * mount ID (ck_mount_listed). */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -61,4 +62,14 @@ Test(mountinfo, this_process_root_is_a_mount)
     ck_mount_at at;
     cr_assert_eq(ck_mount_top(CK_MOUNTINFO, "/", &at), 1);
     cr_assert_gt(at.id, 0);
+}
+
+Test(mountinfo, listed_by_mount_id)
+{
+    const char *t = tmp_file(table, sizeof table - 1);
+    cr_assert_eq(ck_mount_listed(t, 41), 1);
+    cr_assert_eq(ck_mount_listed(t, 22), 1);
+    cr_assert_eq(ck_mount_listed(t, 4), 0, "an ID is the first field, not a part of one");
+    cr_assert_eq(ck_mount_listed(t, 1), 0, "nor another field");
+    cr_assert_eq(ck_mount_listed("/nonexistent/mountinfo", 22), -1);
 }
