@@ -87,7 +87,7 @@ static void usage(FILE *out, const char *prog)
            "detected by content. SOURCE may be an http:// or https:// URL (read lazily with\n"
            "range requests) or hf://ORG/REPO[@REVISION][/PATH] on the Hugging Face Hub. The mount also has .ckptfs/index.json (every tensor's name,\n"
            "path, dtype and shape) and the whole checkpoint as .ckptfs/checkpoint.pack and\n"
-           ".ckptfs/checkpoint.safetensors.\n"
+           ".ckptfs/checkpoint.safetensors; .ckptfs/status says \"ok\", or why reads fail.\n"
            "Unmount with `fusermount3 -u MOUNTPOINT`.\n\n"
            "ckptfs options:\n"
            "    -o direct_io           bypass the page cache: bigger reads, no shared mmap\n"
