@@ -735,6 +735,8 @@ out:
     if (se) {
         if (mounted)
             fuse_session_unmount(se);
+        if (mounted && watch >= 0)
+            ck_watch_disarm(watch);
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
     }

@@ -71,9 +71,12 @@ static _Noreturn void watch(int fd, const char *mountpoint, char *args, size_t a
     if (!recv_byte(keep))
         _exit(0); /* never armed: nothing was mounted */
     long id = top_mount_id(mountpoint);
+    int unmounted = 0; /* the daemon took its mount down itself (ck_watch_disarm) */
     while (recv_byte(keep))
-        ;
-    if (id >= 0 && top_mount_id(mountpoint) == id &&
+        unmounted = 1;
+    /* A mount ID is reused as soon as it is free: after a clean unmount, the mount there may
+     * already be the next ckptfs's under the same ID, which is not ours to detach. */
+    if (!unmounted && id >= 0 && top_mount_id(mountpoint) == id &&
         umount2(mountpoint, MNT_DETACH | UMOUNT_NOFOLLOW) != 0 && errno == EPERM)
         /* mounted for us by fusermount3 (libfuse's fallback): it may take it down again */
         execlp("fusermount3", "fusermount3", "-u", "-z", "--", mountpoint, (char *)NULL);
@@ -96,6 +99,11 @@ int ck_watch_start(const char *mountpoint, char *args, size_t args_len)
         return -1;
     }
     return p[1];
+}
+
+void ck_watch_disarm(int fd)
+{
+    send_byte(fd);
 }
 
 void ck_watch_arm(int fd)

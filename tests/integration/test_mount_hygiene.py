@@ -224,6 +224,46 @@ def test_sigterm_unmounts_exits_and_releases_the_source(source, mountpoint):
         unmount(mountpoint)
 
 
+def watchers():
+    """Live ckptfs-watch processes (root's auto_unmount watchers)."""
+    out = set()
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if comm == "ckptfs-watch" and state != "Z":
+            out.add(int(d))
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's own watcher: run as root")
+def test_a_remount_right_after_sigterm_stays(source, mountpoint):
+    """The kernel reuses a mount ID as soon as it is free, so the next mount on the same
+    directory often has the ID the watcher of the one before recorded: a daemon that unmounted
+    itself tells its watcher, which then leaves the new mount alone. The old watcher is held
+    (SIGSTOP) until the new mount exists, the worst order."""
+    lib, _ = library_view(source)
+    before = watchers()
+    assert run([ckptfs_bin(), source, mountpoint]).returncode == 0
+    try:
+        (old,) = watchers() - before
+        (daemon,) = ckptfs_pids(mountpoint)
+        os.kill(old, signal.SIGSTOP)
+        os.kill(daemon, signal.SIGTERM)
+        assert wait_until(lambda: not is_mounted(mountpoint) and not ckptfs_pids(mountpoint))
+        p = run([ckptfs_bin(), source, mountpoint])
+        assert p.returncode == 0, p.stderr
+        os.kill(old, signal.SIGCONT)
+        assert wait_until(lambda: old not in watchers()), "the old watcher did not end"
+        assert is_mounted(mountpoint), "the old watcher took the new mount down"
+        assert (mountpoint / "a" / "b").read_bytes() == lib["a.b"][2]
+    finally:
+        unmount(mountpoint)
+
+
 # --- a source changed under the mount ----------------------------------------------------------
 
 def change(path):
