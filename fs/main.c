@@ -256,8 +256,9 @@ static void keep_libfuse_said(enum fuse_log_level level, const char *fmt, va_lis
 }
 
 /* Reports what libfuse refused, as one line: its "fuse: what is wrong `WHAT'[...]" becomes
- * "ckptfs: WHAT: what is wrong[...]", anything else "ckptfs: about: what it said". */
-static void say_refused(const char *about)
+ * "ckptfs: WHAT: what is wrong[...]", anything else "ckptfs: about: what it said", and
+ * nothing said "ckptfs: about: otherwise". */
+static void say_refused(const char *about, const char *otherwise)
 {
     char *s = libfuse_said + (strncmp(libfuse_said, "fuse: ", 6) == 0 ? 6 : 0);
     s[strcspn(s, "\n")] = '\0';
@@ -268,7 +269,7 @@ static void say_refused(const char *about)
             e[-1] = '\0';
         fprintf(stderr, "ckptfs: %s: %s%s\n", open + 1, s, close + 1);
     } else {
-        fprintf(stderr, "ckptfs: %s: %s\n", about, *s ? s : "refused by libfuse");
+        fprintf(stderr, "ckptfs: %s: %s\n", about, *s ? s : otherwise);
     }
     libfuse_said[0] = '\0';
 }
@@ -639,7 +640,7 @@ int main(int argc, char **argv)
                  fuse_parse_cmdline(&args, &co) == 0;
     capturing = 0;
     if (!parsed) {
-        say_refused("arguments");
+        say_refused("arguments", "malformed");
         status = EXIT_USAGE;
         goto out;
     }
@@ -665,7 +666,7 @@ int main(int argc, char **argv)
         goto out;
     }
     if (!libfuse_accepts(&args)) {
-        say_refused("options");
+        say_refused("options", "not accepted by libfuse");
         goto out;
     }
     if (!options_valid(&o) || option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
@@ -713,7 +714,9 @@ int main(int argc, char **argv)
     mounted = started && fuse_session_mount(se, co.mountpoint) == 0;
     capturing = 0;
     if (!mounted) {
-        say_refused(started ? o.mountpoint : "cannot start the session");
+        /* a user's mount is fusermount3's, which says why on stderr itself */
+        say_refused(started ? o.mountpoint : "libfuse",
+                    started ? "mount failed (fusermount3 says why)" : "no session (out of memory)");
         goto out;
     }
     if (watch >= 0)
