@@ -15,6 +15,7 @@ const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT] = {
     [CK_VFILE_INDEX_JSON] = {"index.json", CK_NODE_MEMFILE},
     [CK_VFILE_PACK] = {CK_VFILE_PACK_NAME, CK_NODE_SYNTH},
     [CK_VFILE_SAFETENSORS] = {"checkpoint.safetensors", CK_NODE_SYNTH},
+    [CK_VFILE_STATUS] = {"status", CK_NODE_STATUS},
 };
 
 /* A tensor has the first three (and byteorder "big" when its source stores it big-endian: it
@@ -211,12 +212,18 @@ void ck_fs_prepare(ck_fs *fs)
         fs->preparing = pthread_create(&fs->prepare, NULL, prepare_index_json, fs) == 0;
 }
 
+static size_t status_text(ck_fs *fs, char *buf, size_t cap);
+enum { STATUS_MAX = PATH_MAX + 256 }; /* "source changed: PATH (why); remount to read it" */
+
 /* A file's size: -EIO for one of the mount's own files that cannot be made. */
 static int64_t node_size(ck_fs *fs, const ck_node *nd)
 {
+    char status[STATUS_MAX];
     switch (nd->kind) {
     case CK_NODE_DIR:
         return 0;
+    case CK_NODE_STATUS:
+        return (int64_t)status_text(fs, status, sizeof status);
     case CK_NODE_TENSOR:
     case CK_NODE_VALUE:
         return (int64_t)entry_of(fs, nd)->nbytes;
@@ -257,6 +264,12 @@ static int node_stat(ck_fs *fs, const ck_node *nd, int npy, struct stat *st)
     st->st_mode = nd->kind == CK_NODE_DIR ? S_IFDIR | 0555 : S_IFREG | 0444;
     st->st_nlink = nd->kind == CK_NODE_DIR ? 2 : 1;
     return 0;
+}
+
+int ck_fs_is_volatile(const ck_fs *fs, uint64_t ino)
+{
+    const ck_node *nd = node_of(fs, ino);
+    return nd && nd->kind == CK_NODE_STATUS;
 }
 
 int ck_fs_getattr(ck_fs *fs, uint64_t ino, struct stat *st)
@@ -321,10 +334,41 @@ int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d)
 
 /* --- reading ----------------------------------------------------------------------------- */
 
+/* What differs in a changed source file, as source_check answered (-EIO or -ESTALE). */
+static const char *change_why(int rc)
+{
+    return rc == -EIO ? "its size or mtime differ from when it was mounted"
+                      : "it was replaced or removed since it was mounted";
+}
+
+/* Source file `file` as messages name it: the absolute path watched, or a remote file's
+ * location (without its secrets: ck_file's path). */
+static const char *source_name(const ck_fs *fs, uint32_t file)
+{
+    return ck_file_is_local(&fs->ix->files[file]) ? fs->src_path[file]
+                                                   : fs->ix->files[file].path;
+}
+
+/* Logs the first change any check finds, once per mount: every read after it fails the same
+ * way, and a log line per read would bury the one that says why. */
+static void tell_change(ck_fs *fs, uint32_t file, int rc)
+{
+    pthread_mutex_lock(&fs->vfile_lock);
+    int told = fs->change_told;
+    fs->change_told = 1;
+    pthread_mutex_unlock(&fs->vfile_lock);
+    if (told || !fs->log)
+        return;
+    char line[STATUS_MAX + 64];
+    snprintf(line, sizeof line, "ckptfs: %s: source changed (%s); reads fail until it is mounted"
+             " again", source_name(fs, file), change_why(rc));
+    fs->log(line);
+}
+
 /* 0 while source file `file` is still the one parsed at mount (same inode at the same path,
  * same size and mtime); else -EIO (its contents changed) or -ESTALE (the path now names
  * another file, or none). One fstat and one stat. */
-static int source_check(const ck_fs *fs, uint32_t file)
+static int source_unchanged(const ck_fs *fs, uint32_t file)
 {
     const ck_file *f = &fs->ix->files[file];
     struct stat st;
@@ -341,18 +385,39 @@ static int source_check(const ck_fs *fs, uint32_t file)
     return 0;
 }
 
+/* source_unchanged's answer; a change is told (tell_change). */
+static int source_check(ck_fs *fs, uint32_t file)
+{
+    int rc = source_unchanged(fs, file);
+    if (rc)
+        tell_change(fs, file, rc);
+    return rc;
+}
+
 /* source_check as ck_synth_each_source calls it. */
 static int source_check_cb(void *fs, uint32_t file)
 {
     return source_check(fs, file);
 }
 
-static int all_sources_check(const ck_fs *fs)
+/* 0, or source_check's answer for the first changed file, whose index goes to *file. */
+static int all_sources_check(ck_fs *fs, uint32_t *file)
 {
     int rc = 0;
-    for (uint32_t i = 0; i < fs->ix->nfiles && !rc; i++)
-        rc = source_check(fs, i);
+    for (*file = 0; *file < fs->ix->nfiles && !(rc = source_check(fs, *file)); ++*file)
+        ;
     return rc;
+}
+
+/* .ckptfs/status's line into buf (cap bytes, NUL-terminated); its length. */
+static size_t status_text(ck_fs *fs, char *buf, size_t cap)
+{
+    uint32_t file;
+    int rc = all_sources_check(fs, &file);
+    int n = rc ? snprintf(buf, cap, "source changed: %s (%s); remount to read it\n",
+                          source_name(fs, file), change_why(rc))
+               : snprintf(buf, cap, "ok\n");
+    return (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
 int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
@@ -366,9 +431,11 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
         return -EROFS;
     if ((nd->kind == CK_NODE_SYNTH || nd->kind == CK_NODE_MEMFILE) && !vfile_ready(fs, nd->id))
         return -EIO;
+    uint32_t file;
     /* Every source, not just this file's: an open is rare next to reads. Refusing here also
-     * keeps new opens away from pages the kernel cached before the change. */
-    return all_sources_check(fs) ? -ESTALE : 0;
+     * keeps new opens away from pages the kernel cached before the change. The status is
+     * what says why, so it opens whatever the sources. */
+    return nd->kind != CK_NODE_STATUS && all_sources_check(fs, &file) ? -ESTALE : 0;
 }
 
 /* Releases every piece h holds of tensor node nd. */
@@ -437,6 +504,16 @@ void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_held *h)
     h->n = 0;
 }
 
+/* .ckptfs/status's bytes at off, made for this read. */
+static ssize_t status_read(ck_fs *fs, char *buf, size_t size, uint64_t off)
+{
+    char text[STATUS_MAX];
+    size_t len = status_text(fs, text, sizeof text);
+    size_t n = off >= len ? 0 : len - (size_t)off < size ? len - (size_t)off : size;
+    memcpy(buf, text + (n ? off : 0), n);
+    return (ssize_t)n;
+}
+
 /* A NAME.npy view's bytes: its header, then the tensor's. */
 static ssize_t npy_read(ck_fs *fs, const ck_node *nd, char *buf, size_t size, uint64_t off)
 {
@@ -473,6 +550,8 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
     }
     case CK_NODE_VALUE: /* its text is in memory */
         return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
+    case CK_NODE_STATUS:
+        return status_read(fs, buf, size, (uint64_t)off);
     case CK_NODE_TENSOR:
         n = is_npy(fs, ino) ? npy_read(fs, nd, buf, size, (uint64_t)off)
                             : ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);

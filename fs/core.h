@@ -16,6 +16,11 @@
  *    be made, every lookup, stat, open and read of it answers -EIO, never a short or empty
  *    file, and the reason goes to the log once, as the line `ckpt pack` would print
  *    ("ckptfs: SOURCE: what is wrong").
+ *  - .ckptfs/status is one line of text, made afresh on every use (its size too: an adapter
+ *    must not let the kernel cache its attributes or pages, ck_fs_is_volatile): "ok" while
+ *    every source file is the one mounted, else why reads fail ("source changed: PATH (what
+ *    differs); remount to read it"). The first change any check finds (an open, a read, the
+ *    status itself) also goes to the log, once per mount.
  *  - With npy set (`-o npy`), every tensor file NAME is also served as NAME.npy beside it: the
  *    NumPy header npy_header_make writes (pack/npy.h), made again on each use (it is a few
  *    hundred bytes of text), then the tensor's bytes. Its inode is the tensor's plus the node
@@ -37,7 +42,7 @@
 #include "tree.h"
 #include "../pack/synth.h"
 
-enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_COUNT };
+enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_STATUS, CK_VFILE_COUNT };
 #define CK_ROOT_INO 1
 extern const ck_tree_vfile ck_vfiles[CK_VFILE_COUNT];
 
@@ -55,6 +60,7 @@ typedef struct ck_fs {
         int failed;            /* could not be made (and was logged) */
     } vfile[CK_VFILE_COUNT];
     pthread_mutex_t vfile_lock;
+    int change_told;           /* a changed source was logged (once per mount; vfile_lock) */
     pthread_t prepare;         /* ck_fs_prepare's thread, joined by ck_fs_free */
     int preparing;             /* it was started */
     uid_t uid;
@@ -88,6 +94,10 @@ int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err);
  * fine. */
 void ck_fs_free(ck_fs *fs);
 
+/* Whether ino's contents or size may change while mounted (.ckptfs/status): its attributes
+ * and pages must not be cached. */
+int ck_fs_is_volatile(const ck_fs *fs, uint64_t ino);
+
 /* The attributes of an inode. -ENOENT, -EIO (one of the mount's own files that cannot be
  * made). */
 int ck_fs_getattr(ck_fs *fs, uint64_t ino, struct stat *st);
@@ -113,7 +123,8 @@ int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d);
 
 /* Whether ino may be opened with open(2) flags: 0, or -ENOENT, -EISDIR, -EROFS (for writing
  * or truncating), -EIO (one of the mount's own files that cannot be made), -ESTALE (a source
- * file changed: every one is checked, as a changed source makes the whole view suspect). */
+ * file changed: every one is checked, as a changed source makes the whole view suspect;
+ * .ckptfs/status, which says so, opens all the same). */
 int ck_fs_open(ck_fs *fs, uint64_t ino, int flags);
 /* Up to size bytes of file ino at off into buf: the count (0 at or past the end), or -ENOENT,
  * -EINVAL (off < 0), -EISDIR, -EIO, -ESTALE (the sources were checked after reading). */

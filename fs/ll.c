@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <syslog.h>
 #include <sys/mman.h>
@@ -23,28 +24,46 @@ void ck_ll_log(const char *line)
     fuse_log(FUSE_LOG_ERR, "%s\n", line);
 }
 
-/* fuse_log_level is syslog's priority, level for level. */
-static void log_syslog(enum fuse_log_level level, const char *fmt, va_list ap)
+static int log_stderr; /* ck_ll_log_start's to_stderr */
+
+/* A line to stderr when it is still someone's to read, and to syslog when stderr is not, or
+ * when it is an error (a detached daemon's reader may not be watching). fuse_log_level is
+ * syslog's priority, level for level. */
+static void log_both(enum fuse_log_level level, const char *fmt, va_list ap)
 {
-    vsyslog((int)level, fmt, ap);
+    if (log_stderr) {
+        va_list again;
+        va_copy(again, ap);
+        vfprintf(stderr, fmt, again);
+        va_end(again);
+    }
+    if (!log_stderr || level <= FUSE_LOG_ERR)
+        vsyslog((int)level, fmt, ap);
 }
 
-void ck_ll_log_to_syslog(void)
+void ck_ll_log_start(int to_stderr)
 {
+    log_stderr = to_stderr;
     openlog("ckptfs", LOG_PID, LOG_DAEMON);
-    fuse_set_log_func(log_syslog);
+    fuse_set_log_func(log_both);
+}
+
+/* How long the kernel may keep ino's attributes: none for a file that changes (its size). */
+static double attr_timeout(fuse_req_t req, fuse_ino_t ino)
+{
+    return ck_fs_is_volatile(fs_of(req), ino) ? 0 : mount_of(req)->timeout;
 }
 
 static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-    struct fuse_entry_param e = {.attr_timeout = mount_of(req)->timeout,
-                                 .entry_timeout = mount_of(req)->timeout};
+    struct fuse_entry_param e = {.entry_timeout = mount_of(req)->timeout};
     int rc = ck_fs_lookup(fs_of(req), parent, name, &e.attr);
     if (rc && rc != -ENOENT)
         return (void)fuse_reply_err(req, -rc);
     if (rc == 0) { /* else ino 0: the kernel caches the miss as well */
         e.ino = e.attr.st_ino;
         e.generation = 1;
+        e.attr_timeout = attr_timeout(req, e.ino);
     }
     fuse_reply_entry(req, &e);
 }
@@ -56,7 +75,7 @@ static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     int rc = ck_fs_getattr(fs_of(req), ino, &st);
     if (rc)
         return (void)fuse_reply_err(req, -rc);
-    fuse_reply_attr(req, &st, mount_of(req)->timeout);
+    fuse_reply_attr(req, &st, attr_timeout(req, ino));
 }
 
 static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -95,8 +114,11 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     int rc = ck_fs_open(fs_of(req), ino, fi->flags);
     if (rc)
         return (void)fuse_reply_err(req, -rc);
-    fi->keep_cache = 1; /* the bytes never change while mounted */
-    fi->direct_io = mount_of(req)->direct_io;
+    /* The bytes never change while mounted, but for a volatile file's: read afresh, whatever
+     * the size the kernel last saw. */
+    int fresh = ck_fs_is_volatile(fs_of(req), ino);
+    fi->keep_cache = !fresh;
+    fi->direct_io = mount_of(req)->direct_io || fresh;
     fuse_reply_open(req, fi);
 }
 

@@ -11,6 +11,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "../pack/open.h"
 #include "../pack/size.h"
 #include "ll.h"
+#include "mountinfo.h"
 #include "watch.h"
 
 #ifndef CKPTFS_VERSION
@@ -47,7 +49,13 @@ struct ck_opts {
     char *cache_max;
     int auto_unmount;    /* -o auto_unmount given */
     int no_auto_unmount; /* -o noauto_unmount given (mount.fuse.ckptfs: fstab's mounts) */
+    int nonempty;        /* -o nonempty: mount over a ckptfs mount, or over SOURCE itself */
+    char *extra;         /* the first argument after MOUNTPOINT: a usage error */
 };
+
+/* Exit statuses: 0 mounted (or --help, --version), 1 anything else that failed, 2 the
+ * command line itself (as ckpt's usage errors). */
+enum { EXIT_FAILED = 1, EXIT_USAGE = 2 };
 
 #define CK_OPT(t, p) {t, offsetof(struct ck_opts, p), 1}
 static const struct fuse_opt ck_opt_spec[] = {
@@ -66,19 +74,20 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("cache_max=%s", cache_max),
     CK_OPT("auto_unmount", auto_unmount),
     CK_OPT("noauto_unmount", no_auto_unmount),
+    CK_OPT("nonempty", nonempty),
     FUSE_OPT_END,
 };
 
-static void usage(const char *prog)
+static void usage(FILE *out, const char *prog)
 {
-    printf("usage: %s [options] SOURCE MOUNTPOINT\n\n"
+    fprintf(out, "usage: %s [options] SOURCE MOUNTPOINT\n\n"
            "Mounts a checkpoint read-only, one file per tensor. SOURCE is a safetensors file,\n"
            "a directory of safetensors shards, a PyTorch checkpoint (torch.save: zip or\n"
            "legacy), a ckptfs pack, a GGUF file, or a NumPy .npy or .npz file; the format is\n"
            "detected by content. SOURCE may be an http:// or https:// URL (read lazily with\n"
            "range requests) or hf://ORG/REPO[@REVISION][/PATH] on the Hugging Face Hub. The mount also has .ckptfs/index.json (every tensor's name,\n"
            "path, dtype and shape) and the whole checkpoint as .ckptfs/checkpoint.pack and\n"
-           ".ckptfs/checkpoint.safetensors.\n"
+           ".ckptfs/checkpoint.safetensors; .ckptfs/status says \"ok\", or why reads fail.\n"
            "Unmount with `fusermount3 -u MOUNTPOINT`.\n\n"
            "ckptfs options:\n"
            "    -o direct_io           bypass the page cache: bigger reads, no shared mmap\n"
@@ -95,7 +104,10 @@ static void usage(const char *prog)
            "    -o cacert=FILE         CA certificates (PEM) for https sources (default: the\n"
            "                           system's; also CKPTFS_CACERT)\n"
            "    -o allow_other         let other users in (needs user_allow_other in\n"
-           "                           /etc/fuse.conf unless root)\n\n",
+           "                           /etc/fuse.conf unless root)\n"
+           "    -o nonempty            mount even over a ckptfs mount, or a directory that\n"
+           "                           holds SOURCE (which the mount then hides)\n\n"
+           "Exit status: 0 mounted, 1 refused or failed, 2 a usage error.\n\n",
            prog);
 }
 
@@ -119,14 +131,17 @@ static int is_fstab_only(const char *arg)
     return 0;
 }
 
-/* The first non-option argument is SOURCE, the second MOUNTPOINT: both stay ours, so that a bad
- * mountpoint is reported in our one-line form rather than by libfuse's parser. */
+/* The first non-option argument is SOURCE, the second MOUNTPOINT, any other one too many: all
+ * stay ours, so that a bad one is reported in our one-line form rather than by libfuse's
+ * parser (which takes a third as its mountpoint). */
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
 {
     (void)outargs;
     struct ck_opts *o = data;
-    if (key == FUSE_OPT_KEY_NONOPT && (!o->source || !o->mountpoint)) {
-        *(o->source ? &o->mountpoint : &o->source) = strdup(arg);
+    if (key == FUSE_OPT_KEY_NONOPT) {
+        char **slot = !o->source ? &o->source : !o->mountpoint ? &o->mountpoint : &o->extra;
+        if (!*slot && !(*slot = strdup(arg)))
+            return -1;
         return 0;
     }
     if (key == FUSE_OPT_KEY_OPT && is_fstab_only(arg))
@@ -222,6 +237,115 @@ static void set_readahead(const char *mnt, unsigned kb, int explicit)
     if (!ok && explicit)
         fprintf(stderr, "ckptfs: %s: cannot set readahead (%s): %s\n", mnt, knob,
                 strerror(errno));
+}
+
+/* What libfuse says (fuse_log) while the main thread is `capturing` (in libfuse's parsers and
+ * its mount), kept so that it is reported in ckptfs's one-line form (say_refused), never in
+ * libfuse's words; every other line (the core's, on any thread) goes to stderr as libfuse's
+ * default would. Once the mount serves, ck_ll_log_start takes over. */
+static _Thread_local int capturing;
+static char libfuse_said[1024];
+
+static void keep_libfuse_said(enum fuse_log_level level, const char *fmt, va_list ap)
+{
+    size_t n = capturing ? strlen(libfuse_said) : 0;
+    if (!capturing)
+        vfprintf(stderr, fmt, ap);
+    else if (level <= FUSE_LOG_ERR && n + 1 < sizeof libfuse_said)
+        vsnprintf(libfuse_said + n, sizeof libfuse_said - n, fmt, ap);
+}
+
+/* Reports what libfuse refused, as one line: its "fuse: what is wrong `WHAT'[...]" becomes
+ * "ckptfs: WHAT: what is wrong[...]", anything else "ckptfs: about: what it said", and
+ * nothing said "ckptfs: about: otherwise". */
+static void say_refused(const char *about, const char *otherwise)
+{
+    char *s = libfuse_said + (strncmp(libfuse_said, "fuse: ", 6) == 0 ? 6 : 0);
+    s[strcspn(s, "\n")] = '\0';
+    char *open = strchr(s, '`'), *close = open ? strchr(open + 1, '\'') : NULL;
+    if (close) {
+        *open = *close = '\0';
+        for (char *e = open; e > s && strchr(" :", e[-1]); e--)
+            e[-1] = '\0';
+        fprintf(stderr, "ckptfs: %s: %s%s\n", open + 1, s, close + 1);
+    } else {
+        fprintf(stderr, "ckptfs: %s: %s\n", about, *s ? s : otherwise);
+    }
+    libfuse_said[0] = '\0';
+}
+
+/* Whether libfuse takes the options left to it (args): a session made and dropped at once,
+ * before anything is forked or parsed, so that an option nobody knows is a usage error
+ * reported before the work starts, in our words (the session made to mount would find it
+ * only after SOURCE is parsed). A session holds no descriptor until it is mounted. */
+static int libfuse_accepts(const struct fuse_args *args)
+{
+    struct fuse_args copy = FUSE_ARGS_INIT(0, NULL);
+    int ok = 1;
+    for (int i = 0; i < args->argc && ok; i++)
+        ok = fuse_opt_add_arg(&copy, args->argv[i]) == 0;
+    capturing = 1;
+    struct fuse_session *se = ok ? fuse_session_new(&copy, &ck_ll_ops, sizeof ck_ll_ops, NULL)
+                                 : NULL;
+    capturing = 0;
+    ok = se != NULL;
+    if (se)
+        fuse_session_destroy(se);
+    fuse_opt_free_args(&copy);
+    return ok;
+}
+
+/* FUSE's device, opened first so that a machine (a container) without it is told so in one
+ * line before SOURCE is parsed; libfuse opens it again to mount. A user who may not open it
+ * may still mount through fusermount3 (set-user-ID root), which is then left to try. */
+static int check_fuse_device(void)
+{
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return 0;
+    }
+    if (geteuid() != 0 && (errno == EACCES || errno == EPERM))
+        return 0;
+    fprintf(stderr, "ckptfs: /dev/fuse: %s: FUSE is not usable here (a container needs "
+            "--device /dev/fuse)\n", strerror(errno));
+    return -1;
+}
+
+/* Refuses a mountpoint that is already a ckptfs mount (at real, its canonical path): the new
+ * mount would hide the old one, whose daemon would then serve nobody until both are
+ * unmounted. */
+static int check_not_mounted(const char *mnt, const char *real)
+{
+    ck_mount_at at;
+    if (ck_mount_top(CK_MOUNTINFO, real, &at) != 1 || strcmp(at.fstype, "fuse.ckptfs") != 0)
+        return 0;
+    fprintf(stderr, "ckptfs: %s: already a ckptfs mount of %s; unmount it first (fusermount3 "
+            "-u %s), or mount over it with -o nonempty\n", mnt, at.source, mnt);
+    return -1;
+}
+
+/* Whether path lies at or under dir (both canonical). */
+static int is_under(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0' || dir[n - 1] == '/');
+}
+
+/* Refuses a mountpoint (real: canonical) that holds one of the source files: the mount would
+ * hide it, and every open would fail, as the core checks each source file by its path. */
+static int check_sources_outside(const ck_fs *fs, const char *mnt, const char *real)
+{
+    for (uint32_t i = 0; i < fs->ix->nfiles; i++) {
+        char buf[PATH_MAX];
+        const char *p = realpath(fs->src_path[i], buf) ? buf : fs->src_path[i];
+        if (ck_file_is_local(&fs->ix->files[i]) && is_under(p, real)) {
+            fprintf(stderr, "ckptfs: %s: holds the source %s, which the mount would hide "
+                    "(-o nonempty mounts anyway)\n", mnt, p);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static int check_mountpoint(const char *mnt)
@@ -322,13 +446,21 @@ static int daemon_fork(int *ready)
     _exit(WIFEXITED(st) && WEXITSTATUS(st) ? WEXITSTATUS(st) : 1);
 }
 
+/* Whether stderr is a file (`2>>ckptfs.log`), where the daemon may go on writing. A terminal,
+ * a pipe or a socket is the command's, and a reader of a pipe waits for its end. */
+static int stderr_is_file(void)
+{
+    struct stat st;
+    return fstat(2, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 /* Detaches the daemon (its own session, "/" as its directory, /dev/null as stdin, stdout and
- * stderr) and lets the waiting command end. */
-static int daemon_ready(int ready)
+ * stderr, unless keep_stderr) and lets the waiting command end. */
+static int daemon_ready(int ready, int keep_stderr)
 {
     int null = open("/dev/null", O_RDWR);
     int rc = setsid() < 0 || chdir("/") != 0 || null < 0 || dup2(null, 0) < 0 ||
-             dup2(null, 1) < 0 || dup2(null, 2) < 0;
+             dup2(null, 1) < 0 || (!keep_stderr && dup2(null, 2) < 0);
     if (null > 2)
         close(null);
     if (rc)
@@ -480,10 +612,13 @@ static void prefault_heap(const char *source)
 
 int main(int argc, char **argv)
 {
+    if (argc < 2) { /* nothing asked: how to ask */
+        usage(stderr, argc ? argv[0] : "ckptfs");
+        return EXIT_USAGE;
+    }
     /* the argument block, as the kernel shows it (hide_args below rewrites it in place) */
-    char *arg_block = argc > 0 ? argv[0] : NULL;
-    size_t arg_block_len =
-        argc > 0 ? (size_t)(argv[argc - 1] - argv[0]) + strlen(argv[argc - 1]) + 1 : 0;
+    char *arg_block = argv[0];
+    size_t arg_block_len = (size_t)(argv[argc - 1] - argv[0]) + strlen(argv[argc - 1]) + 1;
     keep_freed_memory();
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     struct ck_opts o = {.timeout = 86400, .readahead_kb = 4096};
@@ -491,18 +626,26 @@ int main(int argc, char **argv)
     ck_mount m = {0};
     struct fuse_session *se = NULL;
     http_remote *remote = NULL; /* every remote file's caches */
-    int status = 1, mounted = 0, ready = -1, watch = -1;
+    int status = EXIT_FAILED, mounted = 0, ready = -1, watch = -1;
+    uint64_t cache_mem, cache_max;
 
     /* Before anything else: the daemon lives long, and `ps` would show SOURCE's secrets. */
     if (ck_location_hide_args(argc, argv) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
-        return 1;
+        return EXIT_FAILED;
     }
-    if (fuse_opt_parse(&args, &o, ck_opt_spec, opt_proc) != 0 ||
-        fuse_parse_cmdline(&args, &co) != 0)
+    fuse_set_log_func(keep_libfuse_said);
+    capturing = 1;
+    int parsed = fuse_opt_parse(&args, &o, ck_opt_spec, opt_proc) == 0 &&
+                 fuse_parse_cmdline(&args, &co) == 0;
+    capturing = 0;
+    if (!parsed) {
+        say_refused("arguments", "malformed");
+        status = EXIT_USAGE;
         goto out;
+    }
     if (co.show_help) {
-        usage(argv[0]);
+        usage(stdout, argv[0]);
         fuse_cmdline_help();
         fuse_lowlevel_help();
         status = 0;
@@ -513,27 +656,39 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    if (!o.source || !o.mountpoint || co.mountpoint) { /* co.mountpoint: a third argument */
-        fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", argv[0]);
+    status = EXIT_USAGE; /* until the command line is known good */
+    if (!o.source || !o.mountpoint || o.extra) {
+        if (o.extra)
+            fprintf(stderr, "ckptfs: %s: one argument too many (usage: %s [options] SOURCE "
+                    "MOUNTPOINT)\n", o.extra, argv[0]);
+        else
+            fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", argv[0]);
         goto out;
     }
-    if (!options_valid(&o) || check_mountpoint(o.mountpoint) != 0)
+    if (!libfuse_accepts(&args)) {
+        say_refused("options", "not accepted by libfuse");
+        goto out;
+    }
+    if (!options_valid(&o) || option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
+        option_size("cache_max", o.cache_max, &cache_max) != 0)
+        goto out;
+    status = EXIT_FAILED;
+    if (check_mountpoint(o.mountpoint) != 0)
         goto out;
     int by_fd = mountpoint_fd(o.mountpoint) >= 0; /* the path stays as libfuse parses it */
     if (!(co.mountpoint = by_fd ? strdup(o.mountpoint) : realpath(o.mountpoint, NULL))) {
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
+    if (!by_fd && (check_fuse_device() != 0 ||
+                   (!o.nonempty && check_not_mounted(o.mountpoint, co.mountpoint) != 0)))
+        goto out;
     if (!co.foreground && daemon_fork(&ready) != 0) {
         fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
         goto out;
     }
     int auto_unmount = wants_auto_unmount(&o, by_fd);
     watch = watch_unmount(auto_unmount, by_fd, co.mountpoint, arg_block, arg_block_len);
-    uint64_t cache_mem, cache_max;
-    if (option_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
-        option_size("cache_max", o.cache_max, &cache_max) != 0)
-        goto out;
     remote = ck_remote_new(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
                                           .cache_dir = o.cache_dir, .cache_max = cache_max,
                                           .log = log_line});
@@ -543,7 +698,8 @@ int main(int argc, char **argv)
     }
     if (!ck_location_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
         prefault_heap(o.source);
-    if (build_view(&m, remote, o.source, &o) != 0)
+    if (build_view(&m, remote, o.source, &o) != 0 ||
+        (!by_fd && !o.nonempty && check_sources_outside(&m.fs, o.mountpoint, co.mountpoint)))
         goto out;
     char abs[PATH_MAX];
     if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
@@ -552,30 +708,38 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: out of memory\n");
         goto out;
     }
+    capturing = 1;
     se = fuse_session_new(&args, &ck_ll_ops, sizeof ck_ll_ops, &m);
-    if (!se || fuse_set_signal_handlers(se) != 0)
+    int started = se && fuse_set_signal_handlers(se) == 0;
+    mounted = started && fuse_session_mount(se, co.mountpoint) == 0;
+    capturing = 0;
+    if (!mounted) {
+        /* a user's mount is fusermount3's, which says why on stderr itself */
+        say_refused(started ? o.mountpoint : "libfuse",
+                    started ? "mount failed (fusermount3 says why)" : "no session (out of memory)");
         goto out;
-    if (fuse_session_mount(se, co.mountpoint) != 0)
-        goto out;
-    mounted = 1;
+    }
     if (watch >= 0)
         ck_watch_arm(watch);
     if (serve_init(se) != 0)
         goto out;
     if (!by_fd) /* a mount made by someone else: its path is not ours to know */
         set_readahead(co.mountpoint, o.readahead_kb, o.readahead_set);
-    if (!co.foreground) {
-        if (daemon_ready(ready) != 0) {
-            fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));
-            goto out;
-        }
-        ck_ll_log_to_syslog(); /* stderr is /dev/null now */
+    int keep_stderr = co.foreground || stderr_is_file();
+    if (!co.foreground && daemon_ready(ready, keep_stderr) != 0) {
+        fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));
+        goto out;
     }
+    ck_ll_log_start(keep_stderr);
+    if (!by_fd) /* not when the mount is another's (/dev/fd/N): its namespace is theirs */
+        (void)ck_watch_namespace(co.mountpoint);
     status = serve(se, &co) < 0;
 out:
     if (se) {
         if (mounted)
             fuse_session_unmount(se);
+        if (mounted && watch >= 0)
+            ck_watch_disarm(watch);
         fuse_remove_signal_handlers(se);
         fuse_session_destroy(se);
     }
@@ -584,6 +748,7 @@ out:
     free(co.mountpoint);
     free(o.mountpoint);
     free(o.source);
+    free(o.extra);
     free(o.cacert);
     free(o.cache_mem);
     free(o.cache_dir);

@@ -1,6 +1,7 @@
 /* mountinfo.c — what a mount tells a loader about itself (mountinfo.h). */
 #include "mountinfo.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,4 +66,86 @@ int ck_sources_parse(char *v, size_t len, const char **source, ck_source_file **
             return -1;
         }
     return 0;
+}
+
+/* path as mountinfo writes it: space, tab, newline and backslash as \ooo. */
+static int escaped_path(const char *path, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
+        if (cap - n < 5)
+            return -1;
+        if (strchr(" \t\n\\", *p))
+            n += (size_t)snprintf(out + n, cap - n, "\\%03o", *p);
+        else
+            out[n++] = (char)*p;
+    }
+    out[n] = '\0';
+    return 0;
+}
+
+/* Undoes escaped_path in place. */
+static void unescape(char *s)
+{
+    char *o = s;
+    while (*s)
+        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
+            s[3] >= '0' && s[3] <= '7') {
+            *o++ = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 | (s[3] - '0'));
+            s += 4;
+        } else {
+            *o++ = *s++;
+        }
+    *o = '\0';
+}
+
+/* One line of the table, into *at when it is a mount at the escaped path: 1, else 0. */
+static int mount_line(char *line, const char *escaped, ck_mount_at *at)
+{
+    /* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER */
+    char *save = NULL, *id = strtok_r(line, " ", &save);
+    for (int i = 0; i < 3 && id; i++)
+        (void)strtok_r(NULL, " ", &save);
+    char *point = id ? strtok_r(NULL, " ", &save) : NULL;
+    char *tail = point ? strstr(save, " - ") : NULL;
+    if (!tail || strcmp(point, escaped) != 0)
+        return 0;
+    *tail = '\0';
+    at->id = strtol(id, NULL, 10);
+    at->shared = strstr(save, " shared:") != NULL;
+    at->fstype[0] = at->source[0] = '\0';
+    (void)sscanf(tail + 3, "%63s %4095s", at->fstype, at->source);
+    unescape(at->source);
+    return 1;
+}
+
+int ck_mount_top(const char *table, const char *path, ck_mount_at *at)
+{
+    char escaped[4 * PATH_MAX + 1];
+    FILE *f = escaped_path(path, escaped, sizeof escaped) == 0 ? fopen(table, "re") : NULL;
+    if (!f)
+        return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (getline(&line, &cap, f) > 0)
+        found |= mount_line(line, escaped, at);
+    free(line);
+    fclose(f);
+    return found;
+}
+
+int ck_mount_listed(const char *table, long id)
+{
+    FILE *f = fopen(table, "re");
+    if (!f)
+        return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (!found && getline(&line, &cap, f) > 0)
+        found = strtol(line, NULL, 10) == id;
+    free(line);
+    fclose(f);
+    return found;
 }

@@ -1,5 +1,5 @@
 /* mountinfo.h — what a mount tells a loader about itself: where its virtual files are, and
- * which source files it parsed.
+ * which source files it parsed; and what the kernel's mount table says is mounted where.
  *
  * Contract: the root of a mount carries the xattr CK_SOURCES_XATTR: a list of NUL-terminated
  * strings, the SOURCE as mounted (made absolute), then one per file of the index, in its order,
@@ -38,5 +38,22 @@ typedef struct ck_source_file {
  * memory runs out. */
 int ck_sources_parse(char *v, size_t len, const char **source, ck_source_file **files,
                      size_t *nfiles);
+
+/* What /proc/self/mountinfo says of the mount on top at a path (ck_mount_top). */
+#define CK_MOUNTINFO "/proc/self/mountinfo"
+typedef struct ck_mount_at {
+    long id;               /* the mount ID */
+    int shared;            /* it propagates to peers (optional field "shared:N") */
+    char fstype[64];       /* "fuse.ckptfs" for a ckptfs mount */
+    char source[4096];     /* as mounted (ckptfs: the fsname, SOURCE), unescaped */
+} ck_mount_at;
+
+/* The top mount (the last listed) at path (absolute, canonical) in table, a file in the format
+ * of /proc/self/mountinfo (CK_MOUNTINFO): 1 with *at filled, 0 when nothing is mounted there,
+ * -1 when table cannot be read or path is too long to look for. */
+int ck_mount_top(const char *table, const char *path, ck_mount_at *at);
+
+/* Whether table lists the mount ID id: 1 or 0; -1 when table cannot be read. */
+int ck_mount_listed(const char *table, long id);
 
 #endif

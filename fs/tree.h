@@ -31,9 +31,11 @@ enum ck_node_kind {
     CK_NODE_VALUE,   /* index entry id, a value: its text is in memory */
     CK_NODE_MEMFILE, /* the mount's own file id, whose bytes are made in memory (index.json) */
     CK_NODE_SYNTH,   /* the mount's own file id, synthesized from the index on first use */
+    CK_NODE_STATUS,  /* the mount's own file id, whose text is made on every use (its state) */
 };
 
-/* One of the mount's own files: its name and kind (CK_NODE_MEMFILE or CK_NODE_SYNTH). */
+/* One of the mount's own files: its name and kind (CK_NODE_MEMFILE, CK_NODE_SYNTH or
+ * CK_NODE_STATUS). */
 typedef struct ck_tree_vfile {
     const char *name;
     uint8_t kind;

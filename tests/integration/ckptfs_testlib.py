@@ -290,7 +290,8 @@ def torch_bytes(t):
 # --- the mount -----------------------------------------------------------------------------
 
 # The mount's own files (docs/SEMANTICS.md, "The mount").
-VIRTUAL_FILES = {".ckptfs/index.json", ".ckptfs/checkpoint.pack", ".ckptfs/checkpoint.safetensors"}
+VIRTUAL_FILES = {".ckptfs/index.json", ".ckptfs/checkpoint.pack", ".ckptfs/checkpoint.safetensors",
+                 ".ckptfs/status"}
 
 
 def read_index(mnt):

@@ -204,11 +204,17 @@ def test_bad_mountpoint(tmp_path, kind):
     assert f.read_bytes() == b"x"
 
 
-@pytest.mark.parametrize("args", [[], ["SRC"]])
-def test_missing_arguments(tmp_path, args):
+def test_no_arguments_prints_usage(tmp_path):
+    """A usage error (exit 2, as ckpt's): the usage on stderr, nothing on stdout."""
+    p = run([ckptfs_bin()])
+    assert p.returncode == 2 and p.stdout == b"", p.stdout
+    assert p.stderr.startswith(b"usage: ") and b"SOURCE MOUNTPOINT" in p.stderr, p.stderr
+
+
+def test_missing_mountpoint(tmp_path):
     src = write_safetensors(tmp_path / "ok.safetensors", [("x", "U8", [2], b"\x01\x02")])
-    p = run([ckptfs_bin(), *[src if a == "SRC" else a for a in args]])
-    assert p.returncode == 1
+    p = run([ckptfs_bin(), src])
+    assert p.returncode == 2
     err = p.stderr.decode()
     assert err.count("\n") == 1 and err.startswith("ckptfs: "), err
 
@@ -216,7 +222,8 @@ def test_missing_arguments(tmp_path, args):
 def test_unknown_option_mounts_nothing(tmp_path, mountpoint):
     src = write_safetensors(tmp_path / "ok.safetensors", [("x", "U8", [2], b"\x01\x02")])
     p = run([ckptfs_bin(), "-o", "no_such_option_xyz", src, mountpoint])
-    assert p.returncode != 0
+    assert p.returncode == 2
+    assert p.stderr.decode() == "ckptfs: -o no_such_option_xyz: unknown option(s)\n"
     assert not is_mounted(mountpoint)
 
 
@@ -255,9 +262,9 @@ def test_refused_after_parsing_frees_everything(tmp_path, mountpoint):
 ])
 def test_an_option_out_of_bounds_is_refused(tmp_path, mountpoint, option, says):
     """A number libfuse would turn into an undefined timeout, a readahead of 4 TiB or an owner
-    of -1 is refused in one line, and nothing is mounted."""
+    of -1 is refused in one line, as a usage error (2), and nothing is mounted."""
     src = tmp_path / "s.safetensors"
     safetensors.torch.save_file({"a": torch.ones(2)}, str(src))
     p = run([ckptfs_bin(), "-o", option, src, mountpoint], timeout=20)
-    assert not is_mounted(mountpoint) and p.returncode == 1 and p.stdout == b"", p.stderr
+    assert not is_mounted(mountpoint) and p.returncode == 2 and p.stdout == b"", p.stderr
     assert p.stderr.count(b"\n") == 1 and p.stderr.startswith(f"ckptfs: {says}".encode())

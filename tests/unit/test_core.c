@@ -111,14 +111,14 @@ Test(core, every_node_has_its_kind)
         {"w/a", CK_NODE_TENSOR}, {"w/b", CK_NODE_TENSOR}, {"n", CK_NODE_TENSOR},
         {"v", CK_NODE_VALUE}, {".ckptfs/index.json", CK_NODE_MEMFILE},
         {".ckptfs/checkpoint.pack", CK_NODE_SYNTH},
-        {".ckptfs/checkpoint.safetensors", CK_NODE_SYNTH},
+        {".ckptfs/checkpoint.safetensors", CK_NODE_SYNTH}, {".ckptfs/status", CK_NODE_STATUS},
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         uint64_t ino = ino_at(fs, want[i].path);
         cr_assert_eq(ino, tree_find(fs->tree, want[i].path) + 1, "%s", want[i].path);
         cr_assert_eq(fs->tree->nodes[ino - 1].kind, want[i].kind, "%s", want[i].path);
     }
-    cr_assert_eq(fs->tree->nnodes, 10);
+    cr_assert_eq(fs->tree->nnodes, 11);
     ck_fs_free(fs);
 }
 
@@ -273,10 +273,11 @@ Test(core, readdir_offsets)
                           (unsigned long long)ino_at(fs, "w/b")));
     cr_assert_str_eq(listing(fs, v, 1),
                      strf("..:1:d\ncheckpoint.pack:%llu:f\ncheckpoint.safetensors:%llu:f\n"
-                          "index.json:%llu:f\n",
+                          "index.json:%llu:f\nstatus:%llu:f\n",
                           (unsigned long long)ino_at(fs, ".ckptfs/checkpoint.pack"),
                           (unsigned long long)ino_at(fs, ".ckptfs/checkpoint.safetensors"),
-                          (unsigned long long)ino_at(fs, ".ckptfs/index.json")));
+                          (unsigned long long)ino_at(fs, ".ckptfs/index.json"),
+                          (unsigned long long)ino_at(fs, ".ckptfs/status")));
     ck_fs_free(fs);
 }
 
@@ -781,8 +782,10 @@ Test(core, modified_source_is_eio_on_read_estale_on_open)
     cr_assert_eq(ck_fs_read(fs, pack, buf, sizeof buf, 0), -EIO);
     for (uint64_t ino = 1; ino <= fs->tree->nnodes; ino++)
         if (fs->tree->nodes[ino - 1].kind != CK_NODE_DIR)
-            cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), -ESTALE, "inode %llu",
-                         (unsigned long long)ino);
+            /* but the status, which says why */
+            cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY),
+                         fs->tree->nodes[ino - 1].kind == CK_NODE_STATUS ? 0 : -ESTALE,
+                         "inode %llu", (unsigned long long)ino);
     /* What lives in memory keeps reading. */
     cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 0), 2);
     cr_assert_gt(ck_fs_read(fs, json, buf, sizeof buf, 0), 0);
@@ -803,6 +806,59 @@ Test(core, replaced_or_removed_source_is_estale)
     cr_assert_eq(unlink(path), 0);
     cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -ESTALE);
     cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), -ESTALE);
+    ck_fs_free(fs);
+}
+
+/* .ckptfs/status as a reader sees it: its size, and its text read in chunks of 5 bytes (each
+ * read makes it again), which must agree. */
+static const char *status_of(ck_fs *fs)
+{
+    struct stat st;
+    uint64_t ino = walk(fs, ".ckptfs/status", &st);
+    cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), 0, "the status opens whatever the sources");
+    size_t len;
+    unsigned char *text = read_all(fs, ino, 5, &len);
+    cr_assert_eq((size_t)st.st_size, len);
+    const char *s = strf("%.*s", (int)len, (const char *)text);
+    free(text);
+    return s;
+}
+
+Test(core, status_says_ok_then_why_reads_fail_and_the_log_says_it_once)
+{
+    ck_fs *fs = sample_fs();
+    uint64_t a = ino_at(fs, "w/a"), status = ino_at(fs, ".ckptfs/status");
+    cr_assert(ck_fs_is_volatile(fs, status));
+    for (uint64_t ino = 0; ino <= fs->tree->nnodes + 1; ino++)
+        cr_assert(ino == status || !ck_fs_is_volatile(fs, ino), "inode %llu",
+                  (unsigned long long)ino);
+    cr_assert_str_eq(status_of(fs), "ok\n");
+    unsigned char other[SRC_LEN + 1] = {0};
+    tmp_rewrite(fs->ix->files[0].path, other, sizeof other);
+    const char *why = "its size or mtime differ from when it was mounted";
+    cr_assert_eq(nlogged, 0, "nothing looked yet");
+    char buf[64];
+    for (int k = 0; k < 3; k++)
+        cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -EIO);
+    cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), -ESTALE);
+    cr_assert_str_eq(status_of(fs), strf("source changed: %s (%s); remount to read it\n",
+                                         fs->src_path[0], why));
+    cr_assert_eq(nlogged, 1, "logged %d times", nlogged);
+    cr_assert_str_eq(logged, strf("ckptfs: %s: source changed (%s); reads fail until it is "
+                                  "mounted again", fs->src_path[0], why));
+    ck_fs_free(fs);
+}
+
+Test(core, status_of_a_removed_source_and_the_first_to_see_it_logs)
+{
+    ck_fs *fs = sample_fs();
+    cr_assert_eq(unlink(fs->ix->files[0].path), 0);
+    const char *why = "it was replaced or removed since it was mounted";
+    cr_assert_str_eq(status_of(fs), strf("source changed: %s (%s); remount to read it\n",
+                                         fs->src_path[0], why));
+    cr_assert_eq(nlogged, 1, "the status's own check told it");
+    cr_assert_str_eq(logged, strf("ckptfs: %s: source changed (%s); reads fail until it is "
+                                  "mounted again", fs->src_path[0], why));
     ck_fs_free(fs);
 }
 
@@ -900,6 +956,8 @@ Test(core, mount_files_table)
     cr_assert_eq(ck_vfiles[CK_VFILE_PACK].kind, CK_NODE_SYNTH);
     cr_assert_str_eq(ck_vfiles[CK_VFILE_SAFETENSORS].name, "checkpoint.safetensors");
     cr_assert_eq(ck_vfiles[CK_VFILE_SAFETENSORS].kind, CK_NODE_SYNTH);
+    cr_assert_str_eq(ck_vfiles[CK_VFILE_STATUS].name, "status");
+    cr_assert_eq(ck_vfiles[CK_VFILE_STATUS].kind, CK_NODE_STATUS);
 }
 
 /* --- the sources, published on the root for loaders ---------------------------------------- */
