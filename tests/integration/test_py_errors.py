@@ -15,22 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import ckload
 from ckptfs_testlib import build_dir, ckpt_bin, run
 from test_load import flip_byte
+from test_load_mount import plain_source as source
 from test_pack import pack, pack_header
 
 NOBODY = 65534
-
-
-def source(d):
-    d.mkdir(parents=True, exist_ok=True)
-    src = d / "m.safetensors"
-    save_file({"enc.w": torch.arange(300, dtype=torch.float32),
-               "enc.b": torch.ones(7, dtype=torch.int16)}, str(src))
-    return src
 
 
 def raised(cls, path, **kw):
