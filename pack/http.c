@@ -44,7 +44,8 @@ http_remote *http_remote_new(const http_config *c)
     }
     r->config.cacert = r->cacert;
     r->config.cache_dir = r->cache_dir;
-    r->client = (http_client){.cacert = r->cacert, .token_for = c->token_for};
+    r->client = (http_client){.cacert = r->cacert, .token_for = c->token_for,
+                              .sign_for = c->sign_for};
     pthread_mutex_init(&r->lock, NULL);
     return r;
 }

@@ -38,6 +38,7 @@ typedef struct http_config {
     uint64_t cache_max;    /* its bound; 0: DC_MAX_DEFAULT */
     void (*log)(const char *line); /* where the disk cache reports; NULL: stderr */
     http_token_fn token_for;       /* where a request finds its token; NULL: none */
+    http_sign_fn sign_for;         /* how a request is signed (SigV4); NULL: unsigned */
 } http_config;
 
 typedef struct http_remote http_remote;

@@ -181,6 +181,7 @@ typedef struct reply {
     size_t cap, got;
     char **grow;        /* http_get: a growing buffer instead (cap is its limit) */
     size_t discarded;
+    char error_body[1024]; /* the start of an error reply's body (an S3 error document) */
     int overflow;       /* the body was longer than asked: aborted */
     long filetime;      /* Last-Modified (seconds since the epoch), -1 when absent */
 } reply;
@@ -228,6 +229,9 @@ static size_t on_body(char *b, size_t size, size_t n, void *ctx)
     reply *r = ctx;
     size_t len = size * n;
     if (r->status < 200 || r->status > 299) { /* an error page or a redirect's: bounded */
+        size_t have = strlen(r->error_body), room = sizeof r->error_body - 1 - have;
+        memcpy(r->error_body + have, b, len < room ? len : room);
+        r->error_body[have + (len < room ? len : room)] = 0;
         r->discarded += len;
         return r->discarded > MAX_DISCARD ? 0 : len;
     }
@@ -251,9 +255,23 @@ static size_t on_body(char *b, size_t size, size_t n, void *ctx)
 /* How an attempt ended. */
 enum outcome { DONE, RETRY, FAIL };
 
-/* Performs one request on h for url, with headers hs; the reply in *r. */
+/* An error reply's status for a message: "403", or with an S3 error document's code
+ * "403 (AccessDenied)", the code's characters checked (it comes from the server). */
+static void error_status(const reply *r, char *out, size_t cap)
+{
+    const char *code = strstr(r->error_body, "<Code>");
+    size_t n = code ? strspn(code + 6, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.")
+                    : 0;
+    if (code && n && n < 64 && strncmp(code + 6 + n, "</Code>", 7) == 0)
+        snprintf(out, cap, "%ld (%.*s)", r->status, (int)n, code + 6);
+    else
+        snprintf(out, cap, "%ld", r->status);
+}
+
+/* Performs one request on h for url, with headers hs, signed with sig when not NULL; the reply
+ * in *r. */
 static CURLcode perform(CURL *h, const char *url, struct curl_slist *hs, reply *r, double left,
-                        const char *cacert)
+                        const char *cacert, const http_sigv4 *sig)
 {
     cu.easy_reset(h);
     cu.easy_setopt(h, CURLOPT_URL, url);
@@ -278,6 +296,13 @@ static CURLcode perform(CURL *h, const char *url, struct curl_slist *hs, reply *
     const char *ca = cacert ? cacert : getenv("CKPTFS_CACERT"); /* options win */
     if (ca && *ca)
         cu.easy_setopt(h, CURLOPT_CAINFO, ca);
+    char provider[96];
+    if (sig) { /* libcurl computes the signature: nothing here hand-writes SigV4 */
+        snprintf(provider, sizeof provider, "aws:amz:%s:s3", sig->region);
+        cu.easy_setopt(h, CURLOPT_AWS_SIGV4, provider);
+        cu.easy_setopt(h, CURLOPT_USERNAME, sig->access_key);
+        cu.easy_setopt(h, CURLOPT_PASSWORD, sig->secret_key);
+    }
     return cu.easy_perform(h);
 }
 
@@ -350,8 +375,17 @@ static enum outcome fail(request *q, int e, const char *fmt, const char *arg)
     return FAIL;
 }
 
-/* The headers of a request of q to url: range, validator, and the token only for its origin. */
-static struct curl_slist *headers(const request *q, const char *url)
+/* Frees a request's headers, wiping them first: they may hold a token. */
+static void wipe_headers(struct curl_slist *hs)
+{
+    for (struct curl_slist *l = hs; l; l = l->next)
+        memset(l->data, 0, strlen(l->data));
+    cu.slist_free_all(hs);
+}
+
+/* The headers of a request of q to url: range, validator, and the token only for its origin
+ * (a bearer token, or with sig the session token of a SigV4 signature). */
+static struct curl_slist *headers(const request *q, const char *url, const http_sigv4 *sig)
 {
     char line[512];
     struct curl_slist *hs = NULL;
@@ -378,6 +412,14 @@ static struct curl_slist *headers(const request *q, const char *url)
         }
         memset(auth, 0, strlen(auth));
         free(auth);
+    }
+    if (sig && sig->session_token[0]) {
+        char *t = NULL;
+        if (asprintf(&t, "x-amz-security-token: %s", sig->session_token) >= 0) {
+            hs = cu.slist_append(hs, t);
+            memset(t, 0, strlen(t));
+            free(t);
+        }
     }
     hs = cu.slist_append(hs, "Accept-Encoding: identity");
     return hs;
@@ -432,10 +474,15 @@ static enum outcome attempt(request *q, CURL *h, double left)
             out = fail(q, -EIO, "more than %s redirects", "10");
             break;
         }
-        struct curl_slist *hs = headers(q, url);
+        http_sigv4 sig;
+        int signed_here = q->client->sign_for && http_same_origin(url, q->url) &&
+                          q->client->sign_for(q->url, &sig) == 1;
+        struct curl_slist *hs = headers(q, url, signed_here ? &sig : NULL);
         q->r = (reply){.dst = q->r.dst, .cap = q->r.cap, .grow = q->r.grow};
-        CURLcode c = perform(h, url, hs, &q->r, left, q->client->cacert);
-        cu.slist_free_all(hs);
+        CURLcode c = perform(h, url, hs, &q->r, left, q->client->cacert,
+                             signed_here ? &sig : NULL);
+        wipe_headers(hs);
+        memset(&sig, 0, sizeof sig);
         cu.easy_getinfo(h, CURLINFO_FILETIME, &q->r.filetime);
         if (o) {
             atomic_fetch_add(&o->requests, 1);
@@ -470,8 +517,8 @@ static enum outcome attempt(request *q, CURL *h, double left)
                       ? (o->size = 0, DONE)
                       : fail(q, -EIO, "%s", "416 Range Not Satisfiable");
         } else if (st == 429 || st >= 500) {
-            char s[24];
-            snprintf(s, sizeof s, "%ld", st);
+            char s[160];
+            error_status(&q->r, s, sizeof s);
             fail(q, -EIO, "HTTP %s", s);
             out = RETRY;
         } else if (cached && st >= 400) { /* the redirect's target expired: from the start */
@@ -483,8 +530,8 @@ static enum outcome attempt(request *q, CURL *h, double left)
         } else if (st >= 200 && st < 300) {
             out = check_body(q);
         } else {
-            char s[24];
-            snprintf(s, sizeof s, "%ld", st);
+            char s[160];
+            error_status(&q->r, s, sizeof s);
             out = fail(q, st == 404 || st == 410 ? -ENOENT : st == 401 || st == 403 ? -EACCES
                                                                                  : -EIO,
                        "HTTP %s", s);

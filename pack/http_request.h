@@ -14,8 +14,11 @@
  *    (CKPTFS_HTTP_TRIES, CKPTFS_HTTP_BUDGET override both), then -EIO. At most
  *    HTTP_CONNECTIONS requests of one target are in flight; their connections are kept.
  *  - Redirects (http and https only, at most HTTP_MAX_REDIRECTS) are followed here, not by
- *    libcurl: the Authorization header (the client's token_for) goes only to the origin of the
- *    URL it is for, never to another host a redirect names. A token is never put in a message.
+ *    libcurl: the Authorization header (the client's token_for, or its sign_for's SigV4
+ *    signature) goes only to the origin of the URL it is for, never to another host a redirect
+ *    names. A token or key is never put in a message.
+ *  - An error reply's body is read up to MAX_DISCARD bytes; an S3 error document's <Code>
+ *    (NoSuchKey, AccessDenied, SignatureDoesNotMatch...) is put in the failure's message.
  *  - TLS is verified against the system store, or the client's cacert (else CKPTFS_CACERT).
  *    Nothing turns verification off.
  *  - libcurl is loaded (dlopen, once per process, never unloaded) on the first request, so a
@@ -41,10 +44,25 @@
  * it one (open.c: hub_token_for). */
 typedef char *(*http_token_fn)(const char *url);
 
-/* How requests are made: both may be NULL (the system store; no token). Borrowed. */
+/* What a request to an S3 API is signed with: AWS Signature Version 4, computed by libcurl
+ * itself (CURLOPT_AWS_SIGV4, service s3), with a session token for temporary credentials. */
+typedef struct http_sigv4 {
+    char access_key[256];
+    char secret_key[256];
+    char session_token[4096]; /* "" for long-term keys */
+    char region[64];
+} http_sigv4;
+
+/* Where a request finds how to sign: fn(url, out) fills *out and returns 1 when requests to
+ * url's origin are signed, 0 when they go unsigned. The transport wipes *out after use, and
+ * signs only requests to the origin of the URL it was asked for (never a redirect's). */
+typedef int (*http_sign_fn)(const char *url, http_sigv4 *out);
+
+/* How requests are made: each may be NULL (the system store; no token; unsigned). Borrowed. */
 typedef struct http_client {
     const char *cacert;      /* a PEM file of CA certificates */
     http_token_fn token_for;
+    http_sign_fn sign_for;
 } http_client;
 
 typedef struct http_target http_target;

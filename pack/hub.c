@@ -152,7 +152,7 @@ static int by_name(const void *a, const void *b, void *names)
     return strcmp(v[*(const size_t *)a], v[*(const size_t *)b]);
 }
 
-int hub_pick(const char *const *names, size_t n, size_t *picked, const char *repo,
+int hub_pick(const char *const *names, size_t n, size_t *picked, const char *where,
              ck_error *err)
 {
     static const char *const checkpoints[] = {".safetensors", ".gguf", ".bin", ".pt", ".pth",
@@ -172,8 +172,8 @@ int hub_pick(const char *const *names, size_t n, size_t *picked, const char *rep
                 if (!strchr(names[i], '/') && ends(names[i], checkpoints[c]))
                     picked[k++] = i;
     if (k > 1 && !ends(names[picked[0]], ".safetensors"))
-        return ck_fail(err, repo, "holds several checkpoint files (%s, %s, ...): name one, "
-                       "hf://%s/FILE", names[picked[0]], names[picked[1]], repo);
+        return ck_fail(err, where, "holds several checkpoint files (%s, %s, ...): name one, "
+                       "%s/FILE", names[picked[0]], names[picked[1]], where);
     qsort_r(picked, k, sizeof *picked, by_name, (void *)names);
     return (int)k;
 }
@@ -239,7 +239,9 @@ static int locate_repository(const http_client *c, const hub_ref *r, const char 
         if (cJSON_IsString(f))
             names[k++] = f->valuestring;
     }
-    int m = rc == 0 ? hub_pick(names, k, picked, r->repo, err) : -1;
+    char where[sizeof r->repo + 8];
+    snprintf(where, sizeof where, "hf://%s", r->repo);
+    int m = rc == 0 ? hub_pick(names, k, picked, where, err) : -1;
     if (m == 0)
         m = ck_fail(err, loc, "holds no checkpoint file at %s", sha);
     t->url = m > 0 ? hub_resolve_url(r->repo, sha, names[picked[0]]) : NULL;

@@ -50,11 +50,12 @@ char *hub_token_for(const char *url);
 /* The resolve URL of path in repo at revision (malloc'ed; the revision percent-encoded). */
 char *hub_resolve_url(const char *repo, const char *revision, const char *path);
 
-/* Which files of a repository to open, from its siblings' names (n of them): the index file,
- * else the top-level *.safetensors, else the one checkpoint file. Their indices into *picked
- * (at most n), their count returned; 0 when there is nothing to open, -1 when there are several
- * checkpoint files and no way to choose (err set, naming them). */
-int hub_pick(const char *const *names, size_t n, size_t *picked, const char *repo,
+/* Which files of a repository (or an s3:// prefix) to open, from its files' names (n of
+ * them): the index file, else the top-level *.safetensors, else the one checkpoint file. Their
+ * indices into *picked (at most n), their count returned; 0 when there is nothing to open, -1
+ * when there are several checkpoint files and no way to choose (err set, naming them and where:
+ * "hf://ORG/REPO", "s3://BUCKET/PREFIX"). */
+int hub_pick(const char *const *names, size_t n, size_t *picked, const char *where,
              ck_error *err);
 
 /* What an hf:// location resolves to (see the contract): the URL of the file to open, or with

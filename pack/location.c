@@ -12,6 +12,8 @@ int ck_location_scheme(const char *loc)
         return CK_SCHEME_HTTP;
     if (strncmp(loc, "hf://", CK_HUB_SCHEME_LEN) == 0)
         return CK_SCHEME_HUB;
+    if (strncmp(loc, "s3://", CK_S3_SCHEME_LEN) == 0)
+        return CK_SCHEME_S3;
     return CK_SCHEME_PATH;
 }
 
@@ -25,7 +27,8 @@ int ck_location_is_url(const char *loc)
 static void userinfo(const char *loc, size_t *from, size_t *len)
 {
     *from = *len = 0;
-    if (ck_location_scheme(loc) != CK_SCHEME_HTTP) /* hf:// has none: its '@' names a revision */
+    if (ck_location_scheme(loc) != CK_SCHEME_HTTP) /* hf:// and s3:// have none (hf's '@' names
+                                                     * a revision) */
         return;
     *from = (size_t)(strstr(loc, "://") - loc) + 3;
     size_t auth = *from + strcspn(loc + *from, "/?#");

@@ -5,6 +5,7 @@
 #include "gguf.h"
 #include "http.h"
 #include "hub.h"
+#include "s3.h"
 #include "npy.h"
 #include "packfile.h"
 #include "pt2.h"
@@ -166,6 +167,22 @@ static int open_hub(http_remote *remote, const char *loc, ck_index **out, ck_err
     return rc;
 }
 
+/* An s3:// location: the object, the shard set or the DCP checkpoint its prefix holds (s3.h),
+ * opened as any URL. */
+static int open_s3(http_remote *remote, const char *loc, ck_index **out, ck_error *err)
+{
+    hub_target t;
+    int dcp;
+    if (s3_locate(http_remote_client(remote), loc, &t, &dcp, err))
+        return -1;
+    int rc = dcp ? dcp_open(remote, t.url, out, err)
+             : t.nshards ? st_open_names(remote, t.url, (const char *const *)t.shards,
+                                         t.nshards, out, err)
+                         : open_file(remote, t.url, out, err);
+    hub_target_free(&t);
+    return rc;
+}
+
 static int open_dcp_dir(http_remote *remote, const char *dir, ck_index **out, ck_error *err)
 {
     char *meta = NULL;
@@ -182,6 +199,8 @@ static int open_any(http_remote *remote, const char *source, ck_index **out, ck_
     *out = NULL;
     if (hub_is_url(source))
         return open_hub(remote, source, out, err);
+    if (s3_is_url(source))
+        return open_s3(remote, source, out, err);
     struct stat st;
     if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode)) {
         /* The one place a directory's kind is decided: a DCP checkpoint (its .metadata), GGUF
@@ -199,13 +218,14 @@ http_remote *ck_remote_new(const http_config *c)
 {
     http_config with_token = *c;
     with_token.token_for = hub_token_for;
+    with_token.sign_for = s3_sign_for;
     return http_remote_new(&with_token);
 }
 
 int ck_open_through(http_remote *remote, const char *source, ck_index **out, ck_error *err)
 {
     http_remote *own = NULL;
-    if (!remote && (hub_is_url(source) || http_is_url(source)) &&
+    if (!remote && ck_location_is_url(source) &&
         !(remote = own = ck_remote_new(&(http_config){0}))) {
         char shown[1024];
         ck_location_shown(source, shown, sizeof shown);

@@ -200,7 +200,7 @@ Test(http, hub_pick)
     cr_expect_eq(hub_pick(single, 2, p, "o/r", &err), 1);
     cr_expect_eq(p[0], 1);
     const char *two[] = {"a.gguf", "b.gguf"};
-    cr_expect_eq(hub_pick(two, 2, p, "o/r", &err), -1);
+    cr_expect_eq(hub_pick(two, 2, p, "hf://o/r", &err), -1);
     cr_expect(strstr(err.msg, "hf://o/r/FILE"), "%s", err.msg);
     const char *none[] = {"README.md"};
     cr_expect_eq(hub_pick(none, 1, p, "o/r", &err), 0);

@@ -1,0 +1,440 @@
+/* s3.c — s3:// sources (s3.h). */
+#include "s3.h"
+#include "location.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define S3_MAX_LISTING (8u << 20) /* one ListObjectsV2 page (1,000 keys of at most 1 KiB) */
+#define S3_MAX_INI (1u << 20)     /* a shared credentials or config file */
+#define DCP_METADATA_NAME ".metadata"
+
+int s3_is_url(const char *loc)
+{
+    return ck_location_scheme(loc) == CK_SCHEME_S3;
+}
+
+/* Whether key (len bytes) has a segment that is "", "." or ".." before its end (a prefix's
+ * trailing '/' is no empty segment). */
+static int bad_segments(const char *key, size_t len)
+{
+    for (size_t at = 0; at < len;) {
+        size_t n = strcspn(key + at, "/");
+        if (n > len - at)
+            n = len - at;
+        int last = at + n >= len;
+        if ((n == 0 && !last) || (n == 1 && key[at] == '.') ||
+            (n == 2 && key[at] == '.' && key[at + 1] == '.'))
+            return 1;
+        at += n + 1;
+    }
+    return 0;
+}
+
+int s3_parse(const char *loc, s3_ref *r, ck_error *err)
+{
+    const char *b = loc + CK_S3_SCHEME_LEN;
+    size_t blen = strcspn(b, "/");
+    const char *key = b[blen] == '/' ? b + blen + 1 : b + blen;
+    *r = (s3_ref){0};
+    if (!s3_is_url(loc))
+        return ck_fail(err, loc, "not an s3:// location");
+    if (blen < 3 || blen > 63 || strspn(b, "abcdefghijklmnopqrstuvwxyz0123456789.-") < blen)
+        return ck_fail(err, loc, "the bucket name must be 3 to 63 of a-z, 0-9, '.' and '-'");
+    if (strlen(key) >= sizeof r->key || bad_segments(key, strlen(key)) || strchr(key, '?') ||
+        strchr(key, '#'))
+        return ck_fail(err, loc, "the key must have no empty, '.' or '..' segments, '?' or '#', "
+                       "and be under %zu bytes", sizeof r->key);
+    memcpy(r->bucket, b, blen);
+    strcpy(r->key, key);
+    return 0;
+}
+
+/* --- configuration: the environment and the shared files ------------------------------------ */
+
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* A shared file's path: $var, else ~/.aws/name; 0, or -1 when neither is known. */
+static int shared_file(const char *var, const char *name, char *out, size_t cap)
+{
+    const char *v = env(var), *home = env("HOME");
+    int n = v ? snprintf(out, cap, "%s", v)
+              : home ? snprintf(out, cap, "%s/.aws/%s", home, name) : -1;
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+/* The whole of a small text file (malloc'ed, NUL-terminated), or NULL. */
+static char *read_small(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    char *text = f ? malloc(S3_MAX_INI + 1) : NULL;
+    size_t n = text ? fread(text, 1, S3_MAX_INI + 1, f) : 0;
+    if (f)
+        fclose(f);
+    if (!text || n > S3_MAX_INI) { /* too big to be what the SDKs write */
+        free(text);
+        return NULL;
+    }
+    text[n] = 0;
+    return text;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && strchr(" \t\r", s[n - 1]))
+        s[--n] = 0;
+    return s;
+}
+
+/* The value of key in section of the INI file at path, into out (cap bytes): 1 when found. */
+static int ini_value(const char *path, const char *section, const char *key, char *out,
+                     size_t cap)
+{
+    char *text = read_small(path), *save = NULL;
+    int in = 0, found = 0;
+    for (char *line = text ? strtok_r(text, "\n", &save) : NULL; line && !found;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *l = trim(line), *eq;
+        size_t n = strlen(l);
+        if (l[0] == '[' && n > 1 && l[n - 1] == ']') {
+            l[n - 1] = 0;
+            in = strcmp(trim(l + 1), section) == 0;
+        } else if (in && (eq = strchr(l, '=')) && l[0] != '#' && l[0] != ';') {
+            *eq = 0;
+            if (strcmp(trim(l), key) == 0 && strlen(trim(eq + 1)) < cap) {
+                strcpy(out, trim(eq + 1));
+                found = 1;
+            }
+        }
+    }
+    if (text)
+        memset(text, 0, strlen(text)); /* it held secrets */
+    free(text);
+    return found;
+}
+
+/* A setting of the profile in the config file ("[profile NAME]", "[default]"). */
+static int config_value(const char *key, char *out, size_t cap)
+{
+    char path[4096], section[300];
+    const char *profile = env("AWS_PROFILE") ? env("AWS_PROFILE") : "default";
+    if (strcmp(profile, "default") == 0)
+        snprintf(section, sizeof section, "default");
+    else
+        snprintf(section, sizeof section, "profile %s", profile);
+    return shared_file("AWS_CONFIG_FILE", "config", path, sizeof path) == 0 &&
+           ini_value(path, section, key, out, cap);
+}
+
+static void region_of(char *out, size_t cap)
+{
+    const char *v = env("AWS_REGION") ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
+    if (v && strlen(v) < cap && strspn(v, "abcdefghijklmnopqrstuvwxyz0123456789-") == strlen(v))
+        snprintf(out, cap, "%s", v);
+    else if (!config_value("region", out, cap) ||
+             strspn(out, "abcdefghijklmnopqrstuvwxyz0123456789-") != strlen(out) || !out[0])
+        snprintf(out, cap, "us-east-1");
+}
+
+/* The S3-compatible endpoint the environment names, without a trailing '/', or "" for AWS. */
+static void custom_endpoint(char *out, size_t cap)
+{
+    const char *v = env("AWS_ENDPOINT_URL_S3") ? env("AWS_ENDPOINT_URL_S3")
+                                                : env("AWS_ENDPOINT_URL");
+    snprintf(out, cap, "%s", v && http_is_url(v) ? v : "");
+    size_t n = strlen(out);
+    while (n && out[n - 1] == '/')
+        out[--n] = 0;
+}
+
+/* The credentials, in the SDKs' order (s3.h); 1 when found. */
+static int credentials(http_sigv4 *out)
+{
+    const char *id = env("AWS_ACCESS_KEY_ID"), *secret = env("AWS_SECRET_ACCESS_KEY");
+    if (id && secret) {
+        snprintf(out->access_key, sizeof out->access_key, "%s", id);
+        snprintf(out->secret_key, sizeof out->secret_key, "%s", secret);
+        snprintf(out->session_token, sizeof out->session_token, "%s",
+                 env("AWS_SESSION_TOKEN") ? env("AWS_SESSION_TOKEN") : "");
+        return 1;
+    }
+    char path[4096];
+    const char *profile = env("AWS_PROFILE") ? env("AWS_PROFILE") : "default";
+    if (shared_file("AWS_SHARED_CREDENTIALS_FILE", "credentials", path, sizeof path) == 0 &&
+        ini_value(path, profile, "aws_access_key_id", out->access_key, sizeof out->access_key) &&
+        ini_value(path, profile, "aws_secret_access_key", out->secret_key,
+                  sizeof out->secret_key)) {
+        if (!ini_value(path, profile, "aws_session_token", out->session_token,
+                       sizeof out->session_token))
+            out->session_token[0] = 0;
+        return 1;
+    }
+    if (config_value("aws_access_key_id", out->access_key, sizeof out->access_key) &&
+        config_value("aws_secret_access_key", out->secret_key, sizeof out->secret_key)) {
+        if (!config_value("aws_session_token", out->session_token, sizeof out->session_token))
+            out->session_token[0] = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* --- URLs -------------------------------------------------------------------------------------- */
+
+/* s with every byte but RFC 3986's unreserved ones (and '/' when keep_slash) as %XX, appended
+ * to out at *at (cap bytes); 0, or -1 when it does not fit. */
+static int encode(const char *s, int keep_slash, char *out, size_t cap, size_t *at)
+{
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        int plain = (*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') ||
+                    (*c >= '0' && *c <= '9') || strchr("-._~", *c) || (keep_slash && *c == '/');
+        int n = plain ? snprintf(out + *at, cap - *at, "%c", *c)
+                      : snprintf(out + *at, cap - *at, "%%%02X", *c);
+        if (n < 0 || (size_t)n >= cap - *at)
+            return -1;
+        *at += (size_t)n;
+    }
+    return 0;
+}
+
+/* The URL of the bucket's root ("https://B.s3.R.amazonaws.com/", "{endpoint}/B/") into out. */
+static int bucket_url(const char *bucket, char *out, size_t cap)
+{
+    char endpoint[2048], region[64];
+    custom_endpoint(endpoint, sizeof endpoint);
+    region_of(region, sizeof region);
+    int n = endpoint[0] ? snprintf(out, cap, "%s/%s/", endpoint, bucket)
+            : strchr(bucket, '.') ? snprintf(out, cap, "https://s3.%s.amazonaws.com/%s/", region,
+                                             bucket)
+                                  : snprintf(out, cap, "https://%s.s3.%s.amazonaws.com/", bucket,
+                                             region);
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+char *s3_object_url(const char *bucket, const char *key)
+{
+    char url[8192];
+    size_t at;
+    if (bucket_url(bucket, url, sizeof url) != 0)
+        return NULL;
+    at = strlen(url);
+    return encode(key, 1, url, sizeof url, &at) == 0 ? strdup(url) : NULL;
+}
+
+/* Whether host (len bytes) is one of AWS's S3 hosts for region: s3.R.amazonaws.com or
+ * B.s3.R.amazonaws.com. */
+static int aws_s3_host(const char *host, size_t len, const char *region)
+{
+    char suffix[128];
+    int n = snprintf(suffix, sizeof suffix, "s3.%s.amazonaws.com", region);
+    size_t s = (size_t)n;
+    return n > 0 && len >= s && strncasecmp(host + len - s, suffix, s) == 0 &&
+           (len == s || host[len - s - 1] == '.');
+}
+
+int s3_sign_for(const char *url, http_sigv4 *out)
+{
+    char endpoint[2048];
+    *out = (http_sigv4){0};
+    custom_endpoint(endpoint, sizeof endpoint);
+    region_of(out->region, sizeof out->region);
+    const char *host = strstr(url, "://");
+    host = host ? host + 3 : url;
+    size_t len = strcspn(host, ":/?#");
+    int ours = endpoint[0] ? http_same_origin(url, endpoint)
+                           : strncasecmp(url, "https://", 8) == 0 &&
+                                 aws_s3_host(host, len, out->region);
+    if (ours && credentials(out))
+        return 1;
+    memset(out, 0, sizeof *out);
+    return 0;
+}
+
+/* --- listings ---------------------------------------------------------------------------- */
+
+/* The text between <tag> and </tag> after *at in xml (its bytes at *text, *len), *at moved past
+ * it; 0 when there is none. */
+static int next_element(const char **at, const char *tag, const char **text, size_t *len)
+{
+    char open[64], close[64];
+    snprintf(open, sizeof open, "<%s>", tag);
+    snprintf(close, sizeof close, "</%s>", tag);
+    const char *a = strstr(*at, open), *b = a ? strstr(a + strlen(open), close) : NULL;
+    if (!b)
+        return 0;
+    *text = a + strlen(open);
+    *len = (size_t)(b - *text);
+    *at = b + strlen(close);
+    return 1;
+}
+
+/* XML's five entities and numeric references below 0x80 decoded from text (len bytes): a
+ * malloc'ed string, or NULL (out of memory, or a reference it cannot decode). */
+static char *xml_text(const char *text, size_t len)
+{
+    static const struct { const char *ent; char c; } ents[] = {
+        {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+    char *out = malloc(len + 1);
+    size_t k = 0;
+    for (size_t i = 0; out && i < len;) {
+        if (text[i] != '&') {
+            out[k++] = text[i++];
+            continue;
+        }
+        size_t e = 0;
+        while (e < 5 && strncmp(text + i, ents[e].ent, strlen(ents[e].ent)) != 0)
+            e++;
+        unsigned v = 0;
+        int used = 0;
+        if (e < 5) {
+            out[k++] = ents[e].c;
+            i += strlen(ents[e].ent);
+        } else if (sscanf(text + i, "&#%u;%n", &v, &used) == 1 && used && v > 0 && v < 0x80) {
+            out[k++] = (char)v;
+            i += (size_t)used;
+        } else {
+            free(out);
+            return NULL;
+        }
+    }
+    if (out)
+        out[k] = 0;
+    return out;
+}
+
+int s3_parse_listing(const char *xml, const char *prefix, char ***names, size_t *n,
+                     char **token, const char *what, ck_error *err)
+{
+    const char *at = xml, *text, *key;
+    size_t len, klen, plen = strlen(prefix);
+    *token = NULL;
+    if (!strstr(xml, "<ListBucketResult"))
+        return ck_fail(err, what, "the answer is no ListObjectsV2 result");
+    while (next_element(&at, "Contents", &text, &len)) {
+        const char *inner = text;
+        char *name = next_element(&inner, "Key", &key, &klen) && inner <= text + len
+                         ? xml_text(key, klen) : NULL;
+        if (!name)
+            return ck_fail(err, what, "a listed object has no key it can read");
+        char **grown = realloc(*names, (*n + 1) * sizeof **names);
+        if (!grown || strncmp(name, prefix, plen) != 0 || !name[plen] ||
+            strchr(name + plen, '/')) { /* not directly under the prefix: not ours */
+            free(name);
+            if (!grown)
+                return ck_fail(err, what, "out of memory");
+            *names = grown;
+            continue;
+        }
+        memmove(name, name + plen, strlen(name + plen) + 1);
+        *names = grown;
+        (*names)[(*n)++] = name;
+    }
+    const char *tail = xml;
+    if (next_element(&tail, "IsTruncated", &text, &len) && len == 4 &&
+        strncmp(text, "true", 4) == 0) {
+        tail = xml;
+        if (!next_element(&tail, "NextContinuationToken", &text, &len) ||
+            !(*token = xml_text(text, len)) || !**token)
+            return free(*token), *token = NULL,
+                   ck_fail(err, what, "a truncated listing without a continuation token");
+    }
+    return 0;
+}
+
+/* Every object name directly under r's prefix, listed page by page through c. */
+static int list_prefix(const http_client *c, const s3_ref *r, const char *loc, char ***names,
+                       size_t *n, ck_error *err)
+{
+    char *token = NULL, url[16384];
+    int rc = 0;
+    for (unsigned page = 0; rc == 0; page++) {
+        size_t at;
+        if (page == S3_MAX_PAGES) {
+            rc = ck_fail(err, loc, "lists more than %d pages of objects", S3_MAX_PAGES);
+            break;
+        }
+        if (bucket_url(r->bucket, url, sizeof url) != 0) {
+            rc = ck_fail(err, loc, "the bucket's URL is too long");
+            break;
+        }
+        at = strlen(url);
+        int n1 = snprintf(url + at, sizeof url - at, "?list-type=2&delimiter=%%2F&prefix=");
+        at += n1 > 0 ? (size_t)n1 : 0;
+        if (encode(r->key, 0, url, sizeof url, &at) != 0 ||
+            (token && (snprintf(url + at, sizeof url - at, "&continuation-token=") < 0 ||
+                       (at = strlen(url), encode(token, 0, url, sizeof url, &at) != 0)))) {
+            rc = ck_fail(err, loc, "the listing's URL is too long");
+            break;
+        }
+        free(token);
+        token = NULL;
+        char *body = NULL;
+        size_t len;
+        rc = http_get(c, url, S3_MAX_LISTING, &body, &len, err);
+        if (rc == 0)
+            rc = s3_parse_listing(body, r->key, names, n, &token, loc, err);
+        free(body);
+        if (rc == 0 && !token)
+            break;
+    }
+    free(token);
+    return rc;
+}
+
+int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck_error *err)
+{
+    s3_ref r;
+    *t = (hub_target){0};
+    *dcp = 0;
+    if (s3_parse(loc, &r, err))
+        return -1;
+    size_t klen = strlen(r.key);
+    if (klen && r.key[klen - 1] != '/') { /* one object */
+        t->url = s3_object_url(r.bucket, r.key);
+        return t->url ? 0 : ck_fail(err, loc, "out of memory");
+    }
+    char **names = NULL;
+    size_t n = 0, *picked = NULL;
+    int rc = list_prefix(c, &r, loc, &names, &n, err), m = -1;
+    for (size_t i = 0; rc == 0 && i < n && !*dcp; i++)
+        *dcp = strcmp(names[i], DCP_METADATA_NAME) == 0;
+    char key[sizeof r.key + 64];
+    if (rc == 0 && *dcp) {
+        snprintf(key, sizeof key, "%s" DCP_METADATA_NAME, r.key);
+        t->url = s3_object_url(r.bucket, key);
+        m = t->url ? 1 : ck_fail(err, loc, "out of memory");
+    } else if (rc == 0 && (picked = malloc((n ? n : 1) * sizeof *picked))) {
+        char where[sizeof r.bucket + sizeof r.key + 8];
+        snprintf(where, sizeof where, "s3://%s/%s", r.bucket, r.key);
+        m = hub_pick((const char *const *)names, n, picked, where, err);
+        if (m == 0)
+            m = ck_fail(err, loc, "holds no checkpoint file");
+        if (m > 0) {
+            snprintf(key, sizeof key, "%s%s", r.key, names[picked[0]]);
+            t->url = s3_object_url(r.bucket, key);
+        }
+        t->shards = m > 1 ? calloc((size_t)m, sizeof *t->shards) : NULL;
+        for (int i = 0; m > 1 && t->shards && i < m; i++)
+            if ((t->shards[i] = strdup(names[picked[i]])))
+                t->nshards++;
+        if (m > 0 && (!t->url || (m > 1 && t->nshards != (size_t)m)))
+            m = ck_fail(err, loc, "out of memory");
+    } else if (rc == 0) {
+        m = ck_fail(err, loc, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    free(picked);
+    if (m < 0)
+        hub_target_free(t);
+    return m < 0 ? -1 : 0;
+}

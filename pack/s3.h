@@ -1,0 +1,65 @@
+/* s3.h — s3:// sources: objects of a bucket on AWS S3 or an S3-compatible store, read as URLs
+ * of its API with requests signed by libcurl (AWS Signature Version 4).
+ *
+ * Contract:
+ *  - s3://BUCKET/KEY is one checkpoint file; s3://BUCKET/PREFIX/ (or s3://BUCKET) a directory:
+ *    its objects directly under PREFIX, listed with ListObjectsV2 (paginated, at most
+ *    S3_MAX_PAGES pages), opened as the Hub's are: model.safetensors.index.json if present,
+ *    else the *.safetensors (one, or all as shards), else the one checkpoint file; a DCP
+ *    checkpoint when a .metadata is there.
+ *  - The endpoint is AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (an S3-compatible store:
+ *    path-style addressing, {endpoint}/BUCKET/KEY), else AWS's for the region
+ *    (https://BUCKET.s3.REGION.amazonaws.com/KEY, virtual-hosted; path-style when BUCKET has a
+ *    '.'). The region is AWS_REGION, else AWS_DEFAULT_REGION, else the profile's `region`,
+ *    else us-east-1.
+ *  - Credentials, in the AWS SDKs' order: the environment (AWS_ACCESS_KEY_ID,
+ *    AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), then the shared files for AWS_PROFILE (else
+ *    "default"): AWS_SHARED_CREDENTIALS_FILE (else ~/.aws/credentials), then AWS_CONFIG_FILE
+ *    (else ~/.aws/config, section "profile NAME"). They are read again for each request, so
+ *    refreshed files are picked up; none found: requests go unsigned (a public bucket). They
+ *    go only to the endpoint's origin (the transport's sign_for), never into a message.
+ *  - Names are checked: a bucket of 3 to 63 [a-z0-9.-]; a key without "." or ".." segments or
+ *    empty ones inside it.
+ */
+#ifndef CK_S3_H
+#define CK_S3_H
+
+#include <stddef.h>
+
+#include "error.h"
+#include "http_request.h"
+#include "hub.h"
+
+#define S3_MAX_PAGES 100 /* of a listing: 100,000 keys at S3's 1,000 a page */
+
+typedef struct s3_ref {
+    char bucket[64];
+    char key[1024]; /* "" or ending in '/': a prefix */
+} s3_ref;
+
+/* Whether loc is an s3:// location. */
+int s3_is_url(const char *loc);
+
+/* Parses an s3:// location. 0, or -1 with err set. */
+int s3_parse(const char *loc, s3_ref *r, ck_error *err);
+
+/* The URL of key in bucket (malloc'ed; the key percent-encoded but for '/'), or NULL. */
+char *s3_object_url(const char *bucket, const char *key);
+
+/* The transport's sign_for (http_request.h): fills *out with the credentials and region when
+ * url is on the S3 endpoint's origin and credentials are found; 1 then, else 0. */
+int s3_sign_for(const char *url, http_sigv4 *out);
+
+/* The object names directly under prefix in xml (a ListObjectsV2 page): appended to *names
+ * (*n of them, malloc'ed, the prefix cut off), and whether the listing goes on (*token, the
+ * NextContinuationToken, malloc'ed, else NULL). 0, or -1 with err set (what: the listing's URL
+ * as shown). */
+int s3_parse_listing(const char *xml, const char *prefix, char ***names, size_t *n,
+                     char **token, const char *what, ck_error *err);
+
+/* What loc resolves to, as for hf:// (hub_target): the file to open, or the first shard's URL
+ * and every shard's name, or the DCP checkpoint's .metadata URL in url alone with dcp set.
+ * 0, or -1 with err set and *t empty. */
+int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck_error *err);
+
+#endif
