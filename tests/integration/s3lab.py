@@ -14,16 +14,18 @@ Contract:
     virtual-host addressing is not available).
   * `requests()` reads radosgw's ops log: one JSON object per request radosgw authenticated
     (operation, uri = "METHOD /path HTTP/1.1", http_status, error_code, bytes_sent,
-    bytes_received, object_size, and http_x_headers: the Range and If-Match it was sent).
-    `access()` reads the beast frontend's access lines from radosgw's log: every request,
-    rejected ones too (method, uri, status, bytes, range).
+    bytes_received, object_size, and http_x_headers: the Range, If-Match and
+    x-amz-content-sha256 it was sent). A request refused for its signature is not in it; a
+    query string is in its uri twice ("GET /b?list-type=2?list-type=2 HTTP/1.1": radosgw 16's
+    way). `access()` reads the beast frontend's access lines from radosgw's log: every request,
+    rejected ones too (method, uri with its query, status, bytes: body bytes sent plus
+    received, range).
   * Nothing here knows what ckptfs does: the logs are the server's account of what was asked.
 """
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -74,6 +76,10 @@ osd crush chooseleaf type = 0
 mon allow pool size one = true
 mon warn on pool no redundancy = false
 mon max pg per osd = 1000
+# The monitor commits each change (a pool, an OSD booting) 1 s after it is proposed by
+# default: radosgw's first start makes a handful of pools, one after another.
+paxos propose interval = 0.05
+paxos min wait = 0.01
 # A nearly full disk on the test machine must not stop the monitor.
 mon data avail warn = 1
 mon data avail crit = 0
@@ -347,21 +353,26 @@ class S3Server:
         except FileNotFoundError:
             return []
 
-    def _settled(self, read, settle, timeout):
+    def _settled(self, read, settle, timeout, size=len):
+        """read() once it has not grown for `settle` seconds (or `timeout` passed)."""
         deadline = time.monotonic() + timeout
         items = read()
         while time.monotonic() < deadline:
             time.sleep(settle)
             again = read()
-            if len(again) == len(items):
+            if size(again) == size(items):
                 break
             items = again
         return items
 
-    def mark(self):
+    def mark(self, settle=0.3, timeout=10):
         """A position in the logs: requests(since=mark) and access(since=mark) are those
-        logged after it."""
-        return (len(self._ops()), len(self._access()))
+        logged after it. radosgw logs a request just after its client saw the answer: this
+        waits until neither log has grown for `settle` seconds (at most `timeout`), so that
+        what came before is before the mark."""
+        both = self._settled(lambda: (self._ops(), self._access()), settle, timeout,
+                             size=lambda b: (len(b[0]), len(b[1])))
+        return (len(both[0]), len(both[1]))
 
     def _ops(self):
         out = []
@@ -372,10 +383,10 @@ class S3Server:
                 break
         return out
 
-    def requests(self, since=(0, 0), settle=0.5, timeout=10):
+    def requests(self, since=(0, 0), settle=0.3, timeout=10):
         """radosgw's ops log (dicts, oldest first) after `since` (a mark()): the requests it
-        authenticated. radosgw writes the file from a buffer: this waits until it has not grown
-        for `settle` seconds (at most `timeout`)."""
+        authenticated. This waits until the log has not grown for `settle` seconds (at most
+        `timeout`): radosgw writes a line just after its client saw the answer."""
         return self._settled(self._ops, settle, timeout)[since[0]:]
 
     _ACCESS = re.compile(r' beast: \S+ (?P<addr>\S+) - (?P<user>\S+) \[[^\]]*\] '
@@ -393,10 +404,10 @@ class S3Server:
                 out.append(r)
         return out
 
-    def access(self, since=(0, 0), settle=0.5, timeout=10):
+    def access(self, since=(0, 0), settle=0.3, timeout=10):
         """The beast frontend's access lines after `since` (a mark()): every request, with
-        method, uri, status, bytes (the body radosgw sent), range and user ("-": none
-        authenticated)."""
+        method, uri, status, bytes (body bytes sent plus received), range and user ("-": none
+        authenticated, "anonymous": unsigned)."""
         return self._settled(self._access, settle, timeout)[since[1]:]
 
     def daemon_rss_kib(self):

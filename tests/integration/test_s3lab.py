@@ -4,12 +4,14 @@ SigV4 (`--aws-sigv4`), objects are uploaded by boto3: neither is ckptfs's code."
 import hashlib
 import os
 import random
+import subprocess
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
 import s3lab
+from netlab import plain_env
 
 MiB = 1 << 20
 BUCKET = "s3lab-smoke"
@@ -189,8 +191,9 @@ def test_error_bodies(s3server, bucket, big):
     # The payload hash may also be UNSIGNED-PAYLOAD.
     assert s3server.get(url, "-r", "0-0", payload_sha256="UNSIGNED-PAYLOAD").status == 206
     # Unsigned: anonymous, and the object is private.
-    r = s3lab.Response(s3lab.subprocess.run(["curl", "-sS", "--max-time", "30", "-D", "-", url],
-                                            capture_output=True, timeout=40).stdout)
+    p = subprocess.run(["curl", "-sS", "--max-time", "30", "-D", "-", url],
+                       capture_output=True, timeout=40, env=plain_env())
+    r = s3lab.Response(p.stdout)
     assert (r.status, r.error_code()) == (403, "AccessDenied")
 
 
