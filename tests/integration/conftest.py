@@ -115,3 +115,17 @@ def corpus():
     if not d.is_dir():
         pytest.fail(f"{d} (the real-checkpoint corpus) is missing")
     return d
+
+
+@pytest.fixture(scope="session")
+def s3server(tmp_path_factory):
+    """radosgw on a one-node Ceph cluster of its own (s3lab.S3Server), shared by the session's
+    S3 tests, since it takes seconds to start. Stopped at the end of the session; a daemon of
+    it still running after that, or its directory left behind, fails the session."""
+    import s3lab
+    with s3lab.S3Server(tmp_path_factory.mktemp("s3")) as s3:
+        pids, d = s3.pids(), s3.dir
+        yield s3
+    alive = [f"{name} ({pid})" for name, pid in pids.items() if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"s3lab daemons outlived their server: {alive}"
+    assert not d.exists(), f"{d} was left behind"
