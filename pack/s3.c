@@ -365,12 +365,17 @@ static int list_prefix(const http_client *c, const s3_ref *r, const char *loc, c
             rc = ck_fail(err, loc, "the bucket's URL is too long");
             break;
         }
+        /* The query in SigV4's canonical form (names sorted, values encoded): libcurl signs
+         * it as written. */
         at = strlen(url);
-        int n1 = snprintf(url + at, sizeof url - at, "?list-type=2&delimiter=%%2F&prefix=");
-        at += n1 > 0 ? (size_t)n1 : 0;
-        if (encode(r->key, 0, url, sizeof url, &at) != 0 ||
-            (token && (snprintf(url + at, sizeof url - at, "&continuation-token=") < 0 ||
-                       (at = strlen(url), encode(token, 0, url, sizeof url, &at) != 0)))) {
+        int fits = snprintf(url + at, sizeof url - at, "?%s", token ? "continuation-token=" : "")
+                   > 0;
+        at = strlen(url);
+        fits = fits && (!token || encode(token, 0, url, sizeof url, &at) == 0) &&
+               snprintf(url + at, sizeof url - at, "%sdelimiter=%%2F&list-type=2&prefix=",
+                        token ? "&" : "") > 0;
+        at = strlen(url);
+        if (!fits || encode(r->key, 0, url, sizeof url, &at) != 0) {
             rc = ck_fail(err, loc, "the listing's URL is too long");
             break;
         }
