@@ -270,11 +270,13 @@ static void error_status(const reply *r, char *out, size_t cap)
 
 /* Performs one request on h for url, with headers hs, signed with sig when not NULL; the reply
  * in *r. */
-static CURLcode perform(CURL *h, const char *url, struct curl_slist *hs, reply *r, double left,
-                        const char *cacert, const http_sigv4 *sig)
+static CURLcode perform(CURL *h, const char *url, const char *method, struct curl_slist *hs,
+                        reply *r, double left, const char *cacert, const http_sigv4 *sig)
 {
     cu.easy_reset(h);
     cu.easy_setopt(h, CURLOPT_URL, url);
+    if (method)
+        cu.easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     cu.easy_setopt(h, CURLOPT_HTTPHEADER, hs);
     cu.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L); /* followed here, without Authorization */
     cu.easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -360,11 +362,13 @@ typedef struct request {
     const http_client *client;
     http_target *o;
     const char *url;          /* the object's URL */
+    const char *method;       /* NULL: GET */
+    const char *const *extra; /* more headers, NULL-terminated, or NULL */
     uint64_t first, last;     /* the range; last < first: the whole document */
     int opening;              /* no validator yet: learn it */
     unsigned tries;           /* attempts at most; 0: HTTP_TRIES or CKPTFS_HTTP_TRIES */
     reply r;
-    char msg[256];            /* why it failed */
+    char msg[700];            /* why it failed (a credential endpoint's message inside) */
     int err;                  /* -errno when it failed */
 } request;
 
@@ -426,6 +430,8 @@ static struct curl_slist *headers(const request *q, const char *url, const http_
             free(t);
         }
     }
+    for (const char *const *x = q->extra; x && *x; x++)
+        hs = cu.slist_append(hs, *x);
     hs = cu.slist_append(hs, "Accept-Encoding: identity");
     return hs;
 }
@@ -480,11 +486,16 @@ static enum outcome attempt(request *q, CURL *h, double left)
             break;
         }
         http_sigv4 sig;
-        int signed_here = q->client->sign_for && http_same_origin(url, q->url) &&
-                          q->client->sign_for(q->url, &sig) == 1;
+        int how = q->client->sign_for && http_same_origin(url, q->url)
+                      ? q->client->sign_for(q->url, &sig) : 0, signed_here = how == 1;
+        if (how < 0) {
+            out = fail(q, -EACCES, "%s", sig.error);
+            memset(&sig, 0, sizeof sig);
+            break;
+        }
         struct curl_slist *hs = headers(q, url, signed_here ? &sig : NULL);
         q->r = (reply){.dst = q->r.dst, .cap = q->r.cap, .grow = q->r.grow};
-        CURLcode c = perform(h, url, hs, &q->r, left, q->client->cacert,
+        CURLcode c = perform(h, url, q->method, hs, &q->r, left, q->client->cacert,
                              signed_here ? &sig : NULL);
         wipe_headers(hs);
         memset(&sig, 0, sizeof sig);
@@ -698,13 +709,20 @@ void http_target_stats(const http_target *t, uint64_t *requests, uint64_t *bytes
 int http_get(const http_client *c, const char *url, size_t max, char **body, size_t *len,
              ck_error *err)
 {
+    return http_request_doc(c, NULL, url, NULL, max, body, len, err);
+}
+
+int http_request_doc(const http_client *c, const char *method, const char *url,
+                     const char *const *headers, size_t max, char **body, size_t *len,
+                     ck_error *err)
+{
     char shown[1024];
     ck_location_shown(url, shown, sizeof shown);
     *body = NULL;
     if (have_curl(shown, err))
         return -1;
-    request q = {.client = c, .url = url, .first = 1, .last = 0,
-                 .r = {.grow = body, .cap = max}};
+    request q = {.client = c, .url = url, .method = method, .extra = headers, .first = 1,
+                 .last = 0, .r = {.grow = body, .cap = max}};
     if (run(&q) != 0) {
         free(*body);
         *body = NULL;

@@ -51,11 +51,14 @@ typedef struct http_sigv4 {
     char secret_key[256];
     char session_token[4096]; /* "" for long-term keys */
     char region[64];
+    char error[640];          /* why, when sign_for returns -1 */
 } http_sigv4;
 
 /* Where a request finds how to sign: fn(url, out) fills *out and returns 1 when requests to
- * url's origin are signed, 0 when they go unsigned. The transport wipes *out after use, and
- * signs only requests to the origin of the URL it was asked for (never a redirect's). */
+ * url's origin are signed, 0 when they go unsigned, -1 when credentials should be there and
+ * could not be had (out->error says why: the request fails with it). The transport wipes *out
+ * after use, and signs only requests to the origin of the URL it was asked for (never a
+ * redirect's). */
 typedef int (*http_sign_fn)(const char *url, http_sigv4 *out);
 
 /* How requests are made: each may be NULL (the system store; no token; unsigned). Borrowed. */
@@ -95,6 +98,11 @@ void http_target_stats(const http_target *t, uint64_t *requests, uint64_t *bytes
  * *body (malloc'ed, NUL-terminated, *len bytes). 0, or -1 with err set. */
 int http_get(const http_client *c, const char *url, size_t max, char **body, size_t *len,
              ck_error *err);
+/* The same with method ("GET", or "PUT" without a body) and headers (NULL-terminated "Name:
+ * value" lines, or NULL), for the credential endpoints (s3.c). Headers are wiped after use. */
+int http_request_doc(const http_client *c, const char *method, const char *url,
+                     const char *const *headers, size_t max, char **body, size_t *len,
+                     ck_error *err);
 
 /* --- the pieces, for tests ---------------------------------------------------------------- */
 

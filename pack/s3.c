@@ -2,14 +2,21 @@
 #include "s3.h"
 #include "location.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #define S3_MAX_LISTING (8u << 20) /* one ListObjectsV2 page (1,000 keys of at most 1 KiB) */
 #define S3_MAX_INI (1u << 20)     /* a shared credentials or config file */
 #define DCP_METADATA_NAME ".metadata"
+#define S3_MAX_CREDENTIALS (64u << 10) /* a credential endpoint's answer */
+#define REFRESH_MARGIN_S 300            /* temporary credentials are renewed this early */
 
 int s3_is_url(const char *loc)
 {
@@ -156,7 +163,223 @@ static void custom_endpoint(char *out, size_t cap)
         out[--n] = 0;
 }
 
-/* The credentials, in the SDKs' order (s3.h); 1 when found. */
+static int next_element(const char **at, const char *tag, const char **text, size_t *len);
+static int encode(const char *s, int keep_slash, char *out, size_t cap, size_t *at);
+
+/* --- temporary credentials from an endpoint (web identity through STS, a container's) ------- */
+
+/* Credentials an endpoint gave, kept until REFRESH_MARGIN_S before they expire: every request of
+ * every S3 object in the process shares them, as the AWS SDKs' default chain does, rather than
+ * asking the endpoint once per range read. `source` names where they came from, so that another
+ * configuration (another role, another endpoint) never gets them. */
+static pthread_mutex_t cached_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char source[4096];
+    http_sigv4 creds;
+    time_t expires;
+} cached;
+
+/* An ISO 8601 UTC time as AWS writes it ("2026-11-27T09:00:00Z", fractions allowed), or 0. */
+static time_t aws_time(const char *s)
+{
+    struct tm tm = {0};
+    const char *end = s ? strptime(s, "%Y-%m-%dT%H:%M:%S", &tm) : NULL;
+    return end && (*end == 'Z' || *end == '.') ? timegm(&tm) : 0;
+}
+
+/* A small file's text, trimmed (a token), into a malloc'ed string, or NULL. */
+static char *token_file(const char *path)
+{
+    char *text = path ? read_small(path) : NULL;
+    if (text)
+        memmove(text, trim(text), strlen(trim(text)) + 1);
+    size_t n = text ? strlen(text) : 0;
+    while (n && text[n - 1] == '\n')
+        text[--n] = 0;
+    return text;
+}
+
+/* Whether a container credentials URL may be asked: https anywhere, http only on the loopback
+ * or the link-local addresses ECS and EKS Pod Identity use (as the SDKs allow). */
+static int container_url_allowed(const char *url)
+{
+    static const char *const local[] = {"http://127.", "http://localhost:", "http://localhost/",
+                                        "http://[::1]", "http://169.254.170.2/",
+                                        "http://169.254.170.2:", "http://169.254.170.23/",
+                                        "http://[fd00:ec2::23]"};
+    if (strncasecmp(url, "https://", 8) == 0)
+        return 1;
+    for (size_t i = 0; i < sizeof local / sizeof *local; i++)
+        if (strncasecmp(url, local[i], strlen(local[i])) == 0)
+            return 1;
+    return 0;
+}
+
+/* A container's credentials (ECS, EKS Pod Identity): GET of AWS_CONTAINER_CREDENTIALS_FULL_URI
+ * (else 169.254.170.2 + AWS_CONTAINER_CREDENTIALS_RELATIVE_URI) with the authorization token
+ * of AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE (else AWS_CONTAINER_AUTHORIZATION_TOKEN); JSON
+ * AccessKeyId, SecretAccessKey, Token, Expiration. 1, 0 when not configured, -1 (error set). */
+static int from_container(http_sigv4 *out, time_t *expires, char *source, size_t cap, int fetch)
+{
+    const char *full = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+    const char *rel = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
+    if (!full && !rel)
+        return 0;
+    snprintf(source, cap, "%s%s", full ? "" : "http://169.254.170.2", full ? full : rel);
+    if (!fetch)
+        return 1;
+    if (!container_url_allowed(source))
+        return snprintf(out->error, sizeof out->error, "the container credentials URL is not "
+                        "https, and not on the loopback or ECS's address"), -1;
+    char *token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")
+                      ? token_file(env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))
+                      : env("AWS_CONTAINER_AUTHORIZATION_TOKEN")
+                            ? strdup(env("AWS_CONTAINER_AUTHORIZATION_TOKEN")) : NULL;
+    char *auth = NULL, *body = NULL;
+    const char *headers[2] = {NULL, NULL};
+    if (token && asprintf(&auth, "Authorization: %s", token) > 0)
+        headers[0] = auth;
+    size_t len;
+    ck_error err;
+    int rc = http_request_doc(&(http_client){0}, NULL, source, headers, S3_MAX_CREDENTIALS,
+                              &body, &len, &err);
+    cJSON *doc = rc == 0 ? cJSON_ParseWithLength(body, len) : NULL;
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(doc, "AccessKeyId"),
+                *secret = cJSON_GetObjectItemCaseSensitive(doc, "SecretAccessKey"),
+                *tok = cJSON_GetObjectItemCaseSensitive(doc, "Token"),
+                *exp = cJSON_GetObjectItemCaseSensitive(doc, "Expiration");
+    int ok = cJSON_IsString(id) && cJSON_IsString(secret) &&
+             strlen(id->valuestring) < sizeof out->access_key &&
+             strlen(secret->valuestring) < sizeof out->secret_key &&
+             (!cJSON_IsString(tok) || strlen(tok->valuestring) < sizeof out->session_token);
+    if (ok) {
+        strcpy(out->access_key, id->valuestring);
+        strcpy(out->secret_key, secret->valuestring);
+        strcpy(out->session_token, cJSON_IsString(tok) ? tok->valuestring : "");
+        *expires = cJSON_IsString(exp) ? aws_time(exp->valuestring) : 0;
+    } else {
+        snprintf(out->error, sizeof out->error, "no credentials from the container endpoint: %s",
+                 rc ? err.msg : "its answer has no AccessKeyId and SecretAccessKey");
+    }
+    if (body)
+        memset(body, 0, len);
+    cJSON_Delete(doc);
+    free(body);
+    if (auth)
+        memset(auth, 0, strlen(auth));
+    free(auth);
+    if (token)
+        memset(token, 0, strlen(token));
+    free(token);
+    return ok ? 1 : -1;
+}
+
+/* The text of <tag> in xml into out (cap bytes): 1, or 0 when absent or too long. */
+static int element_text(const char *xml, const char *tag, char *out, size_t cap)
+{
+    const char *at = xml, *text;
+    size_t len;
+    if (!next_element(&at, tag, &text, &len) || len >= cap)
+        return 0;
+    memcpy(out, text, len);
+    out[len] = 0;
+    return 1;
+}
+
+/* EKS's IAM roles for service accounts: the token of AWS_WEB_IDENTITY_TOKEN_FILE exchanged for
+ * AWS_ROLE_ARN's credentials by STS AssumeRoleWithWebIdentity (an unsigned request to
+ * AWS_ENDPOINT_URL_STS, else https://sts.REGION.amazonaws.com). 1, 0 when not configured, -1. */
+static int from_web_identity(http_sigv4 *out, time_t *expires, char *source, size_t cap,
+                             int fetch)
+{
+    const char *file = env("AWS_WEB_IDENTITY_TOKEN_FILE"), *role = env("AWS_ROLE_ARN");
+    if (!file || !role)
+        return 0;
+    char sts[2048], url[16384], session[64];
+    const char *endpoint = env("AWS_ENDPOINT_URL_STS");
+    if (endpoint && http_is_url(endpoint))
+        snprintf(sts, sizeof sts, "%s", endpoint);
+    else
+        snprintf(sts, sizeof sts, "https://sts.%s.amazonaws.com", out->region);
+    size_t n = strlen(sts);
+    while (n && sts[n - 1] == '/')
+        sts[--n] = 0;
+    snprintf(session, sizeof session, "%s",
+             env("AWS_ROLE_SESSION_NAME") ? env("AWS_ROLE_SESSION_NAME") : "ckptfs");
+    snprintf(source, cap, "%s %s %s", sts, role, file);
+    if (!fetch)
+        return 1;
+    char *token = token_file(file), *body = NULL;
+    size_t at = 0, len;
+    int fits = token && snprintf(url, sizeof url, "%s/?Action=AssumeRoleWithWebIdentity"
+                                 "&DurationSeconds=3600&RoleArn=", sts) > 0;
+    at = strlen(url);
+    fits = fits && encode(role, 0, url, sizeof url, &at) == 0 &&
+           snprintf(url + at, sizeof url - at, "&RoleSessionName=") > 0 &&
+           (at = strlen(url), encode(session, 0, url, sizeof url, &at) == 0) &&
+           snprintf(url + at, sizeof url - at, "&Version=2011-06-15&WebIdentityToken=") > 0 &&
+           (at = strlen(url), encode(token, 0, url, sizeof url, &at) == 0);
+    ck_error err;
+    int rc = fits ? http_request_doc(&(http_client){0}, NULL, url, NULL, S3_MAX_CREDENTIALS,
+                                     &body, &len, &err) : -1;
+    char expiration[64];
+    int ok = rc == 0 && element_text(body, "AccessKeyId", out->access_key, sizeof out->access_key) &&
+             element_text(body, "SecretAccessKey", out->secret_key, sizeof out->secret_key) &&
+             element_text(body, "SessionToken", out->session_token, sizeof out->session_token);
+    if (ok)
+        *expires = element_text(body, "Expiration", expiration, sizeof expiration)
+                       ? aws_time(expiration) : 0;
+    else
+        snprintf(out->error, sizeof out->error, "no credentials from STS for %s: %s", role,
+                 !token ? "cannot read AWS_WEB_IDENTITY_TOKEN_FILE"
+                 : rc ? (fits ? err.msg : "the token is too long")
+                      : "its answer has no AccessKeyId, SecretAccessKey and SessionToken");
+    memset(url, 0, sizeof url);
+    if (body)
+        memset(body, 0, len);
+    free(body);
+    if (token)
+        memset(token, 0, strlen(token));
+    free(token);
+    return ok ? 1 : -1;
+}
+
+typedef int (*provider_fn)(http_sigv4 *out, time_t *expires, char *source, size_t cap,
+                           int fetch);
+
+/* Credentials from provider, through the cache (above): 1, 0 (not configured), -1 (error set).
+ * Credentials without an expiration are asked again after NO_EXPIRY_S. */
+static int from_endpoint(provider_fn provider, http_sigv4 *out)
+{
+    enum { NO_EXPIRY_S = 900 };
+    char source[sizeof cached.source] = "";
+    if (!provider(out, NULL, source, sizeof source, 0))
+        return 0;
+    http_sigv4 got = *out; /* the region */
+    time_t expires = 0, now = time(NULL);
+    int rc = 1;
+    pthread_mutex_lock(&cached_lock); /* one fetch, however many threads need credentials */
+    if (strcmp(cached.source, source) != 0 || now >= cached.expires - REFRESH_MARGIN_S) {
+        rc = provider(&got, &expires, source, sizeof source, 1);
+        if (rc == 1) {
+            snprintf(cached.source, sizeof cached.source, "%s", source);
+            cached.creds = got;
+            cached.expires = expires ? expires : now + NO_EXPIRY_S;
+        }
+    }
+    if (rc == 1) {
+        memcpy(out->access_key, cached.creds.access_key, sizeof out->access_key);
+        memcpy(out->secret_key, cached.creds.secret_key, sizeof out->secret_key);
+        memcpy(out->session_token, cached.creds.session_token, sizeof out->session_token);
+    }
+    pthread_mutex_unlock(&cached_lock);
+    if (rc < 0)
+        snprintf(out->error, sizeof out->error, "%s", got.error);
+    memset(&got, 0, sizeof got);
+    return rc;
+}
+
+/* The credentials, in the SDKs' order (s3.h); 1 when found, 0 when none, -1 (error set). */
 static int credentials(http_sigv4 *out)
 {
     const char *id = env("AWS_ACCESS_KEY_ID"), *secret = env("AWS_SECRET_ACCESS_KEY");
@@ -167,6 +390,9 @@ static int credentials(http_sigv4 *out)
                  env("AWS_SESSION_TOKEN") ? env("AWS_SESSION_TOKEN") : "");
         return 1;
     }
+    int rc = from_endpoint(from_web_identity, out);
+    if (rc != 0)
+        return rc;
     char path[4096];
     const char *profile = env("AWS_PROFILE") ? env("AWS_PROFILE") : "default";
     if (shared_file("AWS_SHARED_CREDENTIALS_FILE", "credentials", path, sizeof path) == 0 &&
@@ -184,7 +410,7 @@ static int credentials(http_sigv4 *out)
             out->session_token[0] = 0;
         return 1;
     }
-    return 0;
+    return from_endpoint(from_container, out);
 }
 
 /* --- URLs -------------------------------------------------------------------------------------- */
@@ -252,10 +478,17 @@ int s3_sign_for(const char *url, http_sigv4 *out)
     int ours = endpoint[0] ? http_same_origin(url, endpoint)
                            : strncasecmp(url, "https://", 8) == 0 &&
                                  aws_s3_host(host, len, out->region);
-    if (ours && credentials(out))
-        return 1;
-    memset(out, 0, sizeof *out);
-    return 0;
+    int rc = ours ? credentials(out) : 0;
+    if (rc < 0) {
+        char why[sizeof out->error];
+        memcpy(why, out->error, sizeof why);
+        memset(out, 0, sizeof *out);
+        memcpy(out->error, why, sizeof why);
+        return -1;
+    }
+    if (rc == 0)
+        memset(out, 0, sizeof *out);
+    return rc;
 }
 
 /* --- listings ---------------------------------------------------------------------------- */

@@ -13,11 +13,18 @@
  *    '.'). The region is AWS_REGION, else AWS_DEFAULT_REGION, else the profile's `region`,
  *    else us-east-1.
  *  - Credentials, in the AWS SDKs' order: the environment (AWS_ACCESS_KEY_ID,
- *    AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), then the shared files for AWS_PROFILE (else
+ *    AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN); web identity (AWS_WEB_IDENTITY_TOKEN_FILE and
+ *    AWS_ROLE_ARN, exchanged by STS AssumeRoleWithWebIdentity at AWS_ENDPOINT_URL_STS, else
+ *    https://sts.REGION.amazonaws.com: EKS IRSA); the shared files for AWS_PROFILE (else
  *    "default"): AWS_SHARED_CREDENTIALS_FILE (else ~/.aws/credentials), then AWS_CONFIG_FILE
- *    (else ~/.aws/config, section "profile NAME"). They are read again for each request, so
- *    refreshed files are picked up; none found: requests go unsigned (a public bucket). They
- *    go only to the endpoint's origin (the transport's sign_for), never into a message.
+ *    (else ~/.aws/config, section "profile NAME"); the container endpoint
+ *    (AWS_CONTAINER_CREDENTIALS_FULL_URI, else 169.254.170.2 + ..._RELATIVE_URI, with
+ *    AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or ..._TOKEN: ECS, EKS Pod Identity; http only to
+ *    the loopback or those link-local addresses). The environment and files are read again
+ *    for each request (refreshed files are picked up); an endpoint's temporary credentials
+ *    are kept, process-wide, until REFRESH_MARGIN_S before they expire, then asked again.
+ *    None found: requests go unsigned (a public bucket). They go only to the endpoint's origin
+ *    (the transport's sign_for), never into a message. Not yet: EC2 instance metadata.
  *  - Names are checked: a bucket of 3 to 63 [a-z0-9.-]; a key without "." or ".." segments or
  *    empty ones inside it.
  */

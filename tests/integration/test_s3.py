@@ -160,3 +160,101 @@ def test_a_changed_object_is_an_error_never_a_mix(s3, mount, monkeypatch):
         s3.put(BUCKET, key, bytes(data))
         with pytest.raises(OSError):
             Path(m / path).read_bytes()
+
+
+class CredentialEndpoint:
+    """A loopback server in the wire formats AWS documents for credential providers: the
+    container endpoint's JSON (ECS, EKS Pod Identity) and STS AssumeRoleWithWebIdentity's XML,
+    handing out the S3 server's keys; it records every request (path, query, headers)."""
+
+    def __init__(self, s3, kind):
+        import http.server
+        import threading
+        import urllib.parse
+        self.requests, self.kind = [], kind
+        keys = (s3.access_key, s3.secret_key)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                url = urllib.parse.urlsplit(self.path)
+                outer.requests.append({"path": url.path,
+                                       "query": dict(urllib.parse.parse_qsl(url.query)),
+                                       "headers": dict(self.headers)})
+                if outer.kind == "container":
+                    body = json.dumps({"AccessKeyId": keys[0], "SecretAccessKey": keys[1],
+                                       "Token": "container-session-token",
+                                       "Expiration": "2099-01-01T00:00:00Z"}).encode()
+                else:
+                    body = ("<AssumeRoleWithWebIdentityResponse xmlns=\"https://sts.amazonaws.com"
+                            "/doc/2011-06-15/\"><AssumeRoleWithWebIdentityResult><Credentials>"
+                            f"<AccessKeyId>{keys[0]}</AccessKeyId>"
+                            f"<SecretAccessKey>{keys[1]}</SecretAccessKey>"
+                            "<SessionToken>sts-session-token</SessionToken>"
+                            "<Expiration>2099-01-01T00:00:00Z</Expiration></Credentials>"
+                            "</AssumeRoleWithWebIdentityResult>"
+                            "</AssumeRoleWithWebIdentityResponse>").encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(params=["container", "web_identity"])
+def provider(request, s3, tmp_path):
+    ep = CredentialEndpoint(s3, request.param)
+    if request.param == "container":
+        token = tmp_path / "token"
+        token.write_text("pod-identity-token\n")
+        over = {"AWS_CONTAINER_CREDENTIALS_FULL_URI": ep.url + "/v1/credentials",
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token)}
+    else:
+        jwt = tmp_path / "jwt"
+        jwt.write_text("eyJhbGciOi.service-account.token")
+        over = {"AWS_WEB_IDENTITY_TOKEN_FILE": str(jwt),
+                "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/reader",
+                "AWS_ENDPOINT_URL_STS": ep.url}
+    yield ep, dict(over, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None)
+    ep.close()
+
+
+def test_temporary_credentials_from_an_endpoint(s3, provider):
+    """The container endpoint (with its authorization token) and STS web identity, in AWS's
+    wire formats: the S3 server accepts what they hand out, and one process asks once for all
+    its requests (the credentials are kept until shortly before they expire)."""
+    ep, over = provider
+    loc = f"s3://{BUCKET}/one/model.safetensors"
+    tensors = want(s3, "model.safetensors")
+    name, (_, _, data) = max(tensors.items(), key=lambda kv: len(kv[1][2]))
+    p = ckpt(s3, "cat", loc, name, **over)
+    assert p.returncode == 0 and p.stdout == data, p.stderr
+    assert len(ep.requests) == 1, ep.requests
+    r = ep.requests[0]
+    if ep.kind == "container":
+        assert r["path"] == "/v1/credentials"
+        assert r["headers"].get("Authorization") == "pod-identity-token"
+    else:
+        assert r["query"]["Action"] == "AssumeRoleWithWebIdentity"
+        assert r["query"]["RoleArn"] == "arn:aws:iam::123456789012:role/reader"
+        assert r["query"]["WebIdentityToken"] == "eyJhbGciOi.service-account.token"
+        assert r["query"]["Version"] == "2011-06-15"
+        assert "Authorization" not in r["headers"]
+
+
+def test_a_credential_endpoint_that_fails_is_said(s3, tmp_path):
+    over = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://10.1.2.3/creds"}
+    p = ckpt(s3, "ls", f"s3://{BUCKET}/one/model.safetensors", **over)
+    assert p.returncode == 1 and p.stderr.count(b"\n") == 1, p.stderr
+    assert b"container credentials URL" in p.stderr, p.stderr
