@@ -143,6 +143,8 @@ def test_errors_say_s3s_code_in_one_line(s3, loc, over, says):
     line = p.stderr.decode()
     assert line.count("\n") == 1 and line.startswith("ckpt: ") and says in line, line
     assert s3.secret_key not in line and "not-the-secret" not in line
+    if not loc.endswith("/"):  # the object as it was named, not its API URL
+        assert line.startswith(f"ckpt: s3://{BUCKET}/{loc}: "), line
 
 
 def test_a_changed_object_is_an_error_never_a_mix(s3, mount, monkeypatch):
