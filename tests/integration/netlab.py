@@ -318,7 +318,9 @@ class Fault:
     counts the requests it spoiled.
 
     kinds (params):
-      status        code (503), retry_after (None: no header): an error answer with a small body
+      status        code (503), retry_after (None: no header), s3_code (None): an error answer with
+                    a small body; with s3_code, S3's XML error document with that <Code>
+                    (SlowDown, InternalError, ExpiredToken...)
       drop          after (bytes, default half the body): correct headers, part of the body, then
                     a connection reset
       truncate      after: Content-Length says the whole body, `after` bytes come, then a clean close
@@ -594,7 +596,13 @@ class FileServer(_Served):
         p = fault.params
         if fault.kind == "status":
             extra = [("Retry-After", p["retry_after"])] if p.get("retry_after") is not None else []
-            req.simple(p.get("code", 503), b"netlab: scripted failure\n", extra)
+            body = b"netlab: scripted failure\n"
+            if p.get("s3_code"):  # as S3 and radosgw write one (tests/integration/s3lab.py)
+                body = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>' + p["s3_code"]
+                        + "</Code><Message>netlab: scripted</Message><RequestId>netlab"
+                        "</RequestId></Error>").encode()
+                extra.append(("Content-Type", "application/xml"))
+            req.simple(p.get("code", 503), body, extra)
             return True
         if fault.kind == "redirect":
             to = p.get("to") or self.base

@@ -260,3 +260,49 @@ def test_a_credential_endpoint_that_fails_is_said(s3, tmp_path):
     p = ckpt(s3, "ls", f"s3://{BUCKET}/one/model.safetensors", **over)
     assert p.returncode == 1 and p.stderr.count(b"\n") == 1, p.stderr
     assert b"container credentials URL" in p.stderr, p.stderr
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """netlab's fault server as a path-style S3 endpoint (it ignores the signature): its root's
+    BUCKET/model.safetensors is s3://BUCKET/model.safetensors."""
+    root = tmp_path_factory.mktemp("faulty")
+    (root / BUCKET).mkdir()
+    path = write_safetensors(root / BUCKET / "model.safetensors", netlab.sample_tensors())
+    with netlab.FileServer(root) as srv:
+        yield srv, path
+
+
+def faulty_ckpt(srv, *args):
+    env = dict(os.environ, AWS_ENDPOINT_URL=srv.base, AWS_REGION="us-east-1",
+               AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="secret",
+               CKPTFS_HTTP_BUDGET="5")
+    return run([ckpt_bin(), *map(str, args)], timeout=120, env=env)
+
+
+@pytest.mark.parametrize("code,s3_code", [(503, "SlowDown"), (500, "InternalError"),
+                                          (503, "ServiceUnavailable")])
+def test_s3s_transient_faults_are_retried_never_a_wrong_byte(faulty, code, s3_code):
+    srv, path = faulty
+    srv.clear()
+    tensors = library_view(path)[0]
+    name, (_, _, data) = max(tensors.items(), key=lambda kv: len(kv[1][2]))
+    busy = srv.fault("status", code=code, s3_code=s3_code, times=2, methods=("GET",))
+    p = faulty_ckpt(srv, "cat", f"s3://{BUCKET}/model.safetensors", name)
+    assert p.returncode == 0 and p.stdout == data, p.stderr
+    assert busy.hits == 2
+
+
+@pytest.mark.parametrize("code,s3_code,says", [(503, "SlowDown", "503 (SlowDown)"),
+                                               (400, "ExpiredToken", "400 (ExpiredToken)")])
+def test_s3s_lasting_faults_are_said_in_one_line(faulty, code, s3_code, says):
+    """Throttling that never ends gives up within the bounded retries; an expired token is not
+    retried; either says S3's code."""
+    srv, _ = faulty
+    srv.clear()
+    srv.fault("status", code=code, s3_code=s3_code, methods=("GET",))
+    p = faulty_ckpt(srv, "ls", f"s3://{BUCKET}/model.safetensors")
+    assert p.returncode == 1 and p.stdout == b"", p.stderr
+    line = p.stderr.decode()
+    assert line.count("\n") == 1 and says in line, line
+    assert line.startswith(f"ckpt: s3://{BUCKET}/model.safetensors: "), line
