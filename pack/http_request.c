@@ -285,7 +285,8 @@ static CURLcode perform(CURL *h, const char *url, const char *method, struct cur
     cu.easy_setopt(h, CURLOPT_HEADERDATA, r);
     cu.easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     cu.easy_setopt(h, CURLOPT_WRITEDATA, r);
-    cu.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    cu.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, left > 1 && left < 10 ? (long)(left * 1000)
+                                                  : left <= 1 ? 1000L : 10000L);
     cu.easy_setopt(h, CURLOPT_TIMEOUT_MS, left > 1 ? (long)(left * 1000) : 1000L);
     cu.easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L); /* a stalled body: abort, retry */
     cu.easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 10L);
@@ -364,6 +365,7 @@ typedef struct request {
     const char *url;          /* the object's URL */
     const char *method;       /* NULL: GET */
     const char *const *extra; /* more headers, NULL-terminated, or NULL */
+    double budget_s;          /* 0: CKPTFS_HTTP_BUDGET or HTTP_BUDGET_S */
     uint64_t first, last;     /* the range; last < first: the whole document */
     int opening;              /* no validator yet: learn it */
     unsigned tries;           /* attempts at most; 0: HTTP_TRIES or CKPTFS_HTTP_TRIES */
@@ -577,7 +579,8 @@ static unsigned env_unsigned(const char *name, unsigned dflt)
 static int run(request *q)
 {
     unsigned tries = q->tries ? q->tries : env_unsigned("CKPTFS_HTTP_TRIES", HTTP_TRIES);
-    double budget = env_unsigned("CKPTFS_HTTP_BUDGET", (unsigned)HTTP_BUDGET_S);
+    double budget = q->budget_s ? q->budget_s
+                                : env_unsigned("CKPTFS_HTTP_BUDGET", (unsigned)HTTP_BUDGET_S);
     double start = now_s();
     CURL *h = q->o ? take_handle(q->o) : cu.easy_init();
     if (!h) {
@@ -709,20 +712,20 @@ void http_target_stats(const http_target *t, uint64_t *requests, uint64_t *bytes
 int http_get(const http_client *c, const char *url, size_t max, char **body, size_t *len,
              ck_error *err)
 {
-    return http_request_doc(c, NULL, url, NULL, max, body, len, err);
+    return http_request_doc(c, url, &(http_doc_request){0}, max, body, len, err);
 }
 
-int http_request_doc(const http_client *c, const char *method, const char *url,
-                     const char *const *headers, size_t max, char **body, size_t *len,
-                     ck_error *err)
+int http_request_doc(const http_client *c, const char *url, const http_doc_request *how,
+                     size_t max, char **body, size_t *len, ck_error *err)
 {
     char shown[1024];
     ck_location_shown(url, shown, sizeof shown);
     *body = NULL;
     if (have_curl(shown, err))
         return -1;
-    request q = {.client = c, .url = url, .method = method, .extra = headers, .first = 1,
-                 .last = 0, .r = {.grow = body, .cap = max}};
+    request q = {.client = c, .url = url, .method = how->method, .extra = how->headers,
+                 .tries = how->tries, .budget_s = how->budget_s, .first = 1, .last = 0,
+                 .r = {.grow = body, .cap = max}};
     if (run(&q) != 0) {
         free(*body);
         *body = NULL;

@@ -98,11 +98,17 @@ void http_target_stats(const http_target *t, uint64_t *requests, uint64_t *bytes
  * *body (malloc'ed, NUL-terminated, *len bytes). 0, or -1 with err set. */
 int http_get(const http_client *c, const char *url, size_t max, char **body, size_t *len,
              ck_error *err);
-/* The same with method ("GET", or "PUT" without a body) and headers (NULL-terminated "Name:
- * value" lines, or NULL), for the credential endpoints (s3.c). Headers are wiped after use. */
-int http_request_doc(const http_client *c, const char *method, const char *url,
-                     const char *const *headers, size_t max, char **body, size_t *len,
-                     ck_error *err);
+/* How http_request_doc asks: the credential endpoints' ways (s3.c). */
+typedef struct http_doc_request {
+    const char *method;         /* NULL: GET; "PUT": without a body */
+    const char *const *headers; /* "Name: value" lines, NULL-terminated, or NULL */
+    unsigned tries;             /* 0: as configured (HTTP_TRIES) */
+    double budget_s;            /* 0: as configured (HTTP_BUDGET_S); also bounds the connect */
+} http_doc_request;
+
+/* http_get as how says. The transport's copies of the headers are wiped after use. */
+int http_request_doc(const http_client *c, const char *url, const http_doc_request *how,
+                     size_t max, char **body, size_t *len, ck_error *err);
 
 /* --- the pieces, for tests ---------------------------------------------------------------- */
 

@@ -177,6 +177,7 @@ static struct {
     char source[4096];
     http_sigv4 creds;
     time_t expires;
+    int absent; /* the source was asked and had none (instance metadata off EC2) */
 } cached;
 
 /* An ISO 8601 UTC time as AWS writes it ("2026-11-27T09:00:00Z", fractions allowed), or 0. */
@@ -215,6 +216,29 @@ static int container_url_allowed(const char *url)
     return 0;
 }
 
+/* Credentials in the JSON the container endpoint and instance metadata answer with:
+ * AccessKeyId, SecretAccessKey, Token, Expiration. 1, or 0 when they are not there. */
+static int json_credentials(const char *body, size_t len, http_sigv4 *out, time_t *expires)
+{
+    cJSON *doc = cJSON_ParseWithLength(body, len);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(doc, "AccessKeyId"),
+                *secret = cJSON_GetObjectItemCaseSensitive(doc, "SecretAccessKey"),
+                *tok = cJSON_GetObjectItemCaseSensitive(doc, "Token"),
+                *exp = cJSON_GetObjectItemCaseSensitive(doc, "Expiration");
+    int ok = cJSON_IsString(id) && cJSON_IsString(secret) &&
+             strlen(id->valuestring) < sizeof out->access_key &&
+             strlen(secret->valuestring) < sizeof out->secret_key &&
+             (!cJSON_IsString(tok) || strlen(tok->valuestring) < sizeof out->session_token);
+    if (ok) {
+        strcpy(out->access_key, id->valuestring);
+        strcpy(out->secret_key, secret->valuestring);
+        strcpy(out->session_token, cJSON_IsString(tok) ? tok->valuestring : "");
+        *expires = cJSON_IsString(exp) ? aws_time(exp->valuestring) : 0;
+    }
+    cJSON_Delete(doc);
+    return ok;
+}
+
 /* A container's credentials (ECS, EKS Pod Identity): GET of AWS_CONTAINER_CREDENTIALS_FULL_URI
  * (else 169.254.170.2 + AWS_CONTAINER_CREDENTIALS_RELATIVE_URI) with the authorization token
  * of AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE (else AWS_CONTAINER_AUTHORIZATION_TOKEN); JSON
@@ -241,29 +265,14 @@ static int from_container(http_sigv4 *out, time_t *expires, char *source, size_t
         headers[0] = auth;
     size_t len;
     ck_error err;
-    int rc = http_request_doc(&(http_client){0}, NULL, source, headers, S3_MAX_CREDENTIALS,
-                              &body, &len, &err);
-    cJSON *doc = rc == 0 ? cJSON_ParseWithLength(body, len) : NULL;
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(doc, "AccessKeyId"),
-                *secret = cJSON_GetObjectItemCaseSensitive(doc, "SecretAccessKey"),
-                *tok = cJSON_GetObjectItemCaseSensitive(doc, "Token"),
-                *exp = cJSON_GetObjectItemCaseSensitive(doc, "Expiration");
-    int ok = cJSON_IsString(id) && cJSON_IsString(secret) &&
-             strlen(id->valuestring) < sizeof out->access_key &&
-             strlen(secret->valuestring) < sizeof out->secret_key &&
-             (!cJSON_IsString(tok) || strlen(tok->valuestring) < sizeof out->session_token);
-    if (ok) {
-        strcpy(out->access_key, id->valuestring);
-        strcpy(out->secret_key, secret->valuestring);
-        strcpy(out->session_token, cJSON_IsString(tok) ? tok->valuestring : "");
-        *expires = cJSON_IsString(exp) ? aws_time(exp->valuestring) : 0;
-    } else {
+    int rc = http_request_doc(&(http_client){0}, source, &(http_doc_request){.headers = headers},
+                              S3_MAX_CREDENTIALS, &body, &len, &err);
+    int ok = rc == 0 && json_credentials(body, len, out, expires);
+    if (!ok)
         snprintf(out->error, sizeof out->error, "no credentials from the container endpoint: %s",
                  rc ? err.msg : "its answer has no AccessKeyId and SecretAccessKey");
-    }
     if (body)
         memset(body, 0, len);
-    cJSON_Delete(doc);
     free(body);
     if (auth)
         memset(auth, 0, strlen(auth));
@@ -320,8 +329,8 @@ static int from_web_identity(http_sigv4 *out, time_t *expires, char *source, siz
            snprintf(url + at, sizeof url - at, "&Version=2011-06-15&WebIdentityToken=") > 0 &&
            (at = strlen(url), encode(token, 0, url, sizeof url, &at) == 0);
     ck_error err;
-    int rc = fits ? http_request_doc(&(http_client){0}, NULL, url, NULL, S3_MAX_CREDENTIALS,
-                                     &body, &len, &err) : -1;
+    int rc = fits ? http_request_doc(&(http_client){0}, url, &(http_doc_request){0},
+                                     S3_MAX_CREDENTIALS, &body, &len, &err) : -1;
     char expiration[64];
     int ok = rc == 0 && element_text(body, "AccessKeyId", out->access_key, sizeof out->access_key) &&
              element_text(body, "SecretAccessKey", out->secret_key, sizeof out->secret_key) &&
@@ -344,6 +353,64 @@ static int from_web_identity(http_sigv4 *out, time_t *expires, char *source, siz
     return ok ? 1 : -1;
 }
 
+/* EC2 instance metadata, IMDSv2: a session token first (PUT /latest/api/token), then the role
+ * (GET /latest/meta-data/iam/security-credentials/) and its credentials (JSON, as the
+ * container endpoint's), each asked once with a 1 s budget: off EC2 nothing answers, and the
+ * chain ends unsigned without waiting long. AWS_EC2_METADATA_SERVICE_ENDPOINT moves it,
+ * AWS_EC2_METADATA_DISABLED=true turns it off. 1, 0 (off, or nothing answers), -1. */
+static int from_instance_metadata(http_sigv4 *out, time_t *expires, char *source, size_t cap,
+                                  int fetch)
+{
+    const char *off = env("AWS_EC2_METADATA_DISABLED"), *ep =
+        env("AWS_EC2_METADATA_SERVICE_ENDPOINT") ? env("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+                                                 : "http://169.254.169.254";
+    if ((off && strcasecmp(off, "true") == 0) || !http_is_url(ep))
+        return 0;
+    snprintf(source, cap, "%s", ep);
+    size_t n = strlen(source);
+    while (n && source[n - 1] == '/')
+        source[--n] = 0;
+    if (!fetch)
+        return 1;
+    char url[4096], role[256] = "", *token = NULL, *body = NULL, *auth = NULL;
+    size_t len = 0;
+    ck_error err;
+    const char *ttl[] = {"X-aws-ec2-metadata-token-ttl-seconds: 21600", NULL};
+    http_doc_request put = {.method = "PUT", .headers = ttl, .tries = 1, .budget_s = 1};
+    snprintf(url, sizeof url, "%s/latest/api/token", source);
+    if (http_request_doc(&(http_client){0}, url, &put, 4096, &token, &len, &err) != 0)
+        return 0; /* not on EC2 (or IMDS off there): no credentials from here */
+    int rc = -1;
+    if (asprintf(&auth, "X-aws-ec2-metadata-token: %s", trim(token)) > 0) {
+        const char *with[] = {auth, NULL};
+        http_doc_request get = {.headers = with, .tries = 1, .budget_s = 1};
+        snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", source);
+        if (http_request_doc(&(http_client){0}, url, &get, 4096, &body, &len, &err) == 0) {
+            snprintf(role, sizeof role, "%.*s", (int)strcspn(body, "\r\n"), body);
+            free(body);
+            body = NULL;
+            int named = role[0] && strspn(role, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                "0123456789+=,.@_-") == strlen(role);
+            snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/%s", source,
+                     role);
+            rc = named && http_request_doc(&(http_client){0}, url, &get, S3_MAX_CREDENTIALS,
+                                           &body, &len, &err) == 0 &&
+                         json_credentials(body, len, out, expires) ? 1 : -1;
+        }
+        memset(auth, 0, strlen(auth));
+    }
+    if (rc < 0)
+        snprintf(out->error, sizeof out->error, "no credentials from the instance metadata%s%s",
+                 role[0] ? " for role " : "", role);
+    if (body)
+        memset(body, 0, len);
+    free(body);
+    memset(token, 0, strlen(token));
+    free(token);
+    free(auth);
+    return rc;
+}
+
 typedef int (*provider_fn)(http_sigv4 *out, time_t *expires, char *source, size_t cap,
                            int fetch);
 
@@ -361,11 +428,14 @@ static int from_endpoint(provider_fn provider, http_sigv4 *out)
     pthread_mutex_lock(&cached_lock); /* one fetch, however many threads need credentials */
     if (strcmp(cached.source, source) != 0 || now >= cached.expires - REFRESH_MARGIN_S) {
         rc = provider(&got, &expires, source, sizeof source, 1);
-        if (rc == 1) {
+        if (rc >= 0) { /* none is remembered too: asked again only after NO_EXPIRY_S */
             snprintf(cached.source, sizeof cached.source, "%s", source);
             cached.creds = got;
-            cached.expires = expires ? expires : now + NO_EXPIRY_S;
+            cached.expires = rc && expires ? expires : now + NO_EXPIRY_S;
+            cached.absent = rc == 0;
         }
+    } else if (cached.absent) {
+        rc = 0;
     }
     if (rc == 1) {
         memcpy(out->access_key, cached.creds.access_key, sizeof out->access_key);
@@ -410,7 +480,8 @@ static int credentials(http_sigv4 *out)
             out->session_token[0] = 0;
         return 1;
     }
-    return from_endpoint(from_container, out);
+    int rc_container = from_endpoint(from_container, out);
+    return rc_container != 0 ? rc_container : from_endpoint(from_instance_metadata, out);
 }
 
 /* --- URLs -------------------------------------------------------------------------------------- */

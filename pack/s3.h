@@ -24,7 +24,10 @@
  *    for each request (refreshed files are picked up); an endpoint's temporary credentials
  *    are kept, process-wide, until REFRESH_MARGIN_S before they expire, then asked again.
  *    None found: requests go unsigned (a public bucket). They go only to the endpoint's origin
- *    (the transport's sign_for), never into a message. Not yet: EC2 instance metadata.
+ *    (the transport's sign_for), never into a message. Last, EC2 instance metadata (IMDSv2: a
+ *    session token, then the role's credentials; AWS_EC2_METADATA_SERVICE_ENDPOINT,
+ *    AWS_EC2_METADATA_DISABLED), asked with a 1 s budget and, when nothing answers (not on
+ *    EC2), not again for 15 minutes.
  *  - Names are checked: a bucket of 3 to 63 [a-z0-9.-]; a key without "." or ".." segments or
  *    empty ones inside it.
  */

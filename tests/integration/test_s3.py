@@ -48,7 +48,7 @@ def env_for(srv, **over):
     environment unless over says otherwise, a HOME of its own (no stray ~/.aws)."""
     env = dict(os.environ, AWS_ENDPOINT_URL=srv.endpoint, AWS_REGION=srv.region,
                AWS_ACCESS_KEY_ID=srv.access_key, AWS_SECRET_ACCESS_KEY=srv.secret_key,
-               HOME=str(srv.home))
+               HOME=str(srv.home), AWS_EC2_METADATA_DISABLED="true")  # never 169.254.169.254
     for k in ("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
               "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
         env.pop(k, None)
@@ -166,7 +166,8 @@ def test_a_changed_object_is_an_error_never_a_mix(s3, mount, monkeypatch):
 
 class CredentialEndpoint:
     """A loopback server in the wire formats AWS documents for credential providers: the
-    container endpoint's JSON (ECS, EKS Pod Identity) and STS AssumeRoleWithWebIdentity's XML,
+    container endpoint's JSON (ECS, EKS Pod Identity), IMDSv2's token, role and JSON, and STS
+    AssumeRoleWithWebIdentity's XML,
     handing out the S3 server's keys; it records every request (path, query, headers)."""
 
     def __init__(self, s3, kind):
@@ -181,12 +182,33 @@ class CredentialEndpoint:
             def log_message(self, *args):
                 pass
 
+            def answer(self, body, status=200):
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):  # IMDSv2's session token
+                outer.requests.append({"method": "PUT", "path": self.path,
+                                       "headers": dict(self.headers)})
+                ok = self.path == "/latest/api/token" and \
+                    self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                self.answer(b"imds-session-token" if ok else b"", 200 if ok else 400)
+
             def do_GET(self):
                 url = urllib.parse.urlsplit(self.path)
-                outer.requests.append({"path": url.path,
+                outer.requests.append({"method": "GET", "path": url.path,
                                        "query": dict(urllib.parse.parse_qsl(url.query)),
                                        "headers": dict(self.headers)})
-                if outer.kind == "container":
+                if outer.kind == "imds":
+                    if self.headers.get("X-aws-ec2-metadata-token") != "imds-session-token":
+                        return self.answer(b"", 401)
+                    base = "/latest/meta-data/iam/security-credentials/"
+                    if url.path == base:
+                        return self.answer(b"reader-role")
+                    if url.path != base + "reader-role":
+                        return self.answer(b"", 404)
+                if outer.kind in ("container", "imds"):
                     body = json.dumps({"AccessKeyId": keys[0], "SecretAccessKey": keys[1],
                                        "Token": "container-session-token",
                                        "Expiration": "2099-01-01T00:00:00Z"}).encode()
@@ -199,10 +221,7 @@ class CredentialEndpoint:
                             "<Expiration>2099-01-01T00:00:00Z</Expiration></Credentials>"
                             "</AssumeRoleWithWebIdentityResult>"
                             "</AssumeRoleWithWebIdentityResponse>").encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.answer(body)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -213,10 +232,12 @@ class CredentialEndpoint:
         self.server.server_close()
 
 
-@pytest.fixture(params=["container", "web_identity"])
+@pytest.fixture(params=["container", "web_identity", "imds"])
 def provider(request, s3, tmp_path):
     ep = CredentialEndpoint(s3, request.param)
-    if request.param == "container":
+    if request.param == "imds":
+        over = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": ep.url, "AWS_EC2_METADATA_DISABLED": None}
+    elif request.param == "container":
         token = tmp_path / "token"
         token.write_text("pod-identity-token\n")
         over = {"AWS_CONTAINER_CREDENTIALS_FULL_URI": ep.url + "/v1/credentials",
@@ -232,8 +253,8 @@ def provider(request, s3, tmp_path):
 
 
 def test_temporary_credentials_from_an_endpoint(s3, provider):
-    """The container endpoint (with its authorization token) and STS web identity, in AWS's
-    wire formats: the S3 server accepts what they hand out, and one process asks once for all
+    """The container endpoint (with its authorization token), STS web identity and EC2's
+    instance metadata (IMDSv2: a session token first), in AWS's wire formats: the S3 server accepts what they hand out, and one process asks once for all
     its requests (the credentials are kept until shortly before they expire)."""
     ep, over = provider
     loc = f"s3://{BUCKET}/one/model.safetensors"
@@ -241,6 +262,12 @@ def test_temporary_credentials_from_an_endpoint(s3, provider):
     name, (_, _, data) = max(tensors.items(), key=lambda kv: len(kv[1][2]))
     p = ckpt(s3, "cat", loc, name, **over)
     assert p.returncode == 0 and p.stdout == data, p.stderr
+    if ep.kind == "imds":  # a session token, the role, its credentials: once for all reads
+        assert [(r["method"], r["path"]) for r in ep.requests] == [
+            ("PUT", "/latest/api/token"), ("GET", "/latest/meta-data/iam/security-credentials/"),
+            ("GET", "/latest/meta-data/iam/security-credentials/reader-role")], ep.requests
+        assert ep.requests[0]["headers"]["X-aws-ec2-metadata-token-ttl-seconds"] == "21600"
+        return
     assert len(ep.requests) == 1, ep.requests
     r = ep.requests[0]
     if ep.kind == "container":
