@@ -50,6 +50,7 @@ struct ck_opts {
     int auto_unmount;    /* -o auto_unmount given */
     int no_auto_unmount; /* -o noauto_unmount given (mount.fuse.ckptfs: fstab's mounts) */
     int nonempty;        /* -o nonempty: mount over a ckptfs mount, or over SOURCE itself */
+    int anonymous;       /* -o anonymous: s3:// requests unsigned (a public bucket) */
     char *extra;         /* the first argument after MOUNTPOINT: a usage error */
 };
 
@@ -75,6 +76,7 @@ static const struct fuse_opt ck_opt_spec[] = {
     CK_OPT("auto_unmount", auto_unmount),
     CK_OPT("noauto_unmount", no_auto_unmount),
     CK_OPT("nonempty", nonempty),
+    CK_OPT("anonymous", anonymous),
     FUSE_OPT_END,
 };
 
@@ -106,7 +108,9 @@ static void usage(FILE *out, const char *prog)
            "    -o allow_other         let other users in (needs user_allow_other in\n"
            "                           /etc/fuse.conf unless root)\n"
            "    -o nonempty            mount even over a ckptfs mount, or a directory that\n"
-           "                           holds SOURCE (which the mount then hides)\n\n"
+           "                           holds SOURCE (which the mount then hides)\n"
+           "    -o anonymous           s3:// requests unsigned, whatever credentials are\n"
+           "                           around (a public bucket; also CKPTFS_NO_SIGN_REQUEST=1)\n\n"
            "Exit status: 0 mounted, 1 refused or failed, 2 a usage error.\n\n",
            prog);
 }
@@ -689,8 +693,9 @@ int main(int argc, char **argv)
     }
     int auto_unmount = wants_auto_unmount(&o, by_fd);
     watch = watch_unmount(auto_unmount, by_fd, co.mountpoint, arg_block, arg_block_len);
-    remote = ck_remote_new(&(http_config){.cacert = o.cacert, .cache_mem = cache_mem,
-                                          .cache_dir = o.cache_dir, .cache_max = cache_max,
+    remote = ck_remote_new(&(http_config){.cacert = o.cacert, .anonymous = o.anonymous,
+                                          .cache_mem = cache_mem, .cache_dir = o.cache_dir,
+                                          .cache_max = cache_max,
                                           .log = log_line});
     if (!remote) {
         fprintf(stderr, "ckptfs: out of memory\n");

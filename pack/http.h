@@ -39,6 +39,8 @@ typedef struct http_config {
     void (*log)(const char *line); /* where the disk cache reports; NULL: stderr */
     http_token_fn token_for;       /* where a request finds its token; NULL: none */
     http_sign_fn sign_for;         /* how a request is signed (SigV4); NULL: unsigned */
+    int anonymous;                 /* sign nothing (ckptfs -o anonymous, ckpt --no-sign-request;
+                                    * also CKPTFS_NO_SIGN_REQUEST=1): a public bucket */
 } http_config;
 
 typedef struct http_remote http_remote;

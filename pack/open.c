@@ -231,8 +231,10 @@ static int open_any(http_remote *remote, const char *source, ck_index **out, ck_
 http_remote *ck_remote_new(const http_config *c)
 {
     http_config with_token = *c;
+    const char *anonymous = getenv("CKPTFS_NO_SIGN_REQUEST"); /* how ckpt and ckload say it */
     with_token.token_for = hub_token_for;
-    with_token.sign_for = s3_sign_for;
+    with_token.sign_for = c->anonymous || (anonymous && strcmp(anonymous, "1") == 0)
+                              ? NULL : s3_sign_for;
     return http_remote_new(&with_token);
 }
 

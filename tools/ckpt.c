@@ -772,8 +772,9 @@ enum { NCOMMANDS = sizeof commands / sizeof *commands };
 
 static void print_usage(FILE *out)
 {
-    fprintf(out, "usage: ckpt [--cacert FILE] COMMAND [ARGS]   (SOURCE: a checkpoint file, a\n"
-                 "       directory of shards, an http(s):// URL or hf://ORG/REPO[@REV][/PATH])\n"
+    fprintf(out, "usage: ckpt [--cacert FILE] [--no-sign-request] COMMAND [ARGS]   (SOURCE: a\n"
+                 "       checkpoint file, a directory of shards or a DCP checkpoint, an http(s)://\n"
+                 "       URL, hf://ORG/REPO[@REV][/PATH] or s3://BUCKET/KEY[/])\n"
                  "       ckpt --version\n\n");
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %s\n", commands[i].usage);
@@ -806,6 +807,34 @@ static const ck_command *find_command(const char *name)
     return NULL;
 }
 
+/* ckpt's own options, before the COMMAND: --cacert FILE (or =FILE), CA certificates for https
+ * sources; --no-sign-request, s3:// unsigned (a public bucket). Both become the variables every
+ * opener reads (CKPTFS_CACERT, CKPTFS_NO_SIGN_REQUEST): `ckpt load` opens its source in
+ * libckload too. The arguments argv[1] used (0: none is one), or -2 (usage, said), -1. */
+static int global_option(int argc, char **argv)
+{
+    if (strncmp(argv[1], "--cacert", 8) == 0 && (!argv[1][8] || argv[1][8] == '=')) {
+        int eq = argv[1][8] == '=', used = eq ? 1 : 2;
+        if (argc < used + 2 || (eq && !argv[1][9])) {
+            fprintf(stderr, "ckpt: --cacert needs FILE and a COMMAND (see ckpt --help)\n");
+            return -2;
+        }
+        if (setenv("CKPTFS_CACERT", eq ? argv[1] + 9 : argv[2], 1) != 0)
+            return fprintf(stderr, "ckpt: out of memory\n"), -1;
+        return used;
+    }
+    if (strcmp(argv[1], "--no-sign-request") == 0) {
+        if (argc < 3) {
+            fprintf(stderr, "ckpt: --no-sign-request needs a COMMAND (see ckpt --help)\n");
+            return -2;
+        }
+        if (setenv("CKPTFS_NO_SIGN_REQUEST", "1", 1) != 0)
+            return fprintf(stderr, "ckpt: out of memory\n"), -1;
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     /* A load, pack or convert runs long, and `ps` would show a URL SOURCE's secrets. */
@@ -821,21 +850,13 @@ int main(int argc, char **argv)
         printf("ckpt %s\n", CKPTFS_VERSION);
         return 0;
     }
-    if (strncmp(argv[1], "--cacert", 8) == 0 && (!argv[1][8] || argv[1][8] == '=')) {
-        /* CA certificates for https sources: --cacert FILE or --cacert=FILE */
-        int eq = argv[1][8] == '=', used = eq ? 1 : 2;
-        if (argc < used + 2 || (eq && !argv[1][9])) {
-            fprintf(stderr, "ckpt: --cacert needs FILE and a COMMAND (see ckpt --help)\n");
-            return CK_USAGE;
-        }
-        /* the variable, not a config: `ckpt load` opens its source in libckload too */
-        if (setenv("CKPTFS_CACERT", eq ? argv[1] + 9 : argv[2], 1) != 0) {
-            fprintf(stderr, "ckpt: out of memory\n");
-            return 1;
-        }
+    int used;
+    while ((used = global_option(argc, argv)) > 0) {
         argc -= used;
         argv += used;
     }
+    if (used < 0)
+        return used == -1 ? 1 : CK_USAGE;
     const ck_command *c = find_command(argv[1]);
     if (!c) {
         fprintf(stderr, "ckpt: unknown command '%s' (see ckpt --help)\n", argv[1]);

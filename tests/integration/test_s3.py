@@ -333,3 +333,25 @@ def test_s3s_lasting_faults_are_said_in_one_line(faulty, code, s3_code, says):
     line = p.stderr.decode()
     assert line.count("\n") == 1 and says in line, line
     assert line.startswith(f"ckpt: s3://{BUCKET}/model.safetensors: "), line
+
+
+def test_a_public_object_unsigned(s3, tmp_path, mount, monkeypatch):
+    """--no-sign-request (ckpt), -o anonymous (ckptfs): no signature whatever credentials are
+    around, as a public bucket wants; radosgw serves a public-read object to anonymous
+    requests and refuses them a private one."""
+    s3.client().put_object(Bucket=BUCKET, Key="public/model.safetensors", ACL="public-read",
+                           Body=(s3.local / "model.safetensors").read_bytes())
+    wrong = {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+    loc = f"s3://{BUCKET}/public/model.safetensors"
+    assert ckpt(s3, "ls", loc, **wrong).returncode == 1  # signed with the wrong secret
+    since = s3.mark()
+    p = ckpt(s3, "--no-sign-request", "ls", loc, **wrong)
+    assert p.returncode == 0, p.stderr
+    assert all(r["user"] == "anonymous" for r in s3.access(since)), s3.access(since)
+    p = ckpt(s3, "--no-sign-request", "ls", f"s3://{BUCKET}/one/model.safetensors", **wrong)
+    assert p.returncode == 1 and b"AccessDenied" in p.stderr, p.stderr
+    for k, v in env_for(s3, **wrong).items():
+        monkeypatch.setenv(k, v)
+    tensors, metadata = library_view(s3.local / "model.safetensors")
+    with mount(loc, options=["anonymous"]) as m:
+        check_mount(m, tensors, metadata, "safetensors")
