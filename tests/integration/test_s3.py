@@ -170,7 +170,7 @@ class CredentialEndpoint:
     AssumeRoleWithWebIdentity's XML,
     handing out the S3 server's keys; it records every request (path, query, headers)."""
 
-    def __init__(self, s3, kind):
+    def __init__(self, s3, kind, expiration="2099-01-01T00:00:00Z"):
         import http.server
         import threading
         import urllib.parse
@@ -211,7 +211,7 @@ class CredentialEndpoint:
                 if outer.kind in ("container", "imds"):
                     body = json.dumps({"AccessKeyId": keys[0], "SecretAccessKey": keys[1],
                                        "Token": "container-session-token",
-                                       "Expiration": "2099-01-01T00:00:00Z"}).encode()
+                                       "Expiration": expiration}).encode()
                 else:
                     body = ("<AssumeRoleWithWebIdentityResponse xmlns=\"https://sts.amazonaws.com"
                             "/doc/2011-06-15/\"><AssumeRoleWithWebIdentityResult><Credentials>"
@@ -365,3 +365,66 @@ def test_a_multipart_upload_reads_the_same(s3, monkeypatch):
     for name, (_, _, data) in list(tensors.items())[:4]:
         p = ckpt(s3, "cat", f"s3://{BUCKET}/multipart/model.safetensors", name)
         assert p.returncode == 0 and p.stdout == data, (name, p.stderr)
+
+
+def test_credentials_about_to_expire_are_asked_again(s3, tmp_path):
+    """Credentials that expire within the refresh margin (5 minutes) are not kept: each request
+    that needs them asks the endpoint again, so a mount never signs with expired ones."""
+    import datetime
+    soon = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=2))
+    ep = CredentialEndpoint(s3, "container", expiration=soon.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    try:
+        over = {"AWS_CONTAINER_CREDENTIALS_FULL_URI": ep.url + "/creds",
+                "AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}
+        tensors = want(s3, "model.safetensors")
+        name, (_, _, data) = max(tensors.items(), key=lambda kv: len(kv[1][2]))
+        p = ckpt(s3, "cat", f"s3://{BUCKET}/one/model.safetensors", name, **over)
+        assert p.returncode == 0 and p.stdout == data, p.stderr
+        assert len(ep.requests) >= 2, ep.requests  # the open and the read each asked
+    finally:
+        ep.close()
+
+
+def test_the_disk_cache_keeps_an_objects_blocks(s3, tmp_path, mount, monkeypatch):
+    """-o cache_dir: a second mount reads the blocks the first fetched from disk, asking
+    radosgw for none of them (the key: the URL, which holds no secret, and the ETag)."""
+    for k, v in env_for(s3).items():
+        monkeypatch.setenv(k, v)
+    cache = tmp_path / "cache"
+    loc = f"s3://{BUCKET}/one/model.safetensors"
+    tensors, metadata = library_view(s3.local / "model.safetensors")
+    with mount(loc, options=[f"cache_dir={cache}"]) as m:
+        check_mount(m, tensors, metadata, "safetensors")
+    since = s3.mark()
+    with mount(loc, options=[f"cache_dir={cache}"]) as m:
+        check_mount(m, tensors, metadata, "safetensors")
+    fetched = [r for r in s3.access(since) if r["range"] and r["range"] != "bytes=0-262143"]
+    assert fetched == [], fetched
+    names = " ".join(str(p) for p in cache.rglob("*"))
+    assert s3.secret_key not in names and s3.access_key not in names
+
+
+@pytest.mark.skipif(not (Path(__file__).parents[2] / ".deps" / "torch2" / "bin" / "python")
+                    .exists(), reason="no .deps/torch2 (scripts/setup installs it)")
+def test_a_prefix_holding_a_dcp_checkpoint(s3, tmp_path):
+    """A torch.distributed.checkpoint directory uploaded under a prefix is read as one, with the
+    bytes torch itself reads back."""
+    import subprocess
+    torch2 = Path(__file__).parents[2] / ".deps" / "torch2" / "bin" / "python"
+    writer = Path(__file__).with_name("dcp_writer.py")
+    d, exp = tmp_path / "dcp", tmp_path / "expect"
+    for args in (("save", d), ("expect", d, exp)):
+        p = subprocess.run([str(torch2), str(writer), *map(str, args)], capture_output=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr.decode()[-2000:]
+    for f in d.iterdir():
+        s3.put(BUCKET, f"dcp/{f.name}", f)
+    manifest = json.loads((exp / "manifest.json").read_text())
+    p = ckpt(s3, "ls", "--json", f"s3://{BUCKET}/dcp/")
+    assert p.returncode == 0, p.stderr
+    listed = json.loads(p.stdout)
+    assert listed["format"] == "dcp"
+    assert {t["name"] for t in listed["tensors"]} == set(manifest["tensors"])
+    for name, t in manifest["tensors"].items():
+        p = ckpt(s3, "cat", f"s3://{BUCKET}/dcp/", name)
+        assert p.returncode == 0 and p.stdout == (exp / t["file"]).read_bytes(), name
