@@ -127,7 +127,17 @@ def replace_file(path, data):
     os.replace(tmp, path)
 
 
-class _Served:
+class Lifetime:
+    """`with Server(...) as srv:` is start(), then stop() whatever happens."""
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class _Served(Lifetime):
     """What every server here has: host, port and tls, and the URLs they make."""
 
     @property
@@ -236,12 +246,6 @@ http {{
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
     def replace(self, rel, data):
         replace_file(self.root / rel, data)
@@ -522,12 +526,6 @@ class FileServer(_Served):
             self.httpd.server_close()  # joins the handler threads (block_on_close)
             self.thread.join(timeout=STOP_TIMEOUT)
             self.httpd = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
     # --- scripting ---
 
@@ -987,7 +985,7 @@ def sanitized():
 
 # --- added latency without netem -----------------------------------------------------------
 
-class DelayRelay:
+class DelayRelay(Lifetime):
     """with DelayRelay(port, delay=0.010) as relay: relay.port ...
 
     A TCP relay on 127.0.0.1 that forwards each connection to 127.0.0.1:port and delivers
@@ -1108,9 +1106,3 @@ class DelayRelay:
                 pass
         for t in self.threads:
             t.join(timeout=STOP_TIMEOUT)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()

@@ -32,7 +32,7 @@ import time
 import uuid
 from pathlib import Path
 
-from netlab import free_port, plain_env, stop_process, wait_listening
+from netlab import Lifetime, free_port, plain_env, stop_process, wait_listening
 
 START_TIMEOUT = 90  # seconds for the whole cluster and radosgw to come up
 STEP_TIMEOUT = 60  # seconds for one ceph / radosgw-admin command
@@ -136,7 +136,7 @@ class Response:
         return f"<Response {self.status} {self.headers} {self.body[:300]!r}>"
 
 
-class S3Server:
+class S3Server(Lifetime):
     """with S3Server(parent) as s3: s3.endpoint, s3.access_key, s3.secret_key, s3.region ...
 
     radosgw on a one-node Ceph cluster in a temporary directory under parent (None: the system
@@ -269,12 +269,6 @@ class S3Server:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
 
     def pids(self):
         """{name: pid} of the daemons running now."""
