@@ -255,15 +255,34 @@ static size_t on_body(char *b, size_t size, size_t n, void *ctx)
 /* How an attempt ended. */
 enum outcome { DONE, RETRY, FAIL };
 
+/* What to check after an S3 error code a user can fix (what follows "check "); NULL for the
+ * others. */
+static const char *s3_error_cause(const char *code, size_t n)
+{
+    static const struct { const char *code, *cause; } causes[] = {
+        {"SignatureDoesNotMatch", "the secret key, the region and this machine's clock"},
+        {"RequestTimeTooSkewed", "this machine's clock"},
+        {"AuthorizationHeaderMalformed", "the region (AWS_REGION): it is not the bucket's"},
+        {"InvalidAccessKeyId", "the access key: this endpoint has no such key"},
+        {"ExpiredToken", "the credentials: their session token has expired"}};
+    for (size_t i = 0; i < sizeof causes / sizeof *causes; i++)
+        if (strlen(causes[i].code) == n && strncmp(causes[i].code, code, n) == 0)
+            return causes[i].cause;
+    return NULL;
+}
+
 /* An error reply's status for a message: "403", or with an S3 error document's code
- * "403 (AccessDenied)", the code's characters checked (it comes from the server). */
+ * "403 (AccessDenied)", and what fixes it where that is likely ("403 (SignatureDoesNotMatch:
+ * check the secret key, ...)"); the code's characters checked (it comes from the server). */
 static void error_status(const reply *r, char *out, size_t cap)
 {
     const char *code = strstr(r->error_body, "<Code>");
     size_t n = code ? strspn(code + 6, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.")
                     : 0;
+    const char *cause = code ? s3_error_cause(code + 6, n) : NULL;
     if (code && n && n < 64 && strncmp(code + 6 + n, "</Code>", 7) == 0)
-        snprintf(out, cap, "%ld (%.*s)", r->status, (int)n, code + 6);
+        snprintf(out, cap, "%ld (%.*s%s%s)", r->status, (int)n, code + 6,
+                 cause ? ": check " : "", cause ? cause : "");
     else
         snprintf(out, cap, "%ld", r->status);
 }

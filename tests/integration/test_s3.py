@@ -80,11 +80,17 @@ def test_an_object_is_read_with_its_bytes(s3):
 
 
 def test_a_prefix_is_its_shard_set(s3):
+    """Opened with one listing, and at most 3 requests per shard, under 1 MiB (issue 32)."""
     tensors = {}
     for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
         tensors.update(want(s3, n))
+    since = s3.mark()
     p = ckpt(s3, "ls", "--json", f"s3://{BUCKET}/shards/")
     assert p.returncode == 0, p.stderr
+    seen = s3.access(since)
+    listings = [r for r in seen if "list-type=2" in r["uri"]]
+    assert len(listings) == 1 and len(seen) - 1 <= 3 * 2 + 1, seen  # + the index file
+    assert sum(r["bytes"] for r in seen) < 1 << 20, seen
     listed = json.loads(p.stdout)
     assert listed["format"] == "safetensors-sharded"
     assert {t["name"] for t in listed["tensors"]} == set(tensors)
@@ -134,7 +140,7 @@ def test_credentials_from_the_shared_files(s3, tmp_path):
 @pytest.mark.parametrize("loc,over,says", [
     ("one/missing.safetensors", {}, "NoSuchKey"),
     ("one/model.safetensors", {"AWS_SECRET_ACCESS_KEY": "not-the-secret"},
-     "SignatureDoesNotMatch"),
+     "403 (SignatureDoesNotMatch: check the secret key, the region and this machine's clock)"),
     ("shards-none/", {}, "holds no checkpoint file"),
 ])
 def test_errors_say_s3s_code_in_one_line(s3, loc, over, says):
@@ -321,7 +327,8 @@ def test_s3s_transient_faults_are_retried_never_a_wrong_byte(faulty, code, s3_co
 
 
 @pytest.mark.parametrize("code,s3_code,says", [(503, "SlowDown", "503 (SlowDown)"),
-                                               (400, "ExpiredToken", "400 (ExpiredToken)")])
+                                               (400, "ExpiredToken", "400 (ExpiredToken: check the "
+                                                "credentials: their session token has expired)")])
 def test_s3s_lasting_faults_are_said_in_one_line(faulty, code, s3_code, says):
     """Throttling that never ends gives up within the bounded retries; an expired token is not
     retried; either says S3's code."""
