@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from ckptfs_testlib import REPO, build_dir, ckpt_bin, ckptfs_bin, run
+from netlab import plain_env  # groff is not ours: no sanitizer runtime preloaded into it
 
 MAN = REPO / "man"
 PAGES = ["ckptfs.1", "ckpt.1", "mount.fuse.ckptfs.8", "libckload.3"]
@@ -72,7 +73,8 @@ def test_ckptfs_options_are_in_its_page():
 def test_every_exported_function_is_in_libckload_3():
     text = roff_text("libckload.3")
     lib = build_dir() / "libckload.so"
-    nm = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True)
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
+                        env=plain_env())
     assert nm.returncode == 0, nm.stderr
     exported = {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
     assert exported and all(name.startswith("ckl_") for name in exported), exported
@@ -83,7 +85,7 @@ def test_every_exported_function_is_in_libckload_3():
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_formats_without_warnings(page):
     p = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z", str(MAN / page)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=plain_env())
     assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
