@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
 {
@@ -23,4 +24,12 @@ int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             *p = '?';
     return -1;
+}
+
+const char *ck_error_detail(const ck_error *err, const char *file)
+{
+    char shown[CK_SHOWN_MAX];
+    size_t n = strlen(ck_location_shown(file, shown, sizeof shown));
+    return strncmp(err->msg, shown, n) == 0 && strncmp(err->msg + n, ": ", 2) == 0
+               ? err->msg + n + 2 : err->msg;
 }

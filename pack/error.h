@@ -14,4 +14,8 @@ typedef struct ck_error {
 int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* err's message without the "FILE: " ck_fail put in front of it for file: what is wrong alone
+ * (a pointer into err->msg), or the whole message when it does not start so. */
+const char *ck_error_detail(const ck_error *err, const char *file);
+
 #endif

@@ -170,11 +170,10 @@ static int open_hub(http_remote *remote, const char *loc, ck_index **out, ck_err
 /* err's message about url ("URL: what"), said of loc instead ("s3://B/K: what"). */
 static void say_as(ck_error *err, const char *url, const char *loc)
 {
-    char shown[CK_SHOWN_MAX];
-    size_t n = strlen(ck_location_shown(url, shown, sizeof shown));
-    if (strncmp(err->msg, shown, n) == 0 && strncmp(err->msg + n, ": ", 2) == 0) {
-        char rest[sizeof err->msg];
-        snprintf(rest, sizeof rest, "%s", err->msg + n + 2);
+    char rest[sizeof err->msg];
+    const char *detail = ck_error_detail(err, url);
+    if (detail != err->msg) {
+        snprintf(rest, sizeof rest, "%s", detail);
         ck_fail(err, loc, "%s", rest);
     }
 }

@@ -1,7 +1,6 @@
 /* torch.c — PyTorch checkpoints (zip and legacy) into the common index, via the safe pickle VM. */
 #include "torch.h"
 #include "bytes.h"
-#include "location.h"
 #include "pickle.h"
 #include "pickle_text.h"
 #include "zip.h"
@@ -691,11 +690,8 @@ int pt_read_zip_or_omit(ck_index *ix, uint32_t file, uint64_t base, uint64_t siz
         return 0;
     ix->nentries = before; /* what it added before it failed is not the object */
     /* the reason without the "FILE: " the message starts with: an omission is of that file */
-    char shown[sizeof why.msg], reason[sizeof why.msg + 128];
-    const char *msg = why.msg;
-    size_t n = strlen(ck_location_shown(ix->files[file].path, shown, sizeof shown));
-    if (strncmp(msg, shown, n) == 0 && strncmp(msg + n, ": ", 2) == 0)
-        msg += n + 2;
+    char reason[sizeof why.msg + 128];
+    const char *msg = ck_error_detail(&why, ix->files[file].path);
     snprintf(reason, sizeof reason, "%s%s%s", context ? context : "", context ? ": " : "", msg);
     return ck_index_add_omission(ix, name, len, reason, err);
 }
