@@ -265,9 +265,14 @@ static int check_sum(ckl_load *l, size_t b, XXH3_state_t *st)
         return -1;
     }
     int part = l->opt.verify && bl->pack_blob == CK_PLAN_NONE; /* no checksum of its own */
-    if ((l->check_files || part) && !ck_file_unchanged(&l->ix->files[bl->file])) {
+    /* A gathered blob's bytes come from its entry's files (a DCP tensor's chunks: files of
+     * their own), any other's from its file. */
+    uint32_t changed = bl->file;
+    if ((l->check_files || part) &&
+        (bl->gather ? !ck_entry_unchanged(l->ix, bl->gather, 0, bl->len, &changed)
+                    : !ck_file_unchanged(&l->ix->files[bl->file]))) {
         set_error(l, "tensor '%s': %s changed while it was read", bl->name,
-                  l->ix->files[bl->file].path);
+                  l->ix->files[changed].path);
         return -1;
     }
     return 0;

@@ -400,6 +400,13 @@ static int source_check_cb(void *fs, uint32_t file)
     return source_check(fs, file);
 }
 
+/* source_check of each file that bytes [off, off+len) of entry e are read from
+ * (ck_entry_each_file): 0, or the first change's answer. */
+static int entry_check(ck_fs *fs, const ck_entry *e, uint64_t off, uint64_t len)
+{
+    return ck_entry_each_file(e, off, len, source_check_cb, fs);
+}
+
 /* 0, or source_check's answer for the first changed file, whose index goes to *file. */
 static int all_sources_check(ck_fs *fs, uint32_t *file)
 {
@@ -432,10 +439,17 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
     if ((nd->kind == CK_NODE_SYNTH || nd->kind == CK_NODE_MEMFILE) && !vfile_ready(fs, nd->id))
         return -EIO;
     uint32_t file;
-    /* Every source, not just this file's: an open is rare next to reads. Refusing here also
-     * keeps new opens away from pages the kernel cached before the change. The status is
-     * what says why, so it opens whatever the sources. */
-    return nd->kind != CK_NODE_STATUS && all_sources_check(fs, &file) ? -ESTALE : 0;
+    /* The files this one's bytes come from, as a read of all of it checks them (a tensor's or
+     * a value's: ck_entry_each_file; a file made from the whole index: every source), and no
+     * more: opening each of N tensors costs its own files, not N. Refusing here also keeps
+     * new opens away from pages the kernel cached before the change. The status is what says
+     * why, so it opens whatever the sources. */
+    const ck_entry *e = nd->kind == CK_NODE_TENSOR || nd->kind == CK_NODE_VALUE
+                            ? entry_of(fs, nd) : NULL;
+    int rc = nd->kind == CK_NODE_STATUS ? 0
+             : e                        ? entry_check(fs, e, 0, e->nbytes)
+                                        : all_sources_check(fs, &file);
+    return rc ? -ESTALE : 0;
 }
 
 /* Releases every piece h holds of tensor node nd. */
@@ -467,7 +481,7 @@ static ssize_t tensor_hold(ck_fs *fs, const ck_node *nd, size_t size, uint64_t o
     }
     /* After the holds, as after ck_fs_read's pread: a change seen while fetching is seen here. */
     if (rc >= 0)
-        rc = source_check(fs, e->ext.file);
+        rc = entry_check(fs, e, off, size);
     if (rc < 0) {
         tensor_release(fs, nd, h);
         return rc;
@@ -514,11 +528,13 @@ static ssize_t status_read(ck_fs *fs, char *buf, size_t size, uint64_t off)
     return (ssize_t)n;
 }
 
-/* A NAME.npy view's bytes: its header, then the tensor's. */
-static ssize_t npy_read(ck_fs *fs, const ck_node *nd, char *buf, size_t size, uint64_t off)
+/* A NAME.npy view's bytes: its header, then the tensor's; where the tensor's begin goes to
+ * *hl. */
+static ssize_t npy_read(ck_fs *fs, const ck_node *nd, char *buf, size_t size, uint64_t off,
+                        size_t *hl_out)
 {
     unsigned char head[NPY_MAKE_MAX];
-    size_t hl = npy_header_of(fs, nd, head), n = 0;
+    size_t hl = *hl_out = npy_header_of(fs, nd, head), n = 0;
     if (off < hl) {
         n = hl - off < size ? hl - (size_t)off : size;
         memcpy(buf, head + off, n);
@@ -552,13 +568,17 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
         return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
     case CK_NODE_STATUS:
         return status_read(fs, buf, size, (uint64_t)off);
-    case CK_NODE_TENSOR:
-        n = is_npy(fs, ino) ? npy_read(fs, nd, buf, size, (uint64_t)off)
+    case CK_NODE_TENSOR: {
+        size_t hl = 0; /* a NAME.npy view's header: the mount's own bytes */
+        n = is_npy(fs, ino) ? npy_read(fs, nd, buf, size, (uint64_t)off, &hl)
                             : ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
         /* Checked after the pread: a write that could have put new bytes into buf has already
-         * moved the mtime (or the size) by the time the pread returns, so this sees it. */
-        changed = source_check(fs, entry_of(fs, nd)->ext.file);
+         * moved the mtime (or the size) by the time the pread returns, so this sees it. Every
+         * file the range's bytes come from (a DCP tensor's chunks lie in files of their own). */
+        uint64_t at = (uint64_t)off > hl ? (uint64_t)off - hl : 0;
+        changed = entry_check(fs, entry_of(fs, nd), at, size);
         break;
+    }
     default: { /* CK_NODE_SYNTH */
         if (!vfile_ready(fs, nd->id))
             return -EIO;

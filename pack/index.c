@@ -496,6 +496,17 @@ static const ck_chunk *chunk_at(const ck_chunks *cs, unsigned rank, const int64_
     return NULL;
 }
 
+/* The coordinates in the whole tensor, into g, of element elem (row-major) of a chunked
+ * entry's box. */
+static void chunked_coords(const ck_entry *e, uint64_t elem, int64_t *g)
+{
+    const int64_t *dims = e->shape, *start = e->shape + e->rank;
+    for (unsigned d = e->rank; d-- > 0;) {
+        g[d] = start[d] + (int64_t)(elem % (uint64_t)dims[d]);
+        elem /= (uint64_t)dims[d];
+    }
+}
+
 /* Bytes [off, off+len) of a chunked entry: from each chunk, the longest run that lies in one
  * piece of both it and the entry's box (a row, or rows where the chunk spans the box's width),
  * read straight into buf. */
@@ -508,12 +519,9 @@ static int read_chunked(const ck_index *ix, const ck_entry *e, unsigned char *bu
     ck_dtype_nbytes(e->dtype, 1, &esize);
     while (len) {
         int64_t g[CK_MAX_RANK], idx[CK_MAX_RANK];
-        uint64_t elem = off / esize, rest = elem;
-        for (unsigned d = rank; d-- > 0;) {
-            idx[d] = (int64_t)(rest % (uint64_t)dims[d]);
-            rest /= (uint64_t)dims[d];
-            g[d] = start[d] + idx[d];
-        }
+        chunked_coords(e, off / esize, g);
+        for (unsigned d = 0; d < rank; d++)
+            idx[d] = g[d] - start[d];
         const ck_chunk *c = chunk_at(e->chunks, rank, g);
         if (!c)
             return -EIO;
@@ -536,6 +544,74 @@ static int read_chunked(const ck_index *ix, const ck_entry *e, unsigned char *bu
         buf += k, off += k, len -= k;
     }
     return 0;
+}
+
+/* ck_entry_each_file of a chunked entry's bytes [off, off+len) (not empty, inside it). Their
+ * elements lie in the box from the first's coordinates to the last's where they agree, over
+ * the range between them at the first dim where they differ, and whole in every dim after it:
+ * the files of the chunks that meet that box. */
+static int chunked_each_file(const ck_entry *e, uint64_t off, uint64_t len,
+                             int (*fn)(void *ctx, uint32_t file), void *ctx)
+{
+    unsigned rank = e->rank;
+    const int64_t *dims = e->shape, *start = e->shape + rank;
+    uint64_t esize;
+    ck_dtype_nbytes(e->dtype, 1, &esize);
+    int64_t lo[CK_MAX_RANK], hi[CK_MAX_RANK]; /* inclusive */
+    chunked_coords(e, off / esize, lo);
+    chunked_coords(e, (off + len - 1) / esize, hi);
+    for (unsigned d = 0, apart = 0; d < rank; d++) {
+        if (apart) {
+            lo[d] = start[d];
+            hi[d] = start[d] + dims[d] - 1;
+        }
+        apart |= lo[d] != hi[d];
+    }
+    uint32_t last = UINT32_MAX;
+    int rc = 0;
+    for (uint32_t i = 0; i < e->chunks->n && rc == 0; i++) {
+        const ck_chunk *c = &e->chunks->chunk[i];
+        unsigned d = 0;
+        while (d < rank && c->offsets[d] <= hi[d] && lo[d] - c->offsets[d] < c->sizes[d])
+            d++;
+        if (d == rank && c->ext.file != last)
+            rc = fn(ctx, last = c->ext.file);
+    }
+    return rc;
+}
+
+int ck_entry_each_file(const ck_entry *e, uint64_t off, uint64_t len,
+                       int (*fn)(void *ctx, uint32_t file), void *ctx)
+{
+    if (off >= e->nbytes || len == 0)
+        return 0;
+    if (len > e->nbytes - off)
+        len = e->nbytes - off;
+    return e->kind == CK_TENSOR && e->layout == CK_CHUNKED
+               ? chunked_each_file(e, off, len, fn, ctx)
+               : fn(ctx, e->ext.file);
+}
+
+typedef struct changed_ask {
+    const ck_index *ix;
+    uint32_t *changed;
+} changed_ask;
+
+/* ck_entry_unchanged's question of one file: 1 when it changed (its index to *changed). */
+static int file_changed(void *ctx, uint32_t file)
+{
+    const changed_ask *a = ctx;
+    if (ck_file_unchanged(&a->ix->files[file]))
+        return 0;
+    *a->changed = file;
+    return 1;
+}
+
+int ck_entry_unchanged(const ck_index *ix, const ck_entry *e, uint64_t off, uint64_t len,
+                       uint32_t *changed)
+{
+    changed_ask a = {.ix = ix, .changed = changed};
+    return !ck_entry_each_file(e, off, len, file_changed, &a);
 }
 
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)

@@ -153,6 +153,22 @@ ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_
                       const void **ptr, void **token);
 void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token);
 
+/* The source files that bytes [off, off+len) of entry e are read from (len cut to the entry),
+ * each given to fn(ctx, file) (an index of its index's files), until one answers non-zero: that answer,
+ * else 0. The one owner of "which files does this read depend on", which every check that a
+ * reader sees no changed file asks: a chunked entry's are the files of the chunks its range
+ * may touch (those meeting the range's bounding box in the whole tensor; O(chunks), no I/O),
+ * any other tensor's its extent's file, a value's the file its reader parsed it from (its
+ * text is in memory). An empty range names none. A file may be named more than once, never
+ * twice in a row. */
+int ck_entry_each_file(const ck_entry *e, uint64_t off, uint64_t len,
+                       int (*fn)(void *ctx, uint32_t file), void *ctx);
+
+/* Whether every file that bytes [off, off+len) of e are read from (ck_entry_each_file) is
+ * still the file opened (ck_file_unchanged): 1, or 0 with the first that is not in *changed. */
+int ck_entry_unchanged(const ck_index *ix, const ck_entry *e, uint64_t off, uint64_t len,
+                       uint32_t *changed);
+
 /* ck_file_read of source file `file` of ix: how the index's users read a source's bytes. */
 int ck_file_pread(const ck_index *ix, uint32_t file, void *buf, size_t len, uint64_t off);
 /* Whether tensors a and b have the same rank and dims (their strides aside). */

@@ -545,24 +545,41 @@ ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off)
     return (ssize_t)done;
 }
 
+/* fn and its ctx, asked of each file once in a run: a run of one file's tensors names it once. */
+typedef struct each_source {
+    int (*fn)(void *ctx, uint32_t file);
+    void *ctx;
+    uint32_t last; /* the file just named */
+} each_source;
+
+static int each_source_once(void *ctx, uint32_t file)
+{
+    each_source *a = ctx;
+    if (file == a->last)
+        return 0;
+    a->last = file;
+    return a->fn(a->ctx, file);
+}
+
 int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
                          int (*fn)(void *ctx, uint32_t file), void *ctx)
 {
     if (off >= sy->size)
         return 0;
     uint64_t end = len > sy->size - off ? sy->size : off + len;
-    uint32_t last = UINT32_MAX; /* the file just named: a run of one file's tensors names it once */
+    each_source a = {.fn = fn, .ctx = ctx, .last = UINT32_MAX};
     int rc = 0;
     for (size_t i = find_seg(sy, off); rc == 0 && i < sy->nsegs && sy->segs[i].off < end; i++) {
         const seg *s = &sy->segs[i];
-        if (s->kind == SEG_ENTRY) {
-            uint32_t f = sy->ix->entries[s->entry].ext.file;
-            rc = f == last ? 0 : fn(ctx, f);
-            last = f;
+        if (s->kind == SEG_ENTRY) { /* the files of the entry's bytes the range holds */
+            uint64_t from = off > s->off ? off - s->off : 0;
+            uint64_t to = end - s->off < s->len ? end - s->off : s->len;
+            rc = ck_entry_each_file(&sy->ix->entries[s->entry], from, to - from,
+                                    each_source_once, &a);
         } else if (s->kind != SEG_ZERO) {
             for (uint32_t f = 0; rc == 0 && f < sy->ix->nfiles; f++)
                 rc = fn(ctx, f);
-            last = UINT32_MAX;
+            a.last = UINT32_MAX;
         }
     }
     return rc;

@@ -70,8 +70,8 @@ uint64_t ck_synth_size(const ck_synth *sy);
 ssize_t ck_synth_read(ck_synth *sy, void *buf, size_t len, uint64_t off);
 
 /* Calls fn(ctx, file) for each source file (an index of ix->files) that bytes [off, off+len)
- * are made from, and returns the first non-zero answer, else 0: an entry's bytes come from its
- * file; the bytes held in memory (made by parsing every file) and the pack's trailer (hashed
+ * are made from, and returns the first non-zero answer, else 0: an entry's bytes come from the
+ * files ck_entry_each_file names for the part of it the range holds; the bytes held in memory (made by parsing every file) and the pack's trailer (hashed
  * from every file) from all of them; padding from none. A file may be named more than once.
  * So a reader can check only the sources a read depended on. */
 int ck_synth_each_source(const ck_synth *sy, uint64_t off, size_t len,
