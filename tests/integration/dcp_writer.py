@@ -12,6 +12,8 @@ and what torch reads back from them, for the tests to compare ckptfs against.
                                          torch.load): OUT/manifest.json and one raw file per
                                          tensor (row-major, little-endian), values as str()
   dcp_writer.py hostile SRC DST KIND     DST: SRC's checkpoint with its .metadata changed
+  dcp_writer.py files DIR N              one process, N small tensors, each in a .distcp file of
+                                         its own (FileSystemWriter(single_file_per_rank=False))
 """
 import json, os, pickle, shutil, sys
 
@@ -190,10 +192,17 @@ def hostile(src, dst, kind):
         pickle.dump(md, f)
 
 
+def files(path, n):
+    """As many files as a job of n ranks writes, from one process: each item its own file."""
+    sd = {f"layers.{i}.w": torch.full((4,), float(i)) for i in range(int(n))}
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, single_file_per_rank=False))
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"save": lambda: save(*args),
      "sharded": lambda: sharded(args[0], int(args[1])),
      "model": lambda: model(*args),
      "expect": lambda: expect(*args),
-     "hostile": lambda: hostile(*args)}[cmd]()
+     "hostile": lambda: hostile(*args),
+     "files": lambda: files(*args)}[cmd]()

@@ -259,3 +259,63 @@ def test_gguf_metadata_is_held_once(tmp_path, mount, unsanitized):
     per_byte = (costs[1] - costs[0]) * 1024 / (texts[1] - texts[0])
     print(f"bytes per text byte: {per_byte:.2f}")
     assert per_byte <= 2.5, per_byte
+
+
+# --- files per checkpoint: the source checks of a mount ---------------------------------------
+
+STAT_CALLS = ("fstat", "newfstatat", "statx", "stat", "lstat")
+
+
+def dcp_of_files(d, n):
+    """A DCP checkpoint of n tensors, each in a .distcp file of its own, written by torch 2.x
+    (dcp_writer.py files: what a job of n ranks leaves, from one process)."""
+    from test_dcp import TORCH2, WRITER
+    if not TORCH2.exists():
+        pytest.skip("no .deps/torch2 (scripts/setup installs it)")
+    subprocess.run([str(TORCH2), str(WRITER), "files", str(d / "ckpt"), str(n)], check=True,
+                   capture_output=True, timeout=600)
+    return d / "ckpt"
+
+
+def stat_calls_reading_every_tensor(src, mnt, log):
+    """The stat-family system calls (strace -c -f counts them) of a foreground daemon mounting
+    src on mnt, serving an open and a read of every tensor file, and unmounting."""
+    import shutil
+    from ckptfs_testlib import ckptfs_bin, is_mounted, unmount, wait_until
+    assert shutil.which("strace"), "strace is missing (scripts/setup installs it)"
+    p = subprocess.Popen(["strace", "-f", "-c", "-o", str(log), "-e",
+                          "trace=" + ",".join(STAT_CALLS), str(ckptfs_bin()), "-f", str(src),
+                          str(mnt)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: is_mounted(mnt) or p.poll() is not None, timeout=120)
+        index = json.loads((mnt / ".ckptfs" / "index.json").read_text())
+        for t in index["tensors"]:
+            (mnt / t["path"]).read_bytes()
+    finally:
+        unmount(mnt)
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, p.stderr.read().decode(errors="replace")
+    # strace's table, written once the daemon it traced is gone: "% time, seconds,
+    # usecs/call, calls, [errors,] syscall" a row
+    return sum(int(row.split()[3]) for row in log.read_text().splitlines()
+               if row.split() and row.split()[-1] in STAT_CALLS)
+
+
+def test_dcp_files_read_through_a_mount(tmp_path, mountpoint):
+    """Issue 39: opening a tensor checked every source file (one fstat and one stat each), so
+    reading every tensor of an N-file DCP made 2N^2 calls (2,000 files: 11.7 s). Now an open
+    and a read check the files that tensor's bytes come from: 10x the files, at most RATIO x
+    the calls (counted, not timed)."""
+    counts = []
+    for n in (30, 300):
+        d = tmp_path / str(n)
+        d.mkdir()
+        counts.append(stat_calls_reading_every_tensor(dcp_of_files(d, n), mountpoint,
+                                                      d / "strace.txt"))
+    ratio = counts[1] / max(counts[0], 1)
+    print(f"stat calls: {counts}")
+    assert ratio <= RATIO, f"stat calls: 30 files {counts[0]}, 300 files {counts[1]}: {ratio:.1f}x"
