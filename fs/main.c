@@ -638,6 +638,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: out of memory\n");
         return EXIT_FAILED;
     }
+    /* A descriptor per source file for the mount's life (a DCP job's file per rank), besides
+     * FUSE's and remote connections': as servers do, all the hard limit allows. */
+    ck_nofile_raise();
     fuse_set_log_func(keep_libfuse_said);
     capturing = 1;
     int parsed = fuse_opt_parse(&args, &o, ck_opt_spec, opt_proc) == 0 &&

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,10 +63,36 @@ int ck_source_adopt(const char *path, int fd, ck_file *f, ck_error *err)
     return 0;
 }
 
-int ck_source_open_local(const char *loc, const char *what, ck_file *f, ck_error *err)
+int ck_nofile_raise(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max)
+        return 0;
+    rl.rlim_cur = rl.rlim_max;
+    return setrlimit(RLIMIT_NOFILE, &rl) == 0;
+}
+
+static int open_local(const char *loc)
 {
     /* O_NONBLOCK: opening a FIFO must not wait for a writer. */
-    int fd = open(loc, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    return open(loc, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+}
+
+int ck_source_open_local(const char *loc, const char *what, ck_file *f, ck_error *err)
+{
+    int fd = open_local(loc);
+    /* Out of descriptors under a soft limit below the hard one (1,024 by default, a DCP job of
+     * more ranks has more files): the process may raise it itself, and would fail if not. */
+    if (fd < 0 && errno == EMFILE && ck_nofile_raise())
+        fd = open_local(loc);
+    if (fd < 0 && errno == EMFILE) {
+        struct rlimit rl;
+        int e = errno;
+        unsigned long long most = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 0;
+        return ck_fail(err, loc, "cannot open%s%s: %s (RLIMIT_NOFILE allows %llu: raise its "
+                       "hard limit, e.g. ulimit -Hn, or LimitNOFILE= of a service)",
+                       what ? " " : "", what ? what : "", strerror(e), most);
+    }
     if (fd < 0)
         return ck_fail(err, loc, "cannot open%s%s: %s", what ? " " : "", what ? what : "",
                        strerror(errno));

@@ -23,6 +23,12 @@
  *  - Functions taking a const ck_file are safe to call from many threads at once.
  *  - Where a file's tensors begin and end is the index's: ck_open hands it to the file
  *    (ck_file_hint), and a remote file sizes its requests by it.
+ *  - An index holds one descriptor per local source file for its life (a DCP checkpoint: one a
+ *    rank's file, 1,100 and more for a large job). A local open that finds the process out of
+ *    descriptors (EMFILE) raises the soft limit of open files to the hard one (ck_nofile_raise)
+ *    and tries once more: only a process that would otherwise fail is changed, by what it may
+ *    do itself. ckptfs and ckpt raise it at start, as servers do (their sockets, outputs and
+ *    caches need descriptors too).
  */
 #ifndef CK_SOURCE_H
 #define CK_SOURCE_H
@@ -75,6 +81,10 @@ int ck_source_open_local(const char *loc, const char *what, ck_file *f, ck_error
  * ck_source_open does once it has the descriptor. 0, or -1 with err set (cannot stat, not a
  * regular file). */
 int ck_source_adopt(const char *path, int fd, ck_file *f, ck_error *err);
+
+/* Raises this process's soft limit of open files (RLIMIT_NOFILE) to its hard limit. 1 when it
+ * was raised, 0 when it already was there or cannot be. */
+int ck_nofile_raise(void);
 
 /* Releases what ck_source_open took (the descriptor or the connection state). */
 void ck_source_close(ck_file *f);

@@ -842,6 +842,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckpt: out of memory\n");
         return 1;
     }
+    /* A descriptor per source file while a command reads them (a DCP job's file per rank),
+     * besides its outputs and connections: all the hard limit allows. */
+    ck_nofile_raise();
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? CK_USAGE : 0;

@@ -166,3 +166,113 @@ def test_a_load_from_a_mount_never_returns_a_rewritten_chunk_files_bytes(copy, m
             assert f"{CHANGED} changed while it was read" in str(e.value), e.value
         else:
             assert "Input/output error" in str(e.value) or "Stale" in str(e.value), e.value
+
+
+# --- a descriptor per file: more files than the default soft limit (issue 39, item 5) ----------
+
+FILES = 1100  # a job of 1,100 ranks' files, past the usual soft limit of 1,024 open files
+SOFT = 1024
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory):
+    """FILES tensors, each in a .distcp file of its own (dcp_writer.py files), and torch's
+    reading of them."""
+    return written(tmp_path_factory, "files", FILES)
+
+
+def soft_limit(soft):
+    """A preexec_fn: the soft limit of open files at soft, the hard one as it is (above it)."""
+    import resource
+
+    def set_limit():
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return set_limit
+
+
+@pytest.fixture
+def hard_above_soft():
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= FILES + 64:
+        pytest.skip(f"the hard limit of open files ({hard}) leaves no room above {FILES} files")
+
+
+def last_tensor(manifest, exp):
+    name = f"layers.{FILES - 1}.w"
+    return name, expected_bytes(exp, manifest["tensors"][name])
+
+
+def test_ckpt_ls_and_cat_under_the_default_soft_limit(many_files, hard_above_soft):
+    from ckptfs_testlib import ckpt_bin
+    import subprocess
+    d, manifest, exp = many_files
+    name, want = last_tensor(manifest, exp)
+    ls = subprocess.run([str(ckpt_bin()), "ls", str(d), "--json"], capture_output=True,
+                        timeout=120, preexec_fn=soft_limit(SOFT))
+    assert ls.returncode == 0, ls.stderr.decode(errors="replace")
+    assert len(json.loads(ls.stdout)["tensors"]) == FILES
+    cat = subprocess.run([str(ckpt_bin()), "cat", str(d), name], capture_output=True,
+                         timeout=120, preexec_fn=soft_limit(SOFT))
+    assert cat.returncode == 0, cat.stderr.decode(errors="replace")
+    assert cat.stdout == want
+
+
+def test_a_hard_limit_too_low_says_so_in_one_line(many_files):
+    """Where even the hard limit is too low, the one line names the limit and how to raise it."""
+    import resource
+    import subprocess
+    from ckptfs_testlib import ckpt_bin
+    d, _, _ = many_files
+
+    def both():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (SOFT, SOFT))
+    p = subprocess.run([str(ckpt_bin()), "ls", str(d)], capture_output=True, timeout=120,
+                       preexec_fn=both)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("ckpt: ") and f"Too many open files (RLIMIT_NOFILE allows {SOFT}: " \
+        "raise its hard limit" in err, err
+
+
+def test_a_mount_under_the_default_soft_limit(many_files, mount, hard_above_soft):
+    """ckptfs started with the soft limit at 1,024 (as a login shell has it) mounts all the
+    files and serves the last tensor."""
+    import resource
+    d, manifest, exp = many_files
+    name, want = last_tensor(manifest, exp)
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (SOFT, before[1]))  # the daemon inherits it
+    try:
+        with mount(d) as m:
+            resource.setrlimit(resource.RLIMIT_NOFILE, before)
+            path = {t["name"]: t["path"] for t in read_index(m)["tensors"]}[name]
+            assert (m / path).read_bytes() == want
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+LOAD_CHILD = """
+import json, sys
+import ckload
+d, exp = sys.argv[1], sys.argv[2]
+manifest = json.load(open(exp + "/manifest.json"))
+sd = ckload.load(d, device="cpu")
+bad = [n for n, t in manifest["tensors"].items()
+       if sd[n].contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes()
+       != open(exp + "/" + t["file"], "rb").read()]
+print(json.dumps({"loaded": len(sd), "differ": bad}))
+"""
+
+
+def test_ckload_under_the_default_soft_limit(many_files, hard_above_soft):
+    """libckload in a process whose soft limit is 1,024: the load raises it toward the hard
+    limit only when a source would not open otherwise, and every tensor is torch's."""
+    import subprocess
+    import sys
+    d, manifest, exp = many_files
+    p = subprocess.run([sys.executable, "-c", LOAD_CHILD, str(d), str(exp)],
+                       capture_output=True, timeout=300, preexec_fn=soft_limit(SOFT))
+    assert p.returncode == 0, p.stderr.decode(errors="replace")[-2000:]
+    assert json.loads(p.stdout) == {"loaded": FILES, "differ": []}
