@@ -27,7 +27,12 @@
  *    reading from it, and the mount checks its sources on every read.
  *  - verify: a pack stores an XXH3 per blob, checked as its bytes stream. Other sources store
  *    no checksums: there verify checks only that each source file is still the file opened,
- *    unchanged (device, inode, size, mtime) once a tensor's bytes are read from it.
+ *    unchanged (device, inode, size, mtime) once a tensor's bytes are read from it: every file
+ *    they come from (a DCP tensor's chunks' files), not only the one its entry names.
+ *  - Open files: the load's index holds a descriptor per source file while it lives. Where
+ *    opening one meets the soft limit of open files (EMFILE: a DCP job of more than 1,024
+ *    ranks' files), the soft limit is raised to the hard one, once, and never lowered; nothing
+ *    is changed for a load that fits (docs/SEMANTICS.md, limits).
  *  - CUDA pipeline: each reader thread owns a CUDA stream and `buffers` pinned staging buffers
  *    from the pool (cudaHostAlloc), used round-robin: pread into one while the others'
  *    cudaMemcpyAsync run; a buffer is refilled only after its event completes. Threads take
