@@ -15,6 +15,7 @@ TestSuite(add_entry, .fini = tmp_cleanup);
 TestSuite(read_contiguous, .fini = tmp_cleanup);
 TestSuite(read_strided, .fini = tmp_cleanup);
 TestSuite(read_other, .fini = tmp_cleanup);
+TestSuite(each_file);
 
 /* --- ck_tensor_nbytes ------------------------------------------------------------------ */
 
@@ -514,4 +515,101 @@ Test(read_other, pread_exact)
     cr_assert_eq(ck_pread(ix->files[0].fd, buf, 7, 4), -EIO);
     cr_assert_eq(ck_pread(-1, buf, 1, 0), -EBADF);
     ck_index_free(ix);
+}
+
+/* --- ck_entry_each_file: the files a range of an entry is read from ------------------------ */
+
+/* A 4x6 F32 tensor in a 2x2 grid of chunks, each in a file of its own: rows 0-1 in files 1
+ * (columns 0-2) and 2 (3-5), rows 2-3 in files 3 and 4; the entry is the box of dims[0..2)
+ * from start[0..2). */
+static const int64_t grid_v[4][4] = {{0, 0, 2, 3}, {0, 3, 2, 3}, {2, 0, 2, 3}, {2, 3, 2, 3}};
+static const int64_t grid_dims[2] = {4, 6};
+
+static ck_entry grid_entry(int64_t *shape, ck_chunk *c, ck_chunks *cs, int64_t rows,
+                           int64_t first_row)
+{
+    for (uint32_t i = 0; i < 4; i++)
+        c[i] = (ck_chunk){.offsets = grid_v[i], .sizes = grid_v[i] + 2,
+                          .ext = {.offset = 0, .length = 24, .file = i + 1}};
+    *cs = (ck_chunks){.dims = grid_dims, .chunk = c, .n = 4};
+    shape[0] = rows, shape[1] = 6, shape[2] = first_row, shape[3] = 0;
+    return (ck_entry){.name = "t", .shape = shape, .chunks = cs, .nbytes = (uint64_t)rows * 24,
+                      .kind = CK_TENSOR, .layout = CK_CHUNKED, .dtype = CK_F32, .rank = 2};
+}
+
+/* Records each file named, as a bit. */
+static int note_file(void *ctx, uint32_t file)
+{
+    *(unsigned *)ctx |= 1u << file;
+    return 0;
+}
+
+static unsigned files_of(const ck_entry *e, uint64_t first_elem, uint64_t elems)
+{
+    unsigned seen = 0;
+    cr_assert_eq(ck_entry_each_file(e, 4 * first_elem, 4 * elems, note_file, &seen), 0);
+    return seen;
+}
+
+#define F(n) (1u << (n))
+
+Test(each_file, chunks_the_range_meets)
+{
+    int64_t shape[4];
+    ck_chunk c[4];
+    ck_chunks cs;
+    ck_entry e = grid_entry(shape, c, &cs, 4, 0);
+    cr_assert_eq(files_of(&e, 0, 3), F(1));               /* row 0, columns 0-2 */
+    cr_assert_eq(files_of(&e, 0, 6), F(1) | F(2));        /* row 0 */
+    cr_assert_eq(files_of(&e, 4, 1), F(2));               /* row 0, column 4 */
+    cr_assert_eq(files_of(&e, 6, 12), F(1) | F(2) | F(3) | F(4)); /* rows 1-2 */
+    cr_assert_eq(files_of(&e, 12, 12), F(3) | F(4));      /* rows 2-3 */
+    cr_assert_eq(files_of(&e, 20, 1), F(3));              /* row 3, column 2 */
+    cr_assert_eq(files_of(&e, 0, 24), F(1) | F(2) | F(3) | F(4));
+    cr_assert_eq(files_of(&e, 23, 100), F(4));            /* cut to the entry */
+    cr_assert_eq(files_of(&e, 24, 1), 0);                 /* past the end: none */
+    cr_assert_eq(files_of(&e, 3, 0), 0);                  /* empty: none */
+    unsigned seen = 0; /* part of one element: the element's chunk */
+    cr_assert_eq(ck_entry_each_file(&e, 4 * 9 + 1, 2, note_file, &seen), 0);
+    cr_assert_eq(seen, F(2));
+}
+
+Test(each_file, a_box_of_the_tensor)
+{
+    int64_t shape[4];
+    ck_chunk c[4];
+    ck_chunks cs;
+    ck_entry e = grid_entry(shape, c, &cs, 2, 2); /* rows 2-3 of the whole */
+    cr_assert_eq(files_of(&e, 0, 6), F(3) | F(4));
+    cr_assert_eq(files_of(&e, 0, 2), F(3));
+}
+
+/* Stops at the first non-zero answer and returns it. */
+static int refuse_file_3(void *ctx, uint32_t file)
+{
+    ++*(unsigned *)ctx;
+    return file == 3 ? -EIO : 0;
+}
+
+Test(each_file, stops_at_the_first_answer)
+{
+    int64_t shape[4];
+    ck_chunk c[4];
+    ck_chunks cs;
+    ck_entry e = grid_entry(shape, c, &cs, 4, 0);
+    unsigned asked = 0;
+    cr_assert_eq(ck_entry_each_file(&e, 0, e.nbytes, refuse_file_3, &asked), -EIO);
+    cr_assert_eq(asked, 3);
+}
+
+Test(each_file, other_layouts_name_their_extent_file)
+{
+    int64_t shape[1] = {8};
+    ck_entry e = {.name = "t", .shape = shape, .ext = {.offset = 0, .length = 32, .file = 5},
+                  .nbytes = 32, .kind = CK_TENSOR, .layout = CK_CONTIGUOUS, .dtype = CK_F32,
+                  .rank = 1};
+    cr_assert_eq(files_of(&e, 2, 3), F(5));
+    e.layout = CK_STRIDED;
+    cr_assert_eq(files_of(&e, 0, 8), F(5));
+    cr_assert_eq(files_of(&e, 8, 1), 0);
 }
