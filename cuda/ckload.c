@@ -170,12 +170,13 @@ static int fail_as(int code)
 
 /* The options a message may name, and how each caller spells them (ckl_options.spelling), with
  * what comes between the name and its value. */
-enum option { OPT_ONLY, OPT_THREADS, OPT_BUFFERS, OPT_BUFFER_SIZE };
+enum option { OPT_ONLY, OPT_THREADS, OPT_BUFFERS, OPT_BUFFER_SIZE, OPT_WORLD_SIZE };
 static const char *const spellings[][2] = {
     [OPT_ONLY] = {"--only ", "only="},
     [OPT_THREADS] = {"--threads ", "threads="},
     [OPT_BUFFERS] = {"--buffers ", "buffers="},
     [OPT_BUFFER_SIZE] = {"--buffer-size ", "buffer_size="},
+    [OPT_WORLD_SIZE] = {"--world-size ", "world_size="},
 };
 
 static const char *spelled(const ckl_load *l, enum option opt)
@@ -985,13 +986,38 @@ static int pick_device(ckl_load *l, char *err, size_t errlen)
     return -1;
 }
 
+/* Whether every slice rule's dim is -1 (whole) or a dimension a tensor may have; else err says
+ * which is not. A dim below -1 read as whole, one past CK_MAX_RANK as no dimension. */
+static int slice_dims_valid(const ckl_load *l, char *err, size_t errlen)
+{
+    _Static_assert(CKL_MAX_SLICE_DIM == CK_MAX_RANK - 1, "a slice's dim is one of a tensor's");
+    for (size_t i = 0; i < l->opt.nslices; i++) {
+        const ckl_slice *r = &l->opt.slices[i];
+        if (r->dim < -1 || r->dim > CKL_MAX_SLICE_DIM) {
+            snprintf(err, errlen, "%s: slice rule '%s': dim %d is not -1 (whole) or a dimension "
+                     "from 0 to %d", l->path, r->glob ? r->glob : "", r->dim, CKL_MAX_SLICE_DIM);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Whether the load's numbers are within their bounds (ckload.h); else err says which is not,
  * naming the option. Checked before anything is sized by them: a buffer size near 2^64 wrapped
- * in the gather's arithmetic, and a million threads were started. */
+ * in the gather's arithmetic, a million threads were started, and a world of 2^32 - 1 ranks
+ * made the balanced share's search take minutes per blob. */
 static int options_valid(const ckl_load *l, char *err, size_t errlen)
 {
     const ckl_options *o = &l->opt;
-    if (o->threads > CKL_MAX_THREADS)
+    if (o->device != CKL_CPU && o->device != CKL_CUDA && o->device != CKL_AUTO)
+        snprintf(err, errlen, "%s: device %d: not CPU, CUDA or auto (enum ckl_device)", l->path,
+                 o->device);
+    else if (o->world_size > CKL_MAX_WORLD_SIZE)
+        snprintf(err, errlen, "%s: %s%u: more than %u ranks", l->path,
+                 spelled(l, OPT_WORLD_SIZE), o->world_size, CKL_MAX_WORLD_SIZE);
+    else if (!slice_dims_valid(l, err, errlen))
+        return 0;
+    else if (o->threads > CKL_MAX_THREADS)
         snprintf(err, errlen, "%s: %s%u: more than %u reader threads", l->path,
                  spelled(l, OPT_THREADS), o->threads, CKL_MAX_THREADS);
     else if (o->buffers > CKL_MAX_BUFFERS)

@@ -117,6 +117,8 @@ enum ckl_spelling { CKL_SPELL_FLAGS = 0, CKL_SPELL_PARAMS = 1 };
 #define CKL_MIN_BUFFER_SIZE 4096u         /* buffer_size, when not 0 */
 #define CKL_MAX_BUFFER_SIZE (1ull << 32)
 #define CKL_MAX_BUFFERS 64u               /* buffers */
+#define CKL_MAX_WORLD_SIZE (1u << 20)     /* world_size (and so rank, below it) */
+#define CKL_MAX_SLICE_DIM 63              /* a slice rule's dim: -1 (whole) up to this */
 
 typedef struct ckl_options {
     int device;              /* enum ckl_device */
@@ -164,7 +166,8 @@ unsigned ckl_abi_version(void);
 /* The layout of the structs a binding mirrors, as this library was built: ckl_layout("ckl_tensor")
  * is its size, ckl_layout("ckl_tensor.rank") the offset of that field; likewise for ckl_options
  * and dlpack.h's DLDevice, DLDataType, DLTensor, DLManagedTensor, DLPackVersion and
- * DLManagedTensorVersioned. -1 for any other name. */
+ * DLManagedTensorVersioned; and the options' bounds above by their names
+ * (ckl_layout("CKL_MAX_THREADS")). -1 for any other name. */
 long ckl_layout(const char *what);
 
 /* Fills *o with the defaults. */

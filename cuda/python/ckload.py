@@ -37,11 +37,18 @@ libckload reports (its errno): FileNotFoundError (the source does not exist), Pe
 (it cannot be read), ValueError (an argument is refused: named as this module's parameter,
 `only=`, `threads=`, `slices=`, `device=`...), and ckload.Error, a RuntimeError, for anything
 else (a corrupt checkpoint, no CUDA device, a failed read, out of memory).
+
+Integer arguments are ints (a bool or a float is refused), each within its bounds (ckload.h):
+threads 0 to 256, buffers 0 to 64, buffer_size 0 or 4096 to 2**32, world_size 1 to 2**20,
+rank 0 to world_size - 1, a slice rule's dim -1 to 63, the N of "cuda:N" 0 to 2**31 - 1; any
+other value is a ValueError that names it and its range, never wrapped into what a C field
+holds.
 """
 from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import operator
 import os
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -70,6 +77,9 @@ Device = Union[str, torch.device]
 ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
 DEST_BLOCK, DEST_AT, DEST_SKIP, DEST_REFUSE = 0, 1, 2, -1  # enum ckl_dest; any other: refused
 SPELL_PARAMS = 1  # enum ckl_spelling: messages name options as this module's parameters
+# The options' bounds (ckload.h's CKL_MAX_THREADS...), checked against the library's at load.
+BOUNDS = {"CKL_MAX_THREADS": 256, "CKL_MIN_BUFFER_SIZE": 4096, "CKL_MAX_BUFFER_SIZE": 1 << 32,
+          "CKL_MAX_BUFFERS": 64, "CKL_MAX_WORLD_SIZE": 1 << 20, "CKL_MAX_SLICE_DIM": 63}
 
 
 class Error(RuntimeError):
@@ -214,6 +224,10 @@ def _abi_mismatch(lib):
         return "the library has no ckl_abi_version (it is older than this ckload.py)"
     if lib.ckl_abi_version() != ABI_VERSION:
         return f"ABI version {lib.ckl_abi_version()}, this ckload.py expects {ABI_VERSION}"
+    for bound, here in BOUNDS.items():
+        there = lib.ckl_layout(bound.encode())
+        if there != here:
+            return f"{bound}: {there} in the library, {here} in ckload.py"
     for cname, cls in MIRRORS.items():
         mine = [(cname, "size", _c.sizeof(cls))]
         mine += [(f"{cname}.{f[0]}", "offset", getattr(cls, f[0]).offset) for f in cls._fields_]
@@ -405,8 +419,30 @@ def _parse_device(device, path):
     if s == "cuda":
         return CKL_CUDA, 0
     if s.startswith("cuda:") and s[5:].isdigit():
-        return CKL_CUDA, int(s[5:])
+        return CKL_CUDA, _c_int(path, "N", int(s[5:]), 0, _C_MAX[_c.c_int],
+                                within=f"device={device!r}: ")
     raise _bad_argument(path, f"device={device!r}: expected cpu, cuda, cuda:N or auto")
+
+
+# The largest value of each C integer type this module hands libckload.
+_C_MAX = {t: (1 << (8 * _c.sizeof(t) - (t(-1).value < 0))) - 1
+          for t in (_c.c_int, _c.c_uint, _c.c_size_t)}
+
+
+def _c_int(path, name, v, lo, hi, default=None, within=""):
+    """v, an integer (a bool or a float is not one) from lo to hi or the default, else the
+    ValueError about loading path that names it ("{within}{name}=v") and its range. Every
+    integer this module hands libckload passes through here: ctypes silently wraps what a C
+    type cannot hold (world_size=2**32+2 loaded as 2, a slice's dim=2**63 as 0), so lo..hi is
+    the meaningful range, always within the C type's."""
+    try:
+        n = None if isinstance(v, bool) else operator.index(v)
+    except TypeError:
+        n = None
+    if n is not None and (lo <= n <= hi or (default is not None and n == default)):
+        return n
+    alone = "" if default is None else f"{default} or "
+    raise _bad_argument(path, f"{within}{name}={v!r}: not {alone}an integer from {lo} to {hi}")
 
 
 def _bad_argument(path, what):
@@ -445,23 +481,20 @@ class Load:
         lib = library()
         self._path = os.fsencode(path)
         dev, ordinal = _parse_device(device, path)
-        # ctypes would wrap what its field cannot hold; the library checks the real bounds
-        for name, v, field in (("threads", threads, _c.c_uint),
-                               ("buffer_size", buffer_size, _c.c_size_t),
-                               ("buffers", buffers, _c.c_uint)):
-            if not 0 <= int(v) < 1 << (8 * _c.sizeof(field)):
-                raise _bad_argument(path, f"{name}={v}: must be >= 0 and fit in "
-                                          f"{field.__name__}")
+        threads = _c_int(path, "threads", threads, 0, BOUNDS["CKL_MAX_THREADS"])
+        buffer_size = _c_int(path, "buffer_size", buffer_size, BOUNDS["CKL_MIN_BUFFER_SIZE"],
+                             BOUNDS["CKL_MAX_BUFFER_SIZE"], default=0)
+        buffers = _c_int(path, "buffers", buffers, 0, BOUNDS["CKL_MAX_BUFFERS"])
         o = Options()
         lib.ckl_default_options(_c.byref(o))
         o.spelling = SPELL_PARAMS
         o.device, o.cuda_device = dev, ordinal
         if threads:
-            o.threads = int(threads)
+            o.threads = threads
         if buffer_size:
-            o.buffer_size = int(buffer_size)
+            o.buffer_size = buffer_size
         if buffers:
-            o.buffers = int(buffers)
+            o.buffers = buffers
         self._only = None if only is None else os.fsencode(only)
         o.only = self._only
         o.verify = 1 if verify else 0
@@ -488,18 +521,17 @@ class Load:
     def _set_slices(self, o, slices, rank, world_size, read):
         """The slice rules, rank, world_size and read share into o (kept alive with self)."""
         rules = list(slices or [])
-        if int(world_size) < 1 or not 0 <= int(rank) < int(world_size):
-            raise _bad_argument(self._path, f"rank={rank}, world_size={world_size}: no such "
-                                            f"rank")
-        for glob, dim in rules:
-            if not isinstance(dim, int) or dim < -1:
-                raise _bad_argument(self._path, f"slices=[({glob!r}, {dim!r})]: dim is -1 "
-                                                f"(whole) or a dimension >= 0")
+        world_size = _c_int(self._path, "world_size", world_size, 1,
+                            BOUNDS["CKL_MAX_WORLD_SIZE"])
+        rank = _c_int(self._path, "rank", rank, 0, world_size - 1,
+                      within=f"world_size={world_size}: ")
+        dims = [_c_int(self._path, "dim", dim, -1, BOUNDS["CKL_MAX_SLICE_DIM"],
+                       within=f"slices=[({glob!r}, {dim!r})]: ") for glob, dim in rules]
         self._globs = [os.fsencode(g) for g, _ in rules]
         self._slices = (Slice * max(1, len(rules)))(
-            *[Slice(g, d) for g, (_, d) in zip(self._globs, rules)])
+            *[Slice(g, d) for g, d in zip(self._globs, dims)])
         o.slices, o.nslices = self._slices, len(rules)
-        o.rank, o.world_size, o.read = int(rank), int(world_size), read
+        o.rank, o.world_size, o.read = rank, world_size, read
 
     def _forget_callback(self):
         if self._ctx is not None:
@@ -519,7 +551,11 @@ class Load:
     def _get(self, i):
         if not 0 <= i < len(self):
             raise IndexError(i)
-        return self._lib.ckl_get(self._handle(), i).contents
+        return self._lib.ckl_get(self._handle(), self._index(i)).contents
+
+    def _index(self, i):
+        """Tensor index i as ckl_get and ckl_wait take it (a size_t), or ValueError."""
+        return _c_int(self._path, "i", i, 0, _C_MAX[_c.c_size_t])
 
     def name(self, i: int) -> str:
         """Tensor i's name."""
@@ -580,7 +616,7 @@ class Load:
         """Blocks until tensor i is in place; Error if the load failed (ValueError: no tensor
         i)."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
-        if self._lib.ckl_wait(self._handle(), i, err, len(err)) != 0:
+        if self._lib.ckl_wait(self._handle(), self._index(i), err, len(err)) != 0:
             _raise(err)
 
     def wait_all(self) -> None:
