@@ -679,6 +679,55 @@ static int make_plan(ckl_load *l, const char *only, const unsigned char *keep,
     return 0;
 }
 
+/* A tensor the caller placed, for placed_apart: its bytes [at, at + n), its blob. */
+typedef struct {
+    uintptr_t at;
+    uint64_t n;
+    uint32_t blob;
+    size_t tensor;
+} placement;
+
+static int placement_cmp(const void *a, const void *b)
+{
+    const placement *x = a, *y = b;
+    if (x->at != y->at)
+        return x->at < y->at ? -1 : 1;
+    return x->n < y->n ? -1 : x->n > y->n;
+}
+
+/* Whether the tensors the caller placed (tensor_at) lie apart, else e names two that overlap:
+ * their blobs are read by different threads, so shared bytes would end as a mix of both. Tied
+ * tensors of one blob placed at one address are the same bytes (copy_to_ties skips them). Sorted
+ * by address, each tensor is checked against the one reaching farthest before it: O(n log n). */
+static int placed_apart(ckl_load *l, ck_error *e)
+{
+    const ck_plan *p = l->plan;
+    placement *v = malloc((p->ntensors ? p->ntensors : 1) * sizeof *v);
+    if (!v)
+        return ck_fail(e, l->path, "out of memory"), ENOMEM;
+    size_t n = 0;
+    for (size_t i = 0; i < p->ntensors; i++)
+        if (l->tensor_at[i] && p->tensors[i].entry->nbytes)
+            v[n++] = (placement){(uintptr_t)l->tensor_at[i], p->tensors[i].entry->nbytes,
+                                 p->tensors[i].blob, i};
+    qsort(v, n, sizeof *v, placement_cmp);
+    int rc = 0;
+    for (size_t i = 1, far = 0; rc == 0 && i < n; i++) {
+        const placement *a = &v[far], *b = &v[i];
+        size_t first = a->tensor < b->tensor ? a->tensor : b->tensor; /* named in pack order */
+        if (b->at - a->at < a->n && !(b->at == a->at && b->n == a->n && b->blob == a->blob))
+            rc = (ck_fail(e, l->path, "tensors '%.200s' and '%.200s' are placed in "
+                          "overlapping memory (their bytes would be a mix of both's)",
+                          p->tensors[first].entry->name,
+                          p->tensors[a->tensor + b->tensor - first].entry->name),
+                  EINVAL);
+        if (b->at + b->n > a->at + a->n)
+            far = i;
+    }
+    free(v);
+    return rc;
+}
+
 /* With ckl_options.dest: where each planned tensor goes. The tensors it skips are left out (the
  * plan is made again of the others alone: keep, only already applied, so that skipping every
  * tensor leaves an empty load whether only was given or not); the others' addresses go to
@@ -712,6 +761,8 @@ static int ask_dests(ckl_load *l, const ck_slicing *cut, ck_error *e)
         rc = (ck_fail(e, l->path, "out of memory"), ENOMEM);
     for (size_t i = 0; rc == 0 && i < nt; i++)
         l->tensor_at[i] = at[l->plan->tensors[i].whole - ix->entries];
+    if (rc == 0)
+        rc = placed_apart(l, e);
     free(at);
     free(keep);
     return rc;

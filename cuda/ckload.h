@@ -60,7 +60,9 @@
  *    (it is left out of the load, as `only` leaves tensors out). A blob (tied tensors share one)
  *    is read once, into its first placed tensor's address; each other tensor of it placed
  *    elsewhere gets a copy of those bytes before the blob counts as landed. ckl_get(l, i)->data
- *    is where tensor i is; the block holds only what was left to it.
+ *    is where tensor i is; the block holds only what was left to it. Placements that overlap
+ *    are refused (EINVAL, naming two tensors), except tensors of one blob at one address: the
+ *    bytes of different blobs are written by different threads.
  *  - Once its readers are done (every blob read here is in, or the load failed) a load closes
  *    its source files: a mount it read can be unmounted while its tensors live. What it keeps
  *    is the block, the tensors' names and shapes, and the DLPack exports' references.

@@ -724,6 +724,22 @@ class Export:
 
 # --- into the caller's tensors -----------------------------------------------------------------
 
+class _Cuda:
+    """A device range as __cuda_array_interface__ (what torch.as_tensor takes for memory it does
+    not own): bytes of a CUDA block or target, for torch or NCCL to write or read."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3}
+
+
+def _block_bytes(device, ptr, n):
+    """Bytes [ptr, ptr+n) on device ("cpu" or "cuda:N") as a uint8 tensor over that memory."""
+    if device.startswith("cuda"):
+        return torch.as_tensor(_Cuda(ptr, n), device=device)
+    return torch.frombuffer((_c.c_char * n).from_address(ptr), dtype=torch.uint8)
+
+
 class IncompatibleKeys(NamedTuple):
     """What load_into reports, as torch's load_state_dict does: the target's names that nothing
     filled, and the checkpoint's names that the target lacks."""
@@ -767,15 +783,35 @@ def _device_of(targets):
     return devices.pop() if devices else "cpu"
 
 
+def _memory(t):
+    """The memory target t fills as a whole: (address, bytes). Tied targets share it."""
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
 class _Placement:
-    """ckl_options.dest for load_into: each checkpoint tensor into the target of its name, once
-    per target memory (tied parameters: the first name in pack order fills it), checked for
-    dtype, shape and layout; the rest skipped. The final call refuses the load when any
-    tensor did not fit, or (strict) when a name is missing or unexpected."""
+    """ckl_options.dest for load_into: each checkpoint tensor into the target of its name,
+    checked for dtype, shape and layout; the rest skipped. The final call refuses the load when
+    any tensor did not fit, or (strict) when a name is missing or unexpected.
+
+    Tied targets (several names, one memory) end as load_state_dict leaves them, copying name
+    after name in the target's order: with the bytes of the last of their names (in the
+    target's order) that the checkpoint has. That name's tensor is read straight into the
+    memory; one an earlier name of the tie takes is left to the load's block (a later name may
+    still come, in pack order) and copied in after the load when none did (settle). Targets
+    that overlap otherwise are refused by libckload (their bytes would be a mix of both)."""
 
     def __init__(self, targets, strict, only):
         self.targets, self.strict, self.only = targets, strict, only
-        self.filled = set()            # (data_ptr, nbytes) of the target memory filled
+        lib, sel = library(), None if only is None else os.fsencode(only)
+        self.order = {k: i for i, k in enumerate(targets)}
+        self.last = {}  # each target memory: its last name (in the target's order) only selects
+        for k, t in targets.items():
+            if lib.ckl_selected(sel, os.fsencode(k)):
+                self.last[_memory(t)] = k
+        self.filled = set()    # target memory read into, or to be copied into (settle)
+        self.straight = set()  # target memory its last name is read straight into
+        self.later = {}        # target memory -> the name whose bytes settle copies in
+        self.blocked = set()   # the names left to the load's block: never told on landing
         self.loaded, self.unexpected, self.wrong = set(), [], []
         self.refused = False
 
@@ -807,23 +843,44 @@ class _Placement:
             if why:
                 self.wrong.append(f"{name}: {why}")
                 return DEST_SKIP
-            key = (t.data_ptr(), c.nbytes)
+            key = _memory(t)
             self.loaded.add(name)
-            if key in self.filled:
-                return DEST_SKIP  # tied in the target: an earlier name fills this memory
             self.filled.add(key)
+            if key in self.straight:
+                return DEST_SKIP  # tied: a later name of the target's fills this memory
+            if name != self.last.get(key, name):  # tied: the latest name that comes wins
+                if self.order[name] > self.order.get(self.later.get(key), -1):
+                    self.later[key] = name
+                self.blocked.add(name)
+                return DEST_BLOCK
+            self.straight.add(key)
+            self.later.pop(key, None)
             at[0] = t.data_ptr() if c.nbytes else None
             return DEST_AT
         except BaseException as e:  # cannot cross into C: refuse, and say why afterwards
             self.wrong.append(f"{type(e).__name__}: {e}")
             return DEST_REFUSE
 
+    def settles(self, name):
+        """Whether name's bytes land in the load's block (settle may copy them in after)."""
+        return name in self.blocked
+
+    def settle(self, ld):
+        """Copies each tied target memory's bytes in from the load's block where the name they
+        come from was not read straight into it (see the class)."""
+        for (ptr, n), name in self.later.items():
+            if n:
+                _block_bytes(ld.device, ptr, n).copy_(
+                    _block_bytes(ld.device, ld.pointer(ld.find(name)), n))
+        if ld.device.startswith("cuda"):
+            torch.cuda.synchronize(ld.device)
+
     def missing(self):
         lib = library()
         only = None if self.only is None else os.fsencode(self.only)
         return [k for k, t in self.targets.items()
                 if k not in self.loaded and lib.ckl_selected(only, os.fsencode(k)) and
-                (t.data_ptr(), t.numel() * t.element_size()) not in self.filled]
+                _memory(t) not in self.filled]
 
     def problems(self):
         """The lines of load_state_dict's error message that apply, or []."""
@@ -843,24 +900,30 @@ class _Placement:
 class _EarlyReady:
     """on_ready(i) as on_ready(name) for load_into: tensors that land before the load's handle
     is known (its readers start inside ckl_load_start) are told once it is, on the caller's
-    thread; the others on the loader thread they land on."""
+    thread; the others on the loader thread they land on. A name whose bytes land in the load's
+    block, to be copied into its target after the load (later: a _Placement's settles), is told
+    by load_into once they are."""
 
-    def __init__(self, on_ready):
-        self.on_ready, self.load, self.pending = on_ready, None, []
+    def __init__(self, on_ready, later):
+        self.on_ready, self.later, self.load, self.pending = on_ready, later, None, []
         self.lock = threading.Lock()
+
+    def _tell(self, name):
+        if not self.later(name):
+            self.on_ready(name)
 
     def __call__(self, i):
         with self.lock:
             if self.load is None:
                 self.pending.append(i)
                 return
-        self.on_ready(self.load.name(i))
+        self._tell(self.load.name(i))
 
     def start(self, load):
         with self.lock:
             self.load, pending, self.pending = load, self.pending, []
         for i in pending:
-            self.on_ready(load.name(i))
+            self._tell(load.name(i))
 
 
 def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] = None,
@@ -876,7 +939,14 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     copy, no memory of ckload's that outlives the call, and on CUDA torch's allocator counts
     it all. Names are matched exactly; each target must have the checkpoint's dtype and shape
     (a tensor part's shape, with slices) and be contiguous. Tied parameters (one memory under
-    several names) are filled once. strict (the default): every target name must be filled
+    several names) end as load_state_dict leaves them: with the bytes of the last of their
+    names, in the target's order (its state_dict's, or the mapping's), that the checkpoint
+    has, whatever the checkpoint holds under the others (read once, straight in, where that
+    name comes last in pack order too; else the earlier name's bytes go through ckload's
+    memory, freed before the call returns, and on_ready names the tie once they are in).
+    Targets whose memory overlaps otherwise (views of one tensor at different offsets or
+    lengths) are refused before a byte is read (ValueError naming two of them): their
+    shared bytes would be a mix of both tensors'. strict (the default): every target name must be filled
     and every checkpoint name (selected by only) wanted, else nothing is read and Error (a
     RuntimeError, as load_state_dict's) lists the missing and unexpected names; strict=False
     loads what matches and returns IncompatibleKeys(missing_keys, unexpected_keys). A dtype
@@ -889,7 +959,7 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
     place = _Placement(targets, strict, only)
-    early = _EarlyReady(on_ready)
+    early = _EarlyReady(on_ready, place.settles)
     try:
         ld = Load(path, device=device, only=only, verify=verify, threads=threads,
                   buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size,
@@ -902,19 +972,14 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     with ld:
         early.start(ld)
         ld.wait_all()
+        place.settle(ld)
+    if on_ready:
+        for name in place.later.values():
+            on_ready(name)
     return IncompatibleKeys(place.missing(), place.unexpected)
 
 
 # --- many processes: read once, broadcast ------------------------------------------------------
-
-class _Cuda:
-    """A device range as __cuda_array_interface__ (what torch.as_tensor takes for memory it does
-    not own): blob bytes in a CUDA block, for NCCL to write or read."""
-
-    def __init__(self, ptr, n):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3}
-
 
 class DistributedLoad(Load):
     """One load on every rank of a torch.distributed process group (ckload.h's read shares):
@@ -1024,12 +1089,6 @@ class DistributedLoad(Load):
             return rank
         return self._dist.distributed_c10d._get_global_rank(self._group, rank)
 
-    def _bytes(self, ptr, n):
-        """Blob bytes [ptr, ptr+n) of a block as a uint8 tensor torch.distributed can fill."""
-        if self.device.startswith("cuda"):
-            return torch.as_tensor(_Cuda(ptr, n), device=self.device)
-        return torch.frombuffer((_c.c_char * n).from_address(ptr), dtype=torch.uint8)
-
     def _status(self, why, src):
         """Whether rank src's step went well (why None there), as every rank learns it."""
         flag = torch.tensor([0 if why else 1], dtype=torch.int32,
@@ -1065,7 +1124,8 @@ class DistributedLoad(Load):
             why = self._wait_blob(self, b) if owner == self._rank else None
             if not self._status(why, owner):
                 return self._agree(h, why)
-            self._dist.broadcast(self._bytes(ptr, n), src=self._global(owner), group=self._group)
+            self._dist.broadcast(_block_bytes(self.device, ptr, n), src=self._global(owner),
+                                 group=self._group)
             if owner != self._rank:
                 self._put(h, b)
             return True
@@ -1075,12 +1135,12 @@ class DistributedLoad(Load):
             return self._agree(h, why)
         if self._rank == 0:
             ptr, n, *_ = self._others[r].blobs()[k]
-            part = self._bytes(ptr, n)
+            part = _block_bytes(self.device, ptr, n)
             self._dist.send(part.cpu() if self._host_p2p() else part, dst=self._global(r),
                             group=self._group)
         elif self._rank == r:
             ptr, n, *_ = blobs[parts[k]]
-            part = self._bytes(ptr, n)
+            part = _block_bytes(self.device, ptr, n)
             into = torch.empty(n, dtype=torch.uint8) if self._host_p2p() else part
             self._dist.recv(into, src=self._global(0), group=self._group)
             if into is not part:
