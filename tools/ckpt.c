@@ -368,6 +368,11 @@ static int cmd_pack(int argc, char **argv)
         free(out);
         return 1;
     }
+    if (ck_out_spares_sources(out, 0, ix) != 0) {
+        ck_index_free(ix);
+        free(out);
+        return 1;
+    }
     ck_error err;
     ck_synth *sy;
     int rc = 1;
