@@ -426,7 +426,7 @@ def _parse_device(device, path):
 
 # The largest value of each C integer type this module hands libckload.
 _C_MAX = {t: (1 << (8 * _c.sizeof(t) - (t(-1).value < 0))) - 1
-          for t in (_c.c_int, _c.c_uint, _c.c_size_t)}
+          for t in (_c.c_int, _c.c_size_t)}
 
 
 def _c_int(path, name, v, lo, hi, default=None, within=""):
