@@ -1,6 +1,7 @@
 /* abi.c — what a binding that mirrors this library's structs by hand (cuda/python/ckload.py)
- * checks when it loads it: the ABI version, and the size and field offsets of every struct it
- * mirrors, ckload.h's and dlpack.h's, as this library was compiled. */
+ * checks when it loads it: the ABI version, the size and field offsets of every struct it
+ * mirrors, ckload.h's and dlpack.h's, as this library was compiled, and the options' bounds it
+ * checks its arguments against before they reach a C field. */
 #include "ckload.h"
 
 #include "dlpack_v1.h"
@@ -9,6 +10,7 @@
 
 #define SIZE(s) {#s, sizeof(s)}
 #define FIELD(s, f) {#s "." #f, offsetof(s, f)}
+#define BOUND(b) {#b, (size_t)(b)}
 
 static const struct {
     const char *what;
@@ -36,6 +38,8 @@ static const struct {
     SIZE(DLManagedTensorVersioned), FIELD(DLManagedTensorVersioned, version),
     FIELD(DLManagedTensorVersioned, manager_ctx), FIELD(DLManagedTensorVersioned, deleter),
     FIELD(DLManagedTensorVersioned, flags), FIELD(DLManagedTensorVersioned, dl_tensor),
+    BOUND(CKL_MAX_THREADS),     BOUND(CKL_MIN_BUFFER_SIZE),     BOUND(CKL_MAX_BUFFER_SIZE),
+    BOUND(CKL_MAX_BUFFERS),     BOUND(CKL_MAX_WORLD_SIZE),      BOUND(CKL_MAX_SLICE_DIM),
 };
 
 unsigned ckl_abi_version(void)

@@ -170,12 +170,13 @@ static int fail_as(int code)
 
 /* The options a message may name, and how each caller spells them (ckl_options.spelling), with
  * what comes between the name and its value. */
-enum option { OPT_ONLY, OPT_THREADS, OPT_BUFFERS, OPT_BUFFER_SIZE };
+enum option { OPT_ONLY, OPT_THREADS, OPT_BUFFERS, OPT_BUFFER_SIZE, OPT_WORLD_SIZE };
 static const char *const spellings[][2] = {
     [OPT_ONLY] = {"--only ", "only="},
     [OPT_THREADS] = {"--threads ", "threads="},
     [OPT_BUFFERS] = {"--buffers ", "buffers="},
     [OPT_BUFFER_SIZE] = {"--buffer-size ", "buffer_size="},
+    [OPT_WORLD_SIZE] = {"--world-size ", "world_size="},
 };
 
 static const char *spelled(const ckl_load *l, enum option opt)
@@ -683,6 +684,55 @@ static int make_plan(ckl_load *l, const char *only, const unsigned char *keep,
     return 0;
 }
 
+/* A tensor the caller placed, for placed_apart: its bytes [at, at + n), its blob. */
+typedef struct {
+    uintptr_t at;
+    uint64_t n;
+    uint32_t blob;
+    size_t tensor;
+} placement;
+
+static int placement_cmp(const void *a, const void *b)
+{
+    const placement *x = a, *y = b;
+    if (x->at != y->at)
+        return x->at < y->at ? -1 : 1;
+    return x->n < y->n ? -1 : x->n > y->n;
+}
+
+/* Whether the tensors the caller placed (tensor_at) lie apart, else e names two that overlap:
+ * their blobs are read by different threads, so shared bytes would end as a mix of both. Tied
+ * tensors of one blob placed at one address are the same bytes (copy_to_ties skips them). Sorted
+ * by address, each tensor is checked against the one reaching farthest before it: O(n log n). */
+static int placed_apart(ckl_load *l, ck_error *e)
+{
+    const ck_plan *p = l->plan;
+    placement *v = malloc((p->ntensors ? p->ntensors : 1) * sizeof *v);
+    if (!v)
+        return ck_fail(e, l->path, "out of memory"), ENOMEM;
+    size_t n = 0;
+    for (size_t i = 0; i < p->ntensors; i++)
+        if (l->tensor_at[i] && p->tensors[i].entry->nbytes)
+            v[n++] = (placement){(uintptr_t)l->tensor_at[i], p->tensors[i].entry->nbytes,
+                                 p->tensors[i].blob, i};
+    qsort(v, n, sizeof *v, placement_cmp);
+    int rc = 0;
+    for (size_t i = 1, far = 0; rc == 0 && i < n; i++) {
+        const placement *a = &v[far], *b = &v[i];
+        size_t first = a->tensor < b->tensor ? a->tensor : b->tensor; /* named in pack order */
+        if (b->at - a->at < a->n && !(b->at == a->at && b->n == a->n && b->blob == a->blob))
+            rc = (ck_fail(e, l->path, "tensors '%.200s' and '%.200s' are placed in "
+                          "overlapping memory (their bytes would be a mix of both's)",
+                          p->tensors[first].entry->name,
+                          p->tensors[a->tensor + b->tensor - first].entry->name),
+                  EINVAL);
+        if (b->at + b->n > a->at + a->n)
+            far = i;
+    }
+    free(v);
+    return rc;
+}
+
 /* With ckl_options.dest: where each planned tensor goes. The tensors it skips are left out (the
  * plan is made again of the others alone: keep, only already applied, so that skipping every
  * tensor leaves an empty load whether only was given or not); the others' addresses go to
@@ -716,6 +766,8 @@ static int ask_dests(ckl_load *l, const ck_slicing *cut, ck_error *e)
         rc = (ck_fail(e, l->path, "out of memory"), ENOMEM);
     for (size_t i = 0; rc == 0 && i < nt; i++)
         l->tensor_at[i] = at[l->plan->tensors[i].whole - ix->entries];
+    if (rc == 0)
+        rc = placed_apart(l, e);
     free(at);
     free(keep);
     return rc;
@@ -990,13 +1042,38 @@ static int pick_device(ckl_load *l, char *err, size_t errlen)
     return -1;
 }
 
+/* Whether every slice rule's dim is -1 (whole) or a dimension a tensor may have; else err says
+ * which is not. A dim below -1 read as whole, one past CK_MAX_RANK as no dimension. */
+static int slice_dims_valid(const ckl_load *l, char *err, size_t errlen)
+{
+    _Static_assert(CKL_MAX_SLICE_DIM == CK_MAX_RANK - 1, "a slice's dim is one of a tensor's");
+    for (size_t i = 0; i < l->opt.nslices; i++) {
+        const ckl_slice *r = &l->opt.slices[i];
+        if (r->dim < -1 || r->dim > CKL_MAX_SLICE_DIM) {
+            snprintf(err, errlen, "%s: slice rule '%s': dim %d is not -1 (whole) or a dimension "
+                     "from 0 to %d", l->path, r->glob ? r->glob : "", r->dim, CKL_MAX_SLICE_DIM);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Whether the load's numbers are within their bounds (ckload.h); else err says which is not,
  * naming the option. Checked before anything is sized by them: a buffer size near 2^64 wrapped
- * in the gather's arithmetic, and a million threads were started. */
+ * in the gather's arithmetic, a million threads were started, and a world of 2^32 - 1 ranks
+ * made the balanced share's search take minutes per blob. */
 static int options_valid(const ckl_load *l, char *err, size_t errlen)
 {
     const ckl_options *o = &l->opt;
-    if (o->threads > CKL_MAX_THREADS)
+    if (o->device != CKL_CPU && o->device != CKL_CUDA && o->device != CKL_AUTO)
+        snprintf(err, errlen, "%s: device %d: not CPU, CUDA or auto (enum ckl_device)", l->path,
+                 o->device);
+    else if (o->world_size > CKL_MAX_WORLD_SIZE)
+        snprintf(err, errlen, "%s: %s%u: more than %u ranks", l->path,
+                 spelled(l, OPT_WORLD_SIZE), o->world_size, CKL_MAX_WORLD_SIZE);
+    else if (!slice_dims_valid(l, err, errlen))
+        return 0;
+    else if (o->threads > CKL_MAX_THREADS)
         snprintf(err, errlen, "%s: %s%u: more than %u reader threads", l->path,
                  spelled(l, OPT_THREADS), o->threads, CKL_MAX_THREADS);
     else if (o->buffers > CKL_MAX_BUFFERS)

@@ -65,7 +65,9 @@
  *    (it is left out of the load, as `only` leaves tensors out). A blob (tied tensors share one)
  *    is read once, into its first placed tensor's address; each other tensor of it placed
  *    elsewhere gets a copy of those bytes before the blob counts as landed. ckl_get(l, i)->data
- *    is where tensor i is; the block holds only what was left to it.
+ *    is where tensor i is; the block holds only what was left to it. Placements that overlap
+ *    are refused (EINVAL, naming two tensors), except tensors of one blob at one address: the
+ *    bytes of different blobs are written by different threads.
  *  - Once its readers are done (every blob read here is in, or the load failed) a load closes
  *    its source files: a mount it read can be unmounted while its tensors live. What it keeps
  *    is the block, the tensors' names and shapes, and the DLPack exports' references.
@@ -122,6 +124,8 @@ enum ckl_spelling { CKL_SPELL_FLAGS = 0, CKL_SPELL_PARAMS = 1 };
 #define CKL_MIN_BUFFER_SIZE 4096u         /* buffer_size, when not 0 */
 #define CKL_MAX_BUFFER_SIZE (1ull << 32)
 #define CKL_MAX_BUFFERS 64u               /* buffers */
+#define CKL_MAX_WORLD_SIZE (1u << 20)     /* world_size (and so rank, below it) */
+#define CKL_MAX_SLICE_DIM 63              /* a slice rule's dim: -1 (whole) up to this */
 
 typedef struct ckl_options {
     int device;              /* enum ckl_device */
@@ -169,7 +173,8 @@ unsigned ckl_abi_version(void);
 /* The layout of the structs a binding mirrors, as this library was built: ckl_layout("ckl_tensor")
  * is its size, ckl_layout("ckl_tensor.rank") the offset of that field; likewise for ckl_options
  * and dlpack.h's DLDevice, DLDataType, DLTensor, DLManagedTensor, DLPackVersion and
- * DLManagedTensorVersioned. -1 for any other name. */
+ * DLManagedTensorVersioned; and the options' bounds above by their names
+ * (ckl_layout("CKL_MAX_THREADS")). -1 for any other name. */
 long ckl_layout(const char *what);
 
 /* Fills *o with the defaults. */

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -326,6 +327,25 @@ static int check_not_mounted(const char *mnt, const char *real)
         return 0;
     fprintf(stderr, "ckptfs: %s: already a ckptfs mount of %s; unmount it first (fusermount3 "
             "-u %s), or mount over it with -o nonempty\n", mnt, at.source, mnt);
+    return -1;
+}
+
+/* Refuses a mountpoint (real: canonical) inside a ckptfs mount: the new mount would keep the
+ * outer one busy, so that it could not be unmounted while the inner one lives. The directory
+ * that holds real says (real itself may be a mount, which check_not_mounted judges). */
+static int check_not_inside(const char *mnt, const char *real)
+{
+    char *copy = strdup(real);
+    struct stat st;
+    ck_mount_at at;
+    int inside = copy && stat(dirname(copy), &st) == 0 &&
+                 ck_mount_of_dev(CK_MOUNTINFO, st.st_dev, &at) == 1 &&
+                 strcmp(at.fstype, "fuse.ckptfs") == 0;
+    free(copy);
+    if (!inside)
+        return 0;
+    fprintf(stderr, "ckptfs: %s: inside a ckptfs mount of %s, which could then not be unmounted; "
+            "mount elsewhere\n", mnt, at.source);
     return -1;
 }
 
@@ -687,7 +707,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
-    if (!by_fd && (check_fuse_device() != 0 ||
+    if (!by_fd && (check_fuse_device() != 0 || check_not_inside(o.mountpoint, co.mountpoint) ||
                    (!o.nonempty && check_not_mounted(o.mountpoint, co.mountpoint) != 0)))
         goto out;
     if (!co.foreground && daemon_fork(&ready) != 0) {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysmacros.h> /* major, minor */
 
 int ck_sources_encode(const char *source, const ck_index *ix, const char *const *paths,
                       char **v, size_t *len)
@@ -99,16 +100,19 @@ static void unescape(char *s)
     *o = '\0';
 }
 
-/* One line of the table, into *at when it is a mount at the escaped path: 1, else 0. */
-static int mount_line(char *line, const char *escaped, ck_mount_at *at)
+/* One line of the table, into *at when it is a mount at the escaped path (or, escaped NULL, of
+ * the device majmin, "MAJ:MIN"): 1, else 0. */
+static int mount_line(char *line, const char *escaped, const char *majmin, ck_mount_at *at)
 {
     /* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER */
-    char *save = NULL, *id = strtok_r(line, " ", &save);
-    for (int i = 0; i < 3 && id; i++)
-        (void)strtok_r(NULL, " ", &save);
+    char *save = NULL, *id = strtok_r(line, " ", &save), *dev = NULL;
+    for (int i = 0; i < 3 && id; i++) {
+        char *field = strtok_r(NULL, " ", &save);
+        dev = i == 1 ? field : dev;
+    }
     char *point = id ? strtok_r(NULL, " ", &save) : NULL;
     char *tail = point ? strstr(save, " - ") : NULL;
-    if (!tail || strcmp(point, escaped) != 0)
+    if (!tail || strcmp(escaped ? point : dev, escaped ? escaped : majmin) != 0)
         return 0;
     *tail = '\0';
     at->id = strtol(id, NULL, 10);
@@ -129,7 +133,24 @@ int ck_mount_top(const char *table, const char *path, ck_mount_at *at)
     size_t cap = 0;
     int found = 0;
     while (getline(&line, &cap, f) > 0)
-        found |= mount_line(line, escaped, at);
+        found |= mount_line(line, escaped, NULL, at);
+    free(line);
+    fclose(f);
+    return found;
+}
+
+int ck_mount_of_dev(const char *table, dev_t dev, ck_mount_at *at)
+{
+    char majmin[48];
+    snprintf(majmin, sizeof majmin, "%u:%u", major(dev), minor(dev));
+    FILE *f = fopen(table, "re");
+    if (!f)
+        return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    int found = 0;
+    while (getline(&line, &cap, f) > 0)
+        found |= mount_line(line, NULL, majmin, at);
     free(line);
     fclose(f);
     return found;

@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* dev_t */
 #include <time.h>
 
 #include "../pack/index.h"
@@ -52,6 +53,11 @@ typedef struct ck_mount_at {
  * of /proc/self/mountinfo (CK_MOUNTINFO): 1 with *at filled, 0 when nothing is mounted there,
  * -1 when table cannot be read or path is too long to look for. */
 int ck_mount_top(const char *table, const char *path, ck_mount_at *at);
+
+/* The mount of device dev (a file's st_dev: the file system that holds it) in table, the last
+ * listed where several are (bind mounts): 1 with *at filled, 0 when none is listed, -1 when
+ * table cannot be read. */
+int ck_mount_of_dev(const char *table, dev_t dev, ck_mount_at *at);
 
 /* Whether table lists the mount ID id: 1 or 0; -1 when table cannot be read. */
 int ck_mount_listed(const char *table, long id);

@@ -368,6 +368,11 @@ static int cmd_pack(int argc, char **argv)
         free(out);
         return 1;
     }
+    if (ck_out_spares_sources(out, 0, ix) != 0) {
+        ck_index_free(ix);
+        free(out);
+        return 1;
+    }
     ck_error err;
     ck_synth *sy;
     int rc = 1;
@@ -549,25 +554,25 @@ static const char *read_path_words(const char *rp)
 }
 
 /* A rank or a world size: decimal digits only (0 included, which parse_size cannot tell from an
- * error), at most 2^20. 0, or -1. */
+ * error), at most CKL_MAX_WORLD_SIZE. 0, or -1. */
 static int plain_count(const char *s, unsigned *out)
 {
     if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 7)
         return -1;
     unsigned long v = strtoul(s, NULL, 10);
-    if (v > (1ul << 20))
+    if (v > CKL_MAX_WORLD_SIZE)
         return -1;
     *out = (unsigned)v;
     return 0;
 }
 
-/* A --slice GLOB:DIM rule into *r: DIM after the last ':', -1 (whole) or a dimension up to 63.
- * 0, or -1 when it is not so. */
+/* A --slice GLOB:DIM rule into *r: DIM after the last ':', -1 (whole) or a dimension up to
+ * CKL_MAX_SLICE_DIM. 0, or -1 when it is not so. */
 static int parse_slice(char *val, ckl_slice *r)
 {
     char *colon = strrchr(val, ':'), *end;
     long dim = colon && colon > val ? strtol(colon + 1, &end, 10) : -2;
-    if (dim < -1 || dim > 63 || !colon[1] || *end)
+    if (dim < -1 || dim > CKL_MAX_SLICE_DIM || !colon[1] || *end)
         return -1;
     *colon = 0;
     *r = (ckl_slice){.glob = val, .dim = (int)dim};

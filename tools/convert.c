@@ -398,6 +398,10 @@ int cmd_convert(int argc, char **argv)
     ck_index *ix;
     if (rc == 0 && open_source(o.source, &ix) != 0)
         rc = 1;
+    if (rc == 0 && ck_out_spares_sources(o.out, o.max_shard != 0, ix) != 0) {
+        ck_index_free(ix);
+        rc = 1;
+    }
     if (rc == 0) {
         ck_progress_catch_signals();
         signal(SIGXFSZ, SIG_IGN); /* past a file size limit: EFBIG, and the temp output goes */

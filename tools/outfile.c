@@ -237,6 +237,38 @@ static int dir_output_allowed(const char *out, int force)
     return -1;
 }
 
+/* Whether path names the file (dev, ino). */
+static int is_file(const char *path, dev_t dev, ino_t ino)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
+int ck_out_spares_sources(const char *out, int dir, const ck_index *ix)
+{
+    struct stat st;
+    if (stat(out, &st) != 0) /* nothing there yet: nothing to replace */
+        return 0;
+    for (uint32_t i = 0; i < ix->nfiles; i++) {
+        const ck_file *f = &ix->files[i];
+        if (f->ops) /* remote */
+            continue;
+        if (f->dev == st.st_dev && f->ino == st.st_ino) {
+            fprintf(stderr, "ckpt: '%s' and '%s' are the same file\n", f->path, out);
+            return -1;
+        }
+        char *copy = dir && S_ISDIR(st.st_mode) ? strdup(f->path) : NULL;
+        int inside = copy && is_file(dirname(copy), st.st_dev, st.st_ino);
+        free(copy);
+        if (inside) {
+            fprintf(stderr, "ckpt: %s: holds '%s', a file of the source, which the output would "
+                    "replace\n", out, f->path);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The temp name of out ("...XXXXXX" for mkostemp or mkdtemp), or NULL (said). */
 static char *temp_name(const char *out)
 {

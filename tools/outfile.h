@@ -29,6 +29,12 @@ int ck_out_file(ck_synth *sy, const char *out, const char *label, int flags);
  * a directory above it is missing (the shallowest named). The caller frees it. */
 char *ck_out_file_path(const char *out, const char *name);
 
+/* Whether writing out leaves every local file of ix's source in place: out is none of them (as a
+ * file, through any symlink or spelling: `cp a a`'s "are the same file"), and as a directory
+ * output (dir) does not hold one (--force replaces a directory of files). 0, or -1 after one
+ * line saying which source file the output would replace. */
+int ck_out_spares_sources(const char *out, int dir, const ck_index *ix);
+
 typedef struct ck_out_dir {
     const char *out;
     char *tmp;              /* the temp directory */

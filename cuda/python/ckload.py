@@ -37,11 +37,18 @@ libckload reports (its errno): FileNotFoundError (the source does not exist), Pe
 (it cannot be read), ValueError (an argument is refused: named as this module's parameter,
 `only=`, `threads=`, `slices=`, `device=`...), and ckload.Error, a RuntimeError, for anything
 else (a corrupt checkpoint, no CUDA device, a failed read, out of memory).
+
+Integer arguments are ints (a bool or a float is refused), each within its bounds (ckload.h):
+threads 0 to 256, buffers 0 to 64, buffer_size 0 or 4096 to 2**32, world_size 1 to 2**20,
+rank 0 to world_size - 1, a slice rule's dim -1 to 63, the N of "cuda:N" 0 to 2**31 - 1; any
+other value is a ValueError that names it and its range, never wrapped into what a C field
+holds.
 """
 from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import operator
 import os
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -70,6 +77,9 @@ Device = Union[str, torch.device]
 ON_READY = _c.CFUNCTYPE(None, _c.c_void_p, _c.c_size_t)
 DEST_BLOCK, DEST_AT, DEST_SKIP, DEST_REFUSE = 0, 1, 2, -1  # enum ckl_dest; any other: refused
 SPELL_PARAMS = 1  # enum ckl_spelling: messages name options as this module's parameters
+# The options' bounds (ckload.h's CKL_MAX_THREADS...), checked against the library's at load.
+BOUNDS = {"CKL_MAX_THREADS": 256, "CKL_MIN_BUFFER_SIZE": 4096, "CKL_MAX_BUFFER_SIZE": 1 << 32,
+          "CKL_MAX_BUFFERS": 64, "CKL_MAX_WORLD_SIZE": 1 << 20, "CKL_MAX_SLICE_DIM": 63}
 
 
 class Error(RuntimeError):
@@ -214,6 +224,10 @@ def _abi_mismatch(lib):
         return "the library has no ckl_abi_version (it is older than this ckload.py)"
     if lib.ckl_abi_version() != ABI_VERSION:
         return f"ABI version {lib.ckl_abi_version()}, this ckload.py expects {ABI_VERSION}"
+    for bound, here in BOUNDS.items():
+        there = lib.ckl_layout(bound.encode())
+        if there != here:
+            return f"{bound}: {there} in the library, {here} in ckload.py"
     for cname, cls in MIRRORS.items():
         mine = [(cname, "size", _c.sizeof(cls))]
         mine += [(f"{cname}.{f[0]}", "offset", getattr(cls, f[0]).offset) for f in cls._fields_]
@@ -405,8 +419,30 @@ def _parse_device(device, path):
     if s == "cuda":
         return CKL_CUDA, 0
     if s.startswith("cuda:") and s[5:].isdigit():
-        return CKL_CUDA, int(s[5:])
+        return CKL_CUDA, _c_int(path, "N", int(s[5:]), 0, _C_MAX[_c.c_int],
+                                within=f"device={device!r}: ")
     raise _bad_argument(path, f"device={device!r}: expected cpu, cuda, cuda:N or auto")
+
+
+# The largest value of each C integer type this module hands libckload.
+_C_MAX = {t: (1 << (8 * _c.sizeof(t) - (t(-1).value < 0))) - 1
+          for t in (_c.c_int, _c.c_size_t)}
+
+
+def _c_int(path, name, v, lo, hi, default=None, within=""):
+    """v, an integer (a bool or a float is not one) from lo to hi or the default, else the
+    ValueError about loading path that names it ("{within}{name}=v") and its range. Every
+    integer this module hands libckload passes through here: ctypes silently wraps what a C
+    type cannot hold (world_size=2**32+2 loaded as 2, a slice's dim=2**63 as 0), so lo..hi is
+    the meaningful range, always within the C type's."""
+    try:
+        n = None if isinstance(v, bool) else operator.index(v)
+    except TypeError:
+        n = None
+    if n is not None and (lo <= n <= hi or (default is not None and n == default)):
+        return n
+    alone = "" if default is None else f"{default} or "
+    raise _bad_argument(path, f"{within}{name}={v!r}: not {alone}an integer from {lo} to {hi}")
 
 
 def _bad_argument(path, what):
@@ -445,23 +481,20 @@ class Load:
         lib = library()
         self._path = os.fsencode(path)
         dev, ordinal = _parse_device(device, path)
-        # ctypes would wrap what its field cannot hold; the library checks the real bounds
-        for name, v, field in (("threads", threads, _c.c_uint),
-                               ("buffer_size", buffer_size, _c.c_size_t),
-                               ("buffers", buffers, _c.c_uint)):
-            if not 0 <= int(v) < 1 << (8 * _c.sizeof(field)):
-                raise _bad_argument(path, f"{name}={v}: must be >= 0 and fit in "
-                                          f"{field.__name__}")
+        threads = _c_int(path, "threads", threads, 0, BOUNDS["CKL_MAX_THREADS"])
+        buffer_size = _c_int(path, "buffer_size", buffer_size, BOUNDS["CKL_MIN_BUFFER_SIZE"],
+                             BOUNDS["CKL_MAX_BUFFER_SIZE"], default=0)
+        buffers = _c_int(path, "buffers", buffers, 0, BOUNDS["CKL_MAX_BUFFERS"])
         o = Options()
         lib.ckl_default_options(_c.byref(o))
         o.spelling = SPELL_PARAMS
         o.device, o.cuda_device = dev, ordinal
         if threads:
-            o.threads = int(threads)
+            o.threads = threads
         if buffer_size:
-            o.buffer_size = int(buffer_size)
+            o.buffer_size = buffer_size
         if buffers:
-            o.buffers = int(buffers)
+            o.buffers = buffers
         self._only = None if only is None else os.fsencode(only)
         o.only = self._only
         o.verify = 1 if verify else 0
@@ -488,18 +521,17 @@ class Load:
     def _set_slices(self, o, slices, rank, world_size, read):
         """The slice rules, rank, world_size and read share into o (kept alive with self)."""
         rules = list(slices or [])
-        if int(world_size) < 1 or not 0 <= int(rank) < int(world_size):
-            raise _bad_argument(self._path, f"rank={rank}, world_size={world_size}: no such "
-                                            f"rank")
-        for glob, dim in rules:
-            if not isinstance(dim, int) or dim < -1:
-                raise _bad_argument(self._path, f"slices=[({glob!r}, {dim!r})]: dim is -1 "
-                                                f"(whole) or a dimension >= 0")
+        world_size = _c_int(self._path, "world_size", world_size, 1,
+                            BOUNDS["CKL_MAX_WORLD_SIZE"])
+        rank = _c_int(self._path, "rank", rank, 0, world_size - 1,
+                      within=f"world_size={world_size}: ")
+        dims = [_c_int(self._path, "dim", dim, -1, BOUNDS["CKL_MAX_SLICE_DIM"],
+                       within=f"slices=[({glob!r}, {dim!r})]: ") for glob, dim in rules]
         self._globs = [os.fsencode(g) for g, _ in rules]
         self._slices = (Slice * max(1, len(rules)))(
-            *[Slice(g, d) for g, (_, d) in zip(self._globs, rules)])
+            *[Slice(g, d) for g, d in zip(self._globs, dims)])
         o.slices, o.nslices = self._slices, len(rules)
-        o.rank, o.world_size, o.read = int(rank), int(world_size), read
+        o.rank, o.world_size, o.read = rank, world_size, read
 
     def _forget_callback(self):
         if self._ctx is not None:
@@ -519,7 +551,11 @@ class Load:
     def _get(self, i):
         if not 0 <= i < len(self):
             raise IndexError(i)
-        return self._lib.ckl_get(self._handle(), i).contents
+        return self._lib.ckl_get(self._handle(), self._index(i)).contents
+
+    def _index(self, i):
+        """Tensor index i as ckl_get and ckl_wait take it (a size_t), or ValueError."""
+        return _c_int(self._path, "i", i, 0, _C_MAX[_c.c_size_t])
 
     def name(self, i: int) -> str:
         """Tensor i's name."""
@@ -580,7 +616,7 @@ class Load:
         """Blocks until tensor i is in place; Error if the load failed (ValueError: no tensor
         i)."""
         err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
-        if self._lib.ckl_wait(self._handle(), i, err, len(err)) != 0:
+        if self._lib.ckl_wait(self._handle(), self._index(i), err, len(err)) != 0:
             _raise(err)
 
     def wait_all(self) -> None:
@@ -688,6 +724,22 @@ class Export:
 
 # --- into the caller's tensors -----------------------------------------------------------------
 
+class _Cuda:
+    """A device range as __cuda_array_interface__ (what torch.as_tensor takes for memory it does
+    not own): bytes of a CUDA block or target, for torch or NCCL to write or read."""
+
+    def __init__(self, ptr, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3}
+
+
+def _block_bytes(device, ptr, n):
+    """Bytes [ptr, ptr+n) on device ("cpu" or "cuda:N") as a uint8 tensor over that memory."""
+    if device.startswith("cuda"):
+        return torch.as_tensor(_Cuda(ptr, n), device=device)
+    return torch.frombuffer((_c.c_char * n).from_address(ptr), dtype=torch.uint8)
+
+
 class IncompatibleKeys(NamedTuple):
     """What load_into reports, as torch's load_state_dict does: the target's names that nothing
     filled, and the checkpoint's names that the target lacks."""
@@ -731,15 +783,35 @@ def _device_of(targets):
     return devices.pop() if devices else "cpu"
 
 
+def _memory(t):
+    """The memory target t fills as a whole: (address, bytes). Tied targets share it."""
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
 class _Placement:
-    """ckl_options.dest for load_into: each checkpoint tensor into the target of its name, once
-    per target memory (tied parameters: the first name in pack order fills it), checked for
-    dtype, shape and layout; the rest skipped. The final call refuses the load when any
-    tensor did not fit, or (strict) when a name is missing or unexpected."""
+    """ckl_options.dest for load_into: each checkpoint tensor into the target of its name,
+    checked for dtype, shape and layout; the rest skipped. The final call refuses the load when
+    any tensor did not fit, or (strict) when a name is missing or unexpected.
+
+    Tied targets (several names, one memory) end as load_state_dict leaves them, copying name
+    after name in the target's order: with the bytes of the last of their names (in the
+    target's order) that the checkpoint has. That name's tensor is read straight into the
+    memory; one an earlier name of the tie takes is left to the load's block (a later name may
+    still come, in pack order) and copied in after the load when none did (settle). Targets
+    that overlap otherwise are refused by libckload (their bytes would be a mix of both)."""
 
     def __init__(self, targets, strict, only):
         self.targets, self.strict, self.only = targets, strict, only
-        self.filled = set()            # (data_ptr, nbytes) of the target memory filled
+        lib, sel = library(), None if only is None else os.fsencode(only)
+        self.order = {k: i for i, k in enumerate(targets)}
+        self.last = {}  # each target memory: its last name (in the target's order) only selects
+        for k, t in targets.items():
+            if lib.ckl_selected(sel, os.fsencode(k)):
+                self.last[_memory(t)] = k
+        self.filled = set()    # target memory read into, or to be copied into (settle)
+        self.straight = set()  # target memory its last name is read straight into
+        self.later = {}        # target memory -> the name whose bytes settle copies in
+        self.blocked = set()   # the names left to the load's block: never told on landing
         self.loaded, self.unexpected, self.wrong = set(), [], []
         self.refused = False
 
@@ -771,23 +843,44 @@ class _Placement:
             if why:
                 self.wrong.append(f"{name}: {why}")
                 return DEST_SKIP
-            key = (t.data_ptr(), c.nbytes)
+            key = _memory(t)
             self.loaded.add(name)
-            if key in self.filled:
-                return DEST_SKIP  # tied in the target: an earlier name fills this memory
             self.filled.add(key)
+            if key in self.straight:
+                return DEST_SKIP  # tied: a later name of the target's fills this memory
+            if name != self.last.get(key, name):  # tied: the latest name that comes wins
+                if self.order[name] > self.order.get(self.later.get(key), -1):
+                    self.later[key] = name
+                self.blocked.add(name)
+                return DEST_BLOCK
+            self.straight.add(key)
+            self.later.pop(key, None)
             at[0] = t.data_ptr() if c.nbytes else None
             return DEST_AT
         except BaseException as e:  # cannot cross into C: refuse, and say why afterwards
             self.wrong.append(f"{type(e).__name__}: {e}")
             return DEST_REFUSE
 
+    def settles(self, name):
+        """Whether name's bytes land in the load's block (settle may copy them in after)."""
+        return name in self.blocked
+
+    def settle(self, ld):
+        """Copies each tied target memory's bytes in from the load's block where the name they
+        come from was not read straight into it (see the class)."""
+        for (ptr, n), name in self.later.items():
+            if n:
+                _block_bytes(ld.device, ptr, n).copy_(
+                    _block_bytes(ld.device, ld.pointer(ld.find(name)), n))
+        if ld.device.startswith("cuda"):
+            torch.cuda.synchronize(ld.device)
+
     def missing(self):
         lib = library()
         only = None if self.only is None else os.fsencode(self.only)
         return [k for k, t in self.targets.items()
                 if k not in self.loaded and lib.ckl_selected(only, os.fsencode(k)) and
-                (t.data_ptr(), t.numel() * t.element_size()) not in self.filled]
+                _memory(t) not in self.filled]
 
     def problems(self):
         """The lines of load_state_dict's error message that apply, or []."""
@@ -807,24 +900,30 @@ class _Placement:
 class _EarlyReady:
     """on_ready(i) as on_ready(name) for load_into: tensors that land before the load's handle
     is known (its readers start inside ckl_load_start) are told once it is, on the caller's
-    thread; the others on the loader thread they land on."""
+    thread; the others on the loader thread they land on. A name whose bytes land in the load's
+    block, to be copied into its target after the load (later: a _Placement's settles), is told
+    by load_into once they are."""
 
-    def __init__(self, on_ready):
-        self.on_ready, self.load, self.pending = on_ready, None, []
+    def __init__(self, on_ready, later):
+        self.on_ready, self.later, self.load, self.pending = on_ready, later, None, []
         self.lock = threading.Lock()
+
+    def _tell(self, name):
+        if not self.later(name):
+            self.on_ready(name)
 
     def __call__(self, i):
         with self.lock:
             if self.load is None:
                 self.pending.append(i)
                 return
-        self.on_ready(self.load.name(i))
+        self._tell(self.load.name(i))
 
     def start(self, load):
         with self.lock:
             self.load, pending, self.pending = load, self.pending, []
         for i in pending:
-            self.on_ready(load.name(i))
+            self._tell(load.name(i))
 
 
 def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] = None,
@@ -840,7 +939,14 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     copy, no memory of ckload's that outlives the call, and on CUDA torch's allocator counts
     it all. Names are matched exactly; each target must have the checkpoint's dtype and shape
     (a tensor part's shape, with slices) and be contiguous. Tied parameters (one memory under
-    several names) are filled once. strict (the default): every target name must be filled
+    several names) end as load_state_dict leaves them: with the bytes of the last of their
+    names, in the target's order (its state_dict's, or the mapping's), that the checkpoint
+    has, whatever the checkpoint holds under the others (read once, straight in, where that
+    name comes last in pack order too; else the earlier name's bytes go through ckload's
+    memory, freed before the call returns, and on_ready names the tie once they are in).
+    Targets whose memory overlaps otherwise (views of one tensor at different offsets or
+    lengths) are refused before a byte is read (ValueError naming two of them): their
+    shared bytes would be a mix of both tensors'. strict (the default): every target name must be filled
     and every checkpoint name (selected by only) wanted, else nothing is read and Error (a
     RuntimeError, as load_state_dict's) lists the missing and unexpected names; strict=False
     loads what matches and returns IncompatibleKeys(missing_keys, unexpected_keys). A dtype
@@ -853,7 +959,7 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
     place = _Placement(targets, strict, only)
-    early = _EarlyReady(on_ready)
+    early = _EarlyReady(on_ready, place.settles)
     try:
         ld = Load(path, device=device, only=only, verify=verify, threads=threads,
                   buffer_size=buffer_size, slices=slices, rank=rank, world_size=world_size,
@@ -866,19 +972,14 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     with ld:
         early.start(ld)
         ld.wait_all()
+        place.settle(ld)
+    if on_ready:
+        for name in place.later.values():
+            on_ready(name)
     return IncompatibleKeys(place.missing(), place.unexpected)
 
 
 # --- many processes: read once, broadcast ------------------------------------------------------
-
-class _Cuda:
-    """A device range as __cuda_array_interface__ (what torch.as_tensor takes for memory it does
-    not own): blob bytes in a CUDA block, for NCCL to write or read."""
-
-    def __init__(self, ptr, n):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3}
-
 
 class DistributedLoad(Load):
     """One load on every rank of a torch.distributed process group (ckload.h's read shares):
@@ -988,12 +1089,6 @@ class DistributedLoad(Load):
             return rank
         return self._dist.distributed_c10d._get_global_rank(self._group, rank)
 
-    def _bytes(self, ptr, n):
-        """Blob bytes [ptr, ptr+n) of a block as a uint8 tensor torch.distributed can fill."""
-        if self.device.startswith("cuda"):
-            return torch.as_tensor(_Cuda(ptr, n), device=self.device)
-        return torch.frombuffer((_c.c_char * n).from_address(ptr), dtype=torch.uint8)
-
     def _status(self, why, src):
         """Whether rank src's step went well (why None there), as every rank learns it."""
         flag = torch.tensor([0 if why else 1], dtype=torch.int32,
@@ -1029,7 +1124,8 @@ class DistributedLoad(Load):
             why = self._wait_blob(self, b) if owner == self._rank else None
             if not self._status(why, owner):
                 return self._agree(h, why)
-            self._dist.broadcast(self._bytes(ptr, n), src=self._global(owner), group=self._group)
+            self._dist.broadcast(_block_bytes(self.device, ptr, n), src=self._global(owner),
+                                 group=self._group)
             if owner != self._rank:
                 self._put(h, b)
             return True
@@ -1039,12 +1135,12 @@ class DistributedLoad(Load):
             return self._agree(h, why)
         if self._rank == 0:
             ptr, n, *_ = self._others[r].blobs()[k]
-            part = self._bytes(ptr, n)
+            part = _block_bytes(self.device, ptr, n)
             self._dist.send(part.cpu() if self._host_p2p() else part, dst=self._global(r),
                             group=self._group)
         elif self._rank == r:
             ptr, n, *_ = blobs[parts[k]]
-            part = self._bytes(ptr, n)
+            part = _block_bytes(self.device, ptr, n)
             into = torch.empty(n, dtype=torch.uint8) if self._host_p2p() else part
             self._dist.recv(into, src=self._global(0), group=self._group)
             if into is not part:

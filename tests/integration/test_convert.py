@@ -297,3 +297,42 @@ def test_npz_and_pack_sources(tmp_path):
     src = torch_source(tmp_path)
     pk = convert(src, tmp_path / "src.pack", "--to", "pack")
     check_against_torch(src, [convert(pk, tmp_path / "from-pack.safetensors")])
+
+
+def test_an_output_that_is_its_source_is_refused(tmp_path):
+    """`ckpt convert m.pt m.pt` replaced its own source (its values lost): refused as `cp a a` is,
+    by device and inode, whatever the spelling (a symlink, another path, OUT a directory whose
+    output file is the source), and for `ckpt pack` and --to pack alike; a sharded output that
+    would replace the directory holding the source's shards is refused too. The source keeps
+    every byte; an output beside it is fine."""
+    torch.save({"w": torch.arange(6.0), "step": 5}, tmp_path / "m.pt")
+    before = (tmp_path / "m.pt").read_bytes()
+    (tmp_path / "link.pt").symlink_to("m.pt")
+    (tmp_path / "sub").mkdir()
+    elsewhere = os.path.relpath(tmp_path / "m.pt", tmp_path / "sub")
+    cases = [("convert", "m.pt", "m.pt"), ("convert", "m.pt", "./link.pt"),
+             ("convert", "m.pt", f"../{tmp_path.name}/m.pt"), ("pack", "m.pt", "m.pt"),
+             ("pack", "link.pt", "m.pt"), ("convert", "m.pt", "m.pt", "--to", "pack"),
+             ("convert", "m.pt", "m.pt", "--max-shard", "1K", "--force")]
+    for cmd, src, out, *extra in cases:
+        p = ckpt(cmd, src, out, *extra, cwd=tmp_path)
+        assert p.returncode == 1, (cmd, src, out, p.stderr)
+        assert p.stderr.decode() == f"ckpt: '{src}' and '{out}' are the same file\n", p.stderr
+        assert (tmp_path / "m.pt").read_bytes() == before
+    p = ckpt("convert", elsewhere, ".", "--to", "pack", cwd=tmp_path / "sub")
+    assert p.returncode == 0 and not (tmp_path / "sub" / "m.pt").exists(), p.stderr
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    save_file({"a": torch.ones(300)}, str(shards / "model.safetensors"))
+    save_file({"b": torch.ones(300)}, str(shards / "other.safetensors"))
+    p = ckpt("convert", shards / "model.safetensors", shards)  # OUT/model.safetensors
+    assert p.returncode == 1 and p.stderr.decode() == (
+        f"ckpt: '{shards}/model.safetensors' and '{shards}/model.safetensors' are the same "
+        f"file\n"), p.stderr
+    p = ckpt("convert", shards, shards, "--max-shard", "1K", "--force")
+    assert p.returncode == 1, p.stderr
+    assert re.fullmatch(rf"ckpt: {shards}: holds '{shards}/\w+\.safetensors', a file of the "
+                        rf"source, which the output would replace\n", p.stderr.decode()), p.stderr
+    assert sorted(os.listdir(shards)) == ["model.safetensors", "other.safetensors"]
+    assert torch.equal(load_file(str(shards / "other.safetensors"))["b"], torch.ones(300))
+    convert(shards, tmp_path / "out", "--max-shard", "1K")

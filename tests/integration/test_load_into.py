@@ -294,3 +294,138 @@ def test_dlpack_versioned_where_asked(tmp_path):
             b = np.from_dlpack(ro)
             assert not b.flags.writeable and np.array_equal(b, a)
         ro.__dlpack__(max_version=(1, 0))  # not consumed: its capsule gives the reference back
+
+
+class Lm(torch.nn.Module):
+    """A language model's ends, the head tied to the embedding as transformers ties them
+    (`lm_head.weight is embed.weight`): the tie's later name in the state dict's order sorts
+    after its first, so the pack's order (natural, by name) meets the tie's names as the
+    module's order does."""
+
+    def __init__(self, tied=True):
+        super().__init__()
+        self.embed = torch.nn.Embedding(40, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.lm_head = torch.nn.Linear(16, 40, bias=False)
+        if tied:
+            self.lm_head.weight = self.embed.weight
+
+
+def lm(tied, seed):
+    torch.manual_seed(seed)
+    return Lm(tied)
+
+
+def saved(m, d, kinds=("pt", "safetensors", "pack")):
+    """m's state dict saved by torch.save, the safetensors library (every name: an untied
+    model's) and as the pack of the .pt."""
+    out = {"pt": d / "lm.pt", "safetensors": d / "lm.safetensors", "pack": d / "lm.pack"}
+    torch.save(m.state_dict(), out["pt"])
+    if "safetensors" in kinds:
+        save_file({k: v.contiguous() for k, v in m.state_dict().items()},
+                  str(out["safetensors"]))
+    p = run([ckpt_bin(), "pack", out["pt"], out["pack"]])
+    assert p.returncode == 0, p.stderr
+    return {k: out[k] for k in kinds}
+
+
+@pytest.mark.parametrize("kind", ["pt", "safetensors", "pack"])
+def test_a_tied_target_from_an_untied_checkpoint_ends_as_load_state_dict(tmp_path, kind):
+    """The checkpoint holds other bytes for embed.weight and lm_head.weight; the target ties
+    them. load_state_dict copies name after name: the memory ends with lm_head.weight's bytes
+    (the later name), which load_into gives too (it kept embed.weight's, the first in pack
+    order); a dict of tensors sharing one memory ends as copying it in its order does."""
+    path = saved(lm(tied=False, seed=3), tmp_path)[kind]
+    sd = load_file(str(path)) if kind == "safetensors" else torch.load(tmp_path / "lm.pt")
+    assert not torch.equal(sd["embed.weight"], sd["lm_head.weight"])
+    want = lm(tied=True, seed=9)
+    want.load_state_dict(sd)
+    got = lm(tied=True, seed=9)
+    assert ckload.load_into(got, path) == ([], [])
+    assert_same_state(got, want)
+    assert got.lm_head.weight.data_ptr() == got.embed.weight.data_ptr()
+    assert torch.equal(got.embed.weight, sd["lm_head.weight"])
+    for order in (["embed.weight", "lm_head.weight"], ["lm_head.weight", "embed.weight"]):
+        one = torch.empty(40, 16)
+        target = {k: one for k in order}
+        target["norm.weight"], target["norm.bias"] = torch.empty(16), torch.empty(16)
+        ckload.load_into(target, path)
+        copied = torch.empty(40, 16)
+        for k in order:  # what copying the state dict in the target's order leaves
+            copied.copy_(sd[k])
+        assert as_bytes(one) == as_bytes(copied), order
+
+
+def test_a_tie_whose_later_name_is_absent_keeps_the_earlier_names_bytes(tmp_path):
+    """strict=False with only embed.weight in the checkpoint (or only selecting it): the tie
+    gets embed.weight's bytes as load_state_dict(strict=False) gives them (read into the load's
+    block, then copied in: lm_head.weight might have come later), and on_ready tells it once
+    they are in the target."""
+    src = lm(tied=False, seed=4)
+    path = tmp_path / "lm.safetensors"
+    save_file({k: v.contiguous() for k, v in src.state_dict().items()
+               if k != "lm_head.weight"}, str(path))
+    want = lm(tied=True, seed=9)
+    want.load_state_dict(load_file(str(path)), strict=False)
+    got = lm(tied=True, seed=9)
+    seen = []
+    keys = ckload.load_into(got, path, strict=False, on_ready=seen.append)
+    assert keys == ([], [])  # lm_head.weight's memory was filled: not missing, as torch says
+    assert_same_state(got, want)
+    assert sorted(seen) == ["embed.weight", "norm.bias", "norm.weight"]
+    full = saved(lm(tied=False, seed=5), tmp_path / ".." / tmp_path.name)["pack"]
+    got = lm(tied=True, seed=9)
+    ckload.load_into(got, full, only="embed")
+    assert torch.equal(got.embed.weight, torch.load(tmp_path / "lm.pt")["embed.weight"])
+
+
+def test_a_tied_target_from_a_tied_checkpoint(tmp_path):
+    src = lm(tied=True, seed=6)
+    for kind, path in saved(src, tmp_path, ("pt", "pack")).items():
+        want, got = lm(tied=True, seed=9), lm(tied=True, seed=9)
+        want.load_state_dict(torch.load(tmp_path / "lm.pt"))
+        seen = []
+        assert ckload.load_into(got, path, on_ready=seen.append) == ([], [])
+        assert_same_state(got, want)
+        assert_same_state(got, src)
+        assert "lm_head.weight" in seen, (kind, seen)
+
+
+@pytest.mark.parametrize("views", [(slice(0, 10), slice(5, 15)), (slice(0, 10), slice(0, 5)),
+                                   (slice(3, 8), slice(0, 16))])
+def test_overlapping_targets_are_refused_before_a_byte_is_read(tmp_path, views):
+    """Two targets over one memory at different offsets or lengths (views of one tensor) are
+    filled by different threads: their shared bytes were a mix of both sources'. Refused,
+    naming both, with the target untouched; views that only touch load."""
+    a, b = views
+    path = tmp_path / "v.safetensors"
+    save_file({"a": torch.full((a.stop - a.start,), 1.0), "b": torch.full((b.stop - b.start,),
+                                                                           2.0)}, str(path))
+    base = torch.full((16,), -1.0)
+    for target in ({"a": base[a], "b": base[b]}, {"b": base[b], "a": base[a]}):
+        with pytest.raises(ValueError) as e:
+            ckload.load_into(target, path)
+        assert str(e.value) == (f"ckload: {path}: tensors 'a' and 'b' are placed in overlapping "
+                                f"memory (their bytes would be a mix of both's)"), str(e.value)
+        assert torch.equal(base, torch.full((16,), -1.0))
+    m = torch.nn.Module()
+    m.a, m.b = torch.nn.Parameter(base[a]), torch.nn.Parameter(base[b])
+    with pytest.raises(ValueError, match="tensors 'a' and 'b' are placed in overlapping"):
+        ckload.load_into(m, path)
+    apart = tmp_path / "apart.safetensors"
+    save_file({"a": torch.full((5,), 1.0), "b": torch.full((11,), 2.0)}, str(apart))
+    ckload.load_into({"a": base[:5], "b": base[5:]}, apart)
+    assert torch.equal(base, torch.cat([torch.full((5,), 1.0), torch.full((11,), 2.0)]))
+
+
+def test_many_targets_are_checked_for_overlap_in_n_log_n(tmp_path):
+    """20,000 targets, views of one tensor side by side, the last overlapping the first: refused
+    naming those two."""
+    n = 20000
+    path = tmp_path / "many.safetensors"
+    save_file({f"t{i}": torch.full((2,), float(i)) for i in range(n)}, str(path))
+    base = torch.zeros(2 * n)
+    target = {f"t{i}": base[2 * i:2 * i + 2] for i in range(n - 1)}
+    target[f"t{n - 1}"] = base[1:3]
+    with pytest.raises(ValueError, match=f"tensors 't0' and 't{n - 1}' are placed in overlapping"):
+        ckload.load_into(target, path)

@@ -4,6 +4,7 @@ that goes with the mount namespace it mounted in, SIGTERM that unmounts and rele
 source, and a changed source told once on stderr and in .ckptfs/status."""
 import os
 import re
+from pathlib import Path
 import signal
 import subprocess
 
@@ -129,6 +130,41 @@ def test_nonempty_mounts_over_a_ckptfs_mount(source, mount, tmp_path):
         finally:
             unmount(mnt)  # the one on top; the fixture unmounts the first
         assert wait_until(lambda: len(ckptfs_pids(other)) == 0)
+
+
+def test_a_mountpoint_inside_a_ckptfs_mount_is_refused(source, mount, tmp_path):
+    """A mount on a directory of a ckptfs mount kept the outer one busy: it could not be
+    unmounted while the inner one lived. Refused, -o nonempty or not, and through the mount(8)
+    helper, which runs ckptfs; a source inside a mount (reading its files) still mounts."""
+    other = tmp_path / "other.safetensors"
+    safetensors.torch.save_file({"z": torch.zeros(2)}, str(other))
+    helper = tmp_path / "sbin" / "mount.fuse.ckptfs"
+    helper.parent.mkdir()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ckptfs").symlink_to(ckptfs_bin())
+    helper.write_bytes((Path(__file__).parents[2] / "tools" / "mount.fuse.ckptfs").read_bytes())
+    helper.chmod(0o755)
+    with mount(source) as mnt:
+        inner = mnt / "a"
+        assert inner.is_dir()
+        for args in ([other, inner], ["-o", "nonempty", other, inner]):
+            line = refused(args, 1)
+            assert line == (f"ckptfs: {inner}: inside a ckptfs mount of {source}, which could "
+                            f"then not be unmounted; mount elsewhere"), line
+        p = run([helper, other, inner], timeout=20)
+        assert p.returncode == 1 and p.stderr.decode().startswith(
+            f"ckptfs: {inner}: inside a ckptfs mount of {source}"), p.stderr
+        assert not [m for m in mount_entries() if m[1] == str(inner)]
+        assert not ckptfs_pids(other)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        p = run([ckptfs_bin(), mnt / ".ckptfs" / "checkpoint.safetensors", elsewhere])
+        try:
+            assert p.returncode == 0, p.stderr
+            assert sorted(os.listdir(elsewhere)) == [".ckptfs", "a", "c"]
+        finally:
+            unmount(elsewhere)
+    assert not is_mounted(mnt)
 
 
 @pytest.mark.parametrize("how", ["file_inside", "directory_itself", "symlink_into"])

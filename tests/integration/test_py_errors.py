@@ -100,15 +100,16 @@ def test_an_unreadable_source_is_permission_error(open_dir):
 
 @pytest.mark.parametrize("kw, says", [
     ({"only": "no.such.*"}, "only='no.such.*' selects nothing"),
-    ({"threads": 10**6}, "threads=1000000: more than 256 reader threads"),
-    ({"threads": -1}, "threads=-1: must be >= 0"),
-    ({"buffers": 65}, "buffers=65: more than 64 staging buffers per thread"),
-    ({"buffer_size": 100}, "buffer_size=100: not within 4096 to 4294967296 bytes"),
+    ({"threads": 10**6}, "threads=1000000: not an integer from 0 to 256"),
+    ({"threads": -1}, "threads=-1: not an integer from 0 to 256"),
+    ({"buffers": 65}, "buffers=65: not an integer from 0 to 64"),
+    ({"buffer_size": 100}, "buffer_size=100: not 0 or an integer from 4096 to 4294967296"),
     ({"device": "tpu"}, "device='tpu': expected cpu, cuda, cuda:N or auto"),
-    ({"slices": [("enc.w", -2)], "world_size": 2}, "slices=[('enc.w', -2)]: dim is -1"),
+    ({"slices": [("enc.w", -2)], "world_size": 2},
+     "slices=[('enc.w', -2)]: dim=-2: not an integer from -1 to 63"),
     ({"slices": [("enc.w", 1)], "world_size": 2},
      "tensor 'enc.w' has 1 dimensions: no dimension 1 to slice"),
-    ({"rank": 2, "world_size": 2}, "rank=2, world_size=2: no such rank"),
+    ({"rank": 2, "world_size": 2}, "world_size=2: rank=2: not an integer from 0 to 1"),
 ])
 def test_a_bad_argument_is_value_error_named_as_the_parameter(tmp_path, kw, says):
     path = source(tmp_path)
@@ -202,6 +203,55 @@ def test_the_library_reports_the_class_in_errno(tmp_path):
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"\x07" * 4096)
     assert start(junk)[:2] == (-1, errno.EIO)
+
+
+def test_the_library_refuses_options_out_of_bounds_itself(tmp_path):
+    """libckload's own bounds (ckload.h), for a caller that is not this module: a world of more
+    than CKL_MAX_WORLD_SIZE ranks (2**32 - 1 made the balanced share search every rank for
+    every blob), a slice rule's dim below -1 (read as whole) or past a tensor's last possible
+    dimension, a device that is no enum ckl_device. EINVAL, one line naming the option."""
+    lib = ckload.library()
+    path = source(tmp_path)
+    err = ctypes.create_string_buffer(4096)
+    rule = (ckload.Slice * 1)(ckload.Slice(b"enc.w", 0))
+
+    def start(**fields):
+        o = ckload.Options()
+        lib.ckl_default_options(ctypes.byref(o))
+        o.device, o.spelling = ckload.CKL_CPU, ckload.SPELL_PARAMS
+        for k, v in fields.items():
+            setattr(o, k, v)
+        h = ctypes.c_void_p()
+        rc = lib.ckl_load_start(os.fsencode(path), ctypes.byref(o), ctypes.byref(h), err,
+                                len(err))
+        if rc == 0:
+            lib.ckl_release(h)
+        return rc, ctypes.get_errno(), err.value.decode()
+
+    bound = ckload.BOUNDS["CKL_MAX_WORLD_SIZE"]
+    assert start(world_size=bound + 1, rank=0) == (
+        -1, errno.EINVAL, f"{path}: world_size={bound + 1}: more than {bound} ranks")
+    assert start(world_size=2**32 - 1, rank=5)[:2] == (-1, errno.EINVAL)
+    for dim in (-2, 64, -2**31, 2**31 - 1):
+        rule[0].dim = dim
+        assert start(slices=rule, nslices=1, world_size=2) == (
+            -1, errno.EINVAL, f"{path}: slice rule 'enc.w': dim {dim} is not -1 (whole) or a "
+                              f"dimension from 0 to 63")
+    assert start(device=7) == (-1, errno.EINVAL,
+                               f"{path}: device 7: not CPU, CUDA or auto (enum ckl_device)")
+    assert start(threads=1000) == (-1, errno.EINVAL,
+                                   f"{path}: threads=1000: more than 256 reader threads")
+    rule[0].dim = 0
+    assert start(slices=rule, nslices=1, world_size=bound, rank=bound - 1)[0] == 0
+
+
+def test_the_modules_bounds_are_the_librarys():
+    """The bounds this module checks its arguments against before they reach a C field are
+    ckload.h's, as the library reports them (checked at load: a library that disagrees is
+    refused)."""
+    lib = ckload.library()
+    for name, value in ckload.BOUNDS.items():
+        assert lib.ckl_layout(name.encode()) == value, name
 
 
 def fake_cudart():

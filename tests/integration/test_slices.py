@@ -214,10 +214,60 @@ def test_refusals(tmp_path):
     np.savez_compressed(tmp_path / "c.npz", w=np.ones((4, 4), np.float32))
     with pytest.raises(ValueError, match=r"tensor 'w' is compressed \(a deflated .npz entry\)"):
         ckload.load(tmp_path / "c.npz", device="cpu", slices=[("w", 0)], rank=0, world_size=2)
-    with pytest.raises(ValueError, match="rank=2, world_size=2: no such rank"):
+    with pytest.raises(ValueError, match="world_size=2: rank=2: not an integer from 0 to 1"):
         ckload.load(path, device="cpu", slices=RULES, rank=2, world_size=2)
-    with pytest.raises(ValueError, match="dim is -1"):
+    with pytest.raises(ValueError, match="dim=-2: not an integer from -1 to 63"):
         ckload.load(path, device="cpu", slices=[("x", -2)], rank=0, world_size=2)
+
+
+WRAPPED = [  # each acted as the low bits ctypes kept: world_size 2, the whole tensor, dim 1, dim 0
+    {"world_size": 2**32 + 2}, {"world_size": 2**40}, {"world_size": 2**20 + 1},
+    {"slices": [("*.q_proj.weight", 2**32 + 1)]}, {"slices": [("*.q_proj.weight", 2**63)]},
+    {"slices": [("*.q_proj.weight", 64)]}, {"slices": [("*.q_proj.weight", -2**32 + 1)]},
+    {"rank": 2**32 + 1}, {"rank": -1}, {"world_size": 0}, {"world_size": -2**32 + 2},
+    {"threads": 2**32 + 4}, {"buffers": 2**32 + 2}, {"buffer_size": 2**64 + 4096},
+    {"threads": -1}, {"device": "cuda:4294967296"},
+    {"world_size": 2.0}, {"rank": True}, {"slices": [("*.q_proj.weight", 0.0)]},
+    {"threads": 4.5}, {"buffer_size": "4096"},
+]
+
+
+@pytest.mark.parametrize("kw", WRAPPED, ids=lambda kw: repr(kw)[:60])
+def test_arguments_c_cannot_hold_are_refused_not_wrapped(tmp_path, kw):
+    """A number the C field cannot hold, or out of the option's bounds, or not an int (a bool, a
+    float): ValueError naming the parameter and its range, from load, Load and load_into alike,
+    as `ckpt load` refuses the same values; nothing is loaded."""
+    path, read = safetensors_src(tmp_path)
+    args = {"device": "cpu", "world_size": 2, "rank": 1, "slices": RULES, **kw}
+    name = next(iter(kw))
+    into = [lambda p, device, **a: ckload.load_into(read(p), p, **a)] if name != "device" else []
+    for start in [ckload.load, ckload.Load, *into]:
+        with pytest.raises(ValueError) as e:
+            start(path, **args)
+        msg = str(e.value)
+        assert msg.startswith(f"ckload: {path}: ") and "\n" not in msg, msg
+        assert (f"{'N' if name == 'device' else 'dim' if name == 'slices' else name}="
+                in msg and "not " in msg), msg
+
+
+def test_the_cli_refuses_what_the_module_refuses(tmp_path):
+    path, _ = safetensors_src(tmp_path)
+    for flags in (["--world-size", str(2**32 + 2)], ["--world-size", str(2**20 + 1)],
+                  ["--slice", f"*.q_proj.weight:{2**32 + 1}"], ["--rank", str(2**32 + 1)]):
+        p = run([ckpt_bin(), "load", path, "--device", "cpu", *flags])
+        assert p.returncode == 2 and p.stderr.startswith(b"ckpt: load: --"), (flags, p.stderr)
+
+
+def test_a_load_index_c_cannot_hold_is_refused(tmp_path):
+    """Load.wait(2**64) waited for tensor 0 (ctypes kept the low 64 bits)."""
+    path, _ = safetensors_src(tmp_path)
+    with ckload.Load(path, device="cpu") as ld:
+        for i in (2**64, -1, 0.0, True):
+            with pytest.raises(ValueError, match=f"i={i!r}: not an integer"):
+                ld.wait(i)
+        with pytest.raises(ValueError, match=f"ckload: {path}: no tensor {len(ld)}"):
+            ld.wait(len(ld))
+        ld.wait(0)
 
 
 def test_ckpt_load_slice(tmp_path):

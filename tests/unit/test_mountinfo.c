@@ -3,6 +3,7 @@
  * mount ID (ck_mount_listed). */
 #include <criterion/criterion.h>
 #include <string.h>
+#include <sys/sysmacros.h>
 
 #include "helpers.h"
 #include "../../fs/mountinfo.h"
@@ -49,6 +50,21 @@ Test(mountinfo, nothing_mounted_there)
     cr_assert_eq(top("/mnt", &at), 0);
     cr_assert_eq(top("/mnt/a", &at), 0, "a prefix of a mountpoint is not it");
     cr_assert_eq(top("/mnt/a\\040b", &at), 0, "the path is matched as written, not escaped");
+}
+
+Test(mountinfo, the_mount_of_a_device)
+{
+    ck_mount_at at;
+    const char *t = tmp_file(table, sizeof table - 1);
+    cr_assert_eq(ck_mount_of_dev(t, makedev(0, 40), &at), 1);
+    cr_assert_eq(at.id, 40);
+    cr_assert_str_eq(at.fstype, "fuse.ckptfs");
+    cr_assert_str_eq(at.source, "/src/x y.safetensors");
+    cr_assert_eq(ck_mount_of_dev(t, makedev(8, 1), &at), 1);
+    cr_assert_str_eq(at.fstype, "ext4");
+    cr_assert_eq(ck_mount_of_dev(t, makedev(0, 4), &at), 0, "0:4 is not 0:40");
+    cr_assert_eq(ck_mount_of_dev(t, makedev(40, 0), &at), 0);
+    cr_assert_eq(ck_mount_of_dev("/nonexistent/mountinfo", makedev(0, 40), &at), -1);
 }
 
 Test(mountinfo, unreadable_table)
