@@ -98,11 +98,6 @@ static int is_container(const pk_obj *o)
     return o->type == PK_TUPLE || o->type == PK_LIST || o->type == PK_DICT;
 }
 
-static size_t nchildren(const pk_obj *o)
-{
-    return o->type == PK_DICT ? o->u.seq.n / 2 : o->u.seq.n;
-}
-
 /* Makes room for a name of len bytes (and its NUL) in r->name. */
 static int reserve_name(pt_reader *r, size_t len)
 {
@@ -129,7 +124,8 @@ static int child_name(pt_reader *r, const pt_frame *f, size_t k, size_t *len)
     const char *piece = buf;
     size_t plen;
     if (f->obj->type == PK_DICT) {
-        const pk_obj *key = f->obj->u.seq.items[2 * k];
+        const pk_obj *key, *value;
+        pk_pair(f->obj, k, &key, &value);
         if (scalar_text(key, buf, sizeof buf, &piece, &plen) != 0 || key->type == PK_GLOBAL)
             return ck_fail(r->err, r->path, "a dict key of type %s under '%.*s' (only str, int, "
                            "float, bool and None keys name files)", pk_type_name(key->type),
@@ -177,7 +173,7 @@ static int walk(pt_reader *r, const pk_obj *root, pt_visit visit)
             n--;
             continue;
         }
-        if (f->next == nchildren(f->obj)) {
+        if (f->next == pk_len(f->obj)) {
             n--;
             continue;
         }
@@ -188,8 +184,9 @@ static int walk(pt_reader *r, const pk_obj *root, pt_visit visit)
         }
         if ((rc = child_name(r, f, k, &len)) != 0)
             break;
-        const pk_obj *child = f->obj->type == PK_DICT ? f->obj->u.seq.items[2 * k + 1]
-                                                      : f->obj->u.seq.items[k];
+        const pk_obj *key, *child = pk_item(f->obj, k);
+        if (!child)
+            pk_pair(f->obj, k, &key, &child);
         if (n == cap) {
             pt_frame *p = realloc(stack, 2 * cap * sizeof *stack);
             if (!p) {
@@ -466,11 +463,11 @@ static int collect_places(pt_reader *r, const pk_result *obj)
 static int place_legacy_storages(pt_reader *r, const pk_obj *keys, uint64_t pos)
 {
     const ck_file *f = &r->ix->files[r->file];
-    if (keys->type != PK_LIST)
+    if (!pk_as(keys, PK_LIST))
         return ck_fail(r->err, r->path, "the storage key list is a %s", pk_type_name(keys->type));
-    for (size_t i = 0; i < keys->u.seq.n; i++) {
-        const pk_obj *k = keys->u.seq.items[i];
-        pt_place *p = k->type == PK_STR ? (pt_place *)legacy_place(r, k->u.str.s) : NULL;
+    for (size_t i = 0; i < pk_len(keys); i++) {
+        const char *key = pk_text(pk_item(keys, i), NULL);
+        pt_place *p = key ? (pt_place *)legacy_place(r, key) : NULL;
         if (!p)
             return ck_fail(r->err, r->path, "storage key %zu of the list names no storage of "
                            "the object pickle (byte %llu)", i, (unsigned long long)pos);
@@ -503,17 +500,20 @@ static int check_legacy_preamble(pt_reader *r, uint64_t *pos)
     pk_result res;
     if (load_pickle_at(r, pos, &res) != 0)
         return -1;
-    int ok = res.root->type == PK_INT && res.root->u.i == 1001;
+    int64_t version;
+    int ok = pk_int(res.root, &version) == 0 && version == 1001;
     pk_free(&res);
     if (!ok)
         return ck_fail(r->err, r->path, "legacy protocol version is not 1001");
     if (load_pickle_at(r, pos, &res) != 0)
         return -1;
-    const pk_obj *d = res.root;
+    const pk_obj *key, *value;
     int little = -1;
-    for (size_t i = 0; d->type == PK_DICT && i + 1 < d->u.seq.n; i += 2)
-        if (d->u.seq.items[i]->type == PK_STR && strcmp(d->u.seq.items[i]->u.str.s, "little_endian") == 0)
-            little = d->u.seq.items[i + 1]->type == PK_BOOL ? (int)d->u.seq.items[i + 1]->u.i : -1;
+    for (size_t i = 0; pk_pair(res.root, i, &key, &value) == 0; i++) {
+        const char *k = pk_text(key, NULL);
+        if (k && strcmp(k, "little_endian") == 0)
+            little = pk_bool(value);
+    }
     pk_free(&res);
     if (little != 1)
         return ck_fail(r->err, r->path, little == 0 ? "big-endian checkpoints are not supported"

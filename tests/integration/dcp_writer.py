@@ -12,6 +12,9 @@ and what torch reads back from them, for the tests to compare ckptfs against.
                                          torch.load): OUT/manifest.json and one raw file per
                                          tensor (row-major, little-endian), values as str()
   dcp_writer.py hostile SRC DST KIND     DST: SRC's checkpoint with its .metadata changed
+  dcp_writer.py fields SRC DST           DST/FIELD-TYPE: SRC's checkpoint with one field of
+                                         its .metadata set to a value of another type
+                                         (object.__setattr__, as on a frozen dataclass)
 """
 import json, os, pickle, shutil, sys
 
@@ -190,10 +193,71 @@ def hostile(src, dst, kind):
         pickle.dump(md, f)
 
 
+# Where each field is, in a metadata md: the object that holds it (FIELDS), and the values of a
+# wrong type put in it (WRONG).
+FIELDS = {
+    "index.fqn": lambda md, name, key, info, tm: (key, "fqn"),
+    "index.offset": lambda md, name, key, info, tm: (key, "offset"),
+    "info.relative_path": lambda md, name, key, info, tm: (info, "relative_path"),
+    "info.offset": lambda md, name, key, info, tm: (info, "offset"),
+    "info.length": lambda md, name, key, info, tm: (info, "length"),
+    "info.transform_descriptors":
+        lambda md, name, key, info, tm: (info, "transform_descriptors"),
+    "chunk.offsets": lambda md, name, key, info, tm: (tm.chunks[0], "offsets"),
+    "chunk.sizes": lambda md, name, key, info, tm: (tm.chunks[0], "sizes"),
+    "tensor.chunks": lambda md, name, key, info, tm: (tm, "chunks"),
+    "tensor.properties": lambda md, name, key, info, tm: (tm, "properties"),
+    "tensor.size": lambda md, name, key, info, tm: (tm, "size"),
+    "properties.dtype": lambda md, name, key, info, tm: (tm.properties, "dtype"),
+    "properties.layout": lambda md, name, key, info, tm: (tm.properties, "layout"),
+    "metadata.state_dict_metadata": lambda md, name, key, info, tm: (md, "state_dict_metadata"),
+    "metadata.storage_data": lambda md, name, key, info, tm: (md, "storage_data"),
+}
+WRONG = {"str": lambda: "x" * 40, "float": lambda: 1.5, "bytes": lambda: b"\x01" * 40,
+         "dtype": lambda: torch.float32, "strs": lambda: ("a", "b")}
+
+
+def fields(src, dst):
+    """Every FIELD-TYPE of FIELDS x WRONG whose value is of another type than torch wrote, and
+    properties.state-short and -empty: TensorProperties' state tuple cut to (dtype,) and ()."""
+    from torch.distributed.checkpoint.metadata import TensorProperties
+    for kind, state in {"short": lambda p: (p.dtype,), "empty": lambda p: ()}.items():
+        with open(os.path.join(src, ".metadata"), "rb") as f:
+            md = pickle.load(f)
+        out = os.path.join(dst, f"properties.state-{kind}")
+        shutil.copytree(src, out)
+        was, TensorProperties.__getstate__ = TensorProperties.__getstate__, state
+        try:
+            with open(os.path.join(out, ".metadata"), "wb") as f:
+                pickle.dump(md, f)
+        finally:
+            TensorProperties.__getstate__ = was
+    for field, where in FIELDS.items():
+        for kind, value in WRONG.items():
+            with open(os.path.join(src, ".metadata"), "rb") as f:
+                md = pickle.load(f)
+            name, tm = next((k, v) for k, v in md.state_dict_metadata.items()
+                            if hasattr(v, "chunks") and len(v.chunks) > 1)
+            key, info = next((k, v) for k, v in md.storage_data.items()
+                             if k.fqn == name and k.offset == tm.chunks[0].offsets)
+            obj, attr = where(md, name, key, info, tm)
+            v = value()
+            if type(v) is type(getattr(obj, attr)):
+                continue
+            object.__setattr__(obj, attr, v)
+            if isinstance(obj, TensorProperties):  # its state is __getstate__'s tuple
+                assert TensorProperties.__getstate__(obj)[0 if attr == "dtype" else 1] is v
+            out = os.path.join(dst, f"{field}-{kind}")
+            shutil.copytree(src, out)
+            with open(os.path.join(out, ".metadata"), "wb") as f:
+                pickle.dump(md, f)
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"save": lambda: save(*args),
      "sharded": lambda: sharded(args[0], int(args[1])),
      "model": lambda: model(*args),
      "expect": lambda: expect(*args),
-     "hostile": lambda: hostile(*args)}[cmd]()
+     "hostile": lambda: hostile(*args),
+     "fields": lambda: fields(*args)}[cmd]()

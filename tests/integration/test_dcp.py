@@ -144,6 +144,35 @@ def test_hostile_metadata_is_refused_in_one_line(sharded2, tmp_path, mountpoint,
     assert says in line, line
 
 
+@pytest.fixture(scope="module")
+def wrong_fields(sharded2, tmp_path_factory):
+    """dcp_writer.py fields: one checkpoint per field of the metadata set to another type."""
+    d = tmp_path_factory.mktemp("dcp-fields")
+    torch2("fields", sharded2, d)
+    return d
+
+
+def test_a_field_of_another_type_is_refused_in_one_line(wrong_fields, mountpoint):
+    """A field of the metadata that holds a str, float, bytes, dtype or a tuple of strs where
+    torch wrote an int, a tuple, a str or a record (MetadataIndex.offset, the storage key of a
+    chunk's record, once crashed `ckpt ls` through the string read as a pointer): ckpt ls, the
+    mount and ckload.load each refuse it in one line naming the .metadata, and live on."""
+    cases = sorted(wrong_fields.iterdir())
+    assert len(cases) > 60 and {c.name for c in cases} >= {
+        "index.offset-str", "index.offset-float", "index.offset-bytes", "index.offset-dtype",
+        "properties.state-short", "properties.state-empty"}
+    for bad in cases:
+        meta = bad / ".metadata"
+        p = run([ckpt_bin(), "ls", bad])
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode == 1 and p.stdout == b"", (bad.name, p.returncode, err)
+        assert err.startswith(f"ckpt: {meta}: ") and err.count("\n") == 1, (bad.name, err)
+        assert_refused(bad, mountpoint, prefix=meta)
+        with pytest.raises(ckload.Error) as e:
+            ckload.load(bad, device="cpu")
+        assert str(e.value).startswith(f"ckload: {meta}: "), (bad.name, str(e.value))
+
+
 def test_ckload_loads_every_tensor_and_fills_a_modules_memory(checkpoint):
     d, manifest, exp = checkpoint
     sd = ckload.load(d, device="cpu")
