@@ -29,6 +29,7 @@ typedef struct dcp_reader {
     const char *meta;        /* its location, which the .distcp files are beside */
     dcp_record *records;
     size_t nrecords;
+    pt_archives *archives;   /* each archive the records name, parsed once */
     ck_error *err;
 } dcp_reader;
 
@@ -191,8 +192,8 @@ static int add_value(dcp_reader *r, const char *fqn, size_t len)
     const dcp_record *rec = find_record(r, fqn, NULL, 0);
     if (!rec)
         return ck_fail(r->err, r->path, "value '%s' has no storage record", fqn);
-    return pt_read_zip_or_omit(r->ix, rec->file, rec->offset, rec->length, fqn, len, NULL,
-                               r->err);
+    return pt_read_zip_or_omit(r->ix, r->archives, rec->file, rec->offset, rec->length, fqn, len,
+                               NULL, r->err);
 }
 
 /* --- tensors ---------------------------------------------------------------------------- */
@@ -343,7 +344,8 @@ static int chunk_bytes(dcp_reader *r, const dcp_tensor *t, size_t i, ck_chunk *c
         return tensor_fail(r, t, i, "no storage record holds it");
     pt_tensor pt;
     ck_error why;
-    if (pt_read_zip_tensor(r->ix, rec->file, rec->offset, rec->length, &pt, &why) != 0)
+    if (pt_read_zip_tensor(r->ix, r->archives, rec->file, rec->offset, rec->length, &pt,
+                           &why) != 0)
         return tensor_fail(r, t, i, why.msg);
     if (pt.dtype != t->dtype || pt.rank != t->rank || !pt.contiguous)
         return tensor_fail(r, t, i, pt.dtype != t->dtype
@@ -455,9 +457,10 @@ int dcp_open(http_remote *remote, const char *meta, ck_index **out, ck_error *er
     if (!ix)
         return ck_fail(err, meta, "out of memory");
     ix->remote = remote;
-    dcp_reader r = {.ix = ix, .meta = meta, .err = err};
+    dcp_reader r = {.ix = ix, .meta = meta, .archives = pt_archives_new(), .err = err};
     pk_result res = {0};
-    int rc = ck_index_add_source(ix, meta, NULL, err) < 0 ? -1 : 0;
+    int rc = !r.archives ? ck_fail(err, meta, "out of memory")
+             : ck_index_add_source(ix, meta, NULL, err) < 0 ? -1 : 0;
     r.path = ix->nfiles ? ix->files[0].path : meta;
     if (rc == 0)
         rc = read_metadata(&r, &res);
@@ -465,6 +468,7 @@ int dcp_open(http_remote *remote, const char *meta, ck_index **out, ck_error *er
         rc = add_entries(&r, res.root);
     pk_free(&res);
     free(r.records);
+    pt_archives_free(r.archives);
     if (rc) {
         ck_index_free(ix);
         return -1;

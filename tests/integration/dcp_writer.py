@@ -15,6 +15,11 @@ and what torch reads back from them, for the tests to compare ckptfs against.
   dcp_writer.py fields SRC DST           DST/FIELD-TYPE: SRC's checkpoint with one field of
                                          its .metadata set to a value of another type
                                          (object.__setattr__, as on a frozen dataclass)
+  dcp_writer.py shared DIR N PAD         a DCP checkpoint of one [N, 4] tensor in N chunks of
+                                         a row, every chunk's record naming one archive whose
+                                         data.pkl holds PAD bytes of pushes and pops first
+  dcp_writer.py shared_pt2 FILE N PAD    a .pt2 whose N use_pickle weights name one such
+                                         archive (the records ckptfs reads, written by hand)
 """
 import json, os, pickle, shutil, sys
 
@@ -253,6 +258,57 @@ def fields(src, dst):
                 pickle.dump(md, f)
 
 
+def padded_archive(pad):
+    """torch.save of a [1, 4] tensor, its data.pkl PAD bytes longer: pushes of 1 and pops
+    (BININT1 1, POP) after its PROTO, which pickle.load runs and forgets."""
+    import io, zipfile
+    raw = io.BytesIO()
+    torch.save(torch.arange(4, dtype=torch.float32).reshape(1, 4), raw)
+    out = io.BytesIO()
+    with zipfile.ZipFile(raw) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("/data.pkl"):
+                data = data[:2] + b"K\x010" * (int(pad) // 3) + data[2:]
+            zout.writestr(info.filename, data, zipfile.ZIP_STORED)
+    return out.getvalue()
+
+
+def shared(path, n, pad):
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties,
+        TensorStorageMetadata)
+    n = int(n)
+    os.makedirs(path)
+    archive = padded_archive(pad)
+    with open(os.path.join(path, "a.distcp"), "wb") as f:
+        f.write(archive)
+    chunks = [ChunkStorageMetadata(offsets=torch.Size([i, 0]), sizes=torch.Size([1, 4]))
+              for i in range(n)]
+    md = Metadata(
+        state_dict_metadata={"w": TensorStorageMetadata(
+            properties=TensorProperties(dtype=torch.float32), size=torch.Size([n, 4]),
+            chunks=chunks)},
+        storage_data={MetadataIndex("w", c.offsets): _StorageInfo("a.distcp", 0, len(archive))
+                      for c in chunks})
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+
+
+def shared_pt2(path, n, pad):
+    import zipfile
+    config = {f"w{i}": {"path_name": "shared", "use_pickle": True} for i in range(int(n))}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("model/archive_format", "pt2")
+        z.writestr("model/byteorder", "little")
+        z.writestr("model/data/weights/model_weights_config.json",
+                   json.dumps({"config": config}))
+        z.writestr("model/data/constants/model_constants_config.json",
+                   json.dumps({"config": {}}))
+        z.writestr("model/data/weights/shared", padded_archive(pad))
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"save": lambda: save(*args),
@@ -260,4 +316,6 @@ if __name__ == "__main__":
      "model": lambda: model(*args),
      "expect": lambda: expect(*args),
      "hostile": lambda: hostile(*args),
-     "fields": lambda: fields(*args)}[cmd]()
+     "fields": lambda: fields(*args),
+     "shared": lambda: shared(*args),
+     "shared_pt2": lambda: shared_pt2(*args)}[cmd]()
