@@ -347,15 +347,21 @@ static int chunk_bytes(dcp_reader *r, const dcp_tensor *t, size_t i, ck_chunk *c
     if (pt_read_zip_tensor(r->ix, r->archives, rec->file, rec->offset, rec->length, &pt,
                            &why) != 0)
         return tensor_fail(r, t, i, why.msg);
-    if (pt.dtype != t->dtype || pt.rank != t->rank || !pt.contiguous)
+    if (pt.dtype != t->dtype || pt.rank != t->rank)
         return tensor_fail(r, t, i, pt.dtype != t->dtype
                                         ? "its archive's dtype is not the tensor's"
-                                        : "its archive's tensor is not a contiguous one of "
-                                          "the chunk's rank");
+                                        : "its archive's tensor is not of the chunk's rank");
     for (unsigned d = 0; d < t->rank; d++)
         if (pt.dims[d] != c->sizes[d])
             return tensor_fail(r, t, i, "its archive's tensor is not of the chunk's sizes");
     c->ext = pt.ext;
+    if (!pt.contiguous) { /* a view saved as is (a transposed weight): gathered by its strides */
+        int64_t *strides = ck_index_alloc(r->ix, t->rank * sizeof *strides);
+        if (!strides)
+            return ck_fail(r->err, r->path, "out of memory");
+        memcpy(strides, pt.dims + t->rank, t->rank * sizeof *strides);
+        c->strides = strides;
+    }
     return 0;
 }
 
@@ -391,9 +397,12 @@ static int add_tensor(dcp_reader *r, const char *fqn, size_t fqn_len, const pk_o
     const char *why = nbytes ? check_grid(&t, chunk, n) : NULL;
     if (why)
         return ck_fail(r->err, r->path, "tensor '%s': %s", fqn, why);
-    int one = n == 1 || !nbytes;
+    int one = n == 1 || !nbytes, strided = one && n && chunk[0].strides;
+    if (strided)
+        memcpy(shape + t.rank, chunk[0].strides, t.rank * sizeof *shape);
     ck_entry *e = ck_index_add_entry(r->ix, fqn, fqn_len,
-                                     one ? CK_CONTIGUOUS : CK_CHUNKED, t.rank, shape, r->err);
+                                     strided ? CK_STRIDED : one ? CK_CONTIGUOUS : CK_CHUNKED,
+                                     t.rank, shape, r->err);
     ck_chunks *cs = one ? NULL : ck_index_alloc(r->ix, sizeof *cs);
     if (!e || (!one && !cs))
         return e ? ck_fail(r->err, r->path, "out of memory") : -1;

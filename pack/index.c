@@ -496,6 +496,19 @@ static const ck_chunk *chunk_at(const ck_chunks *cs, unsigned rank, const int64_
     return NULL;
 }
 
+/* Bytes [off, off+len) of chunk c's row-major elements, which lie strided in its file: read as
+ * the CK_STRIDED entry of its sizes and strides would be. */
+static int read_strided_chunk(const ck_index *ix, const ck_entry *e, const ck_chunk *c,
+                              unsigned char *buf, size_t len, uint64_t off)
+{
+    int64_t shape[2 * CK_MAX_RANK];
+    memcpy(shape, c->sizes, e->rank * sizeof *shape);
+    memcpy(shape + e->rank, c->strides, e->rank * sizeof *shape);
+    ck_entry piece = {.shape = shape, .ext = c->ext, .kind = CK_TENSOR, .layout = CK_STRIDED,
+                      .dtype = e->dtype, .rank = e->rank};
+    return read_strided(ix, &piece, buf, len, off);
+}
+
 /* Bytes [off, off+len) of a chunked entry: from each chunk, the longest run that lies in one
  * piece of both it and the entry's box (a row, or rows where the chunk spans the box's width),
  * read straight into buf. */
@@ -530,7 +543,9 @@ static int read_chunked(const ck_index *ix, const ck_entry *e, unsigned char *bu
         }
         uint64_t skip = off % esize, n = run * esize - skip;
         size_t k = n < len ? (size_t)n : len;
-        int rc = ck_file_pread(ix, c->ext.file, buf, k, c->ext.offset + local * esize + skip);
+        int rc = c->strides ? read_strided_chunk(ix, e, c, buf, k, local * esize + skip)
+                            : ck_file_pread(ix, c->ext.file, buf, k,
+                                            c->ext.offset + local * esize + skip);
         if (rc)
             return rc;
         buf += k, off += k, len -= k;

@@ -57,9 +57,11 @@ typedef struct ck_extent {
     uint32_t file;   /* index into ck_index.files */
 } ck_extent;
 
-/* One piece of a chunked tensor: the box it covers, and its elements, row-major over sizes. */
+/* One piece of a chunked tensor: the box it covers, and its elements, row-major over sizes in
+ * ext, or gathered as a CK_STRIDED entry's from ext.offset on by rank element strides. */
 typedef struct ck_chunk {
     const int64_t *offsets, *sizes; /* rank each */
+    const int64_t *strides;         /* rank, none negative; NULL: row-major in ext */
     ck_extent ext;
 } ck_chunk;
 

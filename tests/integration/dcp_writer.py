@@ -2,6 +2,9 @@
 and what torch reads back from them, for the tests to compare ckptfs against.
 
   dcp_writer.py save DIR                 one process, a small transformer state dict + values
+  dcp_writer.py views DIR                one process, a state dict of views saved as they are:
+                                         a transposed weight, a permuted 3-d tensor, a column
+                                         slice, and the weight itself
   dcp_writer.py sharded DIR WORLD        WORLD gloo ranks: DTensors Shard(0), Shard(1),
                                          Replicate, and an FSDP2 module with Adam's state
   dcp_writer.py model DIR WORLD LAYERS HIDDEN [DTYPE]
@@ -42,6 +45,14 @@ def small_state_dict():
 
 def save(path):
     dcp.save(small_state_dict(), checkpoint_id=path)
+
+
+def views(path):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(5, 7, generator=g)
+    dcp.save({"w.t": w.t(), "cube.permuted": torch.randn(2, 3, 4, generator=g).permute(2, 0, 1),
+              "cols": torch.arange(24.).reshape(4, 6)[:, 1:5], "w": w,
+              "half.t": torch.randn(3, 5, generator=g).half().t()}, checkpoint_id=path)
 
 
 def sharded_rank(rank, world, path, port):
@@ -313,6 +324,7 @@ if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"save": lambda: save(*args),
      "sharded": lambda: sharded(args[0], int(args[1])),
+     "views": lambda: views(*args),
      "model": lambda: model(*args),
      "expect": lambda: expect(*args),
      "hostile": lambda: hostile(*args),

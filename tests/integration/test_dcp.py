@@ -144,6 +144,25 @@ def test_hostile_metadata_is_refused_in_one_line(sharded2, tmp_path, mountpoint,
     assert says in line, line
 
 
+def test_views_saved_as_they_are_read_as_torch_reads_them(tmp_path_factory, mount):
+    """A state dict holding non-contiguous tensors (a transposed weight, a permuted cube),
+    saved from one process: DCP writes each archive's tensor with its strides, which was
+    refused; ckpt cat, the mount and ckload.load give the bytes dcp_to_torch_save + torch.load
+    give."""
+    d, manifest, exp = written(tmp_path_factory, "views")
+    assert {"w.t", "cube.permuted", "half.t"} <= set(manifest["tensors"])
+    with mount(d) as m:
+        index = {t["name"]: t for t in read_index(m)["tensors"]}
+        for name, t in manifest["tensors"].items():
+            want = expected_bytes(exp, t)
+            assert index[name]["shape"] == t["shape"], name
+            assert (m / index[name]["path"]).read_bytes() == want, name
+            assert run([ckpt_bin(), "cat", d, name]).stdout == want, name
+    sd = ckload.load(d, device="cpu")
+    for name, t in manifest["tensors"].items():
+        assert torch.equal(sd[name], expected_tensor(exp, t)), name
+
+
 @pytest.fixture(scope="module")
 def wrong_fields(sharded2, tmp_path_factory):
     """dcp_writer.py fields: one checkpoint per field of the metadata set to another type."""

@@ -515,3 +515,36 @@ Test(read_other, pread_exact)
     cr_assert_eq(ck_pread(-1, buf, 1, 0), -EBADF);
     ck_index_free(ix);
 }
+
+/* A chunked tensor [4][6] of U8 in a 2x2 grid of [2][3] chunks, two of them stored transposed
+ * (a view DCP saved as it was, strides (1, 2)): every read gathers them by their strides,
+ * runs of part of a row included. */
+Test(read_other, chunked_with_strided_chunks)
+{
+    unsigned char file[64], want[24];
+    fill_bytes(file, sizeof file, 9);
+    ck_index *ix = index_over(file, sizeof file);
+    static const int64_t box[4][4] = {{0, 0, 2, 3}, {0, 3, 2, 3}, {2, 0, 2, 3}, {2, 3, 2, 3}};
+    static const int64_t transposed[2] = {1, 2};
+    static const uint64_t at[4] = {0, 10, 20, 40};
+    ck_chunk chunk[4];
+    for (int k = 0; k < 4; k++) {
+        int strided = k % 2 == 1;
+        chunk[k] = (ck_chunk){.offsets = box[k], .sizes = box[k] + 2,
+                              .strides = strided ? transposed : NULL,
+                              .ext = {.offset = at[k], .length = 6}};
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++)
+                want[(box[k][0] + i) * 6 + box[k][1] + j] =
+                    file[at[k] + (strided ? (uint64_t)(i + 2 * j) : (uint64_t)(3 * i + j))];
+    }
+    ck_chunks cs = {.dims = (int64_t[]){4, 6}, .chunk = chunk, .n = 4};
+    ck_error err = {""};
+    ck_entry *e = ck_index_add_entry(ix, "t", 1, CK_CHUNKED, 2, (int64_t[]){4, 6, 0, 0}, &err);
+    cr_assert_not_null(e, "%s", err.msg);
+    e->dtype = CK_U8;
+    e->nbytes = 24;
+    e->chunks = &cs;
+    check_every_read(ix, e, want, 24);
+    ck_index_free(ix);
+}
