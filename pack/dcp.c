@@ -248,12 +248,6 @@ static int by_value(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int by_cell(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The edges of the grid along dim d: every chunk's start and end there, sorted, unique. */
 static int64_t *grid_lines(const ck_chunk *c, size_t n, unsigned d, size_t *nlines)
 {
@@ -274,18 +268,24 @@ static int64_t *grid_lines(const ck_chunk *c, size_t n, unsigned d, size_t *nlin
     return v;
 }
 
-/* Whether the n (non-empty, in-bounds) chunks tile dims (not empty) exactly once, as a grid: each chunk
- * one cell between consecutive edges in every dim, the edges reaching 0 and the dim, and as
- * many chunks as cells, no two in one cell. Returns NULL, or what is wrong. */
-static const char *check_grid(const dcp_tensor *t, const ck_chunk *c, size_t n)
+/* Whether the n (non-empty, in-bounds) chunks tile dims (not empty) exactly once, as a grid:
+ * each chunk one cell between consecutive edges in every dim, the edges reaching 0 and the
+ * dim, and as many chunks as cells, no two in one cell. If so, the grid goes into *cs (its
+ * edges in the index's arena, the chunks in c put in cell order: index.c finds an element's
+ * chunk by a search of the edges, not of every chunk). Returns NULL, or what is wrong. */
+static const char *check_grid(dcp_reader *r, const dcp_tensor *t, ck_chunk *c, size_t n,
+                              ck_chunks *cs)
 {
     if (!n)
         return "no chunk holds any of it";
     uint64_t *cell = calloc(n, sizeof *cell), cells = 1;
-    const char *why = cell ? NULL : "out of memory";
+    int64_t *lines_of[CK_MAX_RANK] = {0};
+    uint32_t *nedges = ck_index_alloc(r->ix, t->rank * sizeof *nedges);
+    size_t total = 0;
+    const char *why = cell && nedges ? NULL : "out of memory";
     for (unsigned d = 0; d < t->rank && !why; d++) {
         size_t m;
-        int64_t *lines = grid_lines(c, n, d, &m);
+        int64_t *lines = lines_of[d] = grid_lines(c, n, d, &m);
         if (!lines) {
             why = "out of memory";
             break;
@@ -301,16 +301,36 @@ static const char *check_grid(const dcp_tensor *t, const ck_chunk *c, size_t n)
                 cell[i] = cell[i] * (m - 1) + k;
         }
         cells = m - 1 && cells > UINT64_MAX / (m - 1) ? UINT64_MAX : cells * (m - 1);
-        free(lines);
+        nedges[d] = (uint32_t)m;
+        total += m;
+    }
+    int64_t *edges = why ? NULL : ck_index_alloc(r->ix, total * sizeof *edges + 1);
+    if (!why && !edges)
+        why = "out of memory";
+    *cs = (ck_chunks){.dims = t->dims, .chunk = c, .edges = edges, .nedges = nedges,
+                      .n = (uint32_t)n};
+    for (unsigned d = 0; d < t->rank; d++) {
+        if (edges)
+            memcpy(edges, lines_of[d], nedges[d] * sizeof *edges);
+        edges += edges ? nedges[d] : 0;
+        free(lines_of[d]);
     }
     if (!why && cells != n)
         why = "the chunks leave part of the tensor uncovered, or overlap";
-    if (!why) {
-        qsort(cell, n, sizeof *cell, by_cell);
-        for (size_t i = 1; i < n && !why; i++)
-            if (cell[i] == cell[i - 1])
-                why = "two chunks cover the same part of the tensor";
+    /* as many cells as chunks, each below n: chunk i goes to place cell[i], once */
+    ck_chunk *placed = why ? NULL : malloc(n * sizeof *placed);
+    if (!why && !placed)
+        why = "out of memory";
+    for (size_t i = 0; i < n && !why; i++)
+        placed[cell[i]].sizes = NULL;
+    for (size_t i = 0; i < n && !why; i++) {
+        if (placed[cell[i]].sizes)
+            why = "two chunks cover the same part of the tensor";
+        placed[cell[i]] = c[i];
     }
+    if (!why)
+        memcpy(c, placed, n * sizeof *c);
+    free(placed);
     free(cell);
     return why;
 }
@@ -394,7 +414,8 @@ static int add_tensor(dcp_reader *r, const char *fqn, size_t fqn_len, const pk_o
             return -1;
         n += volume != 0; /* an empty chunk (a rank with no rows) covers nothing */
     }
-    const char *why = nbytes ? check_grid(&t, chunk, n) : NULL;
+    ck_chunks grid;
+    const char *why = nbytes ? check_grid(r, &t, chunk, n, &grid) : NULL;
     if (why)
         return ck_fail(r->err, r->path, "tensor '%s': %s", fqn, why);
     int one = n == 1 || !nbytes, strided = one && n && chunk[0].strides;
@@ -411,7 +432,8 @@ static int add_tensor(dcp_reader *r, const char *fqn, size_t fqn_len, const pk_o
     if (one) {
         e->ext = n ? chunk[0].ext : (ck_extent){0};
     } else {
-        *cs = (ck_chunks){.dims = e->shape, .chunk = chunk, .n = (uint32_t)n};
+        *cs = grid;
+        cs->dims = e->shape;
         e->chunks = cs;
     }
     return 0;

@@ -482,18 +482,26 @@ static int read_swapped(const ck_index *ix, const ck_entry *e, unsigned char *bu
 }
 
 /* The chunk holding the element at coordinates g of the whole tensor (every element has one:
- * the chunks tile it). Linear in the chunks: a tensor has about as many as ranks wrote it. */
+ * the chunks tile it): its cell, found by a binary search of the edges in each dim. */
 static const ck_chunk *chunk_at(const ck_chunks *cs, unsigned rank, const int64_t *g)
 {
-    for (uint32_t i = 0; i < cs->n; i++) {
-        const ck_chunk *c = &cs->chunk[i];
-        unsigned d = 0;
-        while (d < rank && g[d] >= c->offsets[d] && g[d] - c->offsets[d] < c->sizes[d])
-            d++;
-        if (d == rank)
-            return c;
+    const int64_t *edge = cs->edges;
+    uint64_t cell = 0;
+    for (unsigned d = 0; d < rank; d++) {
+        uint32_t m = cs->nedges[d], lo = 0, hi = m - 1; /* g[d] in [edge[lo], edge[hi]) */
+        if (m < 2 || g[d] < edge[0] || g[d] >= edge[m - 1])
+            return NULL;
+        while (hi - lo > 1) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (edge[mid] <= g[d])
+                lo = mid;
+            else
+                hi = mid;
+        }
+        cell = cell * (m - 1) + lo;
+        edge += m;
     }
-    return NULL;
+    return cell < cs->n ? &cs->chunk[cell] : NULL;
 }
 
 /* Bytes [off, off+len) of chunk c's row-major elements, which lie strided in its file: read as

@@ -65,10 +65,14 @@ typedef struct ck_chunk {
     ck_extent ext;
 } ck_chunk;
 
-/* Chunks that tile a tensor of dims exactly once (their reader checked it). */
+/* Chunks that tile a tensor of dims exactly once, as a grid (their reader checked it): along
+ * each dim d, nedges[d] ascending edges from 0 to dims[d] (edges holds every dim's, one dim
+ * after another), and a chunk per cell between them, in row-major order of the cells. */
 typedef struct ck_chunks {
     const int64_t *dims;
     const ck_chunk *chunk;
+    const int64_t *edges;
+    const uint32_t *nedges;
     uint32_t n;
 } ck_chunks;
 

@@ -39,11 +39,18 @@
 #include "seed.h"
 #include "utf8.h"
 
-#define DEFAULT_LIMITS                                                                     \
-    .max_stack = 1000000, .max_marks = 10000, .max_memo = 10000000, .max_objects = 50000000,  \
-    .max_depth = 1000
-const pk_limits pk_default_limits = {DEFAULT_LIMITS};
-const pk_limits pk_dcp_limits = {DEFAULT_LIMITS, .dcp = 1};
+#define OTHER_LIMITS .max_stack = 1000000, .max_marks = 10000, .max_depth = 1000
+const pk_limits pk_default_limits = {OTHER_LIMITS, .max_memo = 10000000,
+                                     .max_objects = 50000000};
+/* A DCP .metadata of up to 256 MiB (dcp.c's DCP_MAX_METADATA) may hold 1,000,000 chunks
+ * (DCP_MAX_CHUNKS) and more: Python's pickler (protocols 2-5) writes each chunk (its
+ * ChunkStorageMetadata, two torch.Sizes, its MetadataIndex and _StorageInfo, their state dicts)
+ * in 130 bytes or more, with 16 memo slots and 68 opcodes: at most 1/8 slot and 1/2 object per
+ * byte, 32M slots and 128M objects for a full one. These are half as much again; the default's
+ * 10M slots stopped at 625,000 chunks. Memory stays proportional to the input all the same: a
+ * slot or an object costs an opcode byte. */
+const pk_limits pk_dcp_limits = {OTHER_LIMITS, .max_memo = 48000000, .max_objects = 192000000,
+                                 .dcp = 1};
 
 #define COPY_PER_INPUT_BYTE 8
 #define COPY_SLACK (1u << 20)

@@ -163,6 +163,21 @@ def test_views_saved_as_they_are_read_as_torch_reads_them(tmp_path_factory, moun
         assert torch.equal(sd[name], expected_tensor(exp, t)), name
 
 
+def test_a_million_chunks_written_by_pythons_pickle_open(tmp_path):
+    """DCP_MAX_CHUNKS chunks of one tensor, each its own record (all naming one archive, so
+    the test stays small): Python's pickle spends 16 memo slots a chunk, which the VM's memo
+    limit (10M) refused at 625,000; every row reads as the archive's tensor, as torch wrote it."""
+    d = tmp_path / "million"
+    torch2("shared", d, 1000000, 0, timeout=600)
+    p = run([ckpt_bin(), "ls", "--json", d], timeout=300)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    assert [(t["name"], t["shape"]) for t in json.loads(p.stdout)["tensors"]] == \
+        [("w", [1000000, 4])]
+    row = torch_bytes(torch.load(d / "a.distcp"))  # the one archive, as torch reads it
+    got = run([ckpt_bin(), "cat", d, "w"], timeout=300).stdout
+    assert len(row) == 16 and got == row * 1000000
+
+
 @pytest.fixture(scope="module")
 def wrong_fields(sharded2, tmp_path_factory):
     """dcp_writer.py fields: one checkpoint per field of the metadata set to another type."""

@@ -538,7 +538,8 @@ Test(read_other, chunked_with_strided_chunks)
                 want[(box[k][0] + i) * 6 + box[k][1] + j] =
                     file[at[k] + (strided ? (uint64_t)(i + 2 * j) : (uint64_t)(3 * i + j))];
     }
-    ck_chunks cs = {.dims = (int64_t[]){4, 6}, .chunk = chunk, .n = 4};
+    ck_chunks cs = {.dims = (int64_t[]){4, 6}, .chunk = chunk, .n = 4,
+                    .edges = (int64_t[]){0, 2, 4, 0, 3, 6}, .nedges = (uint32_t[]){3, 3}};
     ck_error err = {""};
     ck_entry *e = ck_index_add_entry(ix, "t", 1, CK_CHUNKED, 2, (int64_t[]){4, 6, 0, 0}, &err);
     cr_assert_not_null(e, "%s", err.msg);
