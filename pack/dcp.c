@@ -309,10 +309,12 @@ static const char *check_grid(dcp_reader *r, const dcp_tensor *t, ck_chunk *c, s
         why = "out of memory";
     *cs = (ck_chunks){.dims = t->dims, .chunk = c, .edges = edges, .nedges = nedges,
                       .n = (uint32_t)n};
+    size_t at = 0;
     for (unsigned d = 0; d < t->rank; d++) {
-        if (edges)
-            memcpy(edges, lines_of[d], nedges[d] * sizeof *edges);
-        edges += edges ? nedges[d] : 0;
+        if (edges) {
+            memcpy(edges + at, lines_of[d], nedges[d] * sizeof *edges);
+            at += nedges[d];
+        }
         free(lines_of[d]);
     }
     if (!why && cells != n)
