@@ -4,6 +4,8 @@
 #include "../pack/zip.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,111 @@ void fuzz_zip_reader_run(const uint8_t *data, size_t size, fuzz_zip_reader read)
     }
     fuzz_check(rc, ix, &err);
     ck_index_free(ix);
+}
+
+#define SEP "\0FZ\0"
+#define SEP_LEN 4
+#define MAX_FILES 16
+
+static char dir[PATH_MAX];
+static int dirfd = -1;
+static char names[MAX_FILES][65]; /* the files of the last input ("": none) */
+
+/* The work directory, made on first use; dirfd stays open on it. */
+static const char *work_dir(void)
+{
+    if (!dir[0]) {
+        const char *base = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/ckptfs-fuzz-XXXXXX",
+                 base && *base ? base : access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
+        FUZZ_REQUIRE(mkdtemp(dir) != NULL);
+        dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        FUZZ_REQUIRE(dirfd >= 0);
+    }
+    return dir;
+}
+
+static void remove_dir(void)
+{
+    fuzz_dir_clear();
+    if (dir[0])
+        rmdir(dir);
+}
+
+static int plain_name(const uint8_t *s, size_t n)
+{
+    if (n == 0 || n > 64 || s[0] == '.')
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(s[i] >= 'a' && s[i] <= 'z') && !(s[i] >= 'A' && s[i] <= 'Z') &&
+            !(s[i] >= '0' && s[i] <= '9') && !(s[i] && strchr("._-", s[i])))
+            return 0;
+    return 1;
+}
+
+/* Writes one piece as a file in the work directory: its name in out, or "" if dropped. The
+ * name is the piece's first line, or `name` when not NULL (the whole piece its contents). */
+static void write_piece(const uint8_t *p, size_t n, const char *name, char out[65])
+{
+    out[0] = 0;
+    const uint8_t *body = p;
+    if (name) {
+        snprintf(out, 65, "%s", name);
+    } else {
+        const uint8_t *nl = memchr(p, '\n', n);
+        if (!nl || !plain_name(p, (size_t)(nl - p)))
+            return;
+        memcpy(out, p, (size_t)(nl - p));
+        out[nl - p] = 0;
+        body = nl + 1;
+    }
+    work_dir();
+    int fd = openat(dirfd, out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FUZZ_REQUIRE(fd >= 0);
+    size_t left = n - (size_t)(body - p);
+    while (left) {
+        ssize_t w = write(fd, body, left);
+        FUZZ_REQUIRE(w > 0);
+        body += w;
+        left -= (size_t)w;
+    }
+    close(fd);
+}
+
+static const uint8_t *find_sep(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i + SEP_LEN <= n; i++)
+        if (memcmp(p + i, SEP, SEP_LEN) == 0)
+            return p + i;
+    return NULL;
+}
+
+const char *fuzz_dir_files(const uint8_t *data, size_t size, const char *first_name)
+{
+    static int registered;
+    if (!registered) {
+        registered = 1;
+        atexit(remove_dir);
+    }
+    for (size_t nfiles = 0; nfiles < MAX_FILES; nfiles++) {
+        const uint8_t *sep = find_sep(data, size);
+        size_t n = sep ? (size_t)(sep - data) : size;
+        write_piece(data, n, nfiles == 0 ? first_name : NULL, names[nfiles]);
+        if (!sep)
+            break;
+        size -= n + SEP_LEN;
+        data = sep + SEP_LEN;
+    }
+    return work_dir();
+}
+
+void fuzz_dir_clear(void)
+{
+    for (size_t i = 0; i < MAX_FILES; i++)
+        if (names[i][0]) {
+            unlinkat(dirfd, names[i], 0);
+            names[i][0] = 0;
+        }
 }
 
 void fuzz_fix_pack_xxh3(uint8_t *data, size_t size)

@@ -33,6 +33,16 @@ typedef int (*fuzz_zip_reader)(ck_index *ix, uint32_t file, const struct zip_arc
                                ck_error *err);
 void fuzz_zip_reader_run(const uint8_t *data, size_t size, fuzz_zip_reader read);
 
+/* Splits the input into the files of a directory, one per process (under $TMPDIR, else
+ * /dev/shm or /tmp), and returns its path. The pieces lie between each FUZZ_SEP ("\0FZ\0",
+ * 4 bytes no seed holds by chance), at most 16; each is "NAME\nCONTENTS", and one whose name
+ * is not made of [A-Za-z0-9._-], starts with '.', or is longer than 64 bytes is dropped. When
+ * first_name is not NULL, the first piece is all contents, written as first_name (which may
+ * start with '.'). gen_seeds.py writes seeds in this form. fuzz_dir_clear removes the files,
+ * after each input. */
+const char *fuzz_dir_files(const uint8_t *data, size_t size, const char *first_name);
+void fuzz_dir_clear(void);
+
 /* For a pack in data (size bytes, writable): sets the header's index_xxh3 to the XXH3 of the
  * index, when the header's index_length fits. Almost every mutation of the index breaks that
  * checksum, so without this the fuzzer would never get past it; comparing a checksum needs no

@@ -23,9 +23,12 @@ import numpy as np
 import torch
 from safetensors.torch import save as st_save
 
-SEP = b"\0FZ\0"  # fuzz_sharded.c splits its input into files here
+SEP = b"\0FZ\0"  # fuzz_dir_files (common.c) splits an input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan", "npy", "gguf", "pt2"]
+           "source", "plan", "npy", "gguf", "pt2", "dcp"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCH2 = os.path.join(REPO, ".deps", "torch2", "bin", "python")
+DCP_WRITER = os.path.join(REPO, "tests", "integration", "dcp_writer.py")
 PLAN_SELECTORS = b"\x00\x01\x02\x07"  # fuzz_plan.c: no only, a prefix, a glob, another prefix
 
 
@@ -189,6 +192,29 @@ def pt2_seeds():
     }
 
 
+def dcp_seeds():
+    """DCP checkpoints written by torch 2.x (.deps/torch2: this Python's torch has no DCP of
+    that form), each as fuzz_dcp.c takes it: the .metadata, then "NAME\\n" + each .distcp
+    file. The pickles of the .metadata alone go to the pickle target too. None without it."""
+    if not os.path.exists(TORCH2):
+        return {}
+    seeds = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for how, args in [("save", []), ("views", []), ("shared", ["3", "0"]),
+                          ("sharded", ["2"])]:
+            d = os.path.join(tmp, how)
+            subprocess.run([TORCH2, DCP_WRITER, how, d, *args], check=True,
+                           capture_output=True, timeout=300)
+            with open(os.path.join(d, ".metadata"), "rb") as f:
+                pieces = [f.read()]
+            for name in sorted(os.listdir(d)):
+                if name.endswith(".distcp"):
+                    with open(os.path.join(d, name), "rb") as f:
+                        pieces.append(name.encode() + b"\n" + f.read())
+            seeds[how] = SEP.join(pieces)
+    return seeds
+
+
 def write(dirpath, name, data):
     os.makedirs(dirpath, exist_ok=True)
     with open(os.path.join(dirpath, name), "wb") as f:
@@ -295,6 +321,10 @@ def main():
 
     for name, data in pt2_seeds().items():
         add(["pt2", "zip", "source"], name, data)
+
+    for name, data in dcp_seeds().items():
+        add(["dcp"], f"gen_{name}", data)
+        add(["pickle"], f"gen_dcp_{name}.pkl", data.split(SEP)[0])
 
     # packs of some of the above, written by our own tool
     with tempfile.TemporaryDirectory() as tmp:

@@ -481,19 +481,50 @@ static int read_swapped(const ck_index *ix, const ck_entry *e, unsigned char *bu
     return 0;
 }
 
+/* The cell of x among m ascending edges (the k with edge[k] <= x < edge[k+1]), by binary
+ * search; m when x lies outside them. */
+static uint32_t edge_cell(const int64_t *edge, uint32_t m, int64_t x)
+{
+    if (m < 2 || x < edge[0] || x >= edge[m - 1])
+        return m;
+    uint32_t lo = 0, hi = m - 1;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (edge[mid] <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* The chunk holding the element at coordinates g of the whole tensor (every element has one:
- * the chunks tile it). Linear in the chunks: a tensor has about as many as ranks wrote it. */
+ * the chunks tile it): its cell, found by a binary search of the edges in each dim. */
 static const ck_chunk *chunk_at(const ck_chunks *cs, unsigned rank, const int64_t *g)
 {
-    for (uint32_t i = 0; i < cs->n; i++) {
-        const ck_chunk *c = &cs->chunk[i];
-        unsigned d = 0;
-        while (d < rank && g[d] >= c->offsets[d] && g[d] - c->offsets[d] < c->sizes[d])
-            d++;
-        if (d == rank)
-            return c;
+    const int64_t *edge = cs->edges;
+    uint64_t cell = 0;
+    for (unsigned d = 0; d < rank; d++) {
+        uint32_t m = cs->nedges[d], k = edge_cell(edge, m, g[d]);
+        if (k >= m)
+            return NULL;
+        cell = cell * (m - 1) + k;
+        edge += m;
     }
-    return NULL;
+    return cell < cs->n ? &cs->chunk[cell] : NULL;
+}
+
+/* Bytes [off, off+len) of chunk c's row-major elements, which lie strided in its file: read as
+ * the CK_STRIDED entry of its sizes and strides would be. */
+static int read_strided_chunk(const ck_index *ix, const ck_entry *e, const ck_chunk *c,
+                              unsigned char *buf, size_t len, uint64_t off)
+{
+    int64_t shape[2 * CK_MAX_RANK];
+    memcpy(shape, c->sizes, e->rank * sizeof *shape);
+    memcpy(shape + e->rank, c->strides, e->rank * sizeof *shape);
+    ck_entry piece = {.shape = shape, .ext = c->ext, .kind = CK_TENSOR, .layout = CK_STRIDED,
+                      .dtype = e->dtype, .rank = e->rank};
+    return read_strided(ix, &piece, buf, len, off);
 }
 
 /* The coordinates in the whole tensor, into g, of element elem (row-major) of a chunked
@@ -538,7 +569,9 @@ static int read_chunked(const ck_index *ix, const ck_entry *e, unsigned char *bu
         }
         uint64_t skip = off % esize, n = run * esize - skip;
         size_t k = n < len ? (size_t)n : len;
-        int rc = ck_file_pread(ix, c->ext.file, buf, k, c->ext.offset + local * esize + skip);
+        int rc = c->strides ? read_strided_chunk(ix, e, c, buf, k, local * esize + skip)
+                            : ck_file_pread(ix, c->ext.file, buf, k,
+                                            c->ext.offset + local * esize + skip);
         if (rc)
             return rc;
         buf += k, off += k, len -= k;
@@ -549,15 +582,18 @@ static int read_chunked(const ck_index *ix, const ck_entry *e, unsigned char *bu
 /* ck_entry_each_file of a chunked entry's bytes [off, off+len) (not empty, inside it). Their
  * elements lie in the box from the first's coordinates to the last's where they agree, over
  * the range between them at the first dim where they differ, and whole in every dim after it:
- * the files of the chunks that meet that box. */
+ * the files of the chunks in the cells that box meets, visited cell by cell (a read costs the
+ * chunks it meets, not the tensor's). */
 static int chunked_each_file(const ck_entry *e, uint64_t off, uint64_t len,
                              int (*fn)(void *ctx, uint32_t file), void *ctx)
 {
     unsigned rank = e->rank;
-    const int64_t *dims = e->shape, *start = e->shape + rank;
+    const ck_chunks *cs = e->chunks;
+    const int64_t *dims = e->shape, *start = e->shape + rank, *edge = cs->edges;
     uint64_t esize;
     ck_dtype_nbytes(e->dtype, 1, &esize);
     int64_t lo[CK_MAX_RANK], hi[CK_MAX_RANK]; /* inclusive */
+    uint32_t clo[CK_MAX_RANK], chi[CK_MAX_RANK], cell[CK_MAX_RANK];
     chunked_coords(e, off / esize, lo);
     chunked_coords(e, (off + len - 1) / esize, hi);
     for (unsigned d = 0, apart = 0; d < rank; d++) {
@@ -566,18 +602,31 @@ static int chunked_each_file(const ck_entry *e, uint64_t off, uint64_t len,
             hi[d] = start[d] + dims[d] - 1;
         }
         apart |= lo[d] != hi[d];
+        uint32_t m = cs->nedges[d];
+        clo[d] = cell[d] = edge_cell(edge, m, lo[d]);
+        chi[d] = edge_cell(edge, m, hi[d]);
+        if (clo[d] >= m || chi[d] >= m)
+            return -EIO;
+        edge += m;
     }
     uint32_t last = UINT32_MAX;
-    int rc = 0;
-    for (uint32_t i = 0; i < e->chunks->n && rc == 0; i++) {
-        const ck_chunk *c = &e->chunks->chunk[i];
-        unsigned d = 0;
-        while (d < rank && c->offsets[d] <= hi[d] && lo[d] - c->offsets[d] < c->sizes[d])
-            d++;
-        if (d == rank && c->ext.file != last)
-            rc = fn(ctx, last = c->ext.file);
+    for (;;) {
+        uint64_t at = 0;
+        for (unsigned d = 0; d < rank; d++)
+            at = at * (cs->nedges[d] - 1) + cell[d];
+        if (at >= cs->n)
+            return -EIO;
+        uint32_t file = cs->chunk[at].ext.file;
+        int rc = file != last ? fn(ctx, last = file) : 0;
+        if (rc)
+            return rc;
+        unsigned d = rank; /* the next cell of the box, last dim fastest */
+        while (d-- > 0 && cell[d] == chi[d])
+            cell[d] = clo[d];
+        if (d >= rank)
+            return 0;
+        cell[d]++;
     }
-    return rc;
 }
 
 int ck_entry_each_file(const ck_entry *e, uint64_t off, uint64_t len,

@@ -57,16 +57,22 @@ typedef struct ck_extent {
     uint32_t file;   /* index into ck_index.files */
 } ck_extent;
 
-/* One piece of a chunked tensor: the box it covers, and its elements, row-major over sizes. */
+/* One piece of a chunked tensor: the box it covers, and its elements, row-major over sizes in
+ * ext, or gathered as a CK_STRIDED entry's from ext.offset on by rank element strides. */
 typedef struct ck_chunk {
     const int64_t *offsets, *sizes; /* rank each */
+    const int64_t *strides;         /* rank, none negative; NULL: row-major in ext */
     ck_extent ext;
 } ck_chunk;
 
-/* Chunks that tile a tensor of dims exactly once (their reader checked it). */
+/* Chunks that tile a tensor of dims exactly once, as a grid (their reader checked it): along
+ * each dim d, nedges[d] ascending edges from 0 to dims[d] (edges holds every dim's, one dim
+ * after another), and a chunk per cell between them, in row-major order of the cells. */
 typedef struct ck_chunks {
     const int64_t *dims;
     const ck_chunk *chunk;
+    const int64_t *edges;
+    const uint32_t *nedges;
     uint32_t n;
 } ck_chunks;
 

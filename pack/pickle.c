@@ -39,11 +39,18 @@
 #include "seed.h"
 #include "utf8.h"
 
-#define DEFAULT_LIMITS                                                                     \
-    .max_stack = 1000000, .max_marks = 10000, .max_memo = 10000000, .max_objects = 50000000,  \
-    .max_depth = 1000
-const pk_limits pk_default_limits = {DEFAULT_LIMITS};
-const pk_limits pk_dcp_limits = {DEFAULT_LIMITS, .dcp = 1};
+#define OTHER_LIMITS .max_stack = 1000000, .max_marks = 10000, .max_depth = 1000
+const pk_limits pk_default_limits = {OTHER_LIMITS, .max_memo = 10000000,
+                                     .max_objects = 50000000};
+/* A DCP .metadata of up to 256 MiB (dcp.c's DCP_MAX_METADATA) may hold 1,000,000 chunks
+ * (DCP_MAX_CHUNKS) and more: Python's pickler (protocols 2-5) writes each chunk (its
+ * ChunkStorageMetadata, two torch.Sizes, its MetadataIndex and _StorageInfo, their state dicts)
+ * in 130 bytes or more, with 16 memo slots and 68 opcodes: at most 1/8 slot and 1/2 object per
+ * byte, 32M slots and 128M objects for a full one. These are half as much again; the default's
+ * 10M slots stopped at 625,000 chunks. Memory stays proportional to the input all the same: a
+ * slot or an object costs an opcode byte. */
+const pk_limits pk_dcp_limits = {OTHER_LIMITS, .max_memo = 48000000, .max_objects = 192000000,
+                                 .dcp = 1};
 
 #define COPY_PER_INPUT_BYTE 8
 #define COPY_SLACK (1u << 20)
@@ -2062,4 +2069,99 @@ void pk_free(pk_result *r)
         return;
     ck_arena_free(r->arena);
     *r = (pk_result){0};
+}
+
+/* --- typed access ---------------------------------------------------------------------- */
+
+const pk_obj *pk_as(const pk_obj *o, enum pk_type t)
+{
+    return o && o->type == t ? o : NULL;
+}
+
+const char *pk_text(const pk_obj *o, size_t *len)
+{
+    if (!pk_as(o, PK_STR))
+        return NULL;
+    if (len)
+        *len = o->u.str.len;
+    return o->u.str.s;
+}
+
+int pk_int(const pk_obj *o, int64_t *out)
+{
+    if (!pk_as(o, PK_INT))
+        return -1;
+    *out = o->u.i;
+    return 0;
+}
+
+int pk_bool(const pk_obj *o)
+{
+    return pk_as(o, PK_BOOL) ? o->u.i != 0 : -1;
+}
+
+size_t pk_len(const pk_obj *o)
+{
+    if (!o || (o->type != PK_TUPLE && o->type != PK_LIST && o->type != PK_DICT))
+        return 0;
+    return o->type == PK_DICT ? o->u.seq.n / 2 : o->u.seq.n;
+}
+
+const pk_obj *pk_item(const pk_obj *o, size_t i)
+{
+    return o && (o->type == PK_TUPLE || o->type == PK_LIST) && i < o->u.seq.n ? o->u.seq.items[i]
+                                                                              : NULL;
+}
+
+int pk_pair(const pk_obj *o, size_t i, const pk_obj **key, const pk_obj **value)
+{
+    if (!pk_as(o, PK_DICT) || i >= o->u.seq.n / 2)
+        return -1;
+    *key = o->u.seq.items[2 * i];
+    *value = o->u.seq.items[2 * i + 1];
+    return 0;
+}
+
+int pk_int_tuple(const pk_obj *o, size_t max, int64_t *out, size_t *n)
+{
+    if (!pk_as(o, PK_TUPLE) || o->u.seq.n > max)
+        return -1;
+    for (size_t i = 0; i < o->u.seq.n; i++)
+        if (pk_int(o->u.seq.items[i], &out[i]) != 0)
+            return -1;
+    *n = o->u.seq.n;
+    return 0;
+}
+
+const pk_obj *pk_global_is(const pk_obj *o, enum pk_global g)
+{
+    return pk_as(o, PK_GLOBAL) && o->u.global.which == g ? o : NULL;
+}
+
+int pk_dtype(const pk_obj *o)
+{
+    return pk_global_is(o, PKG_DTYPE) ? o->u.global.dtype : -1;
+}
+
+/* An OBJECT's items[0] is its class, a GLOBAL: op_newobj makes it so, and nothing else makes
+ * an OBJECT. */
+const pk_obj *pk_record(const pk_obj *o, enum pk_global cls)
+{
+    return pk_as(o, PK_OBJECT) && pk_global_is(o->u.seq.items[0], cls) ? o : NULL;
+}
+
+const pk_obj *pk_state(const pk_obj *o)
+{
+    return pk_as(o, PK_OBJECT) && o->u.seq.n == 2 ? o->u.seq.items[1] : NULL;
+}
+
+const pk_obj *pk_field(const pk_obj *o, const char *name)
+{
+    const pk_obj *state = pk_state(o), *k, *v;
+    for (size_t i = 0; i < PK_MAX_FIELDS && pk_pair(state, i, &k, &v) == 0; i++) {
+        const char *key = pk_text(k, NULL);
+        if (key && strcmp(key, name) == 0)
+            return v;
+    }
+    return NULL;
 }

@@ -126,7 +126,8 @@ typedef struct pk_limits {
 
 /* Defaults: stack 1,000,000; marks 10,000; memo 10,000,000; objects 50,000,000; depth 1,000. */
 extern const pk_limits pk_default_limits;
-/* The same, with the DCP .metadata's globals allowed. */
+/* The same with the DCP .metadata's globals allowed, and memo 48,000,000 and objects
+ * 192,000,000: what a 256 MiB .metadata of Python's pickler takes, and half again (pickle.c). */
 extern const pk_limits pk_dcp_limits;
 
 typedef struct pk_result {
@@ -148,6 +149,45 @@ int pk_load(const unsigned char *data, size_t len, const pk_limits *lim, const c
             uint64_t base, pk_result *out, ck_error *err);
 
 void pk_free(pk_result *r);
+
+/* --- typed access ------------------------------------------------------------------------
+ * How a reader takes values out of the tree: a reader reads no member of u itself but asks
+ * one of these, which hands back what was asked only when the object is of the type that
+ * member belongs to (NULL, 0 or -1 otherwise, and for a NULL object, so calls chain), so a
+ * field that a file filled with another type is refused where it is taken, never read
+ * through another type's member. */
+
+/* o when it is of type t; NULL otherwise. */
+const pk_obj *pk_as(const pk_obj *o, enum pk_type t);
+/* A STR's text, NUL-terminated (*len its bytes when len is not NULL); NULL otherwise. */
+const char *pk_text(const pk_obj *o, size_t *len);
+/* An INT's value into *out: 0, or -1 when o is no INT (a BOOL is not one). */
+int pk_int(const pk_obj *o, int64_t *out);
+/* A BOOL's value, 0 or 1; -1 when o is no BOOL. */
+int pk_bool(const pk_obj *o);
+/* The items of a TUPLE or LIST, the pairs of a DICT; 0 for anything else. */
+size_t pk_len(const pk_obj *o);
+/* Item i of a TUPLE or LIST; NULL when o is neither or has no item i. */
+const pk_obj *pk_item(const pk_obj *o, size_t i);
+/* Pair i of a DICT into *key, *value: 0, or -1 when o is no DICT or has no pair i. */
+int pk_pair(const pk_obj *o, size_t i, const pk_obj **key, const pk_obj **value);
+/* A TUPLE of at most max INTs into out[0..*n): 0, or -1 when o is anything else. */
+int pk_int_tuple(const pk_obj *o, size_t max, int64_t *out, size_t *n);
+/* o when it is a GLOBAL that is g (enum pk_global); NULL otherwise. */
+const pk_obj *pk_global_is(const pk_obj *o, enum pk_global g);
+/* The dtype (enum ck_dtype) of a GLOBAL that is a torch dtype (torch.float32, ...); -1
+ * otherwise. */
+int pk_dtype(const pk_obj *o);
+/* o when it is an OBJECT of the record class cls (enum pk_global); NULL otherwise. */
+const pk_obj *pk_record(const pk_obj *o, enum pk_global cls);
+/* A record's state as BUILD gave it (a DICT or TUPLE); NULL when o is no OBJECT or has none. */
+const pk_obj *pk_state(const pk_obj *o);
+/* Field name of a record whose state is a dict of fields, whatever its type; NULL when o is no
+ * OBJECT, its state no DICT, or the field not among its first PK_MAX_FIELDS. A record class
+ * has a handful of fields; one state dict of a million, shared by a million records, would
+ * otherwise make each lookup a search of it. */
+#define PK_MAX_FIELDS 64
+const pk_obj *pk_field(const pk_obj *o, const char *name);
 
 /* The pk_type's name as Python spells it ("int", "str", "tensor", ...), for messages and for
  * the "type" of values in index.json. */

@@ -128,6 +128,7 @@ static const pk_allowed dcp_allowlist[] = {
     G("torch.distributed.checkpoint.filesystem", "_StorageInfo", PKG_DCP_STORAGE_INFO, 0),
     G("torch.serialization", "_get_layout", PKG_GET_LAYOUT, 0),
     G("builtins", "getattr", PKG_GETATTR, 0),
+    G("__builtin__", "getattr", PKG_GETATTR, 0), /* protocols < 3: fix_imports' spelling */
     G("pathlib", "PosixPath", PKG_POSIX_PATH, 0),
 };
 

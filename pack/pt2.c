@@ -28,6 +28,7 @@ typedef struct pt2_reader {
     const char *model;  /* the model whose configs are read, when there are several; else NULL */
     size_t model_len;
     buf rec, ent;       /* the record last looked for; the entry being added */
+    pt_archives *archives; /* each use_pickle record, parsed once */
     ck_error *err;
 } pt2_reader;
 
@@ -307,8 +308,8 @@ static int add_payload(pt2_reader *r, const char *what, const char *dir, const c
         return e->method != 0
                    ? ck_index_add_omission(r->ix, name, len, "use_pickle, in a compressed "
                                            "record", r->err)
-                   : pt_read_zip_or_omit(r->ix, r->file, e->data_offset, e->size, name, len,
-                                         "use_pickle", r->err);
+                   : pt_read_zip_or_omit(r->ix, r->archives, r->file, e->data_offset, e->size,
+                                         name, len, "use_pickle", r->err);
     pt2_meta t;
     if (read_meta(r, what, fqn, cJSON_GetObjectItemCaseSensitive(p, "tensor_meta"), &t) != 0)
         return -1;
@@ -421,9 +422,11 @@ static int check_unique(pt2_reader *r)
 int pt2_read_zip(ck_index *ix, uint32_t file, const zip_archive *z, ck_error *err)
 {
     pt2_reader r = {.ix = ix, .file = file, .path = ix->files[file].path, .z = z,
-                    .root_len = root_len(z), .err = err};
-    int rc = r.root_len ? 0 : ck_fail(err, r.path, "the first record of the archive lies in no "
-                                      "folder: not a torch.export archive");
+                    .root_len = root_len(z), .archives = pt_archives_new(), .err = err};
+    int rc = !r.archives  ? ck_fail(err, r.path, "out of memory")
+             : r.root_len ? 0
+                          : ck_fail(err, r.path, "the first record of the archive lies in no "
+                                    "folder: not a torch.export archive");
     if (rc == 0)
         rc = check_says(&r, "archive_format", "pt2", 1);
     if (rc == 0)
@@ -434,5 +437,6 @@ int pt2_read_zip(ck_index *ix, uint32_t file, const zip_archive *z, ck_error *er
         rc = check_unique(&r);
     free(r.rec.s);
     free(r.ent.s);
+    pt_archives_free(r.archives);
     return rc;
 }

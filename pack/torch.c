@@ -3,12 +3,14 @@
 #include "bytes.h"
 #include "pickle.h"
 #include "pickle_text.h"
+#include "seed.h"
 #include "zip.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #define PT_MAX_ENTRIES 10000000u /* shared subtrees could otherwise multiply without end */
 #define PT_MAX_NAME 65536u
@@ -98,11 +100,6 @@ static int is_container(const pk_obj *o)
     return o->type == PK_TUPLE || o->type == PK_LIST || o->type == PK_DICT;
 }
 
-static size_t nchildren(const pk_obj *o)
-{
-    return o->type == PK_DICT ? o->u.seq.n / 2 : o->u.seq.n;
-}
-
 /* Makes room for a name of len bytes (and its NUL) in r->name. */
 static int reserve_name(pt_reader *r, size_t len)
 {
@@ -129,7 +126,8 @@ static int child_name(pt_reader *r, const pt_frame *f, size_t k, size_t *len)
     const char *piece = buf;
     size_t plen;
     if (f->obj->type == PK_DICT) {
-        const pk_obj *key = f->obj->u.seq.items[2 * k];
+        const pk_obj *key, *value;
+        pk_pair(f->obj, k, &key, &value);
         if (scalar_text(key, buf, sizeof buf, &piece, &plen) != 0 || key->type == PK_GLOBAL)
             return ck_fail(r->err, r->path, "a dict key of type %s under '%.*s' (only str, int, "
                            "float, bool and None keys name files)", pk_type_name(key->type),
@@ -177,7 +175,7 @@ static int walk(pt_reader *r, const pk_obj *root, pt_visit visit)
             n--;
             continue;
         }
-        if (f->next == nchildren(f->obj)) {
+        if (f->next == pk_len(f->obj)) {
             n--;
             continue;
         }
@@ -188,8 +186,9 @@ static int walk(pt_reader *r, const pk_obj *root, pt_visit visit)
         }
         if ((rc = child_name(r, f, k, &len)) != 0)
             break;
-        const pk_obj *child = f->obj->type == PK_DICT ? f->obj->u.seq.items[2 * k + 1]
-                                                      : f->obj->u.seq.items[k];
+        const pk_obj *key, *child = pk_item(f->obj, k);
+        if (!child)
+            pk_pair(f->obj, k, &key, &child);
         if (n == cap) {
             pt_frame *p = realloc(stack, 2 * cap * sizeof *stack);
             if (!p) {
@@ -466,11 +465,11 @@ static int collect_places(pt_reader *r, const pk_result *obj)
 static int place_legacy_storages(pt_reader *r, const pk_obj *keys, uint64_t pos)
 {
     const ck_file *f = &r->ix->files[r->file];
-    if (keys->type != PK_LIST)
+    if (!pk_as(keys, PK_LIST))
         return ck_fail(r->err, r->path, "the storage key list is a %s", pk_type_name(keys->type));
-    for (size_t i = 0; i < keys->u.seq.n; i++) {
-        const pk_obj *k = keys->u.seq.items[i];
-        pt_place *p = k->type == PK_STR ? (pt_place *)legacy_place(r, k->u.str.s) : NULL;
+    for (size_t i = 0; i < pk_len(keys); i++) {
+        const char *key = pk_text(pk_item(keys, i), NULL);
+        pt_place *p = key ? (pt_place *)legacy_place(r, key) : NULL;
         if (!p)
             return ck_fail(r->err, r->path, "storage key %zu of the list names no storage of "
                            "the object pickle (byte %llu)", i, (unsigned long long)pos);
@@ -503,17 +502,20 @@ static int check_legacy_preamble(pt_reader *r, uint64_t *pos)
     pk_result res;
     if (load_pickle_at(r, pos, &res) != 0)
         return -1;
-    int ok = res.root->type == PK_INT && res.root->u.i == 1001;
+    int64_t version;
+    int ok = pk_int(res.root, &version) == 0 && version == 1001;
     pk_free(&res);
     if (!ok)
         return ck_fail(r->err, r->path, "legacy protocol version is not 1001");
     if (load_pickle_at(r, pos, &res) != 0)
         return -1;
-    const pk_obj *d = res.root;
+    const pk_obj *key, *value;
     int little = -1;
-    for (size_t i = 0; d->type == PK_DICT && i + 1 < d->u.seq.n; i += 2)
-        if (d->u.seq.items[i]->type == PK_STR && strcmp(d->u.seq.items[i]->u.str.s, "little_endian") == 0)
-            little = d->u.seq.items[i + 1]->type == PK_BOOL ? (int)d->u.seq.items[i + 1]->u.i : -1;
+    for (size_t i = 0; pk_pair(res.root, i, &key, &value) == 0; i++) {
+        const char *k = pk_text(key, NULL);
+        if (k && strcmp(k, "little_endian") == 0)
+            little = pk_bool(value);
+    }
     pk_free(&res);
     if (little != 1)
         return ck_fail(r->err, r->path, little == 0 ? "big-endian checkpoints are not supported"
@@ -673,37 +675,184 @@ static int read_window(pt_reader *r, uint64_t size, pt_visit visit)
     return rc;
 }
 
-int pt_read_zip_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, const char *name,
-                   ck_error *err)
+/* --- archives that several records name ------------------------------------------------ */
+
+/* An archive pt_read_zip_tensor or pt_read_zip_or_omit read, by where it lies, and what the
+ * read gave: read again, the archive is not parsed again (see torch.h). */
+typedef struct pt_seen {
+    uint64_t base, size;
+    uint32_t file;
+    uint8_t used, has_tensor, has_entries;
+    pt_tensor *tensor;     /* pt_read_zip_tensor's */
+    size_t first, n;       /* pt_read_zip_or_omit's: entries [first, first + n) of the index, */
+    size_t omission;       /* or its omission (SIZE_MAX: none) */
+    size_t name_len;       /* the name they were given, which the copies replace */
+    uint64_t index_left;   /* what the entries may still take, copies included */
+} pt_seen;
+
+struct pt_archives {
+    pt_seen *slot;         /* open addressing, by a seeded hash of where the archive lies */
+    size_t cap, n;
+    uint64_t seed;
+};
+
+pt_archives *pt_archives_new(void)
+{
+    pt_archives *a = calloc(1, sizeof *a);
+    if (a)
+        a->seed = ck_hash_seed();
+    return a;
+}
+
+void pt_archives_free(pt_archives *a)
+{
+    for (size_t i = 0; a && i < a->cap; i++)
+        free(a->slot[i].tensor);
+    if (a)
+        free(a->slot);
+    free(a);
+}
+
+static pt_seen *seen_probe(pt_seen *slot, size_t cap, uint64_t seed, uint32_t file,
+                           uint64_t base, uint64_t size)
+{
+    uint64_t key[3] = {file, base, size};
+    for (size_t i = XXH3_64bits_withSeed(key, sizeof key, seed) & (cap - 1);;
+         i = (i + 1) & (cap - 1))
+        if (!slot[i].used || (slot[i].file == file && slot[i].base == base &&
+                              slot[i].size == size))
+            return &slot[i];
+}
+
+/* The archive's slot, a new one when it was never read; NULL when memory runs out. */
+static pt_seen *seen_at(pt_archives *a, uint32_t file, uint64_t base, uint64_t size)
+{
+    if (2 * (a->n + 1) > a->cap) { /* at most half full */
+        size_t cap = a->cap ? 2 * a->cap : 64;
+        pt_seen *slot = calloc(cap, sizeof *slot);
+        if (!slot)
+            return NULL;
+        for (size_t i = 0; i < a->cap; i++)
+            if (a->slot[i].used)
+                *seen_probe(slot, cap, a->seed, a->slot[i].file, a->slot[i].base,
+                            a->slot[i].size) = a->slot[i];
+        free(a->slot);
+        a->slot = slot;
+        a->cap = cap;
+    }
+    pt_seen *s = seen_probe(a->slot, a->cap, a->seed, file, base, size);
+    if (!s->used) {
+        *s = (pt_seen){.base = base, .size = size, .file = file, .used = 1,
+                       .omission = SIZE_MAX};
+        a->n++;
+    }
+    return s;
+}
+
+/* What an earlier read of s's archive under another name added, added again under name (len
+ * bytes): its entries, renamed, their text and places shared, within the budget the first
+ * read left; or its omission. */
+static int copy_read(ck_index *ix, pt_seen *s, const char *name, size_t len, ck_error *err)
+{
+    const char *path = ix->files[s->file].path;
+    if (s->omission != SIZE_MAX)
+        return ck_index_add_omission(ix, name, len, ix->omitted[s->omission].reason, err);
+    char *full = NULL;
+    int rc = 0;
+    for (size_t i = s->first; i < s->first + s->n && rc == 0; i++) {
+        ck_entry src = ix->entries[i]; /* by value: adding may move the entries */
+        size_t n = len + src.name_len - s->name_len;
+        uint64_t bytes = sizeof(ck_entry) + n + 1;
+        if (ix->nentries >= PT_MAX_ENTRIES || bytes > s->index_left) {
+            rc = ck_fail(err, path, "'%s': the archive at byte %llu, named by several records, "
+                         "lists more entries than its object pickle allows (%u bytes per "
+                         "byte, plus %u MiB)", name, (unsigned long long)s->base,
+                         PT_INDEX_PER_BYTE, PT_INDEX_SLACK >> 20);
+            break;
+        }
+        s->index_left -= bytes;
+        char *p = realloc(full, n + 1);
+        if (!p) {
+            rc = ck_fail(err, path, "out of memory");
+            break;
+        }
+        full = p;
+        memcpy(full, name, len);
+        memcpy(full + len, src.name + s->name_len, src.name_len - s->name_len + 1);
+        ck_entry *e = src.kind == CK_VALUE
+                          ? ck_index_add_value_held(ix, full, n, src.dtype, src.text,
+                                                    src.nbytes, err)
+                          : ck_index_add_entry(ix, full, n, src.layout, src.rank, src.shape, err);
+        if (!e) {
+            rc = -1;
+        } else if (src.kind != CK_VALUE) {
+            e->dtype = src.dtype;
+            e->nbytes = src.nbytes;
+            e->ext = src.ext;
+        }
+    }
+    free(full);
+    return rc;
+}
+
+/* The archive's entries under name, as pt_read_zip_or_omit adds them; *left: the budget its
+ * entries left. */
+static int read_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, const char *name,
+                   uint64_t *left, ck_error *err)
 {
     pt_reader r = {.ix = ix, .file = file, .base = base, .root_name = name,
                    .path = ix->files[file].path, .err = err};
-    return read_window(&r, size, add_leaf);
+    int rc = read_window(&r, size, add_leaf);
+    *left = r.index_left;
+    return rc;
 }
 
-int pt_read_zip_or_omit(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
-                        const char *name, size_t len, const char *context, ck_error *err)
+int pt_read_zip_or_omit(ck_index *ix, pt_archives *seen, uint32_t file, uint64_t base,
+                        uint64_t size, const char *name, size_t len, const char *context,
+                        ck_error *err)
 {
+    pt_seen *s = seen_at(seen, file, base, size);
+    if (!s)
+        return ck_fail(err, ix->files[file].path, "out of memory");
+    if (s->has_entries)
+        return copy_read(ix, s, name, len, err);
     size_t before = ix->nentries;
     ck_error why;
-    if (pt_read_zip_at(ix, file, base, size, name, &why) == 0)
+    *s = (pt_seen){.base = base, .size = size, .file = file, .used = 1, .has_entries = 1,
+                   .has_tensor = s->has_tensor, .tensor = s->tensor, .first = before,
+                   .omission = SIZE_MAX, .name_len = len};
+    if (read_at(ix, file, base, size, name, &s->index_left, &why) == 0) {
+        s->n = ix->nentries - before;
         return 0;
+    }
     ix->nentries = before; /* what it added before it failed is not the object */
     /* the reason without the "FILE: " the message starts with: an omission is of that file */
     char reason[sizeof why.msg + 128];
     const char *msg = ck_error_detail(&why, ix->files[file].path);
     snprintf(reason, sizeof reason, "%s%s%s", context ? context : "", context ? ": " : "", msg);
+    s->omission = ix->nomitted;
     return ck_index_add_omission(ix, name, len, reason, err);
 }
 
-int pt_read_zip_tensor(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
-                       pt_tensor *out, ck_error *err)
+int pt_read_zip_tensor(ck_index *ix, pt_archives *seen, uint32_t file, uint64_t base,
+                       uint64_t size, pt_tensor *out, ck_error *err)
 {
+    pt_seen *s = seen_at(seen, file, base, size);
+    if (!s)
+        return ck_fail(err, ix->files[file].path, "out of memory");
+    if (s->has_tensor) {
+        *out = *s->tensor;
+        return 0;
+    }
     pt_reader r = {.ix = ix, .file = file, .base = base, .tensor = out,
                    .path = ix->files[file].path, .err = err};
     int rc = read_window(&r, size, capture_tensor);
     if (rc == 0 && !r.captured)
         rc = ck_fail(err, r.path, "the torch.save archive at byte %llu holds an empty "
                      "container, not one tensor", (unsigned long long)base);
-    return rc;
+    if (rc == 0 && (s->tensor = malloc(sizeof *s->tensor)) != NULL) {
+        *s->tensor = *out;
+        s->has_tensor = 1;
+    }
+    return rc; /* not kept when memory runs out: it is read again then */
 }

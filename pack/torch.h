@@ -28,12 +28,21 @@ int pt_read_zip(ck_index *ix, uint32_t file, const zip_archive *z, ck_error *err
 int pt_read_legacy(ck_index *ix, uint32_t file, ck_error *err);
 
 /* A torch.save archive inside file `file` of ix, its size bytes at base (DCP writes them end to
- * end; a .pt2 stores pickled payloads so): pt_read_zip_at appends its entries named under name
- * (the object itself named name, a container's children name.KEY); pt_read_zip_or_omit does,
- * or when the archive cannot be read (not one, a class the policy refuses...) appends the
- * omission of name (len bytes) with why, after "context: " when context is not NULL, and fails
- * only for want of memory; pt_read_zip_tensor describes the one tensor it holds (an error if
- * it holds anything else) without adding an entry. */
+ * end; a .pt2 stores pickled payloads so): pt_read_zip_or_omit appends its entries named under
+ * name (len bytes: the object itself named name, a container's children name.KEY), or when
+ * the archive cannot be read (not one, a class the policy refuses...) the omission of name
+ * with why, after "context: " when context is not NULL, and fails only for want of memory or
+ * of the entries' budget; pt_read_zip_tensor describes the one tensor it holds (an error if it
+ * holds anything else) without adding an entry.
+ *
+ * Several records may name one archive (a .pt2's tied weights, DCP storage records): each
+ * archive is parsed once per pt_archives, which remembers what each read gave by where the
+ * archive lies (file, base, size), so a reader's cost is linear in its records however they
+ * share archives. A later pt_read_zip_or_omit of an archive adds the first one's entries again
+ * under its own name (their bytes and text shared, their count within the budget of the first
+ * read: PT_INDEX_PER_BYTE bytes of entries per byte of its object pickle, all names together);
+ * a later pt_read_zip_tensor gives the first one's tensor. A reader makes one pt_archives per
+ * open and frees it when done; it holds about 100 bytes per archive, plus its tensor. */
 typedef struct pt_tensor {
     int64_t dims[2 * CK_MAX_RANK]; /* rank dims, then rank strides (elements) */
     ck_extent ext;                 /* from its first element; its bytes when contiguous */
@@ -41,11 +50,15 @@ typedef struct pt_tensor {
     uint8_t contiguous;            /* row-major: ext holds every byte, in order */
 } pt_tensor;
 
-int pt_read_zip_at(ck_index *ix, uint32_t file, uint64_t base, uint64_t size, const char *name,
-                   ck_error *err);
-int pt_read_zip_or_omit(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
-                        const char *name, size_t len, const char *context, ck_error *err);
-int pt_read_zip_tensor(ck_index *ix, uint32_t file, uint64_t base, uint64_t size,
-                       pt_tensor *out, ck_error *err);
+typedef struct pt_archives pt_archives;
+
+pt_archives *pt_archives_new(void); /* NULL when memory runs out */
+void pt_archives_free(pt_archives *seen);
+
+int pt_read_zip_or_omit(ck_index *ix, pt_archives *seen, uint32_t file, uint64_t base,
+                        uint64_t size, const char *name, size_t len, const char *context,
+                        ck_error *err);
+int pt_read_zip_tensor(ck_index *ix, pt_archives *seen, uint32_t file, uint64_t base,
+                       uint64_t size, pt_tensor *out, ck_error *err);
 
 #endif

@@ -2,6 +2,9 @@
 and what torch reads back from them, for the tests to compare ckptfs against.
 
   dcp_writer.py save DIR                 one process, a small transformer state dict + values
+  dcp_writer.py views DIR                one process, a state dict of views saved as they are:
+                                         a transposed weight, a permuted 3-d tensor, a column
+                                         slice, and the weight itself
   dcp_writer.py sharded DIR WORLD        WORLD gloo ranks: DTensors Shard(0), Shard(1),
                                          Replicate, and an FSDP2 module with Adam's state
   dcp_writer.py model DIR WORLD LAYERS HIDDEN [DTYPE]
@@ -14,6 +17,14 @@ and what torch reads back from them, for the tests to compare ckptfs against.
   dcp_writer.py hostile SRC DST KIND     DST: SRC's checkpoint with its .metadata changed
   dcp_writer.py files DIR N              one process, N small tensors, each in a .distcp file of
                                          its own (FileSystemWriter(single_file_per_rank=False))
+  dcp_writer.py fields SRC DST           DST/FIELD-TYPE: SRC's checkpoint with one field of
+                                         its .metadata set to a value of another type
+                                         (object.__setattr__, as on a frozen dataclass)
+  dcp_writer.py shared DIR N PAD         a DCP checkpoint of one [N, 4] tensor in N chunks of
+                                         a row, every chunk's record naming one archive whose
+                                         data.pkl holds PAD bytes of pushes and pops first
+  dcp_writer.py shared_pt2 FILE N PAD    a .pt2 whose N use_pickle weights name one such
+                                         archive (the records ckptfs reads, written by hand)
 """
 import json, os, pickle, shutil, sys
 
@@ -36,6 +47,14 @@ def small_state_dict():
 
 def save(path):
     dcp.save(small_state_dict(), checkpoint_id=path)
+
+
+def views(path):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(5, 7, generator=g)
+    dcp.save({"w.t": w.t(), "cube.permuted": torch.randn(2, 3, 4, generator=g).permute(2, 0, 1),
+              "cols": torch.arange(24.).reshape(4, 6)[:, 1:5], "w": w,
+              "half.t": torch.randn(3, 5, generator=g).half().t()}, checkpoint_id=path)
 
 
 def sharded_rank(rank, world, path, port):
@@ -196,13 +215,126 @@ def files(path, n):
     """As many files as a job of n ranks writes, from one process: each item its own file."""
     sd = {f"layers.{i}.w": torch.full((4,), float(i)) for i in range(int(n))}
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, single_file_per_rank=False))
+# Where each field is, in a metadata md: the object that holds it (FIELDS), and the values of a
+# wrong type put in it (WRONG).
+FIELDS = {
+    "index.fqn": lambda md, name, key, info, tm: (key, "fqn"),
+    "index.offset": lambda md, name, key, info, tm: (key, "offset"),
+    "info.relative_path": lambda md, name, key, info, tm: (info, "relative_path"),
+    "info.offset": lambda md, name, key, info, tm: (info, "offset"),
+    "info.length": lambda md, name, key, info, tm: (info, "length"),
+    "info.transform_descriptors":
+        lambda md, name, key, info, tm: (info, "transform_descriptors"),
+    "chunk.offsets": lambda md, name, key, info, tm: (tm.chunks[0], "offsets"),
+    "chunk.sizes": lambda md, name, key, info, tm: (tm.chunks[0], "sizes"),
+    "tensor.chunks": lambda md, name, key, info, tm: (tm, "chunks"),
+    "tensor.properties": lambda md, name, key, info, tm: (tm, "properties"),
+    "tensor.size": lambda md, name, key, info, tm: (tm, "size"),
+    "properties.dtype": lambda md, name, key, info, tm: (tm.properties, "dtype"),
+    "properties.layout": lambda md, name, key, info, tm: (tm.properties, "layout"),
+    "metadata.state_dict_metadata": lambda md, name, key, info, tm: (md, "state_dict_metadata"),
+    "metadata.storage_data": lambda md, name, key, info, tm: (md, "storage_data"),
+}
+WRONG = {"str": lambda: "x" * 40, "float": lambda: 1.5, "bytes": lambda: b"\x01" * 40,
+         "dtype": lambda: torch.float32, "strs": lambda: ("a", "b")}
+
+
+def fields(src, dst):
+    """Every FIELD-TYPE of FIELDS x WRONG whose value is of another type than torch wrote, and
+    properties.state-short and -empty: TensorProperties' state tuple cut to (dtype,) and ()."""
+    from torch.distributed.checkpoint.metadata import TensorProperties
+    for kind, state in {"short": lambda p: (p.dtype,), "empty": lambda p: ()}.items():
+        with open(os.path.join(src, ".metadata"), "rb") as f:
+            md = pickle.load(f)
+        out = os.path.join(dst, f"properties.state-{kind}")
+        shutil.copytree(src, out)
+        was, TensorProperties.__getstate__ = TensorProperties.__getstate__, state
+        try:
+            with open(os.path.join(out, ".metadata"), "wb") as f:
+                pickle.dump(md, f)
+        finally:
+            TensorProperties.__getstate__ = was
+    for field, where in FIELDS.items():
+        for kind, value in WRONG.items():
+            with open(os.path.join(src, ".metadata"), "rb") as f:
+                md = pickle.load(f)
+            name, tm = next((k, v) for k, v in md.state_dict_metadata.items()
+                            if hasattr(v, "chunks") and len(v.chunks) > 1)
+            key, info = next((k, v) for k, v in md.storage_data.items()
+                             if k.fqn == name and k.offset == tm.chunks[0].offsets)
+            obj, attr = where(md, name, key, info, tm)
+            v = value()
+            if type(v) is type(getattr(obj, attr)):
+                continue
+            object.__setattr__(obj, attr, v)
+            if isinstance(obj, TensorProperties):  # its state is __getstate__'s tuple
+                assert TensorProperties.__getstate__(obj)[0 if attr == "dtype" else 1] is v
+            out = os.path.join(dst, f"{field}-{kind}")
+            shutil.copytree(src, out)
+            with open(os.path.join(out, ".metadata"), "wb") as f:
+                pickle.dump(md, f)
+
+
+def padded_archive(pad):
+    """torch.save of a [1, 4] tensor, its data.pkl PAD bytes longer: pushes of 1 and pops
+    (BININT1 1, POP) after its PROTO, which pickle.load runs and forgets."""
+    import io, zipfile
+    raw = io.BytesIO()
+    torch.save(torch.arange(4, dtype=torch.float32).reshape(1, 4), raw)
+    out = io.BytesIO()
+    with zipfile.ZipFile(raw) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("/data.pkl"):
+                data = data[:2] + b"K\x010" * (int(pad) // 3) + data[2:]
+            zout.writestr(info.filename, data, zipfile.ZIP_STORED)
+    return out.getvalue()
+
+
+def shared(path, n, pad):
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties,
+        TensorStorageMetadata)
+    n = int(n)
+    os.makedirs(path)
+    archive = padded_archive(pad)
+    with open(os.path.join(path, "a.distcp"), "wb") as f:
+        f.write(archive)
+    chunks = [ChunkStorageMetadata(offsets=torch.Size([i, 0]), sizes=torch.Size([1, 4]))
+              for i in range(n)]
+    md = Metadata(
+        state_dict_metadata={"w": TensorStorageMetadata(
+            properties=TensorProperties(dtype=torch.float32), size=torch.Size([n, 4]),
+            chunks=chunks)},
+        storage_data={MetadataIndex("w", c.offsets): _StorageInfo("a.distcp", 0, len(archive))
+                      for c in chunks})
+    with open(os.path.join(path, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+
+
+def shared_pt2(path, n, pad):
+    import zipfile
+    config = {f"w{i}": {"path_name": "shared", "use_pickle": True} for i in range(int(n))}
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("model/archive_format", "pt2")
+        z.writestr("model/byteorder", "little")
+        z.writestr("model/data/weights/model_weights_config.json",
+                   json.dumps({"config": config}))
+        z.writestr("model/data/constants/model_constants_config.json",
+                   json.dumps({"config": {}}))
+        z.writestr("model/data/weights/shared", padded_archive(pad))
 
 
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     {"save": lambda: save(*args),
      "sharded": lambda: sharded(args[0], int(args[1])),
+     "views": lambda: views(*args),
      "model": lambda: model(*args),
      "expect": lambda: expect(*args),
      "hostile": lambda: hostile(*args),
-     "files": lambda: files(*args)}[cmd]()
+     "files": lambda: files(*args),
+     "fields": lambda: fields(*args),
+     "shared": lambda: shared(*args),
+     "shared_pt2": lambda: shared_pt2(*args)}[cmd]()

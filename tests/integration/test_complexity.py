@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptfs_testlib import ckpt_bin, header_bytes, raw_file
+from ckptfs_testlib import REPO, ckpt_bin, header_bytes, raw_file
 
 RATIO = 20  # 10x the input: at most this many times the cost (linear: ~10; quadratic: ~100)
 RUNS = 3
@@ -155,6 +155,29 @@ def test_gguf_tensors(tmp_path):
 
 def test_npz_members(tmp_path):
     assert_linear(tmp_path, npz_file, 2000, ("ls", "pack"))
+
+
+TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
+DCP_WRITER = Path(__file__).with_name("dcp_writer.py")
+
+
+def shared_archive(how, name):
+    """make(dir, n) for dcp_writer.py HOW: n records naming one torch.save archive whose
+    data.pkl grows with them (500 bytes a record), so the input is 10x at 10x the records."""
+    def make(d, n):
+        out = d / name
+        subprocess.run([str(a) for a in (TORCH2, DCP_WRITER, how, out, n, 500 * n)], check=True,
+                       capture_output=True, timeout=300)
+        return out
+    return make
+
+
+@pytest.mark.skipif(not TORCH2.exists(), reason="no .deps/torch2 (scripts/setup installs it)")
+@pytest.mark.parametrize("how,name", [("shared", "dcp"), ("shared_pt2", "m.pt2")])
+def test_records_naming_one_archive(tmp_path, how, name):
+    """DCP chunk records, or .pt2 use_pickle weights, that all name one archive: it was parsed
+    once per record (2,500 records on an 8 MiB data.pkl took 39 s); now once."""
+    assert_linear(tmp_path, shared_archive(how, name), 200, ("ls", "convert"))
 
 
 def test_pack_entries(tmp_path):

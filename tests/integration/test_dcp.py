@@ -144,6 +144,69 @@ def test_hostile_metadata_is_refused_in_one_line(sharded2, tmp_path, mountpoint,
     assert says in line, line
 
 
+def test_views_saved_as_they_are_read_as_torch_reads_them(tmp_path_factory, mount):
+    """A state dict holding non-contiguous tensors (a transposed weight, a permuted cube),
+    saved from one process: DCP writes each archive's tensor with its strides, which was
+    refused; ckpt cat, the mount and ckload.load give the bytes dcp_to_torch_save + torch.load
+    give."""
+    d, manifest, exp = written(tmp_path_factory, "views")
+    assert {"w.t", "cube.permuted", "half.t"} <= set(manifest["tensors"])
+    with mount(d) as m:
+        index = {t["name"]: t for t in read_index(m)["tensors"]}
+        for name, t in manifest["tensors"].items():
+            want = expected_bytes(exp, t)
+            assert index[name]["shape"] == t["shape"], name
+            assert (m / index[name]["path"]).read_bytes() == want, name
+            assert run([ckpt_bin(), "cat", d, name]).stdout == want, name
+    sd = ckload.load(d, device="cpu")
+    for name, t in manifest["tensors"].items():
+        assert torch.equal(sd[name], expected_tensor(exp, t)), name
+
+
+def test_a_million_chunks_written_by_pythons_pickle_open(tmp_path):
+    """DCP_MAX_CHUNKS chunks of one tensor, each its own record (all naming one archive, so
+    the test stays small): Python's pickle spends 16 memo slots a chunk, which the VM's memo
+    limit (10M) refused at 625,000; every row reads as the archive's tensor, as torch wrote it."""
+    d = tmp_path / "million"
+    torch2("shared", d, 1000000, 0, timeout=600)
+    p = run([ckpt_bin(), "ls", "--json", d], timeout=300)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    assert [(t["name"], t["shape"]) for t in json.loads(p.stdout)["tensors"]] == \
+        [("w", [1000000, 4])]
+    row = torch_bytes(torch.load(d / "a.distcp"))  # the one archive, as torch reads it
+    got = run([ckpt_bin(), "cat", d, "w"], timeout=300).stdout
+    assert len(row) == 16 and got == row * 1000000
+
+
+@pytest.fixture(scope="module")
+def wrong_fields(sharded2, tmp_path_factory):
+    """dcp_writer.py fields: one checkpoint per field of the metadata set to another type."""
+    d = tmp_path_factory.mktemp("dcp-fields")
+    torch2("fields", sharded2, d)
+    return d
+
+
+def test_a_field_of_another_type_is_refused_in_one_line(wrong_fields, mountpoint):
+    """A field of the metadata that holds a str, float, bytes, dtype or a tuple of strs where
+    torch wrote an int, a tuple, a str or a record (MetadataIndex.offset, the storage key of a
+    chunk's record, once crashed `ckpt ls` through the string read as a pointer): ckpt ls, the
+    mount and ckload.load each refuse it in one line naming the .metadata, and live on."""
+    cases = sorted(wrong_fields.iterdir())
+    assert len(cases) > 60 and {c.name for c in cases} >= {
+        "index.offset-str", "index.offset-float", "index.offset-bytes", "index.offset-dtype",
+        "properties.state-short", "properties.state-empty"}
+    for bad in cases:
+        meta = bad / ".metadata"
+        p = run([ckpt_bin(), "ls", bad])
+        err = p.stderr.decode(errors="replace")
+        assert p.returncode == 1 and p.stdout == b"", (bad.name, p.returncode, err)
+        assert err.startswith(f"ckpt: {meta}: ") and err.count("\n") == 1, (bad.name, err)
+        assert_refused(bad, mountpoint, prefix=meta)
+        with pytest.raises(ckload.Error) as e:
+            ckload.load(bad, device="cpu")
+        assert str(e.value).startswith(f"ckload: {meta}: "), (bad.name, str(e.value))
+
+
 def test_ckload_loads_every_tensor_and_fills_a_modules_memory(checkpoint):
     d, manifest, exp = checkpoint
     sd = ckload.load(d, device="cpu")

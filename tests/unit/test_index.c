@@ -524,6 +524,8 @@ Test(read_other, pread_exact)
  * from start[0..2). */
 static const int64_t grid_v[4][4] = {{0, 0, 2, 3}, {0, 3, 2, 3}, {2, 0, 2, 3}, {2, 3, 2, 3}};
 static const int64_t grid_dims[2] = {4, 6};
+static const int64_t grid_edges[6] = {0, 2, 4, 0, 3, 6};
+static const uint32_t grid_nedges[2] = {3, 3};
 
 static ck_entry grid_entry(int64_t *shape, ck_chunk *c, ck_chunks *cs, int64_t rows,
                            int64_t first_row)
@@ -531,7 +533,8 @@ static ck_entry grid_entry(int64_t *shape, ck_chunk *c, ck_chunks *cs, int64_t r
     for (uint32_t i = 0; i < 4; i++)
         c[i] = (ck_chunk){.offsets = grid_v[i], .sizes = grid_v[i] + 2,
                           .ext = {.offset = 0, .length = 24, .file = i + 1}};
-    *cs = (ck_chunks){.dims = grid_dims, .chunk = c, .n = 4};
+    *cs = (ck_chunks){.dims = grid_dims, .chunk = c, .n = 4, .edges = grid_edges,
+                      .nedges = grid_nedges};
     shape[0] = rows, shape[1] = 6, shape[2] = first_row, shape[3] = 0;
     return (ck_entry){.name = "t", .shape = shape, .chunks = cs, .nbytes = (uint64_t)rows * 24,
                       .kind = CK_TENSOR, .layout = CK_CHUNKED, .dtype = CK_F32, .rank = 2};
@@ -612,4 +615,38 @@ Test(each_file, other_layouts_name_their_extent_file)
     e.layout = CK_STRIDED;
     cr_assert_eq(files_of(&e, 0, 8), F(5));
     cr_assert_eq(files_of(&e, 8, 1), 0);
+}
+
+/* A chunked tensor [4][6] of U8 in a 2x2 grid of [2][3] chunks, two of them stored transposed
+ * (a view DCP saved as it was, strides (1, 2)): every read gathers them by their strides,
+ * runs of part of a row included. */
+Test(read_other, chunked_with_strided_chunks)
+{
+    unsigned char file[64], want[24];
+    fill_bytes(file, sizeof file, 9);
+    ck_index *ix = index_over(file, sizeof file);
+    static const int64_t box[4][4] = {{0, 0, 2, 3}, {0, 3, 2, 3}, {2, 0, 2, 3}, {2, 3, 2, 3}};
+    static const int64_t transposed[2] = {1, 2};
+    static const uint64_t at[4] = {0, 10, 20, 40};
+    ck_chunk chunk[4];
+    for (int k = 0; k < 4; k++) {
+        int strided = k % 2 == 1;
+        chunk[k] = (ck_chunk){.offsets = box[k], .sizes = box[k] + 2,
+                              .strides = strided ? transposed : NULL,
+                              .ext = {.offset = at[k], .length = 6}};
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++)
+                want[(box[k][0] + i) * 6 + box[k][1] + j] =
+                    file[at[k] + (strided ? (uint64_t)(i + 2 * j) : (uint64_t)(3 * i + j))];
+    }
+    ck_chunks cs = {.dims = (int64_t[]){4, 6}, .chunk = chunk, .n = 4,
+                    .edges = (int64_t[]){0, 2, 4, 0, 3, 6}, .nedges = (uint32_t[]){3, 3}};
+    ck_error err = {""};
+    ck_entry *e = ck_index_add_entry(ix, "t", 1, CK_CHUNKED, 2, (int64_t[]){4, 6, 0, 0}, &err);
+    cr_assert_not_null(e, "%s", err.msg);
+    e->dtype = CK_U8;
+    e->nbytes = 24;
+    e->chunks = &cs;
+    check_every_read(ix, e, want, 24);
+    ck_index_free(ix);
 }

@@ -1858,3 +1858,57 @@ Test(pickle_limits, depth)
     ops(&p, "))\x85\x85\x85.");
     fails_with(&p, &lim, PK_ERROR, "TUPLE1: containers nested deeper than 3 (byte 4)");
 }
+
+/* The typed accessors hand a value back only when it is of the type asked: a record's field
+ * that holds a str where a tuple of ints belongs is refused where it is taken (dcp.c once read
+ * such a string's bytes as pointers), and each takes NULL, so calls chain. */
+Test(pickle_typed, accessors_refuse_another_type)
+{
+    pb p = {0};
+    ops(&p, "\x80\x02");
+    global(&p, "torch.distributed.checkpoint.metadata", "MetadataIndex");
+    ops(&p, ")\x81}(");
+    str_(&p, "fqn");
+    str_(&p, "w");
+    str_(&p, "offset");
+    str_(&p, "oops");
+    str_(&p, "index");
+    ops(&p, "G\x3f\xf8\x00\x00\x00\x00\x00\x00"); /* 1.5 */
+    str_(&p, "sizes");
+    ops(&p, "(K\x02K\x03t");
+    ops(&p, "ub.");
+    pk_result r = load_ok_with(&p, &pk_dcp_limits);
+    const pk_obj *o = pk_record(r.root, PKG_DCP_METADATA_INDEX);
+    cr_assert_not_null(o);
+    cr_assert_null(pk_record(r.root, PKG_DCP_CHUNK));
+    cr_assert_str_eq(pk_text(pk_field(o, "fqn"), NULL), "w");
+    const pk_obj *offset = pk_field(o, "offset");
+    int64_t v[4], i;
+    size_t n, len;
+    cr_assert_not_null(offset);
+    cr_assert_eq(pk_int_tuple(offset, 4, v, &n), -1);
+    cr_assert_eq(pk_int(offset, &i), -1);
+    cr_assert_null(pk_item(offset, 0));
+    cr_assert_eq(pk_len(offset), 0);
+    cr_assert_eq(pk_dtype(offset), -1);
+    cr_assert_eq(pk_bool(offset), -1);
+    cr_assert_str_eq(pk_text(offset, &len), "oops");
+    cr_assert_eq(len, 4);
+    cr_assert_eq(pk_int(pk_field(o, "index"), &i), -1);
+    cr_assert_eq(pk_int_tuple(pk_field(o, "sizes"), 4, v, &n), 0);
+    cr_assert(n == 2 && v[0] == 2 && v[1] == 3);
+    cr_assert_eq(pk_int_tuple(pk_field(o, "sizes"), 1, v, &n), -1); /* longer than asked */
+    cr_assert_eq(pk_int(pk_item(pk_field(o, "sizes"), 1), &i), 0);
+    cr_assert_eq(i, 3);
+    cr_assert_null(pk_item(pk_field(o, "sizes"), 2));
+    cr_assert_null(pk_field(o, "absent"));
+    cr_assert_null(pk_field(pk_field(o, "fqn"), "fqn")); /* a str has no fields */
+    cr_assert_null(pk_state(pk_field(o, "sizes")));
+    const pk_obj *k, *val;
+    cr_assert_eq(pk_pair(pk_state(o), 3, &k, &val), 0);
+    cr_assert_eq(pk_pair(pk_state(o), 4, &k, &val), -1);
+    cr_assert_eq(pk_pair(pk_field(o, "sizes"), 0, &k, &val), -1);
+    cr_assert_null(pk_text(NULL, NULL));
+    cr_assert_null(pk_as(NULL, PK_STR));
+    pk_free(&r);
+}
