@@ -415,6 +415,7 @@ static int from_instance_metadata(http_sigv4 *out, time_t *expires, char *source
     if (http_request_doc(&(http_client){0}, url, &put, 4096, &token, &len, &err) != 0)
         return 0; /* not on EC2 (or IMDS off there): no credentials from here */
     int rc = -1;
+    err.msg[0] = 0;
     if (asprintf(&auth, "X-aws-ec2-metadata-token: %s", trim(token)) > 0) {
         const char *with[] = {auth, NULL};
         http_doc_request get = {.headers = with, .tries = 1, .budget_s = 1, .no_redirects = 1};
@@ -434,8 +435,8 @@ static int from_instance_metadata(http_sigv4 *out, time_t *expires, char *source
         memset(auth, 0, strlen(auth));
     }
     if (rc < 0)
-        snprintf(out->error, sizeof out->error, "no credentials from the instance metadata%s%s",
-                 role[0] ? " for role " : "", role);
+        snprintf(out->error, sizeof out->error, "no credentials from the instance metadata%s%s%s%s",
+                 role[0] ? " for role " : "", role, err.msg[0] ? ": " : "", err.msg);
     if (body)
         memset(body, 0, len);
     free(body);
