@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* FILE as a message names it: as ck_location_shown shows it (a URL without its secrets), its
@@ -12,13 +13,17 @@ enum { FILE_IN_MESSAGE = 300, FILE_HEAD = 150 };
 
 static const char *message_file(const char *file, char *out, size_t cap)
 {
-    char shown[CK_SHOWN_MAX];
-    size_t n = strlen(ck_location_shown(file, shown, sizeof shown));
+    char small[CK_SHOWN_MAX];
+    size_t len = strlen(file);
+    char *big = len >= sizeof small ? malloc(len + 1) : NULL; /* the tail of a long one too */
+    char *shown = ck_location_shown(file, big ? big : small, big ? len + 1 : sizeof small);
+    size_t n = strlen(shown);
     if (n <= FILE_IN_MESSAGE)
         snprintf(out, cap, "%.*s", FILE_IN_MESSAGE, shown);
     else
         snprintf(out, cap, "%.*s...%.*s", FILE_HEAD, shown, FILE_IN_MESSAGE - FILE_HEAD - 3,
                  shown + n - (FILE_IN_MESSAGE - FILE_HEAD - 3));
+    free(big);
     return out;
 }
 

@@ -535,3 +535,115 @@ def test_a_prefix_holding_a_dcp_checkpoint(s3, tmp_path):
     for name, t in manifest["tensors"].items():
         p = ckpt(s3, "cat", f"s3://{BUCKET}/dcp/", name)
         assert p.returncode == 0 and p.stdout == (exp / t["file"]).read_bytes(), name
+
+
+class ListingServer:
+    """A loopback S3 endpoint (path-style, signatures ignored) whose ListObjectsV2 answers are
+    page(n) for the n-th page asked (0 first), each carrying a continuation token until
+    page(n) says it is the last; it counts the pages and bytes it served."""
+
+    def __init__(self, page):
+        import http.server
+        import threading
+        self.pages, self.bytes = 0, 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body, last = page(outer.pages)
+                outer.pages += 1
+                head = "<IsTruncated>false</IsTruncated>" if last else \
+                    f"<IsTruncated>true</IsTruncated><NextContinuationToken>t{outer.pages}" \
+                    "</NextContinuationToken>"
+                data = b"<ListBucketResult>" + head.encode() + body + b"</ListBucketResult>"
+                outer.bytes += len(data)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def ckpt_peak_rss(srv, *args):
+    """`ckpt ARGS` against the listing server srv, and the child's peak RSS in KiB
+    (getrusage's ru_maxrss, taken in a process of its own that runs nothing else)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, AWS_ENDPOINT_URL=srv.url, AWS_REGION="us-east-1",
+               AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="secret",
+               AWS_EC2_METADATA_DISABLED="true", CKPTFS_HTTP_BUDGET="20")
+    probe = ("import resource, subprocess, sys\n"
+             "p = subprocess.run(sys.argv[1:], capture_output=True)\n"
+             "sys.stdout.buffer.write(p.stderr)\n"
+             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+    p = subprocess.run([sys.executable, "-c", probe, ckpt_bin(), *args], env=env,
+                       capture_output=True, timeout=600)
+    *stderr, last = p.stdout.decode().rstrip("\n").split("\n")
+    rc, rss = map(int, last.split())
+    return rc, "\n".join(stderr) + "\n", rss
+
+
+KEY = b"<Contents><Key>p/k</Key><Size>1</Size></Contents>"
+PAGE = S3_MAX_LISTING = 8 << 20  # s3.h: one page, at most
+
+
+def test_a_huge_listing_is_refused_at_its_first_page_in_bounded_memory():
+    """Pages of ~8 MiB holding 170,000 keys each (issue 39: 100 of them took 29 s and 1.5 GB
+    before the refusal): refused as the 100,001st key arrives, in the first page, in one line
+    that names the s3:// prefix; the client's peak RSS stays under 64 MiB."""
+    srv = ListingServer(lambda n: (KEY * ((PAGE - 200) // len(KEY)), n == 19))
+    try:
+        rc, line, rss = ckpt_peak_rss(srv, "ls", f"s3://{BUCKET}/p/")
+    finally:
+        srv.close()
+    assert rc == 1 and line.count("\n") == 1, line
+    assert line == f"ckpt: s3://{BUCKET}/p/: lists more than 100000 objects\n", line
+    assert srv.pages == 1, srv.pages
+    assert rss < 64 << 10, f"peak RSS {rss} KiB"
+
+
+def test_a_listings_bytes_are_bounded_across_its_pages():
+    """Pages of 8 MiB holding one key each (the rest is a field S3 would keep short): the
+    listing is refused once its pages pass 64 MiB in all, not after 100 of them (800 MiB)."""
+    pad = b"<Owner><DisplayName>" + b"x" * (PAGE - 400) + b"</DisplayName></Owner>"
+    srv = ListingServer(lambda n: (KEY + pad, n == 19))
+    try:
+        rc, line, rss = ckpt_peak_rss(srv, "ls", f"s3://{BUCKET}/p/")
+    finally:
+        srv.close()
+    assert rc == 1 and line == f"ckpt: s3://{BUCKET}/p/: its listing is over 64 MiB\n", line
+    assert srv.pages <= 9 and srv.bytes <= 72 << 20, (srv.pages, srv.bytes)
+    assert rss < 64 << 10, f"peak RSS {rss} KiB"
+
+
+def test_a_listing_that_fails_names_the_prefix(s3):
+    p = ckpt(s3, "ls", "s3://no-such-bucket-39/p/")
+    line = p.stderr.decode()
+    assert p.returncode == 1 and line.count("\n") == 1, line
+    assert line.startswith("ckpt: s3://no-such-bucket-39/p/: cannot list it (page 1): HTTP 404 "
+                           "(NoSuchBucket)"), line
+
+
+@pytest.mark.parametrize("length,says", [(900, "HTTP 404 (NoSuchKey)"),
+                                         (10 << 10, "the key must")])
+def test_a_long_keys_failure_names_it(s3, length, says):
+    """A missing object whose key is 900 bytes (its API URL, encoded, is longer still), and a
+    10 KiB key s3:// refuses: the line names s3://BUCKET/KEY, its middle cut out, and says
+    what is wrong."""
+    key = "d/" + "%03d-" % 7 * (length // 4) + "end.safetensors"
+    p = ckpt(s3, "ls", f"s3://{BUCKET}/{key}")
+    line = p.stderr.decode()
+    assert p.returncode == 1 and line.count("\n") == 1, line
+    head, _, rest = line.partition("...")
+    assert head.startswith(f"ckpt: s3://{BUCKET}/d/007-007-"), line
+    assert "end.safetensors: " in rest and says in rest, line
