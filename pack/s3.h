@@ -20,7 +20,9 @@
  *    (else ~/.aws/config, section "profile NAME"); the container endpoint
  *    (AWS_CONTAINER_CREDENTIALS_FULL_URI, else 169.254.170.2 + ..._RELATIVE_URI, with
  *    AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or ..._TOKEN: ECS, EKS Pod Identity; http only to
- *    the loopback or those link-local addresses). The environment and files are read again
+ *    the loopback or those link-local addresses, as IP literals of the host libcurl parses,
+ *    or localhost; no userinfo). No credential request follows a redirect. The environment
+ *    and files are read again
  *    for each request (refreshed files are picked up); an endpoint's temporary credentials
  *    are kept, process-wide, until REFRESH_MARGIN_S before they expire, then asked again.
  *    None found: requests go unsigned (a public bucket). They go only to the endpoint's origin
