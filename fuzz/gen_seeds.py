@@ -25,7 +25,7 @@ from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_dir_files (common.c) splits an input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan", "npy", "gguf", "pt2", "dcp"]
+           "source", "plan", "npy", "gguf", "pt2", "dcp", "s3_list", "s3_creds"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH2 = os.path.join(REPO, ".deps", "torch2", "bin", "python")
 DCP_WRITER = os.path.join(REPO, "tests", "integration", "dcp_writer.py")
@@ -215,6 +215,69 @@ def dcp_seeds():
     return seeds
 
 
+def s3_seeds():
+    """fuzz_s3_list.c's PREFIX\\nPAGE inputs, ListObjectsV2 pages in AWS's documented shape
+    (keys escaped by Python's XML writer), and fuzz_s3_creds.c's inputs (a selector byte, then
+    the container endpoint's JSON, STS's XML, an INI written by configparser, a URL)."""
+    import configparser
+    from xml.sax.saxutils import escape
+    out = {}
+
+    def page(prefix, keys, token=None):
+        contents = "".join(
+            f"<Contents><Key>{escape(k)}</Key><LastModified>2024-05-01T12:00:00.000Z"
+            "</LastModified><ETag>&quot;9b2cf535f27731c974343645a3985328&quot;</ETag>"
+            f"<Size>{i * 1000}</Size><StorageClass>STANDARD</StorageClass></Contents>"
+            for i, k in enumerate(keys))
+        more = (f"<IsTruncated>true</IsTruncated><NextContinuationToken>{escape(token)}"
+                "</NextContinuationToken>" if token else "<IsTruncated>false</IsTruncated>")
+        return (f'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns='
+                f'"http://s3.amazonaws.com/doc/2006-03-01/"><Name>bucket</Name><Prefix>'
+                f"{escape(prefix)}</Prefix><KeyCount>{len(keys)}</KeyCount><MaxKeys>1000"
+                f"</MaxKeys><Delimiter>/</Delimiter>{more}{contents}<CommonPrefixes><Prefix>"
+                f"{escape(prefix)}sub/</Prefix></CommonPrefixes></ListBucketResult>")
+
+    shards = [f"m/model-{i:05d}-of-00003.safetensors" for i in range(1, 4)]
+    for name, prefix, keys, token in [
+            ("shards", "m/", shards + ["m/model.safetensors.index.json", "m/README.md"], None),
+            ("dcp", "ck/step-1/", [f"ck/step-1/__{i}_0.distcp" for i in range(4)] +
+             ["ck/step-1/.metadata"], "1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM="),
+            ("escaped", "", ["a&b <c>.bin", "it's \"q\".pt"], None),
+            ("empty", "none/", [], None)]:
+        out[("s3_list", f"gen_{name}")] = (prefix + "\n" + page(prefix, keys, token)).encode()
+    creds = {"AccessKeyId": "ASIAIOSFODNN7EXAMPLE",
+             "SecretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+             "Token": "IQoJb3JpZ2luX2VjEXAMPLE//////////wEaCXVzLWVhc3QtMSJHMEUCIQ==",
+             "Expiration": "2024-05-01T18:00:00Z"}
+    out[("s3_creds", "gen_container.json")] = b"\0" + json.dumps(creds).encode()
+    out[("s3_creds", "gen_imds.json")] = b"\4" + json.dumps(
+        dict(creds, Code="Success", LastUpdated="2024-05-01T12:00:00Z", Type="AWS-HMAC")).encode()
+    sts = ("<AssumeRoleWithWebIdentityResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">"
+           "<AssumeRoleWithWebIdentityResult><SubjectFromWebIdentityToken>system:serviceaccount:"
+           "ns:sa</SubjectFromWebIdentityToken><Credentials>"
+           f"<SessionToken>{creds['Token']}</SessionToken>"
+           f"<SecretAccessKey>{creds['SecretAccessKey']}</SecretAccessKey>"
+           f"<Expiration>{creds['Expiration']}</Expiration>"
+           f"<AccessKeyId>{creds['AccessKeyId']}</AccessKeyId></Credentials>"
+           "</AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>ad4156e9</RequestId>"
+           "</ResponseMetadata></AssumeRoleWithWebIdentityResponse>")
+    out[("s3_creds", "gen_sts.xml")] = b"\1" + sts.encode()
+    ini = configparser.ConfigParser()
+    ini["default"] = {"aws_access_key_id": creds["AccessKeyId"],
+                      "aws_secret_access_key": creds["SecretAccessKey"], "region": "us-west-2"}
+    ini["profile lab"] = {"aws_access_key_id": "AKIDLAB", "aws_secret_access_key": "s",
+                          "aws_session_token": creds["Token"]}
+    buf = io.StringIO()
+    ini.write(buf)
+    for pick in range(8):
+        out[("s3_creds", f"gen_ini_{pick}")] = b"\2" + bytes([pick]) + buf.getvalue().encode()
+    for i, url in enumerate(["http://169.254.170.2/v2/credentials/5a6f", "http://[fd00:ec2::23]/",
+                             "http://127.0.0.1:9911/creds", "http://127.0.0.1@10.0.0.1/",
+                             "https://creds.example.com/x?y#z"]):
+        out[("s3_creds", f"gen_url_{i}")] = b"\3" + url.encode()
+    return out
+
+
 def write(dirpath, name, data):
     os.makedirs(dirpath, exist_ok=True)
     with open(os.path.join(dirpath, name), "wb") as f:
@@ -325,6 +388,8 @@ def main():
     for name, data in dcp_seeds().items():
         add(["dcp"], f"gen_{name}", data)
         add(["pickle"], f"gen_dcp_{name}.pkl", data.split(SEP)[0])
+    for (target, name), data in s3_seeds().items():
+        add([target], name, data)
 
     # packs of some of the above, written by our own tool
     with tempfile.TemporaryDirectory() as tmp:

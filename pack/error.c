@@ -3,16 +3,36 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* FILE as a message names it: as ck_location_shown shows it (a URL without its secrets), its
+ * middle cut out when it is longer than FILE_IN_MESSAGE bytes, so that what is wrong always
+ * fits after it (a 1 KiB s3:// key, a long URL) and both of its ends stay readable. */
+enum { FILE_IN_MESSAGE = 300, FILE_HEAD = 150 };
+
+static const char *message_file(const char *file, char *out, size_t cap)
+{
+    char small[CK_SHOWN_MAX];
+    size_t len = strlen(file);
+    char *big = len >= sizeof small ? malloc(len + 1) : NULL; /* the tail of a long one too */
+    char *shown = ck_location_shown(file, big ? big : small, big ? len + 1 : sizeof small);
+    size_t n = strlen(shown);
+    if (n <= FILE_IN_MESSAGE)
+        snprintf(out, cap, "%.*s", FILE_IN_MESSAGE, shown);
+    else
+        snprintf(out, cap, "%.*s...%.*s", FILE_HEAD, shown, FILE_IN_MESSAGE - FILE_HEAD - 3,
+                 shown + n - (FILE_IN_MESSAGE - FILE_HEAD - 3));
+    free(big);
+    return out;
+}
 
 int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
 {
     if (!err)
         return -1;
-    /* file may be a URL: its secrets never reach a message (ck_location_shown). */
-    char shown[sizeof err->msg];
-    int n = snprintf(err->msg, sizeof err->msg, "%s: ",
-                     ck_location_shown(file, shown, sizeof shown));
+    char shown[FILE_IN_MESSAGE + 1];
+    int n = snprintf(err->msg, sizeof err->msg, "%s: ", message_file(file, shown, sizeof shown));
     if (n < 0 || (size_t)n >= sizeof err->msg)
         n = 0;
     va_list ap;
@@ -28,8 +48,8 @@ int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
 
 const char *ck_error_detail(const ck_error *err, const char *file)
 {
-    char shown[CK_SHOWN_MAX];
-    size_t n = strlen(ck_location_shown(file, shown, sizeof shown));
+    char shown[FILE_IN_MESSAGE + 1];
+    size_t n = strlen(message_file(file, shown, sizeof shown));
     return strncmp(err->msg, shown, n) == 0 && strncmp(err->msg + n, ": ", 2) == 0
                ? err->msg + n + 2 : err->msg;
 }

@@ -10,7 +10,8 @@ typedef struct ck_error {
 } ck_error;
 
 /* Sets err to "FILE: " + the formatted text, control characters replaced by '?'. FILE is shown
- * as ck_location_shown (location.h) has it: a URL without its secrets. Returns -1. */
+ * as ck_location_shown (location.h) has it: a URL without its secrets; one longer than 300
+ * bytes with its middle cut out ("HEAD...TAIL"), so the text always follows it. Returns -1. */
 int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

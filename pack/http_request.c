@@ -66,43 +66,6 @@ int http_range_answers(const char *content_range, uint64_t first, uint64_t last,
     return b == (last < *total - 1 ? last : *total - 1);
 }
 
-/* The origin of url: its scheme, host (lowercased) and port, as "scheme://host:port". */
-static void origin(const char *url, char *out, size_t cap)
-{
-    int https = strncasecmp(url, "https://", 8) == 0;
-    const char *h = strstr(url, "://");
-    h = h ? h + 3 : url;
-    size_t n = strcspn(h, "/?#");
-    const char *at = memchr(h, '@', n); /* userinfo is not the host */
-    while (at) {
-        n -= (size_t)(at + 1 - h);
-        h = at + 1;
-        at = memchr(h, '@', n);
-    }
-    const char *colon = NULL;
-    if (n && h[0] == '[') { /* an IPv6 literal: its port follows the ']' */
-        const char *close = memchr(h, ']', n);
-        colon = close && (size_t)(close - h) + 1 < n && close[1] == ':' ? close + 1 : NULL;
-    } else {
-        colon = memchr(h, ':', n);
-    }
-    size_t hostlen = colon ? (size_t)(colon - h) : n;
-    const char *port = colon ? colon + 1 : https ? "443" : "80";
-    size_t portlen = colon ? n - hostlen - 1 : strlen(port);
-    int k = snprintf(out, cap, "%s://%.*s:%.*s", https ? "https" : "http", (int)hostlen, h,
-                     (int)portlen, port);
-    for (int i = 0; i < k && (size_t)i < cap; i++)
-        out[i] = (char)(out[i] >= 'A' && out[i] <= 'Z' ? out[i] + 32 : out[i]);
-}
-
-int http_same_origin(const char *a, const char *b)
-{
-    char oa[512], ob[512];
-    origin(a, oa, sizeof oa);
-    origin(b, ob, sizeof ob);
-    return strcmp(oa, ob) == 0;
-}
-
 double http_retry_after(const char *v, double now)
 {
     const char *p = v;
@@ -139,6 +102,11 @@ static struct {
     void (*slist_free_all)(struct curl_slist *);
     const char *(*easy_strerror)(CURLcode);
     CURLcode (*global_init)(long);
+    CURLU *(*url)(void);
+    CURLUcode (*url_set)(CURLU *, CURLUPart, const char *, unsigned);
+    CURLUcode (*url_get)(CURLU *, CURLUPart, char **, unsigned);
+    void (*url_cleanup)(CURLU *);
+    void (*free)(void *);
 } cu;
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
@@ -153,7 +121,10 @@ static void load_curl(void)
              SYM(easy_cleanup, "curl_easy_cleanup") && SYM(easy_reset, "curl_easy_reset") &&
              SYM(slist_append, "curl_slist_append") &&
              SYM(slist_free_all, "curl_slist_free_all") &&
-             SYM(easy_strerror, "curl_easy_strerror") && SYM(global_init, "curl_global_init");
+             SYM(easy_strerror, "curl_easy_strerror") && SYM(global_init, "curl_global_init") &&
+             SYM(url, "curl_url") && SYM(url_set, "curl_url_set") &&
+             SYM(url_get, "curl_url_get") && SYM(url_cleanup, "curl_url_cleanup") &&
+             SYM(free, "curl_free");
 #undef SYM
     if (ok && cu.global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK)
         cu.so = so;
@@ -167,6 +138,60 @@ static int have_curl(const char *url, ck_error *err)
     return cu.so ? 0 : ck_fail(err, url, "cannot load libcurl.so.4 (Debian: libcurl4)");
 }
 
+
+/* --- URLs as libcurl reads them ------------------------------------------------------------- */
+
+/* A part of u into out (cap bytes): 1 when u has it and it fits, 0 when absent, -1 else. */
+static int url_part(CURLU *u, CURLUPart what, unsigned flags, char *out, size_t cap)
+{
+    char *v = NULL;
+    CURLUcode c = cu.url_get(u, what, &v, flags);
+    int rc = c == CURLUE_OK && v && strlen(v) < cap ? 1
+             : c == CURLUE_NO_USER || c == CURLUE_NO_PASSWORD || c == CURLUE_NO_OPTIONS ? 0 : -1;
+    if (rc == 1)
+        strcpy(out, v);
+    cu.free(v);
+    return rc;
+}
+
+int http_url_parse(const char *url, http_url *out)
+{
+    *out = (http_url){0};
+    pthread_once(&cu_once, load_curl);
+    CURLU *u = cu.so ? cu.url() : NULL;
+    char port[16], scratch[1024];
+    int ok = u && cu.url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+             url_part(u, CURLUPART_SCHEME, 0, out->scheme, sizeof out->scheme) == 1 &&
+             url_part(u, CURLUPART_HOST, 0, out->host, sizeof out->host) == 1 &&
+             url_part(u, CURLUPART_PORT, CURLU_DEFAULT_PORT, port, sizeof port) == 1 &&
+             (strcmp(out->scheme, "http") == 0 || strcmp(out->scheme, "https") == 0);
+    for (CURLUPart p = CURLUPART_USER; ok && p <= CURLUPART_OPTIONS; p++) {
+        int has = url_part(u, p, 0, scratch, sizeof scratch);
+        ok = has >= 0;
+        out->userinfo |= has == 1;
+    }
+    if (u)
+        cu.url_cleanup(u);
+    if (!ok)
+        return *out = (http_url){0}, -1;
+    out->port = (unsigned)strtoul(port, NULL, 10);
+    size_t n = strlen(out->host);
+    if (n > 1 && out->host[0] == '[' && out->host[n - 1] == ']') { /* an IPv6 literal */
+        memmove(out->host, out->host + 1, n - 2);
+        out->host[n - 2] = 0;
+    }
+    for (char *c = out->host; *c; c++)
+        *c = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
+    return 0;
+}
+
+int http_same_origin(const char *a, const char *b)
+{
+    http_url ua, ub;
+    return http_url_parse(a, &ua) == 0 && http_url_parse(b, &ub) == 0 &&
+           strcmp(ua.scheme, ub.scheme) == 0 && strcmp(ua.host, ub.host) == 0 &&
+           ua.port == ub.port;
+}
 
 /* --- one request -------------------------------------------------------------------------- */
 
@@ -388,6 +413,7 @@ typedef struct request {
     uint64_t first, last;     /* the range; last < first: the whole document */
     int opening;              /* no validator yet: learn it */
     unsigned tries;           /* attempts at most; 0: HTTP_TRIES or CKPTFS_HTTP_TRIES */
+    int no_redirects;         /* a 3xx fails (credential endpoints) */
     reply r;
     char msg[700];            /* why it failed (a credential endpoint's message inside) */
     int err;                  /* -errno when it failed */
@@ -451,10 +477,20 @@ static struct curl_slist *headers(const request *q, const char *url, const http_
             free(t);
         }
     }
-    for (const char *const *x = q->extra; x && *x; x++)
-        hs = cu.slist_append(hs, *x);
+    for (const char *const *x = q->extra; x && *x && http_same_origin(url, q->url); x++)
+        hs = cu.slist_append(hs, *x); /* the caller's credentials too: its origin's alone */
     hs = cu.slist_append(hs, "Accept-Encoding: identity");
     return hs;
+}
+
+/* Whether every header line is one line: a token or key with CR or LF in it would add
+ * headers of its own choosing. */
+static int one_line_each(const struct curl_slist *hs)
+{
+    for (const struct curl_slist *l = hs; l; l = l->next)
+        if (strpbrk(l->data, "\r\n"))
+            return 0;
+    return 1;
 }
 
 /* Checks a 2xx reply of q against what was asked. */
@@ -515,6 +551,13 @@ static enum outcome attempt(request *q, CURL *h, double left)
             break;
         }
         struct curl_slist *hs = headers(q, url, signed_here ? &sig : NULL);
+        if (!one_line_each(hs) ||
+            (signed_here && strpbrk(sig.access_key, "\r\n"))) { /* libcurl writes it in one */
+            wipe_headers(hs);
+            memset(&sig, 0, sizeof sig);
+            out = fail(q, -EACCES, "%s", "a token or key holds a line break");
+            break;
+        }
         q->r = (reply){.dst = q->r.dst, .cap = q->r.cap, .grow = q->r.grow};
         CURLcode c = perform(h, url, q->method, hs, &q->r, left, q->client->cacert,
                              signed_here ? &sig : NULL);
@@ -534,6 +577,11 @@ static enum outcome attempt(request *q, CURL *h, double left)
                           c == CURLE_URL_MALFORMAT || c == CURLE_WRITE_ERROR
                       ? fail(q, -EIO, "%s", cu.easy_strerror(c))
                       : (fail(q, -EIO, "%s", cu.easy_strerror(c)), RETRY);
+        } else if (st >= 300 && st < 400 && st != 304 && q->no_redirects) {
+            char s[160];
+            error_status(&q->r, s, sizeof s);
+            out = fail(q, -EIO, "HTTP %s: a redirect, which a credential request never follows",
+                       s);
         } else if (st >= 300 && st < 400 && st != 304) {
             char *next = NULL;
             cu.easy_getinfo(h, CURLINFO_REDIRECT_URL, &next);
@@ -744,6 +792,7 @@ int http_request_doc(const http_client *c, const char *url, const http_doc_reque
         return -1;
     request q = {.client = c, .url = url, .method = how->method, .extra = how->headers,
                  .tries = how->tries, .budget_s = how->budget_s, .first = 1, .last = 0,
+                 .no_redirects = how->no_redirects,
                  .r = {.grow = body, .cap = max}};
     if (run(&q) != 0) {
         free(*body);

@@ -14,9 +14,12 @@
  *    (CKPTFS_HTTP_TRIES, CKPTFS_HTTP_BUDGET override both), then -EIO. At most
  *    HTTP_CONNECTIONS requests of one target are in flight; their connections are kept.
  *  - Redirects (http and https only, at most HTTP_MAX_REDIRECTS) are followed here, not by
- *    libcurl: the Authorization header (the client's token_for, or its sign_for's SigV4
- *    signature) goes only to the origin of the URL it is for, never to another host a redirect
- *    names. A token or key is never put in a message.
+ *    libcurl: every credential (the client's token_for, its sign_for's SigV4 signature and
+ *    session token, the caller's own headers of http_request_doc) goes only to the origin of
+ *    the URL it is for, never to another origin a redirect names; origins are compared as
+ *    libcurl parses URLs (http_url_parse), never as strings. A request with no_redirects
+ *    follows none. A header line holding CR or LF is never sent (the request fails). A token
+ *    or key is never put in a message.
  *  - An error reply's body is read up to MAX_DISCARD bytes; an S3 error document's <Code>
  *    (NoSuchKey, AccessDenied, SignatureDoesNotMatch...) is put in the failure's message.
  *  - TLS is verified against the system store, or the client's cacert (else CKPTFS_CACERT).
@@ -104,6 +107,7 @@ typedef struct http_doc_request {
     const char *const *headers; /* "Name: value" lines, NULL-terminated, or NULL */
     unsigned tries;             /* 0: as configured (HTTP_TRIES) */
     double budget_s;            /* 0: as configured (HTTP_BUDGET_S); also bounds the connect */
+    int no_redirects;           /* a 3xx fails: credential endpoints, as the AWS SDKs */
 } http_doc_request;
 
 /* http_get as how says. The transport's copies of the headers are wiped after use. */
@@ -126,8 +130,22 @@ int http_content_range(const char *v, uint64_t *first, uint64_t *last, uint64_t 
 int http_range_answers(const char *content_range, uint64_t first, uint64_t last, uint64_t size,
                        uint64_t *total);
 
-/* Whether URLs a and b have the same origin: scheme, host (case-insensitive) and port (the
- * scheme's default when absent). Userinfo is no part of a host. */
+/* A URL as libcurl reads it, the parser its requests go through (a host is never decided from
+ * the string here): scheme ("http" or "https"), host (lowercased; an IPv6 literal without its
+ * brackets), port (the scheme's default when absent), and whether it holds userinfo
+ * ("user:password@" or any part of it). 0, or -1 when it is no http(s) URL libcurl takes (or
+ * libcurl cannot be loaded). */
+typedef struct http_url {
+    char scheme[8];
+    char host[256];
+    unsigned port;
+    int userinfo;
+} http_url;
+
+int http_url_parse(const char *url, http_url *out);
+
+/* Whether URLs a and b have the same origin as libcurl reads them (http_url_parse): scheme,
+ * host and port. Userinfo is no part of a host; a URL it cannot parse has no origin. */
 int http_same_origin(const char *a, const char *b);
 
 /* A Retry-After value in seconds (a delay in seconds or an HTTP date against now), or -1. */

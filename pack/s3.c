@@ -2,6 +2,7 @@
 #include "s3.h"
 #include "location.h"
 
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,6 @@
 
 #include <cjson/cJSON.h>
 
-#define S3_MAX_LISTING (8u << 20) /* one ListObjectsV2 page (1,000 keys of at most 1 KiB) */
 #define S3_MAX_INI (1u << 20)     /* a shared credentials or config file */
 #define DCP_METADATA_NAME ".metadata"
 #define S3_MAX_CREDENTIALS (64u << 10) /* a credential endpoint's answer */
@@ -102,13 +102,11 @@ static char *trim(char *s)
     return s;
 }
 
-/* The value of key in section of the INI file at path, into out (cap bytes): 1 when found. */
-static int ini_value(const char *path, const char *section, const char *key, char *out,
-                     size_t cap)
+int s3_ini_find(char *text, const char *section, const char *key, char *out, size_t cap)
 {
-    char *text = read_small(path), *save = NULL;
+    char *save = NULL;
     int in = 0, found = 0;
-    for (char *line = text ? strtok_r(text, "\n", &save) : NULL; line && !found;
+    for (char *line = strtok_r(text, "\n", &save); line && !found;
          line = strtok_r(NULL, "\n", &save)) {
         char *l = trim(line), *eq;
         size_t n = strlen(l);
@@ -123,8 +121,18 @@ static int ini_value(const char *path, const char *section, const char *key, cha
             }
         }
     }
+    return found;
+}
+
+/* The value of key in section of the INI file at path, into out (cap bytes): 1 when found. */
+static int ini_value(const char *path, const char *section, const char *key, char *out,
+                     size_t cap)
+{
+    char *text = read_small(path);
+    size_t n = text ? strlen(text) : 0;
+    int found = text && s3_ini_find(text, section, key, out, cap);
     if (text)
-        memset(text, 0, strlen(text)); /* it held secrets */
+        memset(text, 0, n); /* it held secrets */
     free(text);
     return found;
 }
@@ -163,7 +171,8 @@ static void custom_endpoint(char *out, size_t cap)
         out[--n] = 0;
 }
 
-static int next_element(const char **at, const char *tag, const char **text, size_t *len);
+static int next_element(const char **at, const char *end, const char *tag, const char **text,
+                        size_t *len);
 static int encode(const char *s, int keep_slash, char *out, size_t cap, size_t *at);
 
 /* --- temporary credentials from an endpoint (web identity through STS, a container's) ------- */
@@ -200,25 +209,39 @@ static char *token_file(const char *path)
     return text;
 }
 
-/* Whether a container credentials URL may be asked: https anywhere, http only on the loopback
- * or the link-local addresses ECS and EKS Pod Identity use (as the SDKs allow). */
-static int container_url_allowed(const char *url)
+/* Whether host (as http_url_parse gives it) is an address a container's credentials may come
+ * from over plain http, as the AWS SDKs allow: an IP literal on the loopback (127.0.0.0/8,
+ * ::1), ECS's 169.254.170.2, EKS Pod Identity's 169.254.170.23 and fd00:ec2::23; or
+ * "localhost", which libcurl resolves to the loopback itself, asking no DNS (7.78 and later).
+ * Never a name that merely begins like one ("127.example.com"). */
+static int container_host(const char *host)
 {
-    static const char *const local[] = {"http://127.", "http://localhost:", "http://localhost/",
-                                        "http://[::1]", "http://169.254.170.2/",
-                                        "http://169.254.170.2:", "http://169.254.170.23/",
-                                        "http://[fd00:ec2::23]"};
-    if (strncasecmp(url, "https://", 8) == 0)
+    unsigned char a[16];
+    static const unsigned char ecs[4] = {169, 254, 170, 2}, eks[4] = {169, 254, 170, 23},
+                               eks6[16] = {0xfd, 0x00, 0x0e, 0xc2, [15] = 0x23},
+                               lo6[16] = {[15] = 1};
+    if (strcmp(host, "localhost") == 0)
         return 1;
-    for (size_t i = 0; i < sizeof local / sizeof *local; i++)
-        if (strncasecmp(url, local[i], strlen(local[i])) == 0)
-            return 1;
-    return 0;
+    if (inet_pton(AF_INET, host, a) == 1)
+        return a[0] == 127 || memcmp(a, ecs, 4) == 0 || memcmp(a, eks, 4) == 0;
+    return inet_pton(AF_INET6, host, a) == 1 &&
+           (memcmp(a, lo6, 16) == 0 || memcmp(a, eks6, 16) == 0);
 }
 
-/* Credentials in the JSON the container endpoint and instance metadata answer with:
- * AccessKeyId, SecretAccessKey, Token, Expiration. 1, or 0 when they are not there. */
-static int json_credentials(const char *body, size_t len, http_sigv4 *out, time_t *expires)
+int s3_container_url_allowed(const char *url, char *why, size_t cap)
+{
+    http_url u;
+    const char *no = http_url_parse(url, &u) != 0 ? "is no http(s) URL"
+                     : u.userinfo ? "holds userinfo ('@')"
+                     : strcmp(u.scheme, "https") != 0 && !container_host(u.host)
+                         ? "is not https, and not on the loopback or ECS's or EKS's address"
+                         : NULL;
+    if (no)
+        snprintf(why, cap, "the container credentials URL %s", no);
+    return !no;
+}
+
+int s3_json_credentials(const char *body, size_t len, http_sigv4 *out, time_t *expires)
 {
     cJSON *doc = cJSON_ParseWithLength(body, len);
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(doc, "AccessKeyId"),
@@ -252,9 +275,11 @@ static int from_container(http_sigv4 *out, time_t *expires, char *source, size_t
     snprintf(source, cap, "%s%s", full ? "" : "http://169.254.170.2", full ? full : rel);
     if (!fetch)
         return 1;
-    if (!container_url_allowed(source))
-        return snprintf(out->error, sizeof out->error, "the container credentials URL is not "
-                        "https, and not on the loopback or ECS's address"), -1;
+    if (!full && rel[0] != '/') /* else ":@HOST/" would name another host */
+        return snprintf(out->error, sizeof out->error, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI "
+                        "does not begin with '/'"), -1;
+    if (!s3_container_url_allowed(source, out->error, sizeof out->error))
+        return -1;
     char *token = env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")
                       ? token_file(env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))
                       : env("AWS_CONTAINER_AUTHORIZATION_TOKEN")
@@ -265,9 +290,10 @@ static int from_container(http_sigv4 *out, time_t *expires, char *source, size_t
         headers[0] = auth;
     size_t len;
     ck_error err;
-    int rc = http_request_doc(&(http_client){0}, source, &(http_doc_request){.headers = headers},
-                              S3_MAX_CREDENTIALS, &body, &len, &err);
-    int ok = rc == 0 && json_credentials(body, len, out, expires);
+    http_doc_request get = {.headers = headers, .no_redirects = 1};
+    int rc = http_request_doc(&(http_client){0}, source, &get, S3_MAX_CREDENTIALS, &body, &len,
+                              &err);
+    int ok = rc == 0 && s3_json_credentials(body, len, out, expires);
     if (!ok)
         snprintf(out->error, sizeof out->error, "no credentials from the container endpoint: %s",
                  rc ? err.msg : "its answer has no AccessKeyId and SecretAccessKey");
@@ -283,15 +309,27 @@ static int from_container(http_sigv4 *out, time_t *expires, char *source, size_t
     return ok ? 1 : -1;
 }
 
-/* The text of <tag> in xml into out (cap bytes): 1, or 0 when absent or too long. */
-static int element_text(const char *xml, const char *tag, char *out, size_t cap)
+/* The text of <tag> in xml (len bytes) into out (cap bytes): 1, or 0 when absent or too long. */
+static int element_text(const char *xml, size_t len, const char *tag, char *out, size_t cap)
 {
     const char *at = xml, *text;
-    size_t len;
-    if (!next_element(&at, tag, &text, &len) || len >= cap)
+    size_t n;
+    if (!next_element(&at, xml + len, tag, &text, &n) || n >= cap || memchr(text, 0, n))
         return 0;
-    memcpy(out, text, len);
-    out[len] = 0;
+    memcpy(out, text, n);
+    out[n] = 0;
+    return 1;
+}
+
+int s3_sts_credentials(const char *xml, size_t len, http_sigv4 *out, time_t *expires)
+{
+    char expiration[64];
+    if (!element_text(xml, len, "AccessKeyId", out->access_key, sizeof out->access_key) ||
+        !element_text(xml, len, "SecretAccessKey", out->secret_key, sizeof out->secret_key) ||
+        !element_text(xml, len, "SessionToken", out->session_token, sizeof out->session_token))
+        return 0;
+    *expires = element_text(xml, len, "Expiration", expiration, sizeof expiration)
+                   ? aws_time(expiration) : 0;
     return 1;
 }
 
@@ -329,16 +367,11 @@ static int from_web_identity(http_sigv4 *out, time_t *expires, char *source, siz
            snprintf(url + at, sizeof url - at, "&Version=2011-06-15&WebIdentityToken=") > 0 &&
            (at = strlen(url), encode(token, 0, url, sizeof url, &at) == 0);
     ck_error err;
-    int rc = fits ? http_request_doc(&(http_client){0}, url, &(http_doc_request){0},
-                                     S3_MAX_CREDENTIALS, &body, &len, &err) : -1;
-    char expiration[64];
-    int ok = rc == 0 && element_text(body, "AccessKeyId", out->access_key, sizeof out->access_key) &&
-             element_text(body, "SecretAccessKey", out->secret_key, sizeof out->secret_key) &&
-             element_text(body, "SessionToken", out->session_token, sizeof out->session_token);
-    if (ok)
-        *expires = element_text(body, "Expiration", expiration, sizeof expiration)
-                       ? aws_time(expiration) : 0;
-    else
+    http_doc_request get = {.no_redirects = 1};
+    int rc = fits ? http_request_doc(&(http_client){0}, url, &get, S3_MAX_CREDENTIALS, &body,
+                                     &len, &err) : -1;
+    int ok = rc == 0 && s3_sts_credentials(body, len, out, expires);
+    if (!ok)
         snprintf(out->error, sizeof out->error, "no credentials from STS for %s: %s", role,
                  !token ? "cannot read AWS_WEB_IDENTITY_TOKEN_FILE"
                  : rc ? (fits ? err.msg : "the token is too long")
@@ -376,14 +409,16 @@ static int from_instance_metadata(http_sigv4 *out, time_t *expires, char *source
     size_t len = 0;
     ck_error err;
     const char *ttl[] = {"X-aws-ec2-metadata-token-ttl-seconds: 21600", NULL};
-    http_doc_request put = {.method = "PUT", .headers = ttl, .tries = 1, .budget_s = 1};
+    http_doc_request put = {.method = "PUT", .headers = ttl, .tries = 1, .budget_s = 1,
+                            .no_redirects = 1};
     snprintf(url, sizeof url, "%s/latest/api/token", source);
     if (http_request_doc(&(http_client){0}, url, &put, 4096, &token, &len, &err) != 0)
         return 0; /* not on EC2 (or IMDS off there): no credentials from here */
     int rc = -1;
+    err.msg[0] = 0;
     if (asprintf(&auth, "X-aws-ec2-metadata-token: %s", trim(token)) > 0) {
         const char *with[] = {auth, NULL};
-        http_doc_request get = {.headers = with, .tries = 1, .budget_s = 1};
+        http_doc_request get = {.headers = with, .tries = 1, .budget_s = 1, .no_redirects = 1};
         snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", source);
         if (http_request_doc(&(http_client){0}, url, &get, 4096, &body, &len, &err) == 0) {
             snprintf(role, sizeof role, "%.*s", (int)strcspn(body, "\r\n"), body);
@@ -395,13 +430,13 @@ static int from_instance_metadata(http_sigv4 *out, time_t *expires, char *source
                      role);
             rc = named && http_request_doc(&(http_client){0}, url, &get, S3_MAX_CREDENTIALS,
                                            &body, &len, &err) == 0 &&
-                         json_credentials(body, len, out, expires) ? 1 : -1;
+                         s3_json_credentials(body, len, out, expires) ? 1 : -1;
         }
         memset(auth, 0, strlen(auth));
     }
     if (rc < 0)
-        snprintf(out->error, sizeof out->error, "no credentials from the instance metadata%s%s",
-                 role[0] ? " for role " : "", role);
+        snprintf(out->error, sizeof out->error, "no credentials from the instance metadata%s%s%s%s",
+                 role[0] ? " for role " : "", role, err.msg[0] ? ": " : "", err.msg);
     if (body)
         memset(body, 0, len);
     free(body);
@@ -540,15 +575,13 @@ static int aws_s3_host(const char *host, size_t len, const char *region)
 int s3_sign_for(const char *url, http_sigv4 *out)
 {
     char endpoint[2048];
+    http_url u;
     *out = (http_sigv4){0};
     custom_endpoint(endpoint, sizeof endpoint);
     region_of(out->region, sizeof out->region);
-    const char *host = strstr(url, "://");
-    host = host ? host + 3 : url;
-    size_t len = strcspn(host, ":/?#");
     int ours = endpoint[0] ? http_same_origin(url, endpoint)
-                           : strncasecmp(url, "https://", 8) == 0 &&
-                                 aws_s3_host(host, len, out->region);
+                           : http_url_parse(url, &u) == 0 && strcmp(u.scheme, "https") == 0 &&
+                                 aws_s3_host(u.host, strlen(u.host), out->region);
     int rc = ours ? credentials(out) : 0;
     if (rc < 0) {
         char why[sizeof out->error];
@@ -564,46 +597,76 @@ int s3_sign_for(const char *url, http_sigv4 *out)
 
 /* --- listings ---------------------------------------------------------------------------- */
 
-/* The text between <tag> and </tag> after *at in xml (its bytes at *text, *len), *at moved past
- * it; 0 when there is none. */
-static int next_element(const char **at, const char *tag, const char **text, size_t *len)
+/* The text between <tag> and </tag> in [*at, end) (its bytes at *text, *len), *at moved past
+ * it; 0 when there is none. The searches never pass end: an element's inner search stays
+ * inside it, and the whole parse stays linear in the page. */
+static int next_element(const char **at, const char *end, const char *tag, const char **text,
+                        size_t *len)
 {
     char open[64], close[64];
-    snprintf(open, sizeof open, "<%s>", tag);
-    snprintf(close, sizeof close, "</%s>", tag);
-    const char *a = strstr(*at, open), *b = a ? strstr(a + strlen(open), close) : NULL;
+    size_t no = (size_t)snprintf(open, sizeof open, "<%s>", tag),
+           nc = (size_t)snprintf(close, sizeof close, "</%s>", tag);
+    const char *a = *at < end ? memmem(*at, (size_t)(end - *at), open, no) : NULL;
+    const char *b = a ? memmem(a + no, (size_t)(end - a - no), close, nc) : NULL;
     if (!b)
         return 0;
-    *text = a + strlen(open);
+    *text = a + no;
     *len = (size_t)(b - *text);
-    *at = b + strlen(close);
+    *at = b + nc;
     return 1;
 }
 
-/* XML's five entities and numeric references below 0x80 decoded from text (len bytes): a
+/* A character reference's value at s (after "&#", before end: decimal, or hex after 'x') and
+ * its length through the ';' in *used; 0 when it is none (or 0x80 and above: not plain). */
+static unsigned char_ref(const char *s, const char *end, size_t *used)
+{
+    int hex = s < end && *s == 'x';
+    unsigned v = 0;
+    size_t i = (size_t)hex, digits = 0;
+    for (; s + i < end && digits < 8; i++, digits++) {
+        int d = s[i] >= '0' && s[i] <= '9' ? s[i] - '0'
+                : hex && s[i] >= 'a' && s[i] <= 'f' ? s[i] - 'a' + 10
+                : hex && s[i] >= 'A' && s[i] <= 'F' ? s[i] - 'A' + 10 : -1;
+        if (d < 0)
+            break;
+        v = v * (hex ? 16u : 10u) + (unsigned)d;
+    }
+    if (!digits || s + i >= end || s[i] != ';' || v == 0 || v >= 0x80)
+        return 0;
+    *used = i + 1;
+    return v;
+}
+
+/* XML's five entities and character references below 0x80 decoded from text (len bytes): a
  * malloc'ed string, or NULL (out of memory, or a reference it cannot decode). */
 static char *xml_text(const char *text, size_t len)
 {
     static const struct { const char *ent; char c; } ents[] = {
         {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+    const char *end = text + len;
     char *out = malloc(len + 1);
     size_t k = 0;
     for (size_t i = 0; out && i < len;) {
+        if (text[i] == 0) { /* no XML text holds one */
+            free(out);
+            return NULL;
+        }
         if (text[i] != '&') {
             out[k++] = text[i++];
             continue;
         }
-        size_t e = 0;
-        while (e < 5 && strncmp(text + i, ents[e].ent, strlen(ents[e].ent)) != 0)
+        size_t e = 0, used = 0;
+        while (e < 5 && (len - i < strlen(ents[e].ent) ||
+                         memcmp(text + i, ents[e].ent, strlen(ents[e].ent)) != 0))
             e++;
-        unsigned v = 0;
-        int used = 0;
+        unsigned v = e == 5 && len - i > 2 && text[i + 1] == '#'
+                         ? char_ref(text + i + 2, end, &used) : 0;
         if (e < 5) {
             out[k++] = ents[e].c;
             i += strlen(ents[e].ent);
-        } else if (sscanf(text + i, "&#%u;%n", &v, &used) == 1 && used && v > 0 && v < 0x80) {
+        } else if (v) {
             out[k++] = (char)v;
-            i += (size_t)used;
+            i += 2 + used;
         } else {
             free(out);
             return NULL;
@@ -614,38 +677,68 @@ static char *xml_text(const char *text, size_t len)
     return out;
 }
 
-int s3_parse_listing(const char *xml, const char *prefix, char ***names, size_t *n,
+void s3_listing_free(s3_listing *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        free(l->names[i]);
+    free(l->names);
+    *l = (s3_listing){0};
+}
+
+/* Keeps name (malloc'ed, the prefix cut off) in l; 0, or -1 when memory runs out. */
+static int keep_name(s3_listing *l, char *name)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        char **grown = realloc(l->names, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        l->names = grown;
+        l->cap = cap;
+    }
+    l->names[l->n++] = name;
+    return 0;
+}
+
+int s3_parse_listing(const char *xml, size_t xlen, const char *prefix, s3_listing *l,
                      char **token, const char *what, ck_error *err)
 {
-    const char *at = xml, *text, *key;
+    const char *at = xml, *end = xml + xlen, *text, *key;
     size_t len, klen, plen = strlen(prefix);
     *token = NULL;
-    if (!strstr(xml, "<ListBucketResult"))
+    if (!memmem(xml, xlen, "<ListBucketResult", 17))
         return ck_fail(err, what, "the answer is no ListObjectsV2 result");
-    while (next_element(&at, "Contents", &text, &len)) {
+    while (next_element(&at, end, "Contents", &text, &len)) {
         const char *inner = text;
-        char *name = next_element(&inner, "Key", &key, &klen) && inner <= text + len
+        if (++l->keys > S3_MAX_KEYS) /* counted as they arrive: refused before memory grows */
+            return ck_fail(err, what, "lists more than %u objects", S3_MAX_KEYS);
+        char *name = next_element(&inner, text + len, "Key", &key, &klen)
                          ? xml_text(key, klen) : NULL;
         if (!name)
             return ck_fail(err, what, "a listed object has no key it can read");
-        char **grown = realloc(*names, (*n + 1) * sizeof **names);
-        if (!grown || strncmp(name, prefix, plen) != 0 || !name[plen] ||
+        size_t nlen = strlen(name);
+        if (strncmp(name, prefix, plen) != 0 || nlen == plen ||
             strchr(name + plen, '/')) { /* not directly under the prefix: not ours */
             free(name);
-            if (!grown)
-                return ck_fail(err, what, "out of memory");
-            *names = grown;
             continue;
         }
-        memmove(name, name + plen, strlen(name + plen) + 1);
-        *names = grown;
-        (*names)[(*n)++] = name;
+        memmove(name, name + plen, nlen - plen + 1);
+        l->name_bytes += nlen - plen + 1;
+        if (l->name_bytes > S3_MAX_NAME_BYTES) {
+            free(name);
+            return ck_fail(err, what, "lists more than %u MiB of object names",
+                           S3_MAX_NAME_BYTES >> 20);
+        }
+        if (keep_name(l, name) != 0) {
+            free(name);
+            return ck_fail(err, what, "out of memory");
+        }
     }
     const char *tail = xml;
-    if (next_element(&tail, "IsTruncated", &text, &len) && len == 4 &&
-        strncmp(text, "true", 4) == 0) {
+    if (next_element(&tail, end, "IsTruncated", &text, &len) && len == 4 &&
+        memcmp(text, "true", 4) == 0) {
         tail = xml;
-        if (!next_element(&tail, "NextContinuationToken", &text, &len) ||
+        if (!next_element(&tail, end, "NextContinuationToken", &text, &len) ||
             !(*token = xml_text(text, len)) || !**token)
             return free(*token), *token = NULL,
                    ck_fail(err, what, "a truncated listing without a continuation token");
@@ -653,11 +746,13 @@ int s3_parse_listing(const char *xml, const char *prefix, char ***names, size_t 
     return 0;
 }
 
-/* Every object name directly under r's prefix, listed page by page through c. */
-static int list_prefix(const http_client *c, const s3_ref *r, const char *loc, char ***names,
-                       size_t *n, ck_error *err)
+/* Every object name directly under r's prefix, listed page by page through c into l; a
+ * failure said of loc (the s3:// location as the user gave it), never of the API's URL. */
+static int list_prefix(const http_client *c, const s3_ref *r, const char *loc, s3_listing *l,
+                       ck_error *err)
 {
     char *token = NULL, url[16384];
+    size_t total = 0;
     int rc = 0;
     for (unsigned page = 0; rc == 0; page++) {
         size_t at;
@@ -686,10 +781,17 @@ static int list_prefix(const http_client *c, const s3_ref *r, const char *loc, c
         free(token);
         token = NULL;
         char *body = NULL;
-        size_t len;
+        size_t len = 0;
         rc = http_get(c, url, S3_MAX_LISTING, &body, &len, err);
-        if (rc == 0)
-            rc = s3_parse_listing(body, r->key, names, n, &token, loc, err);
+        if (rc != 0) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", ck_error_detail(err, url));
+            rc = ck_fail(err, loc, "cannot list it (page %u): %s", page + 1, why);
+        } else if ((total += len) > S3_MAX_LISTING_TOTAL) {
+            rc = ck_fail(err, loc, "its listing is over %u MiB", S3_MAX_LISTING_TOTAL >> 20);
+        } else {
+            rc = s3_parse_listing(body, len, r->key, l, &token, loc, err);
+        }
         free(body);
         if (rc == 0 && !token)
             break;
@@ -710,9 +812,11 @@ int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck
         t->url = s3_object_url(r.bucket, r.key);
         return t->url ? 0 : ck_fail(err, loc, "out of memory");
     }
-    char **names = NULL;
-    size_t n = 0, *picked = NULL;
-    int rc = list_prefix(c, &r, loc, &names, &n, err), m = -1;
+    s3_listing l = {0};
+    size_t *picked = NULL;
+    int rc = list_prefix(c, &r, loc, &l, err), m = -1;
+    char **names = l.names;
+    size_t n = l.n;
     for (size_t i = 0; rc == 0 && i < n && !*dcp; i++)
         *dcp = strcmp(names[i], DCP_METADATA_NAME) == 0;
     char key[sizeof r.key + 64];
@@ -739,9 +843,7 @@ int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck
     } else if (rc == 0) {
         m = ck_fail(err, loc, "out of memory");
     }
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
+    s3_listing_free(&l);
     free(picked);
     if (m < 0)
         hub_target_free(t);

@@ -20,7 +20,9 @@
  *    (else ~/.aws/config, section "profile NAME"); the container endpoint
  *    (AWS_CONTAINER_CREDENTIALS_FULL_URI, else 169.254.170.2 + ..._RELATIVE_URI, with
  *    AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or ..._TOKEN: ECS, EKS Pod Identity; http only to
- *    the loopback or those link-local addresses). The environment and files are read again
+ *    the loopback or those link-local addresses, as IP literals of the host libcurl parses,
+ *    or localhost; no userinfo). No credential request follows a redirect. The environment
+ *    and files are read again
  *    for each request (refreshed files are picked up); an endpoint's temporary credentials
  *    are kept, process-wide, until REFRESH_MARGIN_S before they expire, then asked again.
  *    None found: requests go unsigned (a public bucket). They go only to the endpoint's origin
@@ -35,12 +37,19 @@
 #define CK_S3_H
 
 #include <stddef.h>
+#include <time.h>
 
 #include "error.h"
 #include "http_request.h"
 #include "hub.h"
 
-#define S3_MAX_PAGES 100 /* of a listing: 100,000 keys at S3's 1,000 a page */
+/* A listing's bounds, checked as its pages arrive (SEMANTICS.md's limits table): S3 answers
+ * at most 1,000 keys a page. */
+#define S3_MAX_PAGES 100                    /* 100,000 keys at S3's 1,000 a page */
+#define S3_MAX_KEYS 100000u                 /* objects listed, every page's together */
+#define S3_MAX_LISTING (8u << 20)           /* one page: 1,000 keys of 1 KiB and their fields */
+#define S3_MAX_LISTING_TOTAL (64u << 20)    /* every page: 100,000 keys of ~400 bytes */
+#define S3_MAX_NAME_BYTES (16u << 20)       /* the names kept: 100,000 of ~160 bytes */
 
 typedef struct s3_ref {
     char bucket[64];
@@ -60,12 +69,40 @@ char *s3_object_url(const char *bucket, const char *key);
  * url is on the S3 endpoint's origin and credentials are found; 1 then, else 0. */
 int s3_sign_for(const char *url, http_sigv4 *out);
 
-/* The object names directly under prefix in xml (a ListObjectsV2 page): appended to *names
- * (*n of them, malloc'ed, the prefix cut off), and whether the listing goes on (*token, the
- * NextContinuationToken, malloc'ed, else NULL). 0, or -1 with err set (what: the listing's URL
- * as shown). */
-int s3_parse_listing(const char *xml, const char *prefix, char ***names, size_t *n,
+/* What a listing gathered, page by page. */
+typedef struct s3_listing {
+    char **names;      /* directly under the prefix, the prefix cut off (malloc'ed) */
+    size_t n, cap;
+    size_t keys;       /* every object listed so far (S3_MAX_KEYS) */
+    size_t name_bytes; /* of names (S3_MAX_NAME_BYTES) */
+} s3_listing;
+
+void s3_listing_free(s3_listing *l);
+
+/* --- the parsers of what a server sends, for tests and fuzzers ----------------------------- */
+
+/* The object names directly under prefix in xml (a ListObjectsV2 page of len bytes) added to
+ * l, and whether the listing goes on (*token, the NextContinuationToken, malloc'ed, else NULL).
+ * Linear in len; the bounds above checked as each key arrives. 0, or -1 with err set (what:
+ * the location the user gave). */
+int s3_parse_listing(const char *xml, size_t len, const char *prefix, s3_listing *l,
                      char **token, const char *what, ck_error *err);
+
+/* Credentials in the JSON the container endpoint and instance metadata answer with
+ * (AccessKeyId, SecretAccessKey, Token, Expiration: *expires, 0 when absent): 1, or 0 when
+ * they are not there. */
+int s3_json_credentials(const char *body, size_t len, http_sigv4 *out, time_t *expires);
+
+/* Credentials in STS AssumeRoleWithWebIdentity's XML answer (len bytes): 1, or 0. */
+int s3_sts_credentials(const char *xml, size_t len, http_sigv4 *out, time_t *expires);
+
+/* The value of key in [section] of an INI text (the shared credentials and config files; the
+ * text is cut up) into out (cap bytes): 1 when found. */
+int s3_ini_find(char *text, const char *section, const char *key, char *out, size_t cap);
+
+/* Whether a container credentials URL may be asked (s3.c says the rules): 1, or 0 with why
+ * (cap bytes) set. */
+int s3_container_url_allowed(const char *url, char *why, size_t cap);
 
 /* What loc resolves to, as for hf:// (hub_target): the file to open, or the first shard's URL
  * and every shard's name, or the DCP checkpoint's .metadata URL in url alone with dcp set.

@@ -176,7 +176,8 @@ class CredentialEndpoint:
     AssumeRoleWithWebIdentity's XML,
     handing out the S3 server's keys; it records every request (path, query, headers)."""
 
-    def __init__(self, s3, kind, expiration="2099-01-01T00:00:00Z"):
+    def __init__(self, s3, kind, expiration="2099-01-01T00:00:00Z", host="127.0.0.1",
+                 redirect_to=None):
         import http.server
         import threading
         import urllib.parse
@@ -206,6 +207,12 @@ class CredentialEndpoint:
                 outer.requests.append({"method": "GET", "path": url.path,
                                        "query": dict(urllib.parse.parse_qsl(url.query)),
                                        "headers": dict(self.headers)})
+                if redirect_to:  # every GET elsewhere (after IMDS's PUT, which is its own)
+                    self.send_response(302)
+                    self.send_header("Location", redirect_to + url.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if outer.kind == "imds":
                     if self.headers.get("X-aws-ec2-metadata-token") != "imds-session-token":
                         return self.answer(b"", 401)
@@ -229,8 +236,9 @@ class CredentialEndpoint:
                             "</AssumeRoleWithWebIdentityResponse>").encode()
                 self.answer(body)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://{host}:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -293,6 +301,98 @@ def test_a_credential_endpoint_that_fails_is_said(s3, tmp_path):
     p = ckpt(s3, "ls", f"s3://{BUCKET}/one/model.safetensors", **over)
     assert p.returncode == 1 and p.stderr.count(b"\n") == 1, p.stderr
     assert b"container credentials URL" in p.stderr, p.stderr
+
+
+def no_keys(**over):
+    return dict(over, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None)
+
+
+@pytest.fixture
+def elsewhere(s3):
+    """A second credential endpoint on 127.0.0.2, standing for another host: it hands out the
+    S3 server's keys to anyone, so a request that reaches it would succeed; the tests check
+    that none does, and that no token arrives there."""
+    ep = CredentialEndpoint(s3, "container", host="127.0.0.2")
+    yield ep
+    ep.close()
+
+
+@pytest.mark.parametrize("kind", ["container", "imds", "web_identity"])
+def test_a_credential_request_follows_no_redirect(s3, tmp_path, elsewhere, kind):
+    """A 302 from the credential endpoint to another origin (127.0.0.2): the container's
+    Authorization token, IMDSv2's session token and STS's query never go there; the request
+    fails in one line, as the SDKs do (they follow no redirect from these endpoints)."""
+    ep = CredentialEndpoint(s3, kind, redirect_to=elsewhere.url)
+    try:
+        token = tmp_path / "token"
+        token.write_text("pod-identity-token\n")
+        jwt = tmp_path / "jwt"
+        jwt.write_text("eyJhbGciOi.service-account.token")
+        over = {"container": {"AWS_CONTAINER_CREDENTIALS_FULL_URI": ep.url + "/v1/credentials",
+                              "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token)},
+                "imds": {"AWS_EC2_METADATA_SERVICE_ENDPOINT": ep.url,
+                         "AWS_EC2_METADATA_DISABLED": None},
+                "web_identity": {"AWS_WEB_IDENTITY_TOKEN_FILE": str(jwt),
+                                 "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/reader",
+                                 "AWS_ENDPOINT_URL_STS": ep.url}}[kind]
+        p = ckpt(s3, "ls", f"s3://{BUCKET}/one/model.safetensors", **no_keys(**over))
+        assert ep.requests, "the endpoint was asked"
+        assert elsewhere.requests == [], elsewhere.requests
+        assert p.returncode == 1 and p.stderr.count(b"\n") == 1, p.stderr
+        assert b"302" in p.stderr and b"redirect" in p.stderr, p.stderr
+        assert b"pod-identity-token" not in p.stderr and b"imds-session" not in p.stderr
+    finally:
+        ep.close()
+
+
+@pytest.mark.parametrize("full,relative", [
+    ("http://127.0.0.1@{host}/creds", None),
+    ("http://localhost:@{host}/creds", None),
+    ("http://169.254.170.2:@{host}/creds", None),
+    ("http://[::1]@{host}/creds", None),
+    (None, ":@{host}/creds"),
+    # a name, not an address, however it begins: DNS says where it goes (libcurl itself
+    # sends *.localhost to 127.0.0.1, where `elsewhere` listens then, standing for DNS's answer)
+    ("http://127.0.0.2.localhost:{port}/creds", None),
+])
+def test_a_container_url_is_judged_by_the_host_it_names(s3, tmp_path, full, relative):
+    """The container credentials URL's host is the one libcurl connects to: userinfo that
+    looks like the loopback, a relative URI that adds some, a name beginning "127." are each
+    refused before any request, and the token goes nowhere."""
+    elsewhere = CredentialEndpoint(s3, "container",
+                                   host="127.0.0.1" if "localhost:{port}" in (full or "")
+                                   else "127.0.0.2")
+    try:
+        check_refused(s3, tmp_path, elsewhere, full, relative)
+    finally:
+        elsewhere.close()
+
+
+def check_refused(s3, tmp_path, elsewhere, full, relative):
+    token = tmp_path / "token"
+    token.write_text("pod-identity-token\n")
+    host = f"127.0.0.2:{elsewhere.port}"
+    over = {"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token)}
+    if full:
+        over["AWS_CONTAINER_CREDENTIALS_FULL_URI"] = full.format(host=host, port=elsewhere.port)
+    else:
+        over["AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"] = relative.format(host=host)
+    p = ckpt(s3, "ls", f"s3://{BUCKET}/one/model.safetensors", **no_keys(**over))
+    assert elsewhere.requests == [], elsewhere.requests
+    assert p.returncode == 1 and p.stderr.count(b"\n") == 1, p.stderr
+    assert b"container credentials" in p.stderr or b"RELATIVE_URI" in p.stderr, p.stderr
+
+
+def test_a_container_url_on_the_loopback_by_its_address(s3, tmp_path):
+    """What the SDKs allow still works: the loopback as an IP literal, and as localhost."""
+    ep = CredentialEndpoint(s3, "container")
+    try:
+        for url in (f"http://127.0.0.1:{ep.port}/c", f"http://localhost:{ep.port}/c"):
+            p = ckpt(s3, "ls", f"s3://{BUCKET}/one/model.safetensors",
+                     **no_keys(AWS_CONTAINER_CREDENTIALS_FULL_URI=url))
+            assert p.returncode == 0, (url, p.stderr)
+    finally:
+        ep.close()
 
 
 @pytest.fixture(scope="module")
@@ -435,3 +535,115 @@ def test_a_prefix_holding_a_dcp_checkpoint(s3, tmp_path):
     for name, t in manifest["tensors"].items():
         p = ckpt(s3, "cat", f"s3://{BUCKET}/dcp/", name)
         assert p.returncode == 0 and p.stdout == (exp / t["file"]).read_bytes(), name
+
+
+class ListingServer:
+    """A loopback S3 endpoint (path-style, signatures ignored) whose ListObjectsV2 answers are
+    page(n) for the n-th page asked (0 first), each carrying a continuation token until
+    page(n) says it is the last; it counts the pages and bytes it served."""
+
+    def __init__(self, page):
+        import http.server
+        import threading
+        self.pages, self.bytes = 0, 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                body, last = page(outer.pages)
+                outer.pages += 1
+                head = "<IsTruncated>false</IsTruncated>" if last else \
+                    f"<IsTruncated>true</IsTruncated><NextContinuationToken>t{outer.pages}" \
+                    "</NextContinuationToken>"
+                data = b"<ListBucketResult>" + head.encode() + body + b"</ListBucketResult>"
+                outer.bytes += len(data)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def ckpt_peak_rss(srv, *args):
+    """`ckpt ARGS` against the listing server srv, and the child's peak RSS in KiB
+    (getrusage's ru_maxrss, taken in a process of its own that runs nothing else)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, AWS_ENDPOINT_URL=srv.url, AWS_REGION="us-east-1",
+               AWS_ACCESS_KEY_ID="AKIDEXAMPLE", AWS_SECRET_ACCESS_KEY="secret",
+               AWS_EC2_METADATA_DISABLED="true", CKPTFS_HTTP_BUDGET="20")
+    probe = ("import resource, subprocess, sys\n"
+             "p = subprocess.run(sys.argv[1:], capture_output=True)\n"
+             "sys.stdout.buffer.write(p.stderr)\n"
+             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+    p = subprocess.run([sys.executable, "-c", probe, ckpt_bin(), *args], env=env,
+                       capture_output=True, timeout=600)
+    *stderr, last = p.stdout.decode().rstrip("\n").split("\n")
+    rc, rss = map(int, last.split())
+    return rc, "\n".join(stderr) + "\n", rss
+
+
+KEY = b"<Contents><Key>p/k</Key><Size>1</Size></Contents>"
+PAGE = S3_MAX_LISTING = 8 << 20  # s3.h: one page, at most
+
+
+def test_a_huge_listing_is_refused_at_its_first_page_in_bounded_memory():
+    """Pages of ~8 MiB holding 170,000 keys each (issue 39: 100 of them took 29 s and 1.5 GB
+    before the refusal): refused as the 100,001st key arrives, in the first page, in one line
+    that names the s3:// prefix; the client's peak RSS stays under 64 MiB."""
+    srv = ListingServer(lambda n: (KEY * ((PAGE - 200) // len(KEY)), n == 19))
+    try:
+        rc, line, rss = ckpt_peak_rss(srv, "ls", f"s3://{BUCKET}/p/")
+    finally:
+        srv.close()
+    assert rc == 1 and line.count("\n") == 1, line
+    assert line == f"ckpt: s3://{BUCKET}/p/: lists more than 100000 objects\n", line
+    assert srv.pages == 1, srv.pages
+    assert rss < 64 << 10, f"peak RSS {rss} KiB"
+
+
+def test_a_listings_bytes_are_bounded_across_its_pages():
+    """Pages of 8 MiB holding one key each (the rest is a field S3 would keep short): the
+    listing is refused once its pages pass 64 MiB in all, not after 100 of them (800 MiB)."""
+    pad = b"<Owner><DisplayName>" + b"x" * (PAGE - 400) + b"</DisplayName></Owner>"
+    srv = ListingServer(lambda n: (KEY + pad, n == 19))
+    try:
+        rc, line, rss = ckpt_peak_rss(srv, "ls", f"s3://{BUCKET}/p/")
+    finally:
+        srv.close()
+    assert rc == 1 and line == f"ckpt: s3://{BUCKET}/p/: its listing is over 64 MiB\n", line
+    assert srv.pages <= 9 and srv.bytes <= 72 << 20, (srv.pages, srv.bytes)
+    assert rss < 64 << 10, f"peak RSS {rss} KiB"
+
+
+def test_a_listing_that_fails_names_the_prefix(s3):
+    p = ckpt(s3, "ls", "s3://no-such-bucket-39/p/")
+    line = p.stderr.decode()
+    assert p.returncode == 1 and line.count("\n") == 1, line
+    assert line.startswith("ckpt: s3://no-such-bucket-39/p/: cannot list it (page 1): HTTP 404 "
+                           "(NoSuchBucket)"), line
+
+
+@pytest.mark.parametrize("length,says", [(900, "HTTP 404 (NoSuchKey)"),
+                                         (10 << 10, "the key must")])
+def test_a_long_keys_failure_names_it(s3, length, says):
+    """A missing object whose key is 900 bytes (its API URL, encoded, is longer still), and a
+    10 KiB key s3:// refuses: the line names s3://BUCKET/KEY, its middle cut out, and says
+    what is wrong."""
+    key = "d/" + "%03d-" % 7 * (length // 4) + "end.safetensors"
+    p = ckpt(s3, "ls", f"s3://{BUCKET}/{key}")
+    line = p.stderr.decode()
+    assert p.returncode == 1 and line.count("\n") == 1, line
+    head, _, rest = line.partition("...")
+    assert head.startswith(f"ckpt: s3://{BUCKET}/d/007-007-"), line
+    assert "end.safetensors: " in rest and says in rest, line

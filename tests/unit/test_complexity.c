@@ -17,6 +17,7 @@
 #include "../../pack/index.h"
 #include "../../pack/open.h"
 #include "../../pack/pickle.h"
+#include "../../pack/s3.h"
 #include "../../pack/zip.h"
 #include "helpers.h"
 
@@ -184,4 +185,37 @@ Test(complexity, torch_shared_containers)
                   "d = {'k' * 50 + str(i): i for i in range(n)}\n"
                   "torch.save([d] * n, sys.argv[1])\n",
                   open_or_refuse, 300);
+}
+
+/* --- an s3:// listing ------------------------------------------------------------------- */
+
+static void parse_listing(const char *path, unsigned n)
+{
+    size_t len;
+    char *page = (char *)read_whole(path, &len);
+    s3_listing l = {0};
+    char *token = NULL;
+    ck_error err = {""};
+    cr_assert_eq(s3_parse_listing(page, len, "p/", &l, &token, "s3://b/p/", &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(l.n, n);
+    s3_listing_free(&l);
+    free(token);
+    free(page);
+}
+
+/* A ListObjectsV2 page in AWS's shape (keys escaped by Python's XML writer, one character
+ * reference each): a decoder that scans the rest of the page per reference or per key
+ * (sscanf's strlen, a search for <Key> past its <Contents>) is quadratic. */
+Test(complexity, s3_listing_page)
+{
+    assert_linear("import sys\n"
+                  "from xml.sax.saxutils import escape\n"
+                  "n = int(sys.argv[2])\n"
+                  "keys = ''.join('<Contents><Key>%s</Key><Size>%d</Size></Contents>'\n"
+                  "               % (escape('p/a&b\\x7f%d.bin' % i, {'\\x7f': '&#127;'}), i)\n"
+                  "               for i in range(n))\n"
+                  "open(sys.argv[1], 'w').write('<ListBucketResult><IsTruncated>false'\n"
+                  "                             '</IsTruncated>' + keys + '</ListBucketResult>')\n",
+                  parse_listing, 2000);
 }

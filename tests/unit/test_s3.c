@@ -134,32 +134,114 @@ Test(s3, listing_pages)
                        "<Contents><Key>m/deeper/x.bin</Key><Size>1</Size></Contents>"
                        "<CommonPrefixes><Prefix>m/sub/</Prefix></CommonPrefixes>"
                        "</ListBucketResult>";
-    char **names = NULL, *token = NULL;
-    size_t n = 0;
+    s3_listing l = {0};
+    char *token = NULL;
     ck_error err;
-    cr_assert_eq(s3_parse_listing(page, "m/", &names, &n, &token, "L", &err), 0, "%s", err.msg);
-    cr_assert_eq(n, 2, "only what is directly under the prefix");
-    cr_expect_str_eq(names[0], "model-00001-of-00002.safetensors");
-    cr_expect_str_eq(names[1], "a&b.safetensors");
+    cr_assert_eq(s3_parse_listing(page, strlen(page), "m/", &l, &token, "L", &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(l.n, 2, "only what is directly under the prefix");
+    cr_expect_eq(l.keys, 3);
+    cr_expect_str_eq(l.names[0], "model-00001-of-00002.safetensors");
+    cr_expect_str_eq(l.names[1], "a&b.safetensors");
     cr_expect_str_eq(token, "1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=");
     free(token);
     const char *last = "<ListBucketResult><IsTruncated>false</IsTruncated>"
-                       "<Contents><Key>m/z.safetensors</Key></Contents></ListBucketResult>";
-    cr_assert_eq(s3_parse_listing(last, "m/", &names, &n, &token, "L", &err), 0);
-    cr_expect(n == 3 && token == NULL);
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
+                       "<Contents><Key>m/z&#46;safe&#x74;ensors</Key></Contents>"
+                       "</ListBucketResult>";
+    cr_assert_eq(s3_parse_listing(last, strlen(last), "m/", &l, &token, "L", &err), 0);
+    cr_expect(l.n == 3 && token == NULL);
+    cr_expect_str_eq(l.names[2], "z.safetensors", "character references, decimal and hex");
+    s3_listing_free(&l);
     const char *bad[] = {"<Error><Code>AccessDenied</Code></Error>",
                          "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
                          "<ListBucketResult><Contents><Key>m/&bogus;</Key></Contents>"
-                         "</ListBucketResult>"};
+                         "</ListBucketResult>",
+                         "<ListBucketResult><Contents><Key>m/&#128;</Key></Contents>"
+                         "</ListBucketResult>",
+                         /* a Key after the Contents that lacks one is not its key */
+                         "<ListBucketResult><Contents></Contents><Contents><Key>m/a</Key>"
+                         "</Contents></ListBucketResult>"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        names = NULL, n = 0;
-        cr_expect_eq(s3_parse_listing(bad[i], "m/", &names, &n, &token, "L", &err), -1, "%s",
-                     bad[i]);
-        for (size_t k = 0; k < n; k++)
-            free(names[k]);
-        free(names);
+        cr_expect_eq(s3_parse_listing(bad[i], strlen(bad[i]), "m/", &l, &token, "L", &err), -1,
+                     "%s", bad[i]);
+        s3_listing_free(&l);
     }
+}
+
+/* The page as many <Contents> of short keys as fit in bytes. */
+static char *many_keys(size_t count)
+{
+    const char *one = "<Contents><Key>m/k</Key></Contents>";
+    size_t n = strlen(one), head = strlen("<ListBucketResult>");
+    char *page = malloc(head + count * n + 1);
+    cr_assert(page);
+    memcpy(page, "<ListBucketResult>", head);
+    for (size_t i = 0; i < count; i++)
+        memcpy(page + head + i * n, one, n);
+    page[head + count * n] = 0;
+    return page;
+}
+
+Test(s3, a_listings_bounds_are_checked_as_its_keys_arrive)
+{
+    s3_listing l = {0};
+    char *token = NULL, *page = many_keys(S3_MAX_KEYS / 2);
+    ck_error err;
+    cr_assert_eq(s3_parse_listing(page, strlen(page), "m/", &l, &token, "s3://b/m/", &err), 0,
+                 "%s", err.msg);
+    cr_assert_eq(s3_parse_listing(page, strlen(page), "m/", &l, &token, "s3://b/m/", &err), 0,
+                 "%s", err.msg);
+    cr_expect_eq(l.keys, S3_MAX_KEYS, "at the bound: admitted");
+    cr_expect_eq(s3_parse_listing(page, strlen(page), "m/", &l, &token, "s3://b/m/", &err), -1);
+    cr_expect_eq(l.keys, S3_MAX_KEYS + 1, "refused at the first key over it, not the page's end");
+    cr_expect_str_eq(err.msg, "s3://b/m/: lists more than 100000 objects");
+    s3_listing_free(&l);
+    free(page);
+}
+
+Test(s3, container_credentials_urls_by_their_parsed_host)
+{
+    char why[256];
+    const char *ok[] = {"http://127.0.0.1:9911/creds", "http://127.1.2.3/x", "http://[::1]:80/c",
+                        "http://169.254.170.2/v2/credentials/id", "http://169.254.170.23/v1/c",
+                        "http://[fd00:ec2::23]/c", "http://localhost:8080/c",
+                        "http://LOCALHOST/c", "https://creds.example.com/c"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        cr_expect(s3_container_url_allowed(ok[i], why, sizeof why), "%s: %s", ok[i], why);
+    /* each names another host than its prefix suggests (issue 39's) */
+    const char *no[] = {"http://127.0.0.1@10.9.9.9/", "http://localhost:@10.9.9.9/",
+                        "http://169.254.170.2:@10.9.9.9/", "http://[::1]@10.9.9.9/",
+                        "http://169.254.170.2:@10.9.9.9:9/creds", "http://127.example.com/c",
+                        "http://127.0.0.1.example.com/c", "http://localhost.example.com/c",
+                        "http://169.254.170.22/c", "http://10.1.2.3/c", "http://[::2]/c",
+                        "https://user:pw@creds.example.com/c", "ftp://127.0.0.1/c",
+                        "http://169.254.170.2.nip.io/c", "not a url"};
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+        why[0] = 0;
+        cr_expect(!s3_container_url_allowed(no[i], why, sizeof why), "%s", no[i]);
+        cr_expect(strstr(why, "container credentials URL") != NULL, "%s: %s", no[i], why);
+    }
+}
+
+Test(s3, credential_documents)
+{
+    http_sigv4 s = {0};
+    time_t exp;
+    const char *json = "{\"AccessKeyId\":\"ASIA1\",\"SecretAccessKey\":\"sec\","
+                       "\"Token\":\"tok\",\"Expiration\":\"2099-01-01T00:00:00Z\"}";
+    cr_assert_eq(s3_json_credentials(json, strlen(json), &s, &exp), 1);
+    cr_expect(strcmp(s.access_key, "ASIA1") == 0 && strcmp(s.session_token, "tok") == 0);
+    cr_expect_eq(exp, 4070908800);
+    cr_expect_eq(s3_json_credentials("{\"AccessKeyId\":1}", 16, &s, &exp), 0);
+    const char *sts = "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult>"
+                      "<Credentials><AccessKeyId>ASIA2</AccessKeyId><SecretAccessKey>s2"
+                      "</SecretAccessKey><SessionToken>t2</SessionToken></Credentials>"
+                      "</AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>";
+    cr_assert_eq(s3_sts_credentials(sts, strlen(sts), &s, &exp), 1);
+    cr_expect(strcmp(s.secret_key, "s2") == 0 && exp == 0);
+    cr_expect_eq(s3_sts_credentials(sts, 60, &s, &exp), 0, "never past the length given");
+    char ini[] = "[default]\nregion = x\n[profile lab]\n; c\naws_access_key_id = AKID \n";
+    char out[64];
+    cr_expect(s3_ini_find(ini, "profile lab", "aws_access_key_id", out, sizeof out));
+    cr_expect_str_eq(out, "AKID");
 }
