@@ -123,26 +123,11 @@ static int mount_line(char *line, const char *escaped, const char *majmin, ck_mo
     return 1;
 }
 
-int ck_mount_top(const char *table, const char *path, ck_mount_at *at)
+/* The last line of the table that mount_line finds for path (escaped) or majmin into *at: 1
+ * found, 0 not, -1 the table unreadable. */
+static int mount_scan(const char *table, const char *escaped, const char *majmin,
+                      ck_mount_at *at)
 {
-    char escaped[4 * PATH_MAX + 1];
-    FILE *f = escaped_path(path, escaped, sizeof escaped) == 0 ? fopen(table, "re") : NULL;
-    if (!f)
-        return -1;
-    char *line = NULL;
-    size_t cap = 0;
-    int found = 0;
-    while (getline(&line, &cap, f) > 0)
-        found |= mount_line(line, escaped, NULL, at);
-    free(line);
-    fclose(f);
-    return found;
-}
-
-int ck_mount_of_dev(const char *table, dev_t dev, ck_mount_at *at)
-{
-    char majmin[48];
-    snprintf(majmin, sizeof majmin, "%u:%u", major(dev), minor(dev));
     FILE *f = fopen(table, "re");
     if (!f)
         return -1;
@@ -150,10 +135,25 @@ int ck_mount_of_dev(const char *table, dev_t dev, ck_mount_at *at)
     size_t cap = 0;
     int found = 0;
     while (getline(&line, &cap, f) > 0)
-        found |= mount_line(line, NULL, majmin, at);
+        found |= mount_line(line, escaped, majmin, at);
     free(line);
     fclose(f);
     return found;
+}
+
+int ck_mount_top(const char *table, const char *path, ck_mount_at *at)
+{
+    char escaped[4 * PATH_MAX + 1];
+    if (escaped_path(path, escaped, sizeof escaped) != 0)
+        return -1;
+    return mount_scan(table, escaped, NULL, at);
+}
+
+int ck_mount_of_dev(const char *table, dev_t dev, ck_mount_at *at)
+{
+    char majmin[48];
+    snprintf(majmin, sizeof majmin, "%u:%u", major(dev), minor(dev));
+    return mount_scan(table, NULL, majmin, at);
 }
 
 int ck_mount_listed(const char *table, long id)
