@@ -8,8 +8,9 @@
 
 /* FILE as a message names it: as ck_location_shown shows it (a URL without its secrets), its
  * middle cut out when it is longer than FILE_IN_MESSAGE bytes, so that what is wrong always
- * fits after it (a 1 KiB s3:// key, a long URL) and both of its ends stay readable. */
-enum { FILE_IN_MESSAGE = 300, FILE_HEAD = 150 };
+ * fits after it and both of its ends stay readable. Any s3:// object is shown whole (a bucket
+ * of at most 63 bytes, a key of at most 1,024), and so is a local path of that length. */
+enum { FILE_IN_MESSAGE = 1100, FILE_HEAD = 550 };
 
 static const char *message_file(const char *file, char *out, size_t cap)
 {

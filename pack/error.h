@@ -6,11 +6,11 @@
 #define CK_ERROR_H
 
 typedef struct ck_error {
-    char msg[512];
+    char msg[1280];
 } ck_error;
 
 /* Sets err to "FILE: " + the formatted text, control characters replaced by '?'. FILE is shown
- * as ck_location_shown (location.h) has it: a URL without its secrets; one longer than 300
+ * as ck_location_shown (location.h) has it: a URL without its secrets; one longer than 1,100
  * bytes with its middle cut out ("HEAD...TAIL"), so the text always follows it. Returns -1. */
 int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -415,7 +415,7 @@ typedef struct request {
     unsigned tries;           /* attempts at most; 0: HTTP_TRIES or CKPTFS_HTTP_TRIES */
     int no_redirects;         /* a 3xx fails (credential endpoints) */
     reply r;
-    char msg[700];            /* why it failed (a credential endpoint's message inside) */
+    char msg[sizeof(ck_error) + 192]; /* why it failed (a credential endpoint's message inside) */
     int err;                  /* -errno when it failed */
 } request;
 

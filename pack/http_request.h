@@ -54,7 +54,7 @@ typedef struct http_sigv4 {
     char secret_key[256];
     char session_token[4096]; /* "" for long-term keys */
     char region[64];
-    char error[640];          /* why, when sign_for returns -1 */
+    char error[sizeof(ck_error) + 128]; /* why, when sign_for returns -1 */
 } http_sigv4;
 
 /* Where a request finds how to sign: fn(url, out) fills *out and returns 1 when requests to
