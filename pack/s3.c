@@ -597,6 +597,21 @@ int s3_sign_for(const char *url, http_sigv4 *out)
 
 /* --- listings ---------------------------------------------------------------------------- */
 
+/* The first pat (n bytes, n > 0) in [s, end), or NULL: memchr to each candidate, so a search
+ * reads only up to what it finds. (memmem would do, but ASan's memmem checks the whole rest of
+ * the page on each call, which made a page's parse quadratic under the sanitizer.) The pattern
+ * is a tag of a few bytes: linear in what is searched. */
+static const char *find(const char *s, const char *end, const char *pat, size_t n)
+{
+    while ((size_t)(end - s) >= n) {
+        const char *c = memchr(s, pat[0], (size_t)(end - s) - n + 1);
+        if (!c || memcmp(c, pat, n) == 0)
+            return c;
+        s = c + 1;
+    }
+    return NULL;
+}
+
 /* The text between <tag> and </tag> in [*at, end) (its bytes at *text, *len), *at moved past
  * it; 0 when there is none. The searches never pass end: an element's inner search stays
  * inside it, and the whole parse stays linear in the page. */
@@ -606,8 +621,8 @@ static int next_element(const char **at, const char *end, const char *tag, const
     char open[64], close[64];
     size_t no = (size_t)snprintf(open, sizeof open, "<%s>", tag),
            nc = (size_t)snprintf(close, sizeof close, "</%s>", tag);
-    const char *a = *at < end ? memmem(*at, (size_t)(end - *at), open, no) : NULL;
-    const char *b = a ? memmem(a + no, (size_t)(end - a - no), close, nc) : NULL;
+    const char *a = *at < end ? find(*at, end, open, no) : NULL;
+    const char *b = a ? find(a + no, end, close, nc) : NULL;
     if (!b)
         return 0;
     *text = a + no;
