@@ -101,7 +101,7 @@ void ck_fs_free(ck_fs *fs)
     free(fs->sources);
     free(fs->alias_of);
     for (int k = 0; k < CK_VFILE_COUNT; k++) {
-        free(fs->vfile[k].data);
+        ck_view_text_free(&fs->vfile[k].text);
         ck_synth_free(fs->vfile[k].synth);
     }
     if (fs->ix)
@@ -162,9 +162,8 @@ static int is_alias(const ck_fs *fs, const ck_node *nd)
 static int make_vfile(ck_fs *fs, uint32_t k, ck_error *err)
 {
     if (k == CK_VFILE_INDEX_JSON) {
-        fs->vfile[k].data = ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0,
-                                               &fs->vfile[k].len);
-        return fs->vfile[k].data ? 0 : ck_fail(err, ck_index_source(fs->ix), "out of memory");
+        return ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0, &fs->vfile[k].text) == 0
+                   ? 0 : ck_fail(err, ck_index_source(fs->ix), "out of memory");
     }
     return k == CK_VFILE_PACK ? ck_synth_pack(fs->ix, NULL, &fs->vfile[k].synth, err)
                               : ck_synth_safetensors(fs->ix, &fs->vfile[k].synth, err);
@@ -228,7 +227,7 @@ static int64_t node_size(ck_fs *fs, const ck_node *nd)
     case CK_NODE_VALUE:
         return (int64_t)entry_of(fs, nd)->nbytes;
     case CK_NODE_MEMFILE:
-        return vfile_ready(fs, nd->id) ? (int64_t)fs->vfile[nd->id].len : -EIO;
+        return vfile_ready(fs, nd->id) ? (int64_t)fs->vfile[nd->id].text.len : -EIO;
     default: /* CK_NODE_SYNTH */
         return vfile_ready(fs, nd->id) ? (int64_t)ck_synth_size(fs->vfile[nd->id].synth) : -EIO;
     }
@@ -503,11 +502,15 @@ ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_
         return -EINVAL;
     if (!vfile_ready(fs, nd->id))
         return -EIO;
-    size_t len = fs->vfile[nd->id].len, left = (uint64_t)off >= len ? 0 : len - (size_t)off;
-    size_t n = left > size ? size : left;
-    if (n) /* the mount's own bytes: nothing to release */
-        h->iov[h->n++] = (struct iovec){.iov_base = fs->vfile[nd->id].data + off, .iov_len = n};
-    return (ssize_t)n;
+    const ck_view_text *t = &fs->vfile[nd->id].text;
+    uint64_t left = (uint64_t)off >= t->len ? 0 : t->len - (uint64_t)off;
+    size_t want = left > size ? size : (size_t)left;
+    /* the mount's own bytes (and the index's it lends): nothing to release */
+    if (ck_view_text_lend(t, (uint64_t)off, want, h->iov, CK_HELD_MAX, &h->n) < want) {
+        h->n = 0;
+        return -ENOTSUP;
+    }
+    return (ssize_t)want;
 }
 
 void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_held *h)
@@ -557,13 +560,10 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
     switch (nd->kind) {
     case CK_NODE_DIR:
         return -EISDIR;
-    case CK_NODE_MEMFILE: {
-        ck_held h; /* the mount's own bytes, in one piece, need no release */
-        n = ck_fs_read_in_place(fs, ino, size, off, &h);
-        if (n > 0)
-            memcpy(buf, h.iov[0].iov_base, (size_t)n);
-        return n;
-    }
+    case CK_NODE_MEMFILE:
+        return vfile_ready(fs, nd->id)
+                   ? (ssize_t)ck_view_text_read(&fs->vfile[nd->id].text, (uint64_t)off, buf, size)
+                   : -EIO;
     case CK_NODE_VALUE: /* its text is in memory */
         return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
     case CK_NODE_STATUS:
@@ -673,7 +673,7 @@ ssize_t ck_fs_listxattr(const ck_fs *fs, uint64_t ino, char *buf, size_t size)
 void ck_fs_statfs(ck_fs *fs, struct statvfs *sv)
 {
     int json = vfile_ready(fs, CK_VFILE_INDEX_JSON);
-    uint64_t bytes = json ? fs->vfile[CK_VFILE_INDEX_JSON].len : 0;
+    uint64_t bytes = json ? fs->vfile[CK_VFILE_INDEX_JSON].text.len : 0;
     for (size_t i = 0; i < fs->ix->nentries; i++) /* an alias's storage is its owner's */
         bytes += fs->alias_of[i] == UINT32_MAX ? fs->ix->entries[i].nbytes : 0;
     *sv = (struct statvfs){

@@ -40,6 +40,7 @@
 
 #include "mountinfo.h"
 #include "tree.h"
+#include "view.h" /* ck_view_text: index.json */
 #include "../pack/synth.h"
 
 enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_STATUS, CK_VFILE_COUNT };
@@ -53,8 +54,7 @@ typedef struct ck_fs {
     const ck_index *ix;
     const ck_tree *tree;
     struct {
-        char *data;            /* CK_NODE_MEMFILE: its bytes */
-        size_t len;
+        ck_view_text text;     /* CK_NODE_MEMFILE: its bytes */
         ck_synth *synth;       /* CK_NODE_SYNTH: its layout */
         int made;              /* made on first use (under vfile_lock) */
         int failed;            /* could not be made (and was logged) */

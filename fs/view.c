@@ -9,6 +9,7 @@
 #include "../pack/json.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,13 @@ typedef struct jtext {
     char *s;
     size_t len, cap;
     int oom;
+    struct lent { /* text lent to the writer (put_lent), in order: where it goes in s, what */
+        size_t pos;
+        const char *s;
+        size_t len;
+    } *lent;
+    size_t nlent, cap_lent;
+    size_t lent_len; /* their bytes */
 } jtext;
 
 /* room's slow path: grows s to hold n more bytes, or sets oom. Out of line, so that room, the
@@ -57,6 +65,31 @@ static inline void put(jtext *j, const char *s, size_t n)
 }
 
 #define PUT_LIT(j, lit) put(j, lit, sizeof lit - 1)
+
+/* Texts from this long on are lent to the text, not copied into it: a GGUF key's JSON can be
+ * ~100 MB, held once by the index; a shorter one is cheaper copied than pointed to. */
+enum { LEND_MIN = 4096 };
+
+/* s (n bytes, which outlive the text) at the end of the text: copied when short, else lent. */
+static void put_lent(jtext *j, const char *s, size_t n)
+{
+    if (n < LEND_MIN || j->oom) {
+        put(j, s, n);
+        return;
+    }
+    if (j->nlent == j->cap_lent) {
+        size_t cap = j->cap_lent ? 2 * j->cap_lent : 8;
+        struct lent *p = realloc(j->lent, cap * sizeof *p);
+        if (!p) {
+            j->oom = 1;
+            return;
+        }
+        j->lent = p;
+        j->cap_lent = cap;
+    }
+    j->lent[j->nlent++] = (struct lent){.pos = j->len, .s = s, .len = n};
+    j->lent_len += n;
+}
 
 /* v in decimal into out (20 bytes at least), ending at out + the returned length. */
 static size_t uint_text(uint64_t v, char *out)
@@ -249,12 +282,104 @@ static size_t expected_size(const ck_index *ix)
     return n;
 }
 
-char *ck_view_index_json(const ck_index *ix, const ck_tree *t, const uint32_t *alias_of,
-                         int with_locations, size_t *len)
+/* The text j wrote as out's pieces: its own bytes and, between them, what was lent to it. */
+static int finish(jtext *j, ck_view_text *out)
+{
+    char *end = room(j, 1);
+    ck_view_piece *piece = end ? malloc((2 * j->nlent + 1) * sizeof *piece) : NULL;
+    if (!piece) {
+        free(j->s);
+        free(j->lent);
+        return -1;
+    }
+    *end = 0;
+    size_t n = 0, own = 0, at = 0;
+    for (size_t k = 0; k <= j->nlent; k++) {
+        size_t upto = k < j->nlent ? j->lent[k].pos : j->len;
+        if (upto > own) {
+            piece[n++] = (ck_view_piece){.s = j->s + own, .len = upto - own, .at = at};
+            at += upto - own;
+            own = upto;
+        }
+        if (k < j->nlent) {
+            piece[n++] = (ck_view_piece){.s = j->lent[k].s, .len = j->lent[k].len, .at = at};
+            at += j->lent[k].len;
+        }
+    }
+    free(j->lent);
+    *out = (ck_view_text){.own = j->s, .piece = piece, .npieces = n, .len = at};
+    return 0;
+}
+
+/* The piece that holds byte off (< t->len): the last that starts at or before it. */
+static size_t piece_at(const ck_view_text *t, uint64_t off)
+{
+    size_t lo = 0, hi = t->npieces;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (t->piece[mid].at <= off)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+size_t ck_view_text_lend(const ck_view_text *t, uint64_t off, size_t size, struct iovec *iov,
+                         unsigned max, unsigned *n)
+{
+    size_t got = 0;
+    *n = 0;
+    if (off >= t->len || size == 0)
+        return 0;
+    for (size_t k = piece_at(t, off); k < t->npieces && got < size && *n < max; k++) {
+        size_t from = (size_t)(off + got - t->piece[k].at), take = t->piece[k].len - from;
+        take = take < size - got ? take : size - got;
+        iov[(*n)++] = (struct iovec){.iov_base = (void *)(t->piece[k].s + from), .iov_len = take};
+        got += take;
+    }
+    return got;
+}
+
+size_t ck_view_text_read(const ck_view_text *t, uint64_t off, void *buf, size_t size)
+{
+    size_t got = 0;
+    while (got < size) {
+        struct iovec iov[8];
+        unsigned n;
+        size_t k = ck_view_text_lend(t, off + got, size - got, iov, 8, &n);
+        if (k == 0)
+            break;
+        for (unsigned i = 0; i < n; i++) {
+            memcpy((char *)buf + got, iov[i].iov_base, iov[i].iov_len);
+            got += iov[i].iov_len;
+        }
+    }
+    return got;
+}
+
+int ck_view_text_write(const ck_view_text *t, FILE *f)
+{
+    for (size_t k = 0; k < t->npieces; k++)
+        if (fwrite(t->piece[k].s, 1, t->piece[k].len, f) != t->piece[k].len)
+            return -1;
+    return 0;
+}
+
+void ck_view_text_free(ck_view_text *t)
+{
+    free(t->own);
+    free(t->piece);
+    *t = (ck_view_text){0};
+}
+
+int ck_view_index_json(const ck_index *ix, const ck_tree *t, const uint32_t *alias_of,
+                       int with_locations, ck_view_text *out)
 {
     jtext j = {0};
+    *out = (ck_view_text){0};
     if (!room(&j, expected_size(ix)))
-        return NULL;
+        return -1;
     PUT_LIT(&j, "{\"format\":");
     put_cstring(&j, ix->format);
     PUT_LIT(&j, ",\"metadata\":{");
@@ -264,7 +389,7 @@ char *ck_view_index_json(const ck_index *ix, const ck_tree *t, const uint32_t *a
         put_cstring(&j, ix->meta[i].key);
         PUT_LIT(&j, ":");
         if (ix->meta[i].json)
-            put(&j, ix->meta[i].value, strlen(ix->meta[i].value));
+            put_lent(&j, ix->meta[i].value, strlen(ix->meta[i].value));
         else
             put_cstring(&j, ix->meta[i].value);
     }
@@ -290,12 +415,5 @@ char *ck_view_index_json(const ck_index *ix, const ck_tree *t, const uint32_t *a
         PUT_LIT(&j, "]");
     }
     PUT_LIT(&j, "}");
-    char *end = room(&j, 1);
-    if (!end) {
-        free(j.s);
-        return NULL;
-    }
-    *end = 0;
-    *len = j.len;
-    return j.s;
+    return finish(&j, out);
 }

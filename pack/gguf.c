@@ -128,50 +128,38 @@ static const unsigned char *take_string(rd *r, uint64_t *len, const char *what)
 
 /* --- JSON text -------------------------------------------------------------------------- */
 
-/* Text grown in memory by libc (open_memstream). After jflush, s holds the len bytes written
- * since jopen, NUL-terminated. */
+/* Text written into memory of a size known beforehand, or only counted: a key's JSON text is
+ * written twice, first counted (s NULL), then into memory of exactly that size, so that the text
+ * of a 16 Mi-item array (~100 MB) is held once, where it stays, and never grown or copied. A
+ * string's raw bytes (at most GGUF_MAX_STRING) go to a jbuf that grows instead. */
 typedef struct jbuf {
-    FILE *f;
-    char *s;
-    size_t len;
+    char *s;     /* NULL: count only */
+    size_t len;  /* bytes written (or counted) */
+    size_t cap;  /* bytes s holds */
+    int grows;   /* s is malloc'ed, grown as needed; else fixed, and what passes cap is dropped */
+    int oom;
 } jbuf;
-
-static int jopen(jbuf *j)
-{
-    *j = (jbuf){0};
-    j->f = open_memstream(&j->s, &j->len);
-    return j->f ? 0 : -1;
-}
-
-static void jclose(jbuf *j)
-{
-    if (j->f)
-        fclose(j->f);
-    free(j->s);
-}
 
 static void jput(jbuf *j, const void *s, size_t n)
 {
-    if (n) /* s may be NULL then */
-        fwrite_unlocked(s, 1, n, j->f);
+    if (j->grows && !j->oom && n > j->cap - j->len) {
+        size_t cap = j->cap ? j->cap : 256;
+        while (cap - j->len < n && cap <= SIZE_MAX / 2)
+            cap *= 2;
+        char *p = cap - j->len >= n ? realloc(j->s, cap) : NULL;
+        if (p)
+            j->s = p, j->cap = cap;
+        else
+            j->oom = 1;
+    }
+    if (j->s && n && n <= j->cap - j->len) /* s may be NULL when n is 0 */
+        memcpy(j->s + j->len, s, n);
+    j->len += n;
 }
 
 static void jputs(jbuf *j, const char *s)
 {
-    fputs_unlocked(s, j->f);
-}
-
-/* 0 with s and len up to date, or -1 when a write failed (out of memory). */
-static int jflush(jbuf *j)
-{
-    return fflush(j->f) == 0 && !ferror(j->f) ? 0 : -1;
-}
-
-/* Empty again. A seek back would not do: the stream's size never shrinks. */
-static int jreset(jbuf *j)
-{
-    jclose(j);
-    return jopen(j);
+    jput(j, s, strlen(s));
 }
 
 static void jput_text(void *j, const char *s, size_t n)
@@ -303,7 +291,7 @@ static int read_value(rd *r, jbuf *m, jbuf *raw, unsigned *vt, size_t *vstart,
         jputs(m, "\"");
     }
     jputs(m, ",\"value\":");
-    *vstart = (size_t)ftell(m->f);
+    *vstart = m->len;
     if (*vt != GV_ARRAY) {
         if (put_item(r, *vt, m, raw, what))
             return -1;
@@ -355,29 +343,65 @@ static int note_key(rd *r, const char *key, unsigned vt, const char *value, kvin
     return 0;
 }
 
-/* Adds key's metadata (its typed JSON, m, flushed) and value entry: the value and a newline,
- * a string's raw bytes (raw) or else the value's JSON, which is the metadata's own text from
- * vstart up to its closing brace (held once: a 16 Mi-item array is ~100 MB of text). */
-static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, jbuf *m,
-                   size_t vstart, jbuf *raw, ck_error *err)
+/* One key's value rendered by read_value twice: counted, then written into memory of exactly
+ * that size, the index's when add (where it stays as the key's metadata), else malloc'ed; *text
+ * is NUL-terminated, *len bytes. A string's raw bytes into raw. A file that changed between the
+ * two reads is an error, not a text that overruns its memory. */
+static int render_value(ck_index *ix, rd *r, int add, jbuf *raw, unsigned *vt, size_t *vstart,
+                        char **text, size_t *len, const char *what)
+{
+    uint64_t from = r->pos;
+    jbuf count = {0};
+    if (read_value(r, &count, NULL, vt, vstart, what))
+        return -1;
+    char *s = add ? ck_index_alloc(ix, count.len + 1) : malloc(count.len + 1);
+    if (!s)
+        return ck_fail(r->err, r->path, "out of memory for %s (%zu bytes of JSON)", what,
+                       count.len);
+    jbuf m = {.s = s, .cap = count.len};
+    unsigned again;
+    r->pos = from;
+    raw->len = 0;
+    int rc = read_value(r, &m, raw, &again, vstart, what);
+    if (rc == 0 && (m.len != count.len || again != *vt))
+        rc = ck_fail(r->err, r->path, "%s changed while it was read (byte %llu)", what,
+                     (unsigned long long)from);
+    if (rc == 0 && raw->oom)
+        rc = ck_fail(r->err, r->path, "out of memory");
+    if (rc && !add)
+        free(s);
+    if (rc)
+        return -1;
+    s[m.len] = 0;
+    *text = s;
+    *len = m.len;
+    return 0;
+}
+
+/* Adds key's metadata, its typed JSON (text, len bytes, held by the index: render_value), and
+ * its value entry: the value and a newline, a string's raw bytes (raw) or else the value's
+ * JSON, which is the metadata's own text from vstart up to its closing brace (held once: a
+ * 16 Mi-item array is ~100 MB of text). */
+static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, const char *text,
+                   size_t len, size_t vstart, jbuf *raw, ck_error *err)
 {
     size_t pl = strlen(GGUF_META_DIR "."), nlen = pl + klen;
     char *name = malloc(nlen + 1);
     jput(raw, "\n", 1);
-    if (!name || jflush(raw)) {
+    if (!name || raw->oom) {
         free(name);
         return ck_fail(err, ck_index_source(ix), "out of memory");
     }
     memcpy(name, GGUF_META_DIR ".", pl);
     memcpy(name + pl, key, klen + 1);
-    int rc = ck_index_add_meta(ix, key, m->s, err);
-    if (rc == 0)
-        ix->meta[ix->nmeta - 1].json = 1;
+    int rc = ck_index_add_meta(ix, key, "", err);
+    if (rc == 0) /* the text is the index's already: no copy of it */
+        ix->meta[ix->nmeta - 1].value = text, ix->meta[ix->nmeta - 1].json = 1;
     if (rc == 0 && !(vt == GV_STR ? ck_index_add_value(ix, name, nlen, gv_types[vt].value,
                                                        raw->s, raw->len, err)
                                   : ck_index_add_value_held(ix, name, nlen, gv_types[vt].value,
-                                                            ix->meta[ix->nmeta - 1].value + vstart,
-                                                            m->len - vstart - 1, err)))
+                                                            text + vstart, len - vstart - 1,
+                                                            err)))
         rc = -1;
     free(name);
     return rc;
@@ -435,14 +459,10 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
     if (!keys)
         return ck_fail(r->err, r->path, "out of memory for %llu keys", (unsigned long long)nkv);
     size_t n = 0;
-    jbuf m = {0}, raw = {0};
+    jbuf raw = {.grows = 1};
     int rc = 0;
     for (; n < nkv && rc == 0; n++) {
         uint64_t klen, at = r->pos;
-        if (jreset(&m) | jreset(&raw)) {
-            rc = ck_fail(r->err, r->path, "out of memory");
-            break;
-        }
         if (!(keys[n] = take_name(r, &klen, "key", n, 1))) {
             rc = -1;
             break;
@@ -450,22 +470,22 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
         char what[96];
         snprintf(what, sizeof what, "key '%.64s'", keys[n]);
         unsigned vt;
-        size_t vstart = 0;
-        rc = read_value(r, &m, &raw, &vt, &vstart, what);
-        if (rc == 0 && jflush(&m))
-            rc = ck_fail(r->err, r->path, "out of memory");
+        size_t vstart = 0, len = 0;
+        char *text = NULL;
+        rc = render_value(ix, r, add, &raw, &vt, &vstart, &text, &len, what);
         if (rc == 0)
-            rc = note_key(r, keys[n], vt, m.s + vstart, kv, at);
+            rc = note_key(r, keys[n], vt, text + vstart, kv, at);
         if (rc == 0 && add)
-            rc = add_key(ix, keys[n], (size_t)klen, vt, &m, vstart, &raw, r->err);
+            rc = add_key(ix, keys[n], (size_t)klen, vt, text, len, vstart, &raw, r->err);
+        if (!add)
+            free(text);
     }
     if (rc == 0)
         rc = check_unique_keys(r, keys, n);
     for (size_t i = 0; i < n; i++)
         free(keys[i]);
     free(keys);
-    jclose(&m);
-    jclose(&raw);
+    free(raw.s);
     return rc;
 }
 

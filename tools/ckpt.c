@@ -117,17 +117,17 @@ static int print_json(const ck_index *ix, const uint32_t *alias_of, const char *
         fprintf(stderr, "ckpt: %s\n", err.msg);
         return -1;
     }
-    size_t len;
-    char *json = ck_view_index_json(ix, tree, alias_of, 1, &len);
+    ck_view_text json;
+    int rc = ck_view_index_json(ix, tree, alias_of, 1, &json);
     ck_tree_free(tree);
-    if (!json) {
+    if (rc) {
         char shown[CK_SHOWN_MAX];
         fprintf(stderr, "ckpt: %s: out of memory\n", ck_location_shown(source, shown, sizeof shown));
         return -1;
     }
-    fwrite(json, 1, len, stdout);
+    ck_view_text_write(&json, stdout);
     putchar('\n');
-    free(json);
+    ck_view_text_free(&json);
     return 0;
 }
 

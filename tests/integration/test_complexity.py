@@ -342,3 +342,59 @@ def test_dcp_files_read_through_a_mount(tmp_path, mountpoint):
     ratio = counts[1] / max(counts[0], 1)
     print(f"stat calls: {counts}")
     assert ratio <= RATIO, f"stat calls: 30 files {counts[0]}, 300 files {counts[1]}: {ratio:.1f}x"
+
+
+def big_bool_gguf(d, flags):
+    """A GGUF (gguf-py) whose one key is the bool array flags."""
+    import gguf
+    w = gguf.GGUFWriter(str(d / "m.gguf"), "llama")
+    w.add_array("test.flags", flags)
+    w.add_tensor("w", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return d / "m.gguf"
+
+
+# Runs ARGV and prints its peak resident KiB: a small process of its own, as a child forked from
+# the test's (large) one would report the test's peak as its own.
+PEAK_OF = """import os, resource, subprocess, sys
+with open(sys.argv[1], "wb") as out:
+    rc = subprocess.run(sys.argv[2:], stdout=out).returncode
+print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"""
+
+
+def peak_kib_of(args, out):
+    """Peak resident KiB of `ckpt ARGS` (stdout into out), which must succeed."""
+    import sys
+    p = subprocess.run([sys.executable, "-c", PEAK_OF, str(out), ckpt_bin(), *map(str, args)],
+                       capture_output=True, text=True, check=True)
+    rc, peak = map(int, p.stdout.split())
+    assert rc == 0, p.stderr
+    return peak
+
+
+def test_gguf_metadata_memory_is_bounded_by_the_file(tmp_path, mount, unsanitized):
+    """Issue 39: a 16.8 MB GGUF of one 16 Mi-item bool array peaked the daemon at ~30x the file
+    (the key's ~95 MB JSON text rendered, copied into the index, copied again as index.json).
+    Now the text is written once into the index and index.json lends it: the daemon's peak
+    (VmHWM) doing what a user does (ls -R, cat index.json, cat the key's value file), and
+    `ckpt ls --json`'s, stay within 8x the file + 64 MiB. The values are the ones gguf-py
+    wrote."""
+    import netlab
+    flags = [i % 3 == 0 for i in range(16 << 20)]
+    src = big_bool_gguf(tmp_path, flags)
+    bound_kib = (8 * src.stat().st_size + (64 << 20)) // 1024
+    peak = peak_kib_of(["ls", src, "--json"], tmp_path / "ls.json")
+    assert peak <= bound_kib, f"ckpt ls --json: peak {peak} KiB, bound {bound_kib} KiB"
+    assert json.loads((tmp_path / "ls.json").read_bytes())["metadata"]["test.flags"] == \
+        {"type": "ARRAY", "item_type": "BOOL", "value": flags}
+    with mount(src) as mnt:
+        subprocess.run(["ls", "-R", str(mnt)], check=True, capture_output=True)
+        index = json.loads((mnt / ".ckptfs" / "index.json").read_bytes())
+        assert index["metadata"]["test.flags"]["value"] == flags
+        del index
+        assert json.loads((mnt / "__metadata__" / "test" / "flags").read_bytes()) == flags
+        peak = netlab.daemon_peak_rss_kib(mnt)
+    assert peak <= bound_kib, f"the daemon: peak {peak} KiB, bound {bound_kib} KiB"

@@ -164,7 +164,7 @@ Test(core, file_attributes)
     }
     struct stat st;
     walk(fs, ".ckptfs/index.json", &st);
-    cr_assert_eq((size_t)st.st_size, fs->vfile[CK_VFILE_INDEX_JSON].len);
+    cr_assert_eq((size_t)st.st_size, fs->vfile[CK_VFILE_INDEX_JSON].text.len);
     cr_assert_eq(st.st_blocks, (st.st_size + 511) / 512);
     ck_fs_free(fs);
 }
@@ -329,13 +329,26 @@ Test(core, read_tensors_and_values)
     ck_fs_free(fs);
 }
 
+/* index.json's text as ck_view_index_json makes it, in one piece (*len bytes). */
+static char *index_text(ck_fs *fs, size_t *len)
+{
+    ck_view_text v;
+    cr_assert_eq(ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0, &v), 0);
+    char *text = malloc(v.len + 1);
+    cr_assert_not_null(text);
+    *len = ck_view_text_read(&v, 0, text, v.len);
+    cr_assert_eq(*len, v.len);
+    text[*len] = 0;
+    ck_view_text_free(&v);
+    return text;
+}
+
 Test(core, read_index_json)
 {
     ck_fs *fs = sample_fs();
     uint64_t ino = ino_at(fs, ".ckptfs/index.json");
     size_t len = 0, want_len = 0;
-    char *want = ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0, &want_len);
-    cr_assert_not_null(want);
+    char *want = index_text(fs, &want_len);
     for (size_t chunk = 1; chunk <= 4096; chunk *= 8) {
         unsigned char *got = read_all(fs, ino, chunk, &len);
         cr_assert_eq(len, want_len, "chunk %zu", chunk);
@@ -370,8 +383,7 @@ Test(core, read_index_json)
 /* index.json's bytes as a fresh ck_fs makes them, checked to hold every entry by name. */
 static char *index_json_of(ck_fs *fs, size_t *len)
 {
-    char *text = ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0, len);
-    cr_assert_not_null(text);
+    char *text = index_text(fs, len);
     for (size_t i = 0; i < fs->ix->nentries; i++)
         cr_assert_not_null(strstr(text, strf("\"name\":\"%s\"", fs->ix->entries[i].name)));
     return text;
@@ -407,7 +419,7 @@ Test(core, index_json_is_made_on_first_use)
             ;
         ino_at(fs, "w/a");
         cr_assert_not(fs->vfile[CK_VFILE_INDEX_JSON].made, "made before anyone looked");
-        cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].data);
+        cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].text.own);
         char buf[16];
         switch (first) {
         case 0: cr_assert_eq(ck_fs_lookup(fs, dir, "index.json", &st), 0); break;
@@ -508,7 +520,7 @@ Test(core, index_json_that_could_not_be_made_stays_eio_when_prepared)
     ck_fs_prepare(fs);
     struct stat st;
     cr_assert_eq(ck_fs_getattr(fs, tree_find(fs->tree, ".ckptfs/index.json") + 1, &st), -EIO);
-    cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].data);
+    cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].text.own);
     ck_fs_free(fs);
 }
 
@@ -526,7 +538,7 @@ Test(core, index_json_that_could_not_be_made_is_eio)
     cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), -EIO);
     ck_held h;
     cr_assert_eq(ck_fs_read_in_place(fs, ino, sizeof buf, 0, &h), -EIO);
-    cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].data, "made after all");
+    cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].text.own, "made after all");
     /* statfs counts the entries alone; everything else still serves. */
     struct statvfs sv;
     ck_fs_statfs(fs, &sv);
@@ -751,7 +763,7 @@ Test(core, statfs)
     ck_fs *fs = sample_fs();
     struct statvfs sv;
     ck_fs_statfs(fs, &sv);
-    uint64_t bytes = 16 + 6 + 2 + 2 + fs->vfile[CK_VFILE_INDEX_JSON].len;
+    uint64_t bytes = 16 + 6 + 2 + 2 + fs->vfile[CK_VFILE_INDEX_JSON].text.len;
     cr_assert_eq(sv.f_bsize, 4096);
     cr_assert_eq(sv.f_frsize, 4096);
     cr_assert_eq(sv.f_blocks, (bytes + 4095) / 4096);

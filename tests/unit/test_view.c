@@ -13,13 +13,26 @@ TestSuite(shape_json, .fini = tmp_cleanup);
 
 static const ck_tree_vfile vfiles[] = {{"index.json", CK_NODE_MEMFILE}};
 
+/* A text's pieces, read whole (ck_view_text_read), NUL-terminated; *len bytes. */
+static char *flat(const ck_view_text *v, size_t *len)
+{
+    char *s = malloc(v->len + 1);
+    cr_assert_not_null(s);
+    *len = ck_view_text_read(v, 0, s, v->len + 1);
+    cr_assert_eq(*len, v->len);
+    s[*len] = 0;
+    return s;
+}
+
 /* ck_view_index_json's text for ix, checked to be JSON of *len bytes; its parse. */
 static cJSON *index_json(const ck_index *ix, int with_locations, const char **text)
 {
     ck_tree *t = tree_ok(ix, ".ckptfs", vfiles, 1);
     size_t len = 0;
-    char *s = ck_view_index_json(ix, t, NULL, with_locations, &len);
-    cr_assert_not_null(s);
+    ck_view_text v;
+    cr_assert_eq(ck_view_index_json(ix, t, NULL, with_locations, &v), 0);
+    char *s = flat(&v, &len);
+    ck_view_text_free(&v);
     cr_assert_eq(len, strlen(s));
     *text = strf("%s", s);
     free(s);
@@ -306,4 +319,50 @@ Test(shape_json, large_dims)
     int64_t d40 = (int64_t)1 << 40;
     expect_shape_json(2, (int64_t[]){d40, INT64_MAX},
                       strf("[%lld,%lld]", (long long)d40, (long long)INT64_MAX));
+}
+
+/* A long JSON metadata value (a GGUF key's array) is lent to index.json, not copied: its piece
+ * points at the index's own text, and reads across the pieces' edges give the same bytes. */
+Test(index_json, long_json_metadata_is_lent_not_copied)
+{
+    ck_index *ix = ck_index_new("gguf");
+    ck_error err;
+    size_t n = 3000;
+    char *value = malloc(2 * n + 2);
+    size_t at = 0;
+    value[at++] = '[';
+    for (size_t k = 0; k < n; k++)
+        at += (size_t)sprintf(value + at, "%s%zu", k ? "," : "", k % 10);
+    value[at++] = ']';
+    value[at] = 0;
+    cr_assert_eq(ck_index_add_meta(ix, "test.array", value, &err), 0);
+    ix->meta[0].json = 1;
+    cr_assert_eq(ck_index_add_meta(ix, "test.short", "[1]", &err), 0);
+    ix->meta[1].json = 1;
+    free(value);
+    ck_tree *t = tree_ok(ix, ".ckptfs", vfiles, 1);
+    ck_view_text v;
+    cr_assert_eq(ck_view_index_json(ix, t, NULL, 0, &v), 0);
+    cr_assert_eq(v.npieces, 3);
+    cr_assert_eq(v.piece[1].s, ix->meta[0].value, "the index's text, not a copy");
+    size_t len;
+    char *whole = flat(&v, &len);
+    cr_assert_str_eq(whole, strf("{\"format\":\"gguf\",\"metadata\":{\"test.array\":%s,"
+                                 "\"test.short\":[1]},\"tensors\":[]}", ix->meta[0].value));
+    char buf[64];
+    for (uint64_t off = 0; off <= len; off += 7) {
+        size_t got = ck_view_text_read(&v, off, buf, sizeof buf);
+        size_t want = len - off < sizeof buf ? len - off : sizeof buf;
+        cr_assert_eq(got, want, "at %llu", (unsigned long long)off);
+        cr_assert_arr_eq(buf, whole + off, got, "at %llu", (unsigned long long)off);
+        struct iovec iov[1];
+        unsigned pieces;
+        size_t lent = ck_view_text_lend(&v, off, sizeof buf, iov, 1, &pieces);
+        cr_assert_leq(lent, want);
+        cr_assert_arr_eq(iov[0].iov_base, whole + off, lent);
+    }
+    free(whole);
+    ck_view_text_free(&v);
+    ck_tree_free(t);
+    ck_index_free(ix);
 }
