@@ -117,6 +117,11 @@ int ck_index_add_source(ck_index *ix, const char *loc, const char *what, ck_erro
     return add_opened(ix, &f, err);
 }
 
+int ck_index_add_opened(ck_index *ix, ck_file *f, ck_error *err)
+{
+    return add_opened(ix, f, err);
+}
+
 ck_entry *ck_index_add_entry(ck_index *ix, const char *name, size_t name_len, uint8_t layout,
                              unsigned rank, const int64_t *shape, ck_error *err)
 {

@@ -191,6 +191,9 @@ int ck_index_add_file(ck_index *ix, const char *path, int fd, ck_error *err);
 /* Opens location loc (a path or a URL: ck_source_open; what names it in a failure, e.g.
  * "shard") and adds it. The file id, or -1 with err set. */
 int ck_index_add_source(ck_index *ix, const char *loc, const char *what, ck_error *err);
+/* Adds *f, a file opened by its reader (a source of its own ops, source.h), which the index
+ * owns from now on (closed on failure). The file id, or -1 with err set. */
+int ck_index_add_opened(ck_index *ix, ck_file *f, ck_error *err);
 /* Appends an entry with a copy of name and shape (rank dims, plus rank strides when the layout
  * is CK_STRIDED, or the start when CK_CHUNKED); the caller fills in where the bytes are. NULL with err set when rank exceeds
  * CK_MAX_RANK, name_len UINT32_MAX, or memory runs out. */

@@ -7,9 +7,14 @@
  */
 #include "npy.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bytes.h"
 #include "utf8.h"
@@ -382,6 +387,125 @@ static void *arena_alloc(void *ix, size_t n)
     return ck_index_alloc(ix, n);
 }
 
+/* --- Fortran-ordered arrays in deflated members: an inflated copy ------------------------
+ *
+ * Such an array is gathered column-major, from anywhere in its bytes, which a deflate stream
+ * cannot give. So its member is inflated once, on the first read of it, into a file of its own
+ * (under $TMPDIR, else /tmp, unlinked at once): a member can be far larger than memory, and the
+ * page cache keeps what is read often. The copy is one more source file of the index, as a
+ * remote object is (source.h: read through ck_file_read only), whose identity is the archive's:
+ * it is unchanged exactly while the archive is (ck_file_unchanged), and every read of it checks
+ * the archive first, so that a .npz changed after the copy was made is an error to its readers,
+ * never bytes that no longer match it. */
+typedef struct npz_copy {
+    const ck_index *ix;       /* whose files hold the archive (the array moves as files are added) */
+    uint32_t archive;
+    const zip_inflated *zi;   /* the member; the array's bytes start at zi->skip */
+    pthread_mutex_t lock;     /* held while the copy is made */
+    int fd;                   /* the copy, once made; -1 before */
+} npz_copy;
+
+static int put_fd(void *fd, const void *buf, size_t len)
+{
+    return ck_write_all(*(int *)fd, buf, len);
+}
+
+/* The copy of c's array: made now if it was not (0 or -errno). Under c->lock. */
+static int make_copy(npz_copy *c, const ck_file *archive)
+{
+    if (c->fd >= 0)
+        return 0;
+    const char *dir = getenv("TMPDIR");
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/ckptfs-npz-XXXXXX", dir && *dir ? dir : "/tmp") >=
+        (int)sizeof path)
+        return -ENAMETOOLONG;
+    int fd = mkostemp(path, O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    unlink(path);
+    int rc = zip_inflate_each(archive, c->zi, c->zi->skip, put_fd, &fd);
+    if (rc == 0 && !ck_file_unchanged(archive)) /* changed while it was inflated */
+        rc = -EIO;
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    c->fd = fd;
+    return 0;
+}
+
+static int copy_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
+{
+    npz_copy *c = f->remote;
+    const ck_file *archive = &c->ix->files[c->archive];
+    if (off > f->size || len > f->size - off || !ck_file_unchanged(archive))
+        return -EIO;
+    pthread_mutex_lock(&c->lock);
+    int rc = make_copy(c, archive);
+    pthread_mutex_unlock(&c->lock);
+    return rc ? rc : ck_pread(c->fd, buf, len, off);
+}
+
+static int copy_same(const ck_file *f)
+{
+    const npz_copy *c = f->remote;
+    return ck_file_unchanged(&c->ix->files[c->archive]);
+}
+
+static void copy_close(ck_file *f)
+{
+    npz_copy *c = f->remote;
+    if (c->fd >= 0)
+        close(c->fd);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+static void copy_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes)
+{
+    (void)f;
+    *requests = *bytes = 0;
+}
+
+static void copy_hint(ck_file *f, const uint64_t *bounds, size_t n)
+{
+    (void)f, (void)bounds, (void)n;
+}
+
+static ssize_t copy_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
+                         void **token)
+{
+    (void)f, (void)len, (void)off, (void)ptr, (void)token;
+    return -ENOTSUP;
+}
+
+static void copy_release(const ck_file *f, void *token)
+{
+    (void)f, (void)token;
+}
+
+static const ck_source_ops copy_ops = {
+    .pread = copy_pread, .same = copy_same, .close = copy_close, .stats = copy_stats,
+    .hint = copy_hint, .hold = copy_hold, .release = copy_release,
+};
+
+/* Adds the copy of the array of nbytes that member zi of file `archive` holds past zi->skip, to
+ * be made on its first read. Its file id, or -1 with err set. */
+static int add_copy(ck_index *ix, uint32_t archive, const zip_inflated *zi, uint64_t nbytes,
+                    ck_error *err)
+{
+    const ck_file *a = &ix->files[archive];
+    npz_copy *c = malloc(sizeof *c);
+    if (!c)
+        return ck_fail(err, a->path, "out of memory");
+    *c = (npz_copy){.ix = ix, .archive = archive, .zi = zi, .fd = -1};
+    pthread_mutex_init(&c->lock, NULL);
+    ck_file f = {.path = a->path, .fd = -1, .size = nbytes, .mtime = a->mtime, .ops = &copy_ops,
+                 .remote = c};
+    return ck_index_add_opened(ix, &f, err);
+}
+
 /* A deflated member: one pass for its seek points and its header, which must describe all
  * of the member's output. */
 static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const char *what,
@@ -400,12 +524,14 @@ static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const 
     if (npy_parse_header(head, n, &h, f->path, what, 0, err) ||
         check_fill(&h, ze->size, f->path, what, 0, err))
         return *not_a_tensor = h.not_a_tensor, -1;
-    /* Left out, not failing the archive: its rows would need the whole member inflated
-     * somewhere first (no source file holds them in order to gather from) */
-    if (!h.text && h.fortran && h.rank > 1 && h.nbytes > 0 && (*not_a_tensor = 1))
-        return ck_fail(err, f->path, "%sa Fortran-ordered array in a compressed member is not "
-                       "served (save it with np.savez, or as np.ascontiguousarray)", what);
     zi->skip = h.data_offset;
+    if (!h.text && h.fortran && h.rank > 1 && h.nbytes > 0) { /* gathered from a copy */
+        if (h.big_endian)
+            return add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err);
+        int id = add_copy(ix, file, zi, h.nbytes, err);
+        return id < 0 ? -1 : add_array(ix, ze->name, ze->name_len - 4, &h, (uint32_t)id, 0,
+                                       NULL, what, err);
+    }
     return h.text ? add_text(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err)
                   : add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err);
 }

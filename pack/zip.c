@@ -840,3 +840,36 @@ int zip_inflate_read(const ck_file *f, const zip_inflated *zi, void *buf, size_t
     free(scratch);
     return rc;
 }
+
+int zip_inflate_each(const ck_file *f, const zip_inflated *zi, uint64_t off, zip_put_fn put,
+                     void *ctx)
+{
+    if (off > zi->size)
+        return -EIO;
+    const zip_point *p = point_before(zi, off);
+    zin *in = malloc(sizeof *in);
+    unsigned char *scratch = malloc(ZIP_WINDOW), *piece = malloc(ZIP_SEEK_SPAN);
+    z_stream s = {0};
+    if (!in || !scratch || !piece || inflateInit2(&s, -15) != Z_OK) {
+        free(in);
+        free(scratch);
+        free(piece);
+        return -ENOMEM;
+    }
+    *in = (zin){.f = f, .zi = zi};
+    int rc = start_at(&s, in, p);
+    if (rc == 0)
+        rc = inflate_into(&s, in, NULL, off - p->out, scratch);
+    for (uint64_t left = zi->size - off; rc == 0 && left; ) {
+        size_t n = left < ZIP_SEEK_SPAN ? (size_t)left : ZIP_SEEK_SPAN;
+        rc = inflate_into(&s, in, piece, n, scratch);
+        if (rc == 0)
+            rc = put(ctx, piece, n);
+        left -= n;
+    }
+    inflateEnd(&s);
+    free(in);
+    free(scratch);
+    free(piece);
+    return rc;
+}

@@ -114,4 +114,12 @@ int zip_inflate_index(const ck_file *f, const zip_entry *e, uint64_t span, unsig
  * 0, or -errno: -EIO when the stream no longer decodes as the pass saw it (a changed file). */
 int zip_inflate_read(const ck_file *f, const zip_inflated *zi, void *buf, size_t len, uint64_t off);
 
+/* Output bytes [off, zi->size) of the same entry, decoded in one pass and handed to put in
+ * order, ZIP_SEEK_SPAN bytes at a time at most: for a caller that keeps all of it (a copy of
+ * its own), which zip_inflate_read piece by piece would decode again from each seek point.
+ * 0, put's answer where it is not 0, or -errno as zip_inflate_read. */
+typedef int (*zip_put_fn)(void *ctx, const void *buf, size_t len);
+int zip_inflate_each(const ck_file *f, const zip_inflated *zi, uint64_t off, zip_put_fn put,
+                     void *ctx);
+
 #endif

@@ -241,9 +241,6 @@ NPZ_OMITTED = {
     "npz-member-is-pickle": (npz_case(dict(name="b.npy", raw=npy_bytes(
         "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }", data=pickle.dumps([1]))),
         dict(name="a.npy", raw=npy_bytes())), "b", "allow_pickle"),
-    "npz-deflated-fortran": (npz_case(deflated_member("b.npy", npy_bytes(
-        "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }")),
-        dict(name="a.npy", raw=npy_bytes())), "b", "Fortran-ordered"),
 }
 
 

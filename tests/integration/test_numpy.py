@@ -194,14 +194,101 @@ def test_npy_format_versions(tmp_path, mount, version):
 
 @pytest.mark.parametrize("compressed", [False, True])
 def test_npz_every_dtype(tmp_path, mount, compressed):
-    arr = arrays()
-    if compressed:  # a Fortran-ordered compressed member is refused (docs/FORMATS.md); C order here
-        arr = {k: np.ascontiguousarray(v) for k, v in arr.items()}
+    arr = arrays()  # Fortran-ordered members too: a compressed one is gathered from its copy
     src = tmp_path / "all.npz"
     (np.savez_compressed if compressed else np.savez)(src, **arr)
     with zipfile.ZipFile(src) as z:
         assert {i.compress_type for i in z.infolist()} == {8 if compressed else 0}
     check_everywhere(mount, src, "npz", tmp_path)
+
+
+def fortran_npz(tmp_path, name="f.npz"):
+    """np.savez_compressed of Fortran-ordered arrays, ranks 1 to 4, of several dtypes; every
+    member deflated and, from rank 2 on, Fortran-ordered in its header."""
+    arr = {}
+    for i, dt in enumerate(["float32", "float64", "float16", "int8", "int64", "uint16", "bool"]):
+        for shape in [(7,), (4, 3), (3, 4, 5), (2, 3, 4, 5)]:
+            arr[f"r{len(shape)}.{dt}"] = np.asfortranarray(sample(dt, shape, 10 * i + len(shape)))
+    src = tmp_path / name
+    np.savez_compressed(src, **arr)
+    with zipfile.ZipFile(src) as z:
+        for info in z.infolist():
+            assert info.compress_type == zipfile.ZIP_DEFLATED
+            with z.open(info) as f:
+                np.lib.format.read_magic(f)
+                shape, fortran, _ = np.lib.format.read_array_header_1_0(f)
+                assert fortran == (len(shape) > 1), (info.filename, shape, fortran)
+    return src
+
+
+def test_npz_compressed_fortran_members(tmp_path, mount):
+    """Issue 39: a Fortran-ordered array in a compressed member, which np.load reads, was left
+    out; now its member is inflated once into a private file and the array gathered from it:
+    the bytes are np.load's row-major ones through the mount (tensor files, their .npy views,
+    checkpoint.safetensors and .pack), ckpt ls/cat/pack/convert and ckload."""
+    from safetensors.numpy import load_file
+    src = fortran_npz(tmp_path)
+    want = check_everywhere(mount, src, "npz", tmp_path)
+    with np.load(src) as z:
+        arrays_of = {k: z[k] for k in z.files}
+    with mount(src, options=["npy"]) as mnt:
+        index = json.loads((mnt / ".ckptfs" / "index.json").read_bytes())
+        assert "omitted" not in index
+        for t in index["tensors"]:
+            view = np.load(Path(f"{mnt / t['path']}.npy"))
+            a = arrays_of[t["name"]]
+            assert view.dtype == a.dtype and view.shape == a.shape, t["name"]
+            assert np.ascontiguousarray(view).tobytes() == want[t["name"]][2], t["name"]
+    out = tmp_path / "out.safetensors"
+    p = ckpt("convert", src, out)
+    assert p.returncode == 0, p.stderr
+    got = load_file(str(out))
+    assert set(got) == set(want)
+    for k, a in got.items():
+        assert np.ascontiguousarray(a).tobytes() == want[k][2], k
+
+
+def read_direct(fd, n, off):
+    """n bytes at off through an O_DIRECT descriptor, into a page-aligned buffer."""
+    import mmap
+    buf = mmap.mmap(-1, n)
+    return buf[:os.preadv(fd, [buf], off)]
+
+
+@pytest.mark.parametrize("change", ["rewritten", "appended"])
+def test_npz_compressed_fortran_copy_checks_its_archive(tmp_path, mount, change):
+    """The inflated copy is the archive's bytes only while the archive is unchanged: after the
+    first read made it, a .npz rewritten in place (same size, other bytes) or grown fails every
+    read of the array, the copied one as well as one never read, and never serves the copy."""
+    import errno
+    src = fortran_npz(tmp_path)
+    want = expected(src)
+    other = fortran_npz(tmp_path, "other.npz")  # same arrays: the same size; other bytes below
+    with mount(src) as mnt:
+        a, b = mnt / "r3" / "float32", mnt / "r4" / "int64"
+        assert a.read_bytes() == want["r3.float32"][2]  # the copy is made
+        fa = os.open(a, os.O_RDONLY | os.O_DIRECT)
+        fb = os.open(b, os.O_RDONLY)  # opened before, never read: nothing cached
+        try:
+            assert read_direct(fa, 4096, 0) == want["r3.float32"][2][:4096]
+            st = os.stat(src)
+            if change == "rewritten":
+                data = bytearray(other.read_bytes())
+                data[100:108] = b"\xff" * 8  # in the first member's compressed bytes
+                with open(src, "r+b") as f:
+                    f.write(data)
+                os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+            else:
+                with open(src, "ab") as f:
+                    f.write(b"\0" * 64)
+            for fd, read in ((fa, lambda: read_direct(fa, 4096, 0)),
+                             (fb, lambda: os.pread(fb, 4096, 0))):
+                with pytest.raises(OSError) as e:
+                    read()
+                assert e.value.errno in (errno.EIO, errno.ESTALE), e.value
+        finally:
+            os.close(fa)
+            os.close(fb)
 
 
 def test_npz_names_map_to_the_tree(tmp_path, mount):
