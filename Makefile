@@ -19,17 +19,17 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) -Wshadow -Wvla -fno-st
            -fno-semantic-interposition $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
 
-# libckload uses the CUDA runtime where the toolkit is (its CUDA backend, cuda/backend_cuda.c);
-# elsewhere it is built for the CPU only (cuda/backend_nocuda.c says so).
+# libckload uses the CUDA runtime where the toolkit is (its CUDA backend, loader/backend_cuda.c);
+# elsewhere it is built for the CPU only (loader/backend_nocuda.c says so).
 CUDA_HOME ?= /usr/local/cuda
 CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
 HAVE_CUDA := $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h)
 ifneq ($(HAVE_CUDA),)
 CUDA_CFLAGS := -I$(CUDA_HOME)/include
-# No CUDA library at link time: libcudart is opened at the first CUDA use (cuda/cudart.c)
+# No CUDA library at link time: libcudart is opened at the first CUDA use (loader/cudart.c)
 endif
 # The soname's number is the ABI version, which ckload.h owns.
-CKL_ABI := $(shell sed -n 's/^\#define CKL_ABI_VERSION //p' cuda/ckload.h)
+CKL_ABI := $(shell sed -n 's/^\#define CKL_ABI_VERSION //p' loader/ckload.h)
 ifneq ($(SANITIZE),)
 CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SANITIZE)
@@ -51,26 +51,26 @@ endif
 # The release, which `ckptfs --version` and `ckpt --version` print: the VERSION file owns it.
 VERSION  := $(shell cat VERSION)
 
-CORE_SRC := $(wildcard pack/*.c)
-# libckpt.a: the core (pack/) and what the loader needs of fs/ (a mount's names and sources,
-# the tree that finds a mount's subdirectory); the views and the filesystem core are the mount's
-# and the tools'.
-MOUNTINFO_SRC := fs/mountinfo.c fs/tree.c
-VIEW_SRC := fs/view.c fs/core.c
+CORE_SRC := $(wildcard base/*.c sources/*.c index/*.c formats/*.c checkpoint/*.c)
+# libckpt.a: the core (base/ to checkpoint/) and what the loader needs of views/ (a mount's names
+# and sources, the tree that finds a mount's subdirectory); index.json's view and the filesystem
+# core are the mount's and the tools'.
+MOUNTINFO_SRC := views/mountinfo.c views/tree.c
+VIEW_SRC := views/view.c fs/core.c
 FS_SRC   := fs/ll.c fs/main.c fs/watch.c
 TOOL_SRC := $(wildcard tools/*.c)
 # The loader's planning (which blobs, where in the block, tensor-parallel parts): the loader's,
 # and the unit tests' and the plan fuzzer's.
-PLAN_SRC := cuda/plan.c cuda/slice.c
-LOAD_SRC := $(PLAN_SRC) cuda/ckload.c cuda/uring.c cuda/mount.c cuda/abi.c cuda/dlpack.c cuda/backend_cpu.c \
-            $(if $(HAVE_CUDA),cuda/backend_cuda.c cuda/cudart.c,cuda/backend_nocuda.c)
+PLAN_SRC := loader/plan.c loader/slice.c
+LOAD_SRC := $(PLAN_SRC) loader/ckload.c loader/uring.c loader/mount.c loader/abi.c loader/dlpack.c loader/backend_cpu.c \
+            $(if $(HAVE_CUDA),loader/backend_cuda.c loader/cudart.c,loader/backend_nocuda.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
-PY_SRC := $(wildcard cuda/python/*.py)
+PY_SRC := $(wildcard loader/python/*.py)
 
-all: $(BUILD)/ckptfs $(BUILD)/ckpt $(BUILD)/libckload.so $(PY_SRC:cuda/python/%=$(BUILD)/python/%)
+all: $(BUILD)/ckptfs $(BUILD)/ckpt $(BUILD)/libckload.so $(PY_SRC:loader/python/%=$(BUILD)/python/%)
 ifeq ($(HAVE_CUDA),)
 	@echo "note: no CUDA toolkit at $(CUDA_HOME): libckload is built for the CPU only"
 endif
@@ -91,23 +91,23 @@ $(BUILD)/ckptfs: $(call obj,$(FS_SRC) $(VIEW_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic $(CKPTFS_STATIC) -Wl,-Bdynamic \
 	    $(filter-out $(CKPTFS_STATIC),$(LDLIBS)) -o $@
 
-$(BUILD)/obj/cuda/backend_cuda.o $(BUILD)/obj/cuda/cudart.o: CFLAGS += $(CUDA_CFLAGS)
+$(BUILD)/obj/loader/backend_cuda.o $(BUILD)/obj/loader/cudart.o: CFLAGS += $(CUDA_CFLAGS)
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: CFLAGS += -DCKPTFS_VERSION='"$(VERSION)"'
 $(BUILD)/obj/fs/main.o $(BUILD)/obj/tools/ckpt.o: VERSION
 
-# libckload reads cold host loads through io_uring (cuda/uring.c: Debian's liburing).
+# libckload reads cold host loads through io_uring (loader/uring.c: Debian's liburing).
 $(BUILD)/ckpt $(BUILD)/libckload.so: LDLIBS += -luring
 # ckpt diff and stats take square roots (tools/inspect.c).
 $(BUILD)/ckpt: LDLIBS += -lm
-$(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC) fs/view.c) $(BUILD)/libckpt.a
+$(BUILD)/ckpt: $(call obj,$(TOOL_SRC) $(LOAD_SRC) views/view.c) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) $(CUDA_LIBS) -o $@
 
-# Exports only the ckl_ API (cuda/ckload.map); -z defs: every symbol it needs is resolved now.
-$(BUILD)/libckload.so: $(call obj,$(LOAD_SRC)) $(BUILD)/libckpt.a cuda/ckload.map
+# Exports only the ckl_ API (loader/ckload.map); -z defs: every symbol it needs is resolved now.
+$(BUILD)/libckload.so: $(call obj,$(LOAD_SRC)) $(BUILD)/libckpt.a loader/ckload.map
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,libckload.so.$(CKL_ABI) -Wl,-z,defs \
-	    -Wl,--version-script=cuda/ckload.map $(filter-out %.map,$^) $(LDLIBS) $(CUDA_LIBS) -o $@
+	    -Wl,--version-script=loader/ckload.map $(filter-out %.map,$^) $(LDLIBS) $(CUDA_LIBS) -o $@
 
-$(BUILD)/python/%.py: cuda/python/%.py
+$(BUILD)/python/%.py: loader/python/%.py
 	@mkdir -p $(dir $@)
 	cp $< $@
 
@@ -204,11 +204,11 @@ install: all
 	install -m 0644 man/mount.fuse.ckptfs.8 $(DESTDIR)$(PREFIX)/share/man/man8/
 	install -m 0755 $(BUILD)/libckload.so $(DESTDIR)$(PREFIX)/lib/libckload.so.$(CKL_ABI)
 	ln -sf libckload.so.$(CKL_ABI) $(DESTDIR)$(PREFIX)/lib/libckload.so
-	install -m 0644 cuda/ckload.h $(DESTDIR)$(PREFIX)/include/
-	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(CKL_ABI)|' cuda/ckload.pc.in \
+	install -m 0644 loader/ckload.h $(DESTDIR)$(PREFIX)/include/
+	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(CKL_ABI)|' loader/ckload.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ckload.pc
 	sed 's|^_INSTALLED_LIB = None$$|_INSTALLED_LIB = "$(PREFIX)/lib/libckload.so.$(CKL_ABI)"|' \
-	    cuda/python/ckload.py > $(DESTDIR)$(PYDIR)/ckload.py
+	    loader/python/ckload.py > $(DESTDIR)$(PYDIR)/ckload.py
 	grep -q '^_INSTALLED_LIB = "' $(DESTDIR)$(PYDIR)/ckload.py
 
 # The ckload wheel (pyproject.toml; setup.py builds libckload into build/wheel and puts it in the
@@ -244,11 +244,11 @@ test-cuda-fake: all $(FAKECUDA)
 	        tests/integration/test_cuda_fake_dist.py
 cuda-fake-soak:
 	$(MAKE) test-cuda-fake FAKECUDA_RUNS=$(or $(RUNS),200) PYTEST_ADDOPTS="-k seeded_pipeline"
-# Line coverage of cuda/ (gcov) by the tests under the stand-in, in build/cov.
+# Line coverage of loader/ (gcov) by the tests under the stand-in, in build/cov.
 cuda-coverage: setup
 	find build/cov -name '*.gcda' -delete 2>/dev/null || true
 	$(MAKE) COVERAGE=1 test-cuda-fake
-	gcov -n -o build/cov/obj/cuda $(LOAD_SRC) 2>/dev/null | \
+	gcov -n -o build/cov/obj/loader $(LOAD_SRC) 2>/dev/null | \
 	    awk '/^File/ {f=$$2} /^Lines/ && f !~ /\.h.$$/ {print (f ? f : "libckload"), $$0; f=""}'
 endif
 ifneq ($(COVERAGE),)

@@ -1,5 +1,5 @@
 """setup.py — the ckload wheel's build step (pyproject.toml names setuptools): the module
-(cuda/python/ckload.py) becomes the package ckload, and libckload, compiled by the Makefile into
+(loader/python/ckload.py) becomes the package ckload, and libckload, compiled by the Makefile into
 build/wheel, goes beside it under its soname, where ckload looks first after CKLOAD_LIB. The
 version is the VERSION file's. The wheel is tagged for this platform, not for a Python version:
 ckload reaches the library through ctypes."""
@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def soname():
-    header = open(os.path.join(HERE, "cuda", "ckload.h")).read()
+    header = open(os.path.join(HERE, "loader", "ckload.h")).read()
     return "libckload.so." + re.search(r"#define CKL_ABI_VERSION (\d+)", header).group(1)
 
 
@@ -35,7 +35,7 @@ class BuildWithMake(build):
                                "build/wheel/libckload.so"])
         pkg = os.path.join(self.build_lib, "ckload")
         os.makedirs(pkg, exist_ok=True)
-        shutil.copyfile(os.path.join(HERE, "cuda", "python", "ckload.py"),
+        shutil.copyfile(os.path.join(HERE, "loader", "python", "ckload.py"),
                         os.path.join(pkg, "__init__.py"))
         shutil.copyfile(os.path.join(HERE, "build", "wheel", "libckload.so"),
                         os.path.join(pkg, soname()))

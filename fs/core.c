@@ -1,6 +1,6 @@
 #include "core.h"
-#include "view.h"
-#include "../pack/npy.h"
+#include "../views/view.h"
+#include "../formats/npy.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -22,7 +22,7 @@
  *    differs); remount to read it"). The first change any check finds (an open, a read, the
  *    status itself) also goes to the log, once per mount.
  *  - With npy set (`-o npy`), every tensor file NAME is also served as NAME.npy beside it: the
- *    NumPy header npy_header_make writes (pack/npy.h), made again on each use (it is a few
+ *    NumPy header npy_header_make writes (formats/npy.h), made again on each use (it is a few
  *    hundred bytes of text), then the tensor's bytes. Its inode is the tensor's plus the node
  *    count; it has the tensor's xattrs. A tensor whose file name is over 251 bytes has none
  *    (NAME.npy would pass NAME_MAX). No tree node's name holds a '.' outside .ckptfs, so no
@@ -38,10 +38,10 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-#include "mountinfo.h"
-#include "tree.h"
-#include "view.h" /* ck_view_text: index.json */
-#include "../pack/synth.h"
+#include "../views/mountinfo.h"
+#include "../views/tree.h"
+#include "../views/view.h" /* ck_view_text: index.json */
+#include "../checkpoint/synth.h"
 
 enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_STATUS, CK_VFILE_COUNT };
 #define CK_ROOT_INO 1

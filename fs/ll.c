@@ -7,7 +7,7 @@
 #include <syslog.h>
 #include <sys/mman.h>
 
-#include "../pack/bytes.h"
+#include "../base/bytes.h"
 
 static ck_mount *mount_of(fuse_req_t req)
 {

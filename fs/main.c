@@ -22,11 +22,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../pack/http.h" /* http_config: -o cacert, cache_mem, cache_dir, cache_max */
-#include "../pack/open.h"
-#include "../pack/size.h"
+#include "../sources/http.h" /* http_config: -o cacert, cache_mem, cache_dir, cache_max */
+#include "../checkpoint/open.h"
+#include "../base/size.h"
 #include "ll.h"
-#include "mountinfo.h"
+#include "../views/mountinfo.h"
 #include "watch.h"
 
 #ifndef CKPTFS_VERSION

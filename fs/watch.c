@@ -1,5 +1,5 @@
 #include "watch.h"
-#include "mountinfo.h"
+#include "../views/mountinfo.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* common.c — the memfd and the checks every harness shares (see fuzz.h). */
 #include "fuzz.h"
-#include "../pack/packfile.h"
-#include "../pack/zip.h"
+#include "../formats/packfile.h"
+#include "../index/zip.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../pack/index.h"
+#include "../index/index.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -2,7 +2,7 @@
  * by the VM with the DCP classes allowed (pk_dcp_limits), its records and tensors, and the
  * .distcp archives they name. The input is the directory's files as fuzz_dir_files splits it:
  * the first piece the .metadata, each later one "NAME\nCONTENTS" (a .distcp file). */
-#include "../pack/dcp.h"
+#include "../formats/dcp.h"
 #include "fuzz.h"
 
 #include <limits.h>

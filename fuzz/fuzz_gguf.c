@@ -1,6 +1,6 @@
 /* fuzz_gguf.c — one GGUF file: header, keys and values, tensor infos, offsets (gguf_read_file).
  * The memfd's name is no split's, so a split set is refused by name, after its first file. */
-#include "../pack/gguf.h"
+#include "../formats/gguf.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -2,8 +2,8 @@
  * read as an .npz when it starts like a zip (central directory, members, deflate streams and
  * their seek points) and as an .npy otherwise. fuzz_check then reads every tensor's ends, so a
  * deflated member is decoded again from its seek points. */
-#include "../pack/npy.h"
-#include "../pack/zip.h"
+#include "../formats/npy.h"
+#include "../index/zip.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -2,7 +2,7 @@
  *
  * The harness writes the right index checksum into a copy of the input first
  * (fuzz_fix_pack_xxh3), so that mutations of the index get past that check. */
-#include "../pack/packfile.h"
+#include "../formats/packfile.h"
 #include "fuzz.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* fuzz_pickle.c — the safe pickle VM alone, with the default limits (pk_load). */
-#include "../pack/pickle.h"
+#include "../index/pickle.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -8,10 +8,10 @@
  * each tensor's blob holding exactly its bytes, block places aligned and apart, and the tensors
  * of each blob listed once, under it; and again once blobs keep their file phase (a modulus of
  * 512 to 4096 bytes, from the selector byte). */
-#include "../pack/names.h"
-#include "../pack/packfile.h"
-#include "../cuda/plan.h"
-#include "../pack/synth.h"
+#include "../base/names.h"
+#include "../formats/packfile.h"
+#include "../loader/plan.h"
+#include "../checkpoint/synth.h"
 #include "fuzz.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* fuzz_pt2.c — a torch.export archive: directory, configs, every payload's checks (pt2_read_zip). */
-#include "../pack/pt2.h"
+#include "../formats/pt2.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -2,7 +2,7 @@
  * container endpoint's and instance metadata's JSON, STS AssumeRoleWithWebIdentity's XML, a
  * shared credentials or config file (INI), or a container credentials URL; the rest is the
  * document. Found credentials must fit their fields NUL-terminated. */
-#include "../pack/s3.h"
+#include "../sources/s3.h"
 #include "fuzz.h"
 
 #include <stdlib.h>

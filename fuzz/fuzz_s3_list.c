@@ -2,7 +2,7 @@
  * parsed twice into one listing, as a second page would be, so the bounds kept across pages
  * are crossed too. What it keeps must be names directly under the prefix: non-empty, without
  * '/', within the listing's bounds; a continuation token is non-empty. */
-#include "../pack/s3.h"
+#include "../sources/s3.h"
 #include "fuzz.h"
 
 #include <stdlib.h>

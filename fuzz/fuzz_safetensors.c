@@ -1,5 +1,5 @@
 /* fuzz_safetensors.c — one safetensors file: length prefix, JSON header, tiling (st_read_file). */
-#include "../pack/safetensors.h"
+#include "../formats/safetensors.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

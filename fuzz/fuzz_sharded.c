@@ -1,7 +1,7 @@
 /* fuzz_sharded.c — a Hugging Face shard directory: model.safetensors.index.json and the shards
  * it names, or every *.safetensors file when it is absent (st_open_dir). The input is the
  * directory's files, as fuzz_dir_files splits it. */
-#include "../pack/safetensors.h"
+#include "../formats/safetensors.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

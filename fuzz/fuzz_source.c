@@ -1,7 +1,7 @@
 /* fuzz_source.c — ck_open on a file: the probe by content, then whichever reader it picks. The
  * path is the memfd's /proc/self/fd entry, so ck_open opens it as it would any file. */
 #include "fuzz.h"
-#include "../pack/open.h"
+#include "../checkpoint/open.h"
 
 #include <stdio.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 /* fuzz_torch_legacy.c — a legacy torch file: the pickle chain, the walk, storage placement
  * (pt_read_legacy). */
-#include "../pack/torch.h"
+#include "../formats/torch.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -1,5 +1,5 @@
 /* fuzz_torch_zip.c — a torch.save zip: directory, records, data.pkl, the walk (pt_read_zip). */
-#include "../pack/torch.h"
+#include "../formats/torch.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -1,5 +1,5 @@
 /* fuzz_zip.c — a zip central directory, ZIP64 included (zip_read_directory, zip_find). */
-#include "../pack/zip.h"
+#include "../index/zip.h"
 #include "fuzz.h"
 
 #include <string.h>

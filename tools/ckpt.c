@@ -8,13 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../fs/view.h"
-#include "../pack/names.h"
-#include "../pack/npy.h"
-#include "../pack/open.h"
-#include "../pack/packfile.h"
-#include "../cuda/ckload.h"
-#include "../pack/synth.h"
+#include "../views/view.h"
+#include "../base/names.h"
+#include "../formats/npy.h"
+#include "../checkpoint/open.h"
+#include "../formats/packfile.h"
+#include "../loader/ckload.h"
+#include "../checkpoint/synth.h"
 #include "commands.h"
 #include "options.h"
 #include "outfile.h"
@@ -721,7 +721,7 @@ static const ck_command commands[] = {
      "that np.load reads it.",
      cat_options, cmd_cat},
     {"pack", "ckpt pack SOURCE OUT.pack [--only P] [-v]",
-     "Writes SOURCE as a pack (pack/FORMAT.md): the same bytes as the mount's\n"
+     "Writes SOURCE as a pack (docs/PACK.md): the same bytes as the mount's\n"
      ".ckptfs/checkpoint.pack. Memory stays a few MiB whatever the size. The file is written\n"
      "beside OUT, fsynced and renamed, so OUT appears whole or not at all (Ctrl-C and errors\n"
      "leave nothing). OUT a directory: OUT/model.pack. --only keeps the entries whose name is\n"

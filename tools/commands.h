@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../pack/size.h" /* parse_size: counts and sizes of options */
+#include "../base/size.h" /* parse_size: counts and sizes of options */
 #include "options.h"
 
 /* tools/convert.c */

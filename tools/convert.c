@@ -1,6 +1,6 @@
 /* convert.c — `ckpt convert`: any source ckptfs mounts, written as safetensors the way Hugging
  * Face tools write and read it (one file, or shards with model.safetensors.index.json), or as a
- * pack. The bytes come from pack/synth (one owner of both layouts); tools/outfile makes the
+ * pack. The bytes come from checkpoint/synth (one owner of both layouts); tools/outfile makes the
  * output appear whole or not at all. */
 #include <signal.h>
 #include <sys/stat.h>
@@ -10,10 +10,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "../pack/json.h"
-#include "../pack/names.h"
-#include "../pack/open.h"
-#include "../pack/synth.h"
+#include "../base/json.h"
+#include "../base/names.h"
+#include "../checkpoint/open.h"
+#include "../checkpoint/synth.h"
 #include "commands.h"
 #include "inspect.h"
 #include "outfile.h"

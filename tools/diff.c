@@ -6,11 +6,11 @@
 
 #include <xxhash.h>
 
-#include "../fs/view.h"
-#include "../pack/names.h"
+#include "../views/view.h"
+#include "../base/names.h"
 
-#include "../pack/json.h"
-#include "../pack/synth.h"
+#include "../base/json.h"
+#include "../checkpoint/synth.h"
 #include "commands.h"
 #include "inspect.h"
 

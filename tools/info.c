@@ -4,8 +4,8 @@
 #include <string.h>
 
 
-#include "../pack/json.h"
-#include "../pack/synth.h"
+#include "../base/json.h"
+#include "../checkpoint/synth.h"
 #include "commands.h"
 #include "inspect.h"
 

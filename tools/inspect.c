@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../fs/view.h"
-#include "../pack/bytes.h"
-#include "../pack/json.h"
-#include "../pack/names.h"
+#include "../views/view.h"
+#include "../base/bytes.h"
+#include "../base/json.h"
+#include "../base/names.h"
 #include "commands.h"
 
 /* Reads len bytes of e at off, all of them: a short read is trouble, said in err (stats'

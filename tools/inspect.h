@@ -14,7 +14,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "../pack/index.h"
+#include "../index/index.h"
 
 #define CHUNK (4u << 20) /* bytes read at a time: a multiple of every whole-byte element */
 #define BATCH 4096u      /* elements decoded to doubles at a time */

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "../pack/names.h"
+#include "../base/names.h"
 
 enum { NAME_MAX_SHOWN = 64 }; /* an unknown option is shown up to this length */
 #define HELP_INDENT "                          " /* where --help's descriptions start */

@@ -1,6 +1,6 @@
 /* outfile.c — atomic outputs of ckpt commands (see outfile.h). */
 #include "outfile.h"
-#include "../pack/size.h"
+#include "../base/size.h"
 
 #include <dirent.h>
 #include <errno.h>

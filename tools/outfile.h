@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "../pack/synth.h"
+#include "../checkpoint/synth.h"
 #include "progress.h"
 
 /* How an output is written: CK_OUT_FORCE replaces what is there (a directory output's), and

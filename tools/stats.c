@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 
-#include "../pack/json.h"
+#include "../base/json.h"
 #include "commands.h"
 #include "inspect.h"
 

@@ -26,7 +26,7 @@ MOUNT_TIMEOUT = 30  # seconds for ckptfs to parse SOURCE and mount (or refuse)
 
 assert sys.byteorder == "little", "these tests compare against little-endian host arrays"
 
-# XXH3-64 (seed 0) from the system libxxhash: the hash FORMAT.md and fs/tree.h name, computed by a
+# XXH3-64 (seed 0) from the system libxxhash: the hash FORMAT.md and views/tree.h name, computed by a
 # library ckptfs does not build.
 _xx = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
 _xx.XXH3_64bits.restype = ctypes.c_uint64

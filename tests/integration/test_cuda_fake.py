@@ -172,7 +172,7 @@ def test_libckload_runs_on_the_stand_in(tmp_path):
 
 def test_the_stand_in_defines_every_cuda_function_libckload_needs():
     """libckload links no libcudart: it looks up by name, at the first CUDA use, the functions
-    its table lists (cuda/cudart.h); the stand-in defines every one of them."""
+    its table lists (loader/cudart.h); the stand-in defines every one of them."""
     import re
     table = (Path(__file__).parents[2] / "cuda" / "cudart.h").read_text()
     need = {"cuda" + n for n in re.findall(r"\(\*(\w+)\)\(", table)}

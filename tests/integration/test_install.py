@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
 # The soname's number: the ABI version ckload.h owns.
 SONAME = "libckload.so." + re.search(r"#define CKL_ABI_VERSION (\d+)",
-                                     (REPO / "cuda/ckload.h").read_text()).group(1)
+                                     (REPO / "loader/ckload.h").read_text()).group(1)
 
 
 def clean_env():

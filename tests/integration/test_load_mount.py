@@ -1,4 +1,4 @@
-"""libckload given a path inside a ckptfs mount (cuda/mount.h): it reads the mount's source files
+"""libckload given a path inside a ckptfs mount (loader/mount.h): it reads the mount's source files
 directly when it may (the bypass), and through the mount when it may not — the source hidden in
 a mount namespace, unreadable to the loading user, or replaced or changed since mounting — or
 when CKLOAD_BYPASS=0; the root, .ckptfs/checkpoint.pack, a directory and a tensor file stand for

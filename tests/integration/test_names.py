@@ -1,7 +1,7 @@
 """Tensor names to paths: every tensor reachable at the path index.json gives, no path leaving
-the mount, names recoverable from the xattr, and the escapes as fs/tree.h specifies them.
+the mount, names recoverable from the xattr, and the escapes as views/tree.h specifies them.
 
-The expected paths are computed here from the rules written in fs/tree.h (an independent
+The expected paths are computed here from the rules written in views/tree.h (an independent
 implementation in Python; the over-long-name hash comes from the system libxxhash)."""
 import json
 import os
@@ -15,7 +15,7 @@ from ckptfs_testlib import (VIRTUAL_FILES, check_mount, ckpt_bin, library_view, 
                             write_safetensors, xxh3)
 
 def escape_piece(piece, limit=255):
-    """One '.'-free piece of a name (bytes) -> its path component, per fs/tree.h; `limit` is
+    """One '.'-free piece of a name (bytes) -> its path component, per views/tree.h; `limit` is
     254 for a file beside a directory of its name (room for the '%')."""
     if not piece:
         return b"%"

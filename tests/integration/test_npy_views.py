@@ -2,7 +2,7 @@
 np.load reads (mapped or not) as the tensor torch.load, the safetensors library or gguf-py
 reads. Dtypes NumPy lacks are served as raw records ('|VN', N the element size, shape kept) or,
 for sub-byte and block types, as '|u1' bytes of shape (nbytes,), the true dtype in the xattr
-(pack/npy.h): the tests check that treatment against the independent reader's bytes."""
+(formats/npy.h): the tests check that treatment against the independent reader's bytes."""
 import os
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""torch.export archives (.pt2, pack/pt2.h): every weight and tensor constant is mounted under its
+"""torch.export archives (.pt2, formats/pt2.h): every weight and tensor constant is mounted under its
 FQN with exactly the bytes torch.export.load gives (row-major, little-endian), `ckpt ls` and
 `ckpt cat` agree, and `ckpt convert` writes a file the safetensors library reads back equal.
 The archive and the expected bytes come from torch 2.x (.deps/torch2, which writes .pt2; the

@@ -1,4 +1,4 @@
-"""Tensor-parallel slices (pack/slice.h, ckload's slices=, ckpt load --slice): each rank's part of
+"""Tensor-parallel slices (loader/slice.h, ckload's slices=, ckpt load --slice): each rank's part of
 each tensor a rule cuts, read straight from the source, for every source the loader takes and
 through a mount (bypass and CKLOAD_BYPASS=0). Byte-exact against torch.chunk of the tensor as
 torch, the safetensors library, numpy or gguf-py read it; uneven splits (torch.chunk gives fewer

@@ -1,5 +1,5 @@
 #include "helpers.h"
-#include "../../pack/open.h"
+#include "../../checkpoint/open.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

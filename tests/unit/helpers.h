@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../fs/tree.h"
-#include "../../pack/index.h"
+#include "../../views/tree.h"
+#include "../../index/index.h"
 
 /* --- temporary paths --------------------------------------------------------------------- */
 
@@ -60,7 +60,7 @@ const char *st_file_in(const char *dir, const char *name, const char *header, co
 /* A file whose length field says hlen, followed by rest (rest_len bytes). */
 const char *st_file_hlen(uint64_t hlen, const void *rest, size_t rest_len);
 
-/* --- packs (pack/FORMAT.md), built byte by byte ----------------------------------------- */
+/* --- packs (docs/PACK.md), built byte by byte ----------------------------------------- */
 /* Written from FORMAT.md alone, sharing no code with the product's reader or writer. */
 
 /* A growing byte buffer; free(b.p) when done. */

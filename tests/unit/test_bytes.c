@@ -1,10 +1,10 @@
-/* pack/bytes.h against byte patterns written out by hand (not through helpers.h, whose own
+/* base/bytes.h against byte patterns written out by hand (not through helpers.h, whose own
  * little-endian writers stay independent of the product's). */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "../../pack/bytes.h"
+#include "../../base/bytes.h"
 
 TestSuite(bytes);
 

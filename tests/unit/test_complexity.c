@@ -14,11 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../pack/index.h"
-#include "../../pack/open.h"
-#include "../../pack/pickle.h"
-#include "../../pack/s3.h"
-#include "../../pack/zip.h"
+#include "../../index/index.h"
+#include "../../checkpoint/open.h"
+#include "../../index/pickle.h"
+#include "../../sources/s3.h"
+#include "../../index/zip.h"
 #include "helpers.h"
 
 TestSuite(complexity, .fini = tmp_cleanup, .timeout = 300);

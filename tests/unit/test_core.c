@@ -13,7 +13,7 @@
 
 #include "helpers.h"
 #include "../../fs/core.h"
-#include "../../fs/view.h"
+#include "../../views/view.h"
 
 TestSuite(core, .fini = tmp_cleanup);
 

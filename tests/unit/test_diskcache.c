@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../pack/diskcache.h"
+#include "../../sources/diskcache.h"
 #include "helpers.h"
 
 /* Removes the files the cache wrote into dir, so that tmp_cleanup can remove dir. */

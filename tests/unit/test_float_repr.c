@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/pickle_text.h"
+#include "../../index/pickle_text.h"
 #include "helpers.h"
 
 TestSuite(float_repr, .fini = tmp_cleanup, .timeout = 120);

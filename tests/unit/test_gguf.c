@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/gguf.h"
-#include "../../pack/open.h"
+#include "../../formats/gguf.h"
+#include "../../checkpoint/open.h"
 #include "helpers.h"
 
 TestSuite(gguf_ok, .fini = tmp_cleanup);

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/http.h"
-#include "../../pack/hub.h"
+#include "../../sources/http.h"
+#include "../../sources/hub.h"
 #include "helpers.h"
 
 TestSuite(http, .fini = tmp_cleanup);

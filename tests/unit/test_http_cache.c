@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../pack/http.h"
+#include "../../sources/http.h"
 #include "helpers.h"
 
 enum { MAX_LOG = 4096 };

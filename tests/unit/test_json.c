@@ -1,9 +1,9 @@
-/* pack/json.h: integers into JSON text exactly, and back only where a double is exact. */
+/* base/json.h: integers into JSON text exactly, and back only where a double is exact. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/json.h"
+#include "../../base/json.h"
 
 TestSuite(json);
 

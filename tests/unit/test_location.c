@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/location.h"
+#include "../../base/location.h"
 
 Test(location, schemes)
 {

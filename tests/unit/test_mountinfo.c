@@ -1,4 +1,4 @@
-/* The mount table readers (fs/mountinfo.h) on tables written here: which mount is on top at a
+/* The mount table readers (views/mountinfo.h) on tables written here: which mount is on top at a
  * path, its type, source (unescaped) and propagation (ck_mount_top); whether a table lists a
  * mount ID (ck_mount_listed). */
 #include <criterion/criterion.h>
@@ -6,7 +6,7 @@
 #include <sys/sysmacros.h>
 
 #include "helpers.h"
-#include "../../fs/mountinfo.h"
+#include "../../views/mountinfo.h"
 
 TestSuite(mountinfo, .fini = tmp_cleanup);
 

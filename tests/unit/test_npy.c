@@ -12,9 +12,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "../../pack/npy.h"
-#include "../../pack/open.h"
-#include "../../pack/zip.h"
+#include "../../formats/npy.h"
+#include "../../checkpoint/open.h"
+#include "../../index/zip.h"
 #include "helpers.h"
 
 TestSuite(npy_header, .fini = tmp_cleanup);

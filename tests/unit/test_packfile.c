@@ -1,4 +1,4 @@
-/* The pack reader (pack/FORMAT.md): packs built byte by byte by the helpers, every refusal rule
+/* The pack reader (docs/PACK.md): packs built byte by byte by the helpers, every refusal rule
  * of the format and every message of the reader, truncation, and corrupted indexes whose
  * checksum was fixed up (they must fail cleanly or load consistently). */
 #include <criterion/criterion.h>
@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../pack/open.h"
-#include "../../pack/packfile.h"
-#include "../../pack/names.h"
-#include "../../pack/synth.h"
+#include "../../checkpoint/open.h"
+#include "../../formats/packfile.h"
+#include "../../base/names.h"
+#include "../../checkpoint/synth.h"
 #include "helpers.h"
 
 /* valgrind.h is only a header; without it the test cannot be under valgrind anyway. */

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/pickle.h"
-#include "../../pack/pickle_policy.h"
+#include "../../index/pickle.h"
+#include "../../index/pickle_policy.h"
 #include "helpers.h"
 
 TestSuite(pickle_python, .fini = tmp_cleanup, .timeout = 120);

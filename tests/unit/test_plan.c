@@ -7,9 +7,9 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "../../pack/bytes.h"
-#include "../../cuda/plan.h"
-#include "../../pack/synth.h"
+#include "../../base/bytes.h"
+#include "../../loader/plan.h"
+#include "../../checkpoint/synth.h"
 #include "helpers.h"
 
 TestSuite(plan, .fini = tmp_cleanup);

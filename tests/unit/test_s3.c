@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/s3.h"
+#include "../../sources/s3.h"
 #include "helpers.h"
 
 static void clean_env(void)

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../pack/safetensors.h"
+#include "../../formats/safetensors.h"
 #include "helpers.h"
 
 TestSuite(st_file, .fini = tmp_cleanup);

@@ -9,7 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../../pack/safetensors.h"
+#include "../../formats/safetensors.h"
 #include "helpers.h"
 
 TestSuite(shards, .fini = tmp_cleanup);

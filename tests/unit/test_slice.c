@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/open.h"
-#include "../../cuda/plan.h"
-#include "../../cuda/slice.h"
+#include "../../checkpoint/open.h"
+#include "../../loader/plan.h"
+#include "../../loader/slice.h"
 #include "helpers.h"
 
 TestSuite(slice, .fini = tmp_cleanup);

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../../pack/safetensors.h"
+#include "../../formats/safetensors.h"
 #include "helpers.h"
 
 TestSuite(source, .fini = tmp_cleanup);

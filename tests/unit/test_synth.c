@@ -1,5 +1,5 @@
-/* The synthesized files (pack/synth.h): natural name order; the pack of a hand-built index,
- * checked against pack/FORMAT.md by a decoder written here and by the product's reader
+/* The synthesized files (checkpoint/synth.h): natural name order; the pack of a hand-built index,
+ * checked against docs/PACK.md by a decoder written here and by the product's reader
  * (ck_open); the safetensors file, checked with cJSON; reading at odd offsets against writing;
  * --only; and a source that shrinks after its index was built. Expected bytes are gathered here
  * from the source file, never through ck_entry_read. */
@@ -13,8 +13,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "../../pack/names.h"
-#include "../../pack/synth.h"
+#include "../../base/names.h"
+#include "../../checkpoint/synth.h"
 #include "helpers.h"
 
 TestSuite(natural, .fini = tmp_cleanup);

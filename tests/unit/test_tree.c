@@ -1,4 +1,4 @@
-/* The directory tree: the escape rules of fs/tree.h, lookups, paths, the virtual directory. */
+/* The directory tree: the escape rules of views/tree.h, lookups, paths, the virtual directory. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../pack/utf8.h"
+#include "../../base/utf8.h"
 #include "helpers.h"
 
 TestSuite(utf8, .fini = tmp_cleanup, .timeout = 60);

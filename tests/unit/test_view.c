@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "helpers.h"
-#include "../../fs/view.h"
+#include "../../views/view.h"
 
 TestSuite(index_json, .fini = tmp_cleanup);
 TestSuite(shape_json, .fini = tmp_cleanup);

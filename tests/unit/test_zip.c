@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../pack/zip.h"
+#include "../../index/zip.h"
 #include "helpers.h"
 
 TestSuite(zip_probe);

@@ -1,0 +1,289 @@
+/* hub.c — hf:// locations: resolve URLs, the revision API, the token (hub.h). */
+#include "hub.h"
+#include "http_request.h"
+#include "../base/location.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HUB_DEFAULT_ENDPOINT "https://huggingface.co"
+#define HUB_INDEX "model.safetensors.index.json"
+#define HUB_MAX_API (16u << 20) /* a revision answer: the siblings of a large repository */
+
+int hub_is_url(const char *loc)
+{
+    return ck_location_scheme(loc) == CK_SCHEME_HUB;
+}
+
+/* Whether s[0..n) is a name the Hub allows for an organisation, repository or path segment. */
+static int plain_segment(const char *s, size_t n)
+{
+    if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+int hub_parse(const char *loc, hub_ref *r, ck_error *err)
+{
+    *r = (hub_ref){0};
+    const char *p = loc + CK_HUB_SCHEME_LEN;
+    size_t org = strcspn(p, "/");
+    const char *name = p + org + (p[org] == '/');
+    size_t repo = strcspn(name, "/@");
+    if (!hub_is_url(loc) || p[org] != '/' || !plain_segment(p, org) ||
+        !plain_segment(name, repo) || org + repo + 2 > sizeof r->repo)
+        return ck_fail(err, loc, "not hf://ORG/REPO[@REVISION][/PATH]");
+    snprintf(r->repo, sizeof r->repo, "%.*s/%.*s", (int)org, p, (int)repo, name);
+    const char *rest = name + repo;
+    if (*rest == '@') {
+        size_t rev = strcspn(rest + 1, "/");
+        if (rev == 0 || rev >= sizeof r->revision)
+            return ck_fail(err, loc, "an empty or overlong revision");
+        snprintf(r->revision, sizeof r->revision, "%.*s", (int)rev, rest + 1);
+        for (const char *c = r->revision; *c; c++)
+            if ((unsigned char)*c <= 0x20 || *c == 0x7f || *c == '?' || *c == '#' || *c == '%')
+                return ck_fail(err, loc, "the revision holds a character a revision cannot");
+        rest += 1 + rev;
+    } else {
+        snprintf(r->revision, sizeof r->revision, "main");
+    }
+    if (*rest == '/')
+        rest++;
+    for (const char *s = rest; *s;) {
+        size_t k = strcspn(s, "/");
+        if (!plain_segment(s, k))
+            return ck_fail(err, loc, "path segment '%.*s' is not a plain file name",
+                           (int)(k < 200 ? k : 200), s);
+        s += k + (s[k] == '/');
+        if (s[-1] == '/' && !*s)
+            return ck_fail(err, loc, "the path ends in '/'");
+    }
+    if (strlen(rest) >= sizeof r->path)
+        return ck_fail(err, loc, "the path is too long");
+    snprintf(r->path, sizeof r->path, "%s", rest);
+    return 0;
+}
+
+void hub_endpoint(char *out, size_t cap)
+{
+    const char *e = getenv("HF_ENDPOINT");
+    e = e && *e ? e : HUB_DEFAULT_ENDPOINT;
+    size_t n = strlen(e);
+    while (n && e[n - 1] == '/')
+        n--;
+    snprintf(out, cap, "%.*s", (int)n, e);
+}
+
+/* The first line of file path, trimmed (malloc'ed), or NULL. */
+static char *read_token_file(const char *path)
+{
+    FILE *f = fopen(path, "re");
+    char line[4096];
+    char *got = f ? fgets(line, sizeof line, f) : NULL;
+    if (f)
+        fclose(f);
+    if (!got)
+        return NULL;
+    size_t a = strspn(line, " \t"), b = strlen(line);
+    while (b > a && strchr(" \t\r\n", line[b - 1]))
+        b--;
+    char *t = b > a ? strndup(line + a, b - a) : NULL;
+    memset(line, 0, sizeof line);
+    return t;
+}
+
+char *hub_token(void)
+{
+    const char *v = getenv("HF_TOKEN");
+    if (v && *v)
+        return strdup(v);
+    char path[4096];
+    const char *tp = getenv("HF_TOKEN_PATH"), *home = getenv("HF_HOME");
+    const char *xdg = getenv("XDG_CACHE_HOME"), *user = getenv("HOME");
+    if (tp && *tp)
+        snprintf(path, sizeof path, "%s", tp);
+    else if (home && *home)
+        snprintf(path, sizeof path, "%s/token", home);
+    else if (xdg && *xdg)
+        snprintf(path, sizeof path, "%s/huggingface/token", xdg);
+    else if (user && *user)
+        snprintf(path, sizeof path, "%s/.cache/huggingface/token", user);
+    else
+        return NULL;
+    return read_token_file(path);
+}
+
+char *hub_token_for(const char *url)
+{
+    char endpoint[2048];
+    hub_endpoint(endpoint, sizeof endpoint);
+    return http_same_origin(url, endpoint) ? hub_token() : NULL;
+}
+
+char *hub_resolve_url(const char *repo, const char *revision, const char *path)
+{
+    char endpoint[2048], rev[3 * 256 + 1];
+    hub_endpoint(endpoint, sizeof endpoint);
+    size_t k = 0;
+    for (const char *c = revision; *c && k + 4 < sizeof rev; c++) /* refs/pr/1: one segment */
+        k += (size_t)(*c == '/' ? snprintf(rev + k, sizeof rev - k, "%%2F")
+                                : snprintf(rev + k, sizeof rev - k, "%c", *c));
+    rev[k] = 0;
+    char *url = NULL;
+    return asprintf(&url, "%s/%s/resolve/%s/%s", endpoint, repo, rev, path) < 0 ? NULL : url;
+}
+
+/* Whether name ends in suffix. */
+static int ends(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+    return n >= k && strcmp(name + n - k, suffix) == 0;
+}
+
+static int by_name(const void *a, const void *b, void *names)
+{
+    const char *const *v = names;
+    return strcmp(v[*(const size_t *)a], v[*(const size_t *)b]);
+}
+
+int hub_pick(const char *const *names, size_t n, size_t *picked, const char *where,
+             ck_error *err)
+{
+    static const char *const checkpoints[] = {".safetensors", ".gguf", ".bin", ".pt", ".pth",
+                                              ".ckpt", ".npz", ".npy"};
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(names[i], HUB_INDEX) == 0) {
+            picked[0] = i;
+            return 1;
+        }
+    for (size_t i = 0; i < n; i++)
+        if (!strchr(names[i], '/') && ends(names[i], ".safetensors"))
+            picked[k++] = i;
+    if (k == 0)
+        for (size_t i = 0; i < n; i++)
+            for (size_t c = 1; c < sizeof checkpoints / sizeof *checkpoints; c++)
+                if (!strchr(names[i], '/') && ends(names[i], checkpoints[c]))
+                    picked[k++] = i;
+    if (k > 1 && !ends(names[picked[0]], ".safetensors"))
+        return ck_fail(err, where, "holds several checkpoint files (%s, %s, ...): name one, "
+                       "%s/FILE", names[picked[0]], names[picked[1]], where);
+    qsort_r(picked, k, sizeof *picked, by_name, (void *)names);
+    return (int)k;
+}
+
+/* Whether s is a commit id as the Hub writes one: 40 lowercase hex digits (huggingface_hub's
+ * REGEX_COMMIT_HASH). */
+static int is_commit(const char *s)
+{
+    int hex = s && strlen(s) == 40;
+    for (const char *c = s; hex && *c; c++)
+        hex = (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f');
+    return hex;
+}
+
+/* The revision API's answer: the commit and the file names (pointers into root). */
+static int revision_info(const http_client *c, const hub_ref *r, const char *loc, cJSON **root,
+                         const char **sha, ck_error *err)
+{
+    char endpoint[2048], *url = NULL, *body = NULL;
+    size_t len = 0;
+    hub_endpoint(endpoint, sizeof endpoint);
+    char *rev = hub_resolve_url(r->repo, r->revision, "");
+    /* The resolve URL's encoding of the revision is the API's too: take it from there. */
+    const char *enc = rev ? strstr(rev, "/resolve/") : NULL;
+    if (!enc || asprintf(&url, "%s/api/models/%s/revision/%.*s", endpoint, r->repo,
+                         (int)strlen(enc + 9) - 1, enc + 9) < 0) {
+        free(rev);
+        return ck_fail(err, loc, "out of memory");
+    }
+    free(rev);
+    int rc = http_get(c, url, HUB_MAX_API, &body, &len, err);
+    free(url);
+    if (rc)
+        return -1;
+    *root = cJSON_ParseWithLength(body, len);
+    free(body);
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(*root, "sha");
+    *sha = cJSON_IsString(s) ? s->valuestring : NULL;
+    if (!is_commit(*sha) || !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(*root, "siblings"))) {
+        cJSON_Delete(*root);
+        return ck_fail(err, loc, "the Hub's revision answer has no commit sha of 40 hex digits "
+                       "or no siblings");
+    }
+    return 0;
+}
+
+/* The repository's weights at r's revision, pinned to the commit the Hub reports: one file, or
+ * the first of several shards and all their names. */
+static int locate_repository(const http_client *c, const hub_ref *r, const char *loc,
+                             hub_target *t, ck_error *err)
+{
+    cJSON *root = NULL;
+    const char *sha = NULL;
+    if (revision_info(c, r, loc, &root, &sha, err))
+        return -1;
+    const cJSON *sib = cJSON_GetObjectItemCaseSensitive(root, "siblings");
+    size_t n = (size_t)cJSON_GetArraySize(sib), k = 0;
+    const char **names = malloc((n ? n : 1) * sizeof *names);
+    size_t *picked = malloc((n ? n : 1) * sizeof *picked);
+    int rc = names && picked ? 0 : ck_fail(err, loc, "out of memory");
+    for (const cJSON *e = sib ? sib->child : NULL; e && rc == 0; e = e->next) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(e, "rfilename");
+        if (cJSON_IsString(f))
+            names[k++] = f->valuestring;
+    }
+    char where[sizeof r->repo + 8];
+    snprintf(where, sizeof where, "hf://%s", r->repo);
+    int m = rc == 0 ? hub_pick(names, k, picked, where, err) : -1;
+    if (m == 0)
+        m = ck_fail(err, loc, "holds no checkpoint file at %s", sha);
+    t->url = m > 0 ? hub_resolve_url(r->repo, sha, names[picked[0]]) : NULL;
+    t->shards = m > 1 ? calloc((size_t)m, sizeof *t->shards) : NULL;
+    rc = m > 0 && t->url && (m == 1 || t->shards) ? 0 : -1;
+    for (int i = 0; rc == 0 && m > 1 && i < m; i++, t->nshards++)
+        if (!(t->shards[i] = strdup(names[picked[i]])))
+            rc = -1;
+    if (rc && m > 0)
+        ck_fail(err, loc, "out of memory");
+    if (rc)
+        hub_target_free(t);
+    free(names);
+    free(picked);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err)
+{
+    hub_ref r;
+    *t = (hub_target){0};
+    if (hub_parse(loc, &r, err))
+        return -1;
+    if (!r.path[0])
+        return locate_repository(c, &r, loc, t, err);
+    /* A branch or tag moves: the file is opened at the commit it names now, so that every
+     * later request (and the shards an index names beside it) resolves that commit. */
+    cJSON *root = NULL;
+    const char *sha = r.revision;
+    if (!is_commit(r.revision) && revision_info(c, &r, loc, &root, &sha, err))
+        return -1;
+    t->url = hub_resolve_url(r.repo, sha, r.path);
+    cJSON_Delete(root);
+    return t->url ? 0 : ck_fail(err, loc, "out of memory");
+}
+
+void hub_target_free(hub_target *t)
+{
+    for (size_t i = 0; i < t->nshards; i++)
+        free(t->shards[i]);
+    free(t->shards);
+    free(t->url);
+    *t = (hub_target){0};
+}
