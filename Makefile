@@ -144,6 +144,9 @@ test-torch2: all
 # Every #include goes downward through the layers (scripts/check-layers says which they are).
 check-layers:
 	$(PYTHON) scripts/check-layers
+# No two files call each other's functions (scripts/check-calls reads the objects' symbols).
+check-calls: all
+	$(PYTHON) scripts/check-calls $(BUILD)
 
 # The unit tests under valgrind (memcheck, full leak check). Criterion re-executes the binary
 # for each test, so children are traced (not python, which the pickle tests run) and each
@@ -259,5 +262,5 @@ endif
 
 include fuzz/fuzz.mk
 
-.PHONY: all setup test test-torch2 check-layers valgrind gpu-test bench demo install wheel clean
+.PHONY: all setup test test-torch2 check-layers check-calls valgrind gpu-test bench demo install wheel clean
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -68,3 +68,31 @@ def test_c_source_outside_the_layers_is_refused(tree):
     r = check(str(tree))
     assert r.returncode == 1
     assert r.stderr == "check-layers: cache/: C source in no layer (scripts/check-layers FOLDERS)\n"
+
+
+def test_two_headers_that_include_each_other_are_a_loop(tree):
+    add_include(tree / "base/names.h", "utf8.h")
+    add_include(tree / "base/utf8.h", "names.h")
+    r = check(str(tree))
+    assert r.returncode == 1
+    assert r.stderr == "check-layers: base/names.h: includes itself through base/utf8.h\n"
+
+
+def compile_to(build, path, source):
+    obj = build / "obj" / (path[:-2] + ".o")
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    src = build / os.path.basename(path)
+    src.write_text(source)
+    subprocess.run(["cc", "-c", str(src), "-o", str(obj)], check=True)
+
+
+def test_two_files_that_call_each_other_are_a_loop(tmp_path):
+    compile_to(tmp_path, "base/a.c", "void b_back(void); void a_go(void) { b_back(); }\n")
+    compile_to(tmp_path, "base/b.c", "void a_go(void); void b_back(void) {}\n"
+                                     "void b_start(void) { a_go(); }\n")
+    compile_to(tmp_path, "tools/c.c", "void a_go(void); int main(void) { a_go(); return 0; }\n")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "check-calls"),
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr == ("check-calls: base/a.c: calls itself through base/b.c "
+                        "(a_go in base/a.c, b_back in base/b.c)\n")
