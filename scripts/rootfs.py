@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Foreign root filesystems, made with mmdebstrap from Debian's mirror and cached per machine:
+the wheel's build root (an older glibc, so the wheel runs on older systems than this one) and
+the minimal systems the install tests use as "a machine that never saw our build".
+
+    scripts/rootfs.py tar NAME          the cached tarball of NAME (made on first use), printed
+    scripts/rootfs.py run NAME DIR CMD  extract NAME into DIR if DIR is empty, run CMD inside
+
+A root is run as a container is: its own mount and PID namespaces, `/dev` bound from the host
+(for `/dev/fuse`), its own `/proc`, the host's network (the test servers listen on 127.0.0.1).
+The cache is $CKPTFS_ROOTFS_CACHE (default /var/tmp/ckptfs-rootfs); a tarball's name carries a
+hash of what it was made from, so a changed recipe makes a new one and never reuses a stale one.
+"""
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+
+MIRROR = "http://deb.debian.org/debian"
+
+# name -> (suite, packages). bullseye's glibc 2.31 is the oldest Debian's mirror still serves
+# (buster is archive-only): the wheel built there runs on glibc 2.31 and newer.
+ROOTS = {
+    "build": ("bullseye", ["gcc", "make", "pkg-config", "libfuse3-dev", "libcjson-dev",
+                           "libxxhash-dev", "liburing-dev", "zlib1g-dev", "libcurl4-openssl-dev",
+                           "libdlpack-dev", "python3", "python3-setuptools", "python3-wheel",
+                           "ca-certificates"]),
+    # what a user's machine has: Python, FUSE's mount helper, no -dev package, no libcurl.
+    "minbase": ("bookworm", ["python3", "python3-venv", "fuse3", "ca-certificates"]),
+}
+
+
+def cache_dir():
+    return os.environ.get("CKPTFS_ROOTFS_CACHE", "/var/tmp/ckptfs-rootfs")
+
+
+def tarball(name):
+    """The cached tarball of root NAME, made now if missing (about 45 s, once per machine)."""
+    suite, packages = ROOTS[name]
+    recipe = f"{suite} {MIRROR} {' '.join(sorted(packages))}"
+    tag = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    path = os.path.join(cache_dir(), f"{name}-{suite}-{tag}.tar")
+    if not os.path.exists(path):
+        os.makedirs(cache_dir(), exist_ok=True)
+        part = path[:-len(".tar")] + ".part.tar"  # mmdebstrap picks the format by suffix
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase",
+                        "--include=" + ",".join(packages), suite, part, MIRROR], check=True)
+        os.rename(part, path)
+    return path
+
+
+def extract(name, root):
+    """root holds NAME's files (extracted unless it already has them)."""
+    os.makedirs(root, exist_ok=True)
+    if not os.listdir(root):
+        subprocess.run(["tar", "-xf", tarball(name), "-C", root], check=True)
+
+
+def command(root, argv, env=None):
+    """argv run inside root as in a container; env: variables for it (nothing else passes)."""
+    env = env or {}
+    inner = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+             "HOME=/root", "LANG=C.UTF-8"] + [f"{k}={v}" for k, v in env.items()] + list(argv)
+    bind = (f"mount --rbind /dev {shlex.quote(root)}/dev && "
+            f"mount --make-rslave {shlex.quote(root)}/dev && "
+            f"exec unshare --pid --fork --root={shlex.quote(root)} --mount-proc "
+            + " ".join(shlex.quote(a) for a in inner))
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind]
+
+
+def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "tar":
+        print(tarball(sys.argv[2]))
+        return 0
+    if len(sys.argv) >= 5 and sys.argv[1] == "run":
+        extract(sys.argv[2], sys.argv[3])
+        return subprocess.run(command(sys.argv[3], sys.argv[4:])).returncode
+    sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
