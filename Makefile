@@ -107,6 +107,11 @@ $(BUILD)/libckload.so: $(call obj,$(LOAD_SRC)) $(BUILD)/libckpt.a loader/ckload.
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,libckload.so.$(CKL_ABI) -Wl,-z,defs \
 	    -Wl,--version-script=loader/ckload.map $(filter-out %.map,$^) $(LDLIBS) $(CUDA_LIBS) -o $@
 
+# A library whose one dependency is libcurl: what the wheel ships libcurl through (setup.py).
+$(BUILD)/libckcurl.so:
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libckcurl.so -Wl,--no-as-needed -x c /dev/null -lcurl -o $@
+
 $(BUILD)/python/%.py: loader/python/%.py
 	@mkdir -p $(dir $@)
 	cp $< $@
@@ -216,9 +221,15 @@ install: all
 
 # The ckload wheel (pyproject.toml; setup.py builds libckload into build/wheel and puts it in the
 # package) into $(BUILD)/dist, with this Python's pip and setuptools, offline.
+# The wheel: pip builds it (setup.py), then auditwheel makes it self-contained: every library
+# the programs link (cJSON, xxHash, liburing, zlib) and libcurl with its TLS (through
+# libckcurl.so) are copied in, and the wheel is tagged with the oldest manylinux policy its
+# symbols allow (the glibc of the machine it was built on).
+AUDITWHEEL := PATH=$(CURDIR)/.deps/build/bin:$$PATH PYTHONPATH=$(CURDIR)/.deps/build $(PYTHON) -m auditwheel
 wheel:
-	rm -rf $(BUILD)/dist
-	$(PYTHON) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(BUILD)/dist .
+	rm -rf $(BUILD)/dist $(BUILD)/wheelhouse
+	$(PYTHON) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(BUILD)/wheelhouse .
+	$(AUDITWHEEL) repair -w $(BUILD)/dist $(BUILD)/wheelhouse/ckptfs-*.whl
 
 clean:
 	rm -rf build

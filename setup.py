@@ -1,8 +1,13 @@
-"""setup.py — the ckload wheel's build step (pyproject.toml names setuptools): the module
-(loader/python/ckload.py) becomes the package ckload, and libckload, compiled by the Makefile into
-build/wheel, goes beside it under its soname, where ckload looks first after CKLOAD_LIB. The
-version is the VERSION file's. The wheel is tagged for this platform, not for a Python version:
-ckload reaches the library through ctypes."""
+"""setup.py — the ckptfs wheel's build step (pyproject.toml names setuptools), the programs
+compiled by the Makefile into build/wheel:
+  - ckload: the module (loader/python/ckload.py) as the package, libckload beside it under its
+    soname, where ckload looks first after CKLOAD_LIB;
+  - ckptfs: the launcher of the `ckpt` and `ckptfs` commands (tools/python/ckptfs.py), the two
+    programs in its bin/.
+Each of the two directories also holds libckcurl.so, a library whose one dependency is libcurl,
+so that `make wheel`'s auditwheel ships libcurl with the wheel; without libcurl's -dev files it
+is left out and URL sources use the system's libcurl. The version is the VERSION file's. The
+wheel is tagged for this platform, not for a Python version: nothing in it is an extension."""
 import os
 import re
 import shutil
@@ -24,21 +29,34 @@ def soname():
     return "libckload.so." + re.search(r"#define CKL_ABI_VERSION (\d+)", header).group(1)
 
 
+def make(*targets):
+    """make's targets in build/wheel, a plain build whatever make ran this (a sanitizer run
+    passes SANITIZE down through MAKEFLAGS): build/wheel's objects are always the same kind."""
+    return subprocess.call(["make", "-C", HERE, "BUILD=build/wheel", "SANITIZE=", "COVERAGE=",
+                            *(f"build/wheel/{t}" for t in targets)])
+
+
 class BuildWithMake(build):
-    """The package: ckload.py as its __init__, and the library the Makefile builds."""
+    """The two packages, from the module, the launcher and the programs the Makefile builds."""
 
     def run(self):
         super().run()
-        # a plain build whatever make ran this (a sanitizer run passes SANITIZE down through
-        # MAKEFLAGS): build/wheel's objects are then always the same kind, never a mix
-        subprocess.check_call(["make", "-C", HERE, "BUILD=build/wheel", "SANITIZE=", "COVERAGE=",
-                               "build/wheel/libckload.so"])
-        pkg = os.path.join(self.build_lib, "ckload")
-        os.makedirs(pkg, exist_ok=True)
-        shutil.copyfile(os.path.join(HERE, "loader", "python", "ckload.py"),
-                        os.path.join(pkg, "__init__.py"))
-        shutil.copyfile(os.path.join(HERE, "build", "wheel", "libckload.so"),
-                        os.path.join(pkg, soname()))
+        if make("libckload.so", "ckpt", "ckptfs"):
+            raise SystemExit("setup.py: make failed (scripts/setup installs what it needs)")
+        curl = make("libckcurl.so") == 0
+        built = os.path.join(HERE, "build", "wheel")
+        files = {"ckload/__init__.py": os.path.join(HERE, "loader", "python", "ckload.py"),
+                 f"ckload/{soname()}": os.path.join(built, "libckload.so"),
+                 "ckptfs/__init__.py": os.path.join(HERE, "tools", "python", "ckptfs.py"),
+                 "ckptfs/bin/ckpt": os.path.join(built, "ckpt"),
+                 "ckptfs/bin/ckptfs": os.path.join(built, "ckptfs")}
+        if curl:
+            files["ckload/libckcurl.so"] = files["ckptfs/bin/libckcurl.so"] = \
+                os.path.join(built, "libckcurl.so")
+        for dest, src in files.items():
+            dest = os.path.join(self.build_lib, dest)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy(src, dest)  # with its mode: the programs stay executable
 
 
 class WithLibrary(Distribution):

@@ -57,16 +57,22 @@ def extract(name, root):
         subprocess.run(["tar", "-xf", tarball(name), "-C", root], check=True)
 
 
-def command(root, argv, env=None):
-    """argv run inside root as in a container; env: variables for it (nothing else passes)."""
+def command(root, argv, env=None, binds=()):
+    """argv run inside root as in a container. env: its variables (nothing else passes);
+    binds: (host path, path inside, read-only) mounted for it, in its own namespace only."""
     env = env or {}
     inner = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
              "HOME=/root", "LANG=C.UTF-8"] + [f"{k}={v}" for k, v in env.items()] + list(argv)
-    bind = (f"mount --rbind /dev {shlex.quote(root)}/dev && "
-            f"mount --make-rslave {shlex.quote(root)}/dev && "
-            f"exec unshare --pid --fork --root={shlex.quote(root)} --mount-proc "
-            + " ".join(shlex.quote(a) for a in inner))
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind]
+    q = shlex.quote
+    steps = [f"mount --rbind /dev {q(root)}/dev", f"mount --make-rslave {q(root)}/dev"]
+    for host, inside, readonly in binds:
+        at = q(os.path.join(root, inside.lstrip("/")))
+        steps += [f"mkdir -p {at}", f"mount --bind {q(host)} {at}"]
+        if readonly:
+            steps.append(f"mount -o remount,bind,ro {at}")
+    steps.append(f"exec unshare --pid --fork --root={q(root)} --mount-proc "
+                 + " ".join(q(a) for a in inner))
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)]
 
 
 def main():

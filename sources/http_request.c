@@ -107,12 +107,17 @@ static struct {
     CURLUcode (*url_get)(CURLU *, CURLUPart, char **, unsigned);
     void (*url_cleanup)(CURLU *);
     void (*free)(void *);
+    const char *tried; /* the file dlopen was given: the system's soname or CKPTFS_LIBCURL's */
 } cu;
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
 
+/* CKPTFS_LIBCURL names a library that is libcurl or brings it (the wheel's libckcurl.so, whose
+ * own dependency is the libcurl it ships): dlsym through it finds libcurl's functions. */
 static void load_curl(void)
 {
-    void *so = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    const char *own = getenv("CKPTFS_LIBCURL");
+    cu.tried = own && *own ? own : "libcurl.so.4";
+    void *so = dlopen(cu.tried, RTLD_NOW | RTLD_LOCAL);
     if (!so)
         return;
 #define SYM(field, name) (*(void **)&cu.field = dlsym(so, name))
@@ -135,7 +140,10 @@ static void load_curl(void)
 static int have_curl(const char *url, ck_error *err)
 {
     pthread_once(&cu_once, load_curl);
-    return cu.so ? 0 : ck_fail(err, url, "cannot load libcurl.so.4 (Debian: libcurl4)");
+    if (cu.so)
+        return 0;
+    return ck_fail(err, url, "cannot load %s (%s)", cu.tried,
+                   strcmp(cu.tried, "libcurl.so.4") ? "CKPTFS_LIBCURL" : "Debian: libcurl4");
 }
 
 

@@ -246,6 +246,10 @@ def library() -> ctypes.CDLL:
     with _lib_lock:
         if _lib is None:
             path = _lib_path()
+            # a wheel's libcurl (for URL sources) is the libckcurl.so beside its library
+            curl = os.path.join(os.path.dirname(path), "libckcurl.so")
+            if os.path.exists(curl):
+                os.environ.setdefault("CKPTFS_LIBCURL", curl)
             try:
                 lib = _c.CDLL(path, use_errno=True)  # a failed call's errno: its error class
             except OSError as e:

@@ -1,4 +1,4 @@
-"""The ckload wheel (`make wheel`, `pip install .`): installed into a fresh venv beside a torch
+"""The ckptfs wheel (`make wheel`, `pip install .`): installed into a fresh venv beside a torch
 (Debian's 1.13, and torch 2.x where scripts/setup made .deps/torch2), or with pip --target, it
 loads a checkpoint from a directory outside the repository with no PYTHONPATH, CKLOAD_LIB or
 LD_LIBRARY_PATH, through the libckload inside the package. Offline: pip is given the wheel
@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptfs_testlib import build_dir, run, write_safetensors
+from ckptfs_testlib import run, write_safetensors
 from test_install import REPO, SONAME, SYSTEM_PYTHON, clean_env
+from wheelroot import built_wheel
 
 TORCH2 = REPO / ".deps" / "torch2"
 CODE = ("import sys, ckload; sd = ckload.load(sys.argv[1], device='cpu'); "
@@ -20,16 +21,11 @@ CODE = ("import sys, ckload; sd = ckload.load(sys.argv[1], device='cpu'); "
 
 
 @pytest.fixture(scope="module")
-def wheel(build, tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist")
-    p = run(["make", "-s", "-C", REPO, f"BUILD={build_dir()}", "-o", "all", "wheel"],
-            timeout=600)
-    assert p.returncode == 0, p.stderr.decode()
-    found = list((build_dir() / "dist").glob("ckload-*.whl"))
-    assert len(found) == 1, found
+def wheel(build):
+    found = Path(built_wheel())
     version = (REPO / "VERSION").read_text().strip()
-    assert found[0].name == f"ckload-{version}-py3-none-linux_x86_64.whl"
-    return found[0]
+    assert found.name == f"ckptfs-{version}-py3-none-manylinux_2_34_x86_64.whl"
+    return found
 
 
 def checkpoint(d):
