@@ -1,8 +1,8 @@
 /* synth.c — the pack and safetensors files synthesized from an index (see synth.h). */
 #include "synth.h"
 #include "../base/bytes.h"
-#include "../base/json.h"
 #include "../base/names.h"
+#include "../base/text.h"
 #include "../formats/packfile.h"
 
 #include <errno.h>
@@ -28,7 +28,8 @@ struct ck_synth {
     seg *segs;
     size_t nsegs, cap_segs;
     uint64_t size;
-    unsigned char *head;     /* header and index, or the safetensors JSON */
+    ck_text head;            /* header and index, or the safetensors header: lends the
+                              * index's long texts (a GGUF key's JSON) rather than copy them */
     const ck_meta *extra;    /* safetensors only, while it is built: metadata to add */
     size_t nextra;
     /* pack only */
@@ -56,6 +57,16 @@ static int add_seg(ck_synth *sy, seg s)
     sy->segs[sy->nsegs++] = s;
     sy->size += s.len;
     return 0;
+}
+
+/* The head's pieces as segments, its own bytes and what it lends alike. */
+static int add_head(ck_synth *sy)
+{
+    int rc = 0;
+    for (size_t k = 0; k < sy->head.npieces && rc == 0; k++)
+        rc = add_seg(sy, (seg){.kind = SEG_BYTES, .len = sy->head.piece[k].len,
+                               .bytes = (const unsigned char *)sy->head.piece[k].s});
+    return rc;
 }
 
 static ck_synth *synth_new(const ck_index *ix)
@@ -91,7 +102,7 @@ void ck_synth_free(ck_synth *sy)
         return;
     pthread_mutex_destroy(&sy->lock);
     free(sy->segs);
-    free(sy->head);
+    ck_text_free(&sy->head);
     free(sy->blob_entry);
     free(sy->trailer);
     free(sy);
@@ -265,42 +276,31 @@ int ck_synth_groups(const ck_index *ix, const char *only, const unsigned char *k
 
 /* --- the pack's header and index ------------------------------------------------------------ */
 
-/* Appends to a buffer, or only counts when it has none: the index is encoded in two passes. */
-typedef struct enc {
-    unsigned char *p;
-    size_t n;
-} enc;
-
-static void enc_bytes(enc *e, const void *s, size_t n)
+/* The index's fields, little-endian; every string the index's own (or a literal), so that it
+ * outlives the pack and a long one (a GGUF key's JSON, a value's text) is lent, not copied. */
+static void enc_u8(ck_textbuf *b, uint8_t v)
 {
-    if (e->p && n)
-        memcpy(e->p + e->n, s, n);
-    e->n += n;
+    ck_textbuf_put(b, (const char *)&v, 1);
 }
 
-static void enc_u8(enc *e, uint8_t v)
+static void enc_u32(ck_textbuf *b, uint32_t v)
 {
-    enc_bytes(e, &v, 1);
+    unsigned char c[4];
+    put_le32(c, v);
+    ck_textbuf_put(b, (const char *)c, 4);
 }
 
-static void enc_u32(enc *e, uint32_t v)
+static void enc_u64(ck_textbuf *b, uint64_t v)
 {
-    unsigned char b[4];
-    put_le32(b, v);
-    enc_bytes(e, b, 4);
+    unsigned char c[8];
+    put_le64(c, v);
+    ck_textbuf_put(b, (const char *)c, 8);
 }
 
-static void enc_u64(enc *e, uint64_t v)
+static void enc_str(ck_textbuf *b, const char *s, size_t n)
 {
-    unsigned char b[8];
-    put_le64(b, v);
-    enc_bytes(e, b, 8);
-}
-
-static void enc_str(enc *e, const char *s, size_t n)
-{
-    enc_u32(e, (uint32_t)n);
-    enc_bytes(e, s, n);
+    enc_u32(b, (uint32_t)n);
+    ck_textbuf_put_held(b, s, n);
 }
 
 /* The metadata a pack carries: the source format first, unless the source (a pack) already
@@ -310,7 +310,7 @@ static int has_source_format(const ck_index *ix)
     return ix->nmeta && strcmp(ix->meta[0].key, "ckptfs.source_format") == 0;
 }
 
-static void encode_index(enc *e, const ck_synth *sy, const uint32_t *order, uint32_t n,
+static void encode_index(ck_textbuf *e, const ck_synth *sy, const uint32_t *order, uint32_t n,
                          const uint32_t *blob_of, const uint64_t *blob_off)
 {
     const ck_index *ix = sy->ix;
@@ -348,6 +348,24 @@ static void encode_index(enc *e, const ck_synth *sy, const uint32_t *order, uint
     }
 }
 
+/* XXH3-64 of t's bytes from `from` on, into *sum: 0, or -1 without memory. */
+static int text_xxh3(const ck_text *t, uint64_t from, uint64_t *sum)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return -1;
+    XXH3_64bits_reset(st);
+    for (size_t k = 0; k < t->npieces; k++) {
+        const ck_text_piece *p = &t->piece[k];
+        uint64_t skip = from > p->at ? from - p->at : 0;
+        if (skip < p->len)
+            XXH3_64bits_update(st, p->s + skip, p->len - skip);
+    }
+    *sum = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return 0;
+}
+
 /* Header, index and every segment of the pack of the entries in `order`. */
 static int build_pack(ck_synth *sy, const uint32_t *order, uint32_t n)
 {
@@ -371,23 +389,21 @@ static int build_pack(ck_synth *sy, const uint32_t *order, uint32_t n)
         blob_off[b] = ck_align_up(at, PACK_BLOB_ALIGN);
         at = blob_off[b] + ix->entries[sy->blob_entry[b]].nbytes;
     }
-    uint64_t data_len = ck_align_up(at, PACK_REGION_ALIGN);
-    enc e = {0};
+    uint64_t data_len = ck_align_up(at, PACK_REGION_ALIGN), sum;
+    static const char no_header[PACK_HEADER_SIZE]; /* filled in once the index is known */
+    ck_textbuf e = {0};
+    ck_textbuf_put(&e, no_header, PACK_HEADER_SIZE);
     encode_index(&e, sy, order, n, blob_of, blob_off);
-    size_t index_len = e.n;
-    if (!(sy->head = malloc(PACK_HEADER_SIZE + index_len)))
+    uint64_t index_len = ck_textbuf_size(&e) - PACK_HEADER_SIZE;
+    if (ck_textbuf_finish(&e, &sy->head) != 0 || text_xxh3(&sy->head, PACK_HEADER_SIZE, &sum))
         goto out;
-    e = (enc){.p = sy->head + PACK_HEADER_SIZE};
-    encode_index(&e, sy, order, n, blob_of, blob_off);
     pack_header h = {.version = PACK_VERSION, .index_offset = PACK_HEADER_SIZE,
                      .index_length = index_len,
                      .data_offset = ck_align_up(PACK_HEADER_SIZE + index_len, PACK_REGION_ALIGN),
-                     .data_length = data_len,
-                     .index_xxh3 = XXH3_64bits(sy->head + PACK_HEADER_SIZE, index_len)};
+                     .data_length = data_len, .index_xxh3 = sum};
     h.checksum_offset = h.data_offset + h.data_length;
-    pack_header_encode(&h, sy->head);
-    rc = add_seg(sy, (seg){.kind = SEG_BYTES, .bytes = sy->head,
-                           .len = PACK_HEADER_SIZE + index_len});
+    pack_header_encode(&h, (unsigned char *)sy->head.own); /* its first bytes: its own */
+    rc = add_head(sy);
     rc |= add_seg(sy, (seg){.kind = SEG_ZERO, .len = h.data_offset - sy->size});
     for (uint32_t b = 0; b < sy->nblobs && rc == 0; b++) {
         rc |= add_seg(sy, (seg){.kind = SEG_ZERO, .len = h.data_offset + blob_off[b] - sy->size});
@@ -666,44 +682,64 @@ int ck_synth_write(ck_synth *sy, int fd, ck_progress progress, void *ctx)
 
 /* --- the safetensors view ----------------------------------------------------------------- */
 
-static cJSON *tensor_desc(const ck_entry *e, uint64_t begin)
+/* The safetensors header is written as cJSON_PrintUnformatted would print it (the same members,
+ * in the same order, escaped the same way), straight into a text that lends the index's long
+ * metadata values, rather than as a tree that copies them. */
+
+static void put_cstring(ck_textbuf *b, const char *s, int held)
 {
-    cJSON *o = cJSON_CreateObject(), *shape = cJSON_CreateArray(), *offs = cJSON_CreateArray();
-    if (!o || !shape || !offs) {
-        cJSON_Delete(o), cJSON_Delete(shape), cJSON_Delete(offs);
-        return NULL;
-    }
-    cJSON_AddItemToObject(o, "dtype", cJSON_CreateString(ck_dtype_name(e->dtype)));
-    for (unsigned d = 0; d < e->rank; d++)
-        cJSON_AddItemToArray(shape, ck_json_uint((uint64_t)e->shape[d]));
-    cJSON_AddItemToObject(o, "shape", shape);
-    cJSON_AddItemToArray(offs, ck_json_uint(begin));
-    cJSON_AddItemToArray(offs, ck_json_uint(begin + e->nbytes));
-    cJSON_AddItemToObject(o, "data_offsets", offs);
-    return o;
+    ck_textbuf_put_string(b, s, strlen(s), held);
 }
 
-/* Adds ix's metadata, then extra's, to object meta, each key once (its first): a search of the
- * sorted keys, not of the object per key (a million GGUF keys). First, "format": "pt" when
- * neither has a "format": transformers loads a safetensors file only with a format it knows
- * (pt, tf, flax, mlx), the Hub's converter writes pt, and the tensors are as torch reads them.
- * 0, or -1 without memory. */
-static int add_metadata(cJSON *meta, const ck_index *ix, const ck_meta *extra, size_t nextra)
+/* "name":{"dtype":...,"shape":[...],"data_offsets":[begin,end]} */
+static void put_tensor_desc(ck_textbuf *b, const ck_entry *e, uint64_t begin)
+{
+    ck_textbuf_put_string(b, e->name, e->name_len, 0);
+    CK_TEXTBUF_LIT(b, ":{\"dtype\":");
+    put_cstring(b, ck_dtype_name(e->dtype), 0);
+    CK_TEXTBUF_LIT(b, ",\"shape\":[");
+    for (unsigned d = 0; d < e->rank; d++) {
+        if (d)
+            CK_TEXTBUF_LIT(b, ",");
+        ck_textbuf_put_uint(b, (uint64_t)e->shape[d]);
+    }
+    CK_TEXTBUF_LIT(b, "],\"data_offsets\":[");
+    ck_textbuf_put_uint(b, begin);
+    CK_TEXTBUF_LIT(b, ",");
+    ck_textbuf_put_uint(b, begin + e->nbytes);
+    CK_TEXTBUF_LIT(b, "]}");
+}
+
+/* ix's metadata, then extra's, as the members of __metadata__, each key once (its first): a
+ * search of the sorted keys, not of the members per key (a million GGUF keys). First,
+ * "format": "pt" when neither has a "format": transformers loads a safetensors file only with
+ * a format it knows (pt, tf, flax, mlx), the Hub's converter writes pt, and the tensors are as
+ * torch reads them. ix's values are lent (they outlive the file), extra's copied. 0, or -1
+ * without memory. */
+static int put_metadata(ck_textbuf *b, const ck_index *ix, const ck_meta *extra, size_t nextra)
 {
     size_t n = ix->nmeta + nextra;
     const char **keys = malloc((n ? n : 1) * sizeof *keys);
-    int has_format = 0;
+    int has_format = 0, first = 1;
     for (size_t i = 0; keys && i < n; i++) {
         keys[i] = i < ix->nmeta ? ix->meta[i].key : extra[i - ix->nmeta].key;
         has_format |= strcmp(keys[i], "format") == 0;
     }
-    if (keys && !has_format)
-        cJSON_AddItemToObject(meta, "format", cJSON_CreateString("pt"));
+    if (keys && !has_format) {
+        CK_TEXTBUF_LIT(b, "\"format\":\"pt\"");
+        first = 0;
+    }
     unsigned char *later = keys ? ck_names_repeated(keys, n) : NULL;
     for (size_t i = 0; later && i < n; i++) {
         const ck_meta *m = i < ix->nmeta ? &ix->meta[i] : &extra[i - ix->nmeta];
-        if (!later[i])
-            cJSON_AddItemToObject(meta, m->key, cJSON_CreateString(m->value));
+        if (later[i])
+            continue;
+        if (!first)
+            CK_TEXTBUF_LIT(b, ",");
+        first = 0;
+        put_cstring(b, m->key, 0);
+        CK_TEXTBUF_LIT(b, ":");
+        put_cstring(b, m->value, i < ix->nmeta);
     }
     int ok = later != NULL;
     free(later);
@@ -711,68 +747,76 @@ static int add_metadata(cJSON *meta, const ck_index *ix, const ck_meta *extra, s
     return ok ? 0 : -1;
 }
 
-/* The JSON header; tensors whose dtype the spec lacks are named in ckptfs.omitted instead. */
-static char *st_header(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep,
-                       const ck_meta *extra, size_t nextra)
+/* The names of the tensors whose dtype the spec lacks (keep[k] 0 for them, else 1), as the JSON
+ * array that __metadata__ "ckptfs.omitted" holds as a string, into *out: 0, or -1 without
+ * memory. */
+static int omitted_list(const ck_index *ix, const uint32_t *order, uint32_t n, uint8_t *keep,
+                        ck_text *out)
 {
-    cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(), *omitted = cJSON_CreateArray();
-    char *text = NULL;
-    if (!root || !meta || !omitted) {
-        cJSON_Delete(root), cJSON_Delete(meta), cJSON_Delete(omitted);
-        return NULL;
+    ck_textbuf b = {0};
+    CK_TEXTBUF_LIT(&b, "[");
+    for (uint32_t k = 0, any = 0; k < n; k++) {
+        const ck_entry *e = &ix->entries[order[k]];
+        keep[k] = e->dtype < CK_ST_DTYPE_COUNT;
+        if (keep[k])
+            continue;
+        if (any++)
+            CK_TEXTBUF_LIT(&b, ",");
+        ck_textbuf_put_string(&b, e->name, e->name_len, 0);
     }
-    cJSON_AddItemToObject(root, "__metadata__", meta);
-    if (add_metadata(meta, ix, extra, nextra) != 0)
-        goto out;
+    CK_TEXTBUF_LIT(&b, "]");
+    return ck_textbuf_finish(&b, out);
+}
+
+/* The header into sy->head: its length (8 bytes), the JSON, the spec's padding (spaces) to a
+ * multiple of 8; tensors whose dtype the spec lacks are named in ckptfs.omitted instead. 0, or
+ * -1 without memory. */
+static int st_header(ck_synth *sy, const uint32_t *order, uint32_t n, uint8_t *keep)
+{
+    const ck_index *ix = sy->ix;
+    static const char no_length[8]; /* filled in once the JSON is written */
+    ck_text omitted;
+    if (omitted_list(ix, order, n, keep, &omitted) != 0)
+        return -1;
+    ck_textbuf b = {0};
+    ck_textbuf_put(&b, no_length, sizeof no_length);
+    CK_TEXTBUF_LIT(&b, "{\"__metadata__\":{");
+    int rc = put_metadata(&b, ix, sy->extra, sy->nextra);
+    if (omitted.len > 2) {
+        CK_TEXTBUF_LIT(&b, ",\"ckptfs.omitted\":");
+        ck_textbuf_put_string(&b, omitted.own, (size_t)omitted.len, 0);
+    }
+    ck_text_free(&omitted);
+    CK_TEXTBUF_LIT(&b, "}");
     uint64_t at = 0;
     for (uint32_t k = 0; k < n; k++) {
         const ck_entry *e = &ix->entries[order[k]];
-        keep[k] = e->dtype < CK_ST_DTYPE_COUNT;
-        if (!keep[k]) {
-            cJSON_AddItemToArray(omitted, cJSON_CreateString(e->name));
+        if (!keep[k])
             continue;
-        }
-        cJSON *d = tensor_desc(e, at);
-        if (!d)
-            goto out;
-        cJSON_AddItemToObject(root, e->name, d);
+        CK_TEXTBUF_LIT(&b, ",");
+        put_tensor_desc(&b, e, at);
         at += e->nbytes;
     }
-    if (cJSON_GetArraySize(omitted)) {
-        char *list = cJSON_PrintUnformatted(omitted);
-        if (!list)
-            goto out;
-        cJSON_AddItemToObject(meta, "ckptfs.omitted", cJSON_CreateString(list));
-        free(list);
-    }
-    text = cJSON_PrintUnformatted(root);
-out:
-    cJSON_Delete(root);
-    cJSON_Delete(omitted);
-    return text;
+    CK_TEXTBUF_LIT(&b, "}");
+    uint64_t len = ck_textbuf_size(&b) - sizeof no_length, padded = ck_align_up(len, 8);
+    ck_textbuf_put(&b, "        ", (size_t)(padded - len));
+    if (ck_textbuf_finish(&b, &sy->head) != 0 || rc != 0)
+        return -1;
+    put_le64((unsigned char *)sy->head.own, padded); /* its first bytes: its own */
+    return 0;
 }
 
 static int build_safetensors(ck_synth *sy, const uint32_t *order, uint32_t n)
 {
     uint8_t *keep = malloc(n ? n : 1);
-    char *json = keep ? st_header(sy->ix, order, n, keep, sy->extra, sy->nextra) : NULL;
-    int rc = -1;
-    if (!json)
-        goto out;
-    size_t len = strlen(json), padded = (size_t)ck_align_up(len, 8);
-    if (!(sy->head = malloc(8 + padded)))
-        goto out;
-    put_le64(sy->head, padded);
-    memcpy(sy->head + 8, json, len);
-    memset(sy->head + 8 + len, ' ', padded - len); /* the spec's padding: spaces */
-    rc = add_seg(sy, (seg){.kind = SEG_BYTES, .bytes = sy->head, .len = 8 + padded});
+    int rc = keep ? st_header(sy, order, n, keep) : -1;
+    if (rc == 0)
+        rc = add_head(sy);
     for (uint32_t k = 0; k < n && rc == 0; k++)
         if (keep[k])
             rc = add_seg(sy, (seg){.kind = SEG_ENTRY, .entry = order[k],
                                   .len = sy->ix->entries[order[k]].nbytes});
-out:
     free(keep);
-    free(json);
     return rc;
 }
 

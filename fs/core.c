@@ -101,7 +101,7 @@ void ck_fs_free(ck_fs *fs)
     free(fs->sources);
     free(fs->alias_of);
     for (int k = 0; k < CK_VFILE_COUNT; k++) {
-        ck_view_text_free(&fs->vfile[k].text);
+        ck_text_free(&fs->vfile[k].text);
         ck_synth_free(fs->vfile[k].synth);
     }
     if (fs->ix)
@@ -502,11 +502,11 @@ ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_
         return -EINVAL;
     if (!vfile_ready(fs, nd->id))
         return -EIO;
-    const ck_view_text *t = &fs->vfile[nd->id].text;
+    const ck_text *t = &fs->vfile[nd->id].text;
     uint64_t left = (uint64_t)off >= t->len ? 0 : t->len - (uint64_t)off;
     size_t want = left > size ? size : (size_t)left;
     /* the mount's own bytes (and the index's it lends): nothing to release */
-    if (ck_view_text_lend(t, (uint64_t)off, want, h->iov, CK_HELD_MAX, &h->n) < want) {
+    if (ck_text_lend(t, (uint64_t)off, want, h->iov, CK_HELD_MAX, &h->n) < want) {
         h->n = 0;
         return -ENOTSUP;
     }
@@ -562,7 +562,7 @@ ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
         return -EISDIR;
     case CK_NODE_MEMFILE:
         return vfile_ready(fs, nd->id)
-                   ? (ssize_t)ck_view_text_read(&fs->vfile[nd->id].text, (uint64_t)off, buf, size)
+                   ? (ssize_t)ck_text_read(&fs->vfile[nd->id].text, (uint64_t)off, buf, size)
                    : -EIO;
     case CK_NODE_VALUE: /* its text is in memory */
         return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);

@@ -40,7 +40,7 @@
 
 #include "../views/mountinfo.h"
 #include "../views/tree.h"
-#include "../views/view.h" /* ck_view_text: index.json */
+#include "../views/view.h" /* ck_text: index.json */
 #include "../checkpoint/synth.h"
 
 enum { CK_VFILE_INDEX_JSON, CK_VFILE_PACK, CK_VFILE_SAFETENSORS, CK_VFILE_STATUS, CK_VFILE_COUNT };
@@ -54,7 +54,7 @@ typedef struct ck_fs {
     const ck_index *ix;
     const ck_tree *tree;
     struct {
-        ck_view_text text;     /* CK_NODE_MEMFILE: its bytes */
+        ck_text text;          /* CK_NODE_MEMFILE: its bytes */
         ck_synth *synth;       /* CK_NODE_SYNTH: its layout */
         int made;              /* made on first use (under vfile_lock) */
         int failed;            /* could not be made (and was logged) */

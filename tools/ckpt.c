@@ -117,7 +117,7 @@ static int print_json(const ck_index *ix, const uint32_t *alias_of, const char *
         fprintf(stderr, "ckpt: %s\n", err.msg);
         return -1;
     }
-    ck_view_text json;
+    ck_text json;
     int rc = ck_view_index_json(ix, tree, alias_of, 1, &json);
     ck_tree_free(tree);
     if (rc) {
@@ -125,9 +125,9 @@ static int print_json(const ck_index *ix, const uint32_t *alias_of, const char *
         fprintf(stderr, "ckpt: %s: out of memory\n", ck_location_shown(source, shown, sizeof shown));
         return -1;
     }
-    ck_view_text_write(&json, stdout);
+    ck_text_write(&json, stdout);
     putchar('\n');
-    ck_view_text_free(&json);
+    ck_text_free(&json);
     return 0;
 }
 

@@ -375,6 +375,14 @@ def peak_kib_of(args, out):
     return peak
 
 
+def big_bool_case(tmp_path):
+    """Issue 39's hostile GGUF (one 16 Mi-item bool array: a 16.8 MB file whose key is ~95 MB
+    of JSON text), its flags, and the memory bound: 8x the file + 64 MiB, in KiB."""
+    flags = [i % 3 == 0 for i in range(16 << 20)]
+    src = big_bool_gguf(tmp_path, flags)
+    return src, flags, (8 * src.stat().st_size + (64 << 20)) // 1024
+
+
 def test_gguf_metadata_memory_is_bounded_by_the_file(tmp_path, mount, unsanitized):
     """Issue 39: a 16.8 MB GGUF of one 16 Mi-item bool array peaked the daemon at ~30x the file
     (the key's ~95 MB JSON text rendered, copied into the index, copied again as index.json).
@@ -383,9 +391,7 @@ def test_gguf_metadata_memory_is_bounded_by_the_file(tmp_path, mount, unsanitize
     `ckpt ls --json`'s, stay within 8x the file + 64 MiB. The values are the ones gguf-py
     wrote."""
     import netlab
-    flags = [i % 3 == 0 for i in range(16 << 20)]
-    src = big_bool_gguf(tmp_path, flags)
-    bound_kib = (8 * src.stat().st_size + (64 << 20)) // 1024
+    src, flags, bound_kib = big_bool_case(tmp_path)
     peak = peak_kib_of(["ls", src, "--json"], tmp_path / "ls.json")
     assert peak <= bound_kib, f"ckpt ls --json: peak {peak} KiB, bound {bound_kib} KiB"
     assert json.loads((tmp_path / "ls.json").read_bytes())["metadata"]["test.flags"] == \
@@ -398,3 +404,28 @@ def test_gguf_metadata_memory_is_bounded_by_the_file(tmp_path, mount, unsanitize
         assert json.loads((mnt / "__metadata__" / "test" / "flags").read_bytes()) == flags
         peak = netlab.daemon_peak_rss_kib(mnt)
     assert peak <= bound_kib, f"the daemon: peak {peak} KiB, bound {bound_kib} KiB"
+
+
+def test_gguf_metadata_in_the_virtual_files_is_lent(tmp_path, mount, unsanitized):
+    """Issue 39: the virtual safetensors and pack of that GGUF carry the key's JSON text in their
+    headers; built as one copy each, stat and a read of both peaked the daemon at 466 MiB. Their
+    headers now lend the index's text: stat and a full read of each stay within 8x the file +
+    64 MiB. The safetensors file is read by the safetensors library (the metadata's value is
+    the key's typed JSON, holding the flags gguf-py wrote); the pack is the bytes `ckpt pack`
+    writes, which stays within the bound as well."""
+    import netlab
+    from safetensors import safe_open
+    src, flags, bound_kib = big_bool_case(tmp_path)
+    peak = peak_kib_of(["pack", src, tmp_path / "m.pack"], tmp_path / "pack.out")
+    assert peak <= bound_kib, f"ckpt pack: peak {peak} KiB, bound {bound_kib} KiB"
+    with mount(src) as mnt:
+        for name in ("checkpoint.safetensors", "checkpoint.pack"):
+            (mnt / ".ckptfs" / name).stat()
+        with safe_open(str(mnt / ".ckptfs" / "checkpoint.safetensors"), "np") as f:
+            assert json.loads(f.metadata()["test.flags"])["value"] == flags
+            assert f.get_tensor("w").tolist() == [0.0] * 4
+        assert (mnt / ".ckptfs" / "checkpoint.pack").read_bytes() == \
+            (tmp_path / "m.pack").read_bytes()
+        peak = netlab.daemon_peak_rss_kib(mnt)
+    assert peak <= bound_kib, f"the daemon: peak {peak} KiB, bound {bound_kib} KiB"
+

@@ -332,14 +332,14 @@ Test(core, read_tensors_and_values)
 /* index.json's text as ck_view_index_json makes it, in one piece (*len bytes). */
 static char *index_text(ck_fs *fs, size_t *len)
 {
-    ck_view_text v;
+    ck_text v;
     cr_assert_eq(ck_view_index_json(fs->ix, fs->tree, fs->alias_of, 0, &v), 0);
     char *text = malloc(v.len + 1);
     cr_assert_not_null(text);
-    *len = ck_view_text_read(&v, 0, text, v.len);
+    *len = ck_text_read(&v, 0, text, v.len);
     cr_assert_eq(*len, v.len);
     text[*len] = 0;
-    ck_view_text_free(&v);
+    ck_text_free(&v);
     return text;
 }
 

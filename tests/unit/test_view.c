@@ -13,12 +13,12 @@ TestSuite(shape_json, .fini = tmp_cleanup);
 
 static const ck_tree_vfile vfiles[] = {{"index.json", CK_NODE_MEMFILE}};
 
-/* A text's pieces, read whole (ck_view_text_read), NUL-terminated; *len bytes. */
-static char *flat(const ck_view_text *v, size_t *len)
+/* A text's pieces, read whole (ck_text_read), NUL-terminated; *len bytes. */
+static char *flat(const ck_text *v, size_t *len)
 {
     char *s = malloc(v->len + 1);
     cr_assert_not_null(s);
-    *len = ck_view_text_read(v, 0, s, v->len + 1);
+    *len = ck_text_read(v, 0, s, v->len + 1);
     cr_assert_eq(*len, v->len);
     s[*len] = 0;
     return s;
@@ -29,10 +29,10 @@ static cJSON *index_json(const ck_index *ix, int with_locations, const char **te
 {
     ck_tree *t = tree_ok(ix, ".ckptfs", vfiles, 1);
     size_t len = 0;
-    ck_view_text v;
+    ck_text v;
     cr_assert_eq(ck_view_index_json(ix, t, NULL, with_locations, &v), 0);
     char *s = flat(&v, &len);
-    ck_view_text_free(&v);
+    ck_text_free(&v);
     cr_assert_eq(len, strlen(s));
     *text = strf("%s", s);
     free(s);
@@ -341,7 +341,7 @@ Test(index_json, long_json_metadata_is_lent_not_copied)
     ix->meta[1].json = 1;
     free(value);
     ck_tree *t = tree_ok(ix, ".ckptfs", vfiles, 1);
-    ck_view_text v;
+    ck_text v;
     cr_assert_eq(ck_view_index_json(ix, t, NULL, 0, &v), 0);
     cr_assert_eq(v.npieces, 3);
     cr_assert_eq(v.piece[1].s, ix->meta[0].value, "the index's text, not a copy");
@@ -351,18 +351,18 @@ Test(index_json, long_json_metadata_is_lent_not_copied)
                                  "\"test.short\":[1]},\"tensors\":[]}", ix->meta[0].value));
     char buf[64];
     for (uint64_t off = 0; off <= len; off += 7) {
-        size_t got = ck_view_text_read(&v, off, buf, sizeof buf);
+        size_t got = ck_text_read(&v, off, buf, sizeof buf);
         size_t want = len - off < sizeof buf ? len - off : sizeof buf;
         cr_assert_eq(got, want, "at %llu", (unsigned long long)off);
         cr_assert_arr_eq(buf, whole + off, got, "at %llu", (unsigned long long)off);
         struct iovec iov[1];
         unsigned pieces;
-        size_t lent = ck_view_text_lend(&v, off, sizeof buf, iov, 1, &pieces);
+        size_t lent = ck_text_lend(&v, off, sizeof buf, iov, 1, &pieces);
         cr_assert_leq(lent, want);
         cr_assert_arr_eq(iov[0].iov_base, whole + off, lent);
     }
     free(whole);
-    ck_view_text_free(&v);
+    ck_text_free(&v);
     ck_tree_free(t);
     ck_index_free(ix);
 }
