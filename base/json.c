@@ -156,3 +156,57 @@ void ck_json_string(ck_json_put put, void *ctx, const char *s, size_t n, int how
     }
     put(ctx, "\"", 1);
 }
+
+size_t ck_json_space(const char *s, size_t n, size_t i)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i;
+}
+
+size_t ck_json_end(const char *s, size_t n, size_t i)
+{
+    size_t depth = 0;
+    for (; i < n; i++) {
+        char c = s[i];
+        if (c == '"') {
+            for (i++; i < n && s[i] != '"'; i++)
+                i += s[i] == '\\'; /* an escape: the byte after it is no quote */
+            if (depth == 0)
+                return i < n ? i + 1 : n;
+        } else if (c == '[' || c == '{') {
+            depth++;
+        } else if (c == ']' || c == '}') {
+            if (depth == 0) /* a number or a word just ended */
+                return i;
+            if (--depth == 0)
+                return i + 1;
+        } else if (depth == 0 && (c == ',' || c == ':' || ck_json_space(s, n, i) > i)) {
+            return i;
+        }
+    }
+    return n;
+}
+
+int ck_json_member(const char *s, size_t n, size_t i, const char *key, size_t *from, size_t *to)
+{
+    size_t klen = strlen(key);
+    i = ck_json_space(s, n, i);
+    if (i >= n || s[i] != '{')
+        return -1;
+    for (i = ck_json_space(s, n, i + 1); i < n && s[i] == '"';) {
+        size_t kend = ck_json_end(s, n, i), colon = ck_json_space(s, n, kend);
+        if (colon >= n || s[colon] != ':')
+            break;
+        size_t v = ck_json_space(s, n, colon + 1), vend = ck_json_end(s, n, v);
+        if (kend - i == klen + 2 && memcmp(s + i + 1, key, klen) == 0) {
+            *from = v, *to = vend;
+            return 0;
+        }
+        i = ck_json_space(s, n, vend);
+        if (i >= n || s[i] != ',')
+            break;
+        i = ck_json_space(s, n, i + 1);
+    }
+    return -1;
+}

@@ -85,14 +85,17 @@ typedef struct info {
 
 enum { SHOWN_ITEMS = 3, SHOWN_BYTES = 160 }; /* of a metadata value, without --full */
 
-/* What an array's items are, in words: "strings", "integers", "numbers", "booleans", or
- * "values" when they are mixed. */
-static const char *items_word(const cJSON *a)
+/* What an array's items are, in words, from the first byte of each (kinds: 1 a string, 2 a
+ * boolean, 4 a number, 8 anything else): "strings", "booleans", "numbers", or "values" when
+ * they are mixed. */
+static const char *items_word(int kinds)
 {
-    int kinds = 0;
-    for (const cJSON *x = a->child; x; x = x->next)
-        kinds |= cJSON_IsString(x) ? 1 : cJSON_IsBool(x) ? 2 : cJSON_IsNumber(x) ? 4 : 8;
     return kinds == 1 ? "strings" : kinds == 2 ? "booleans" : kinds == 4 ? "numbers" : "values";
+}
+
+static int item_kind(char c)
+{
+    return c == '"' ? 1 : c == 't' || c == 'f' ? 2 : c == '-' || (c >= '0' && c <= '9') ? 4 : 8;
 }
 
 /* text (len bytes), cut after SHOWN_BYTES (at a character's start) unless full. */
@@ -112,32 +115,39 @@ static void print_cut(const char *text, size_t len, int full)
 /* A metadata value as `ckpt info` shows it: a typed JSON value (a GGUF key's {"type", "value"})
  * as its value, in JSON; an array of more than SHOWN_ITEMS items as its count and first items
  * unless full (a vocabulary of 128000 tokens: [128000 strings: "<unk>", "<s>", "</s>", …]);
- * text cut after SHOWN_BYTES unless full. */
+ * text cut after SHOWN_BYTES unless full. The JSON is walked as the index holds it, not parsed:
+ * a tree of a 16 Mi-item array takes ~1.4 GB, and the text is exact (a UINT64 above 2^53 too). */
 static void print_meta_value(const ck_meta *m, int full)
 {
-    size_t len = strlen(m->value);
-    cJSON *doc = m->json ? cJSON_ParseWithLength(m->value, len) : NULL;
-    const cJSON *typed = cJSON_IsObject(doc) ? cJSON_GetObjectItemCaseSensitive(doc, "value")
-                                             : NULL, *v = typed ? typed : doc;
-    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
-    char *text = NULL;
-    if (!full && n > SHOWN_ITEMS) {
-        printf("[%d %s: ", n, items_word(v));
-        int k = 0;
-        for (const cJSON *x = v->child; x && k < SHOWN_ITEMS; x = x->next, k++) {
-            if ((text = cJSON_PrintUnformatted(x)))
-                print_cut(text, strlen(text), 0);
-            free(text);
-            printf(", ");
+    const char *s = m->value;
+    size_t len = strlen(s), from = 0, to = len;
+    if (m->json && ck_json_member(s, len, 0, "value", &from, &to) != 0)
+        to = ck_json_end(s, len, from = ck_json_space(s, len, 0));
+    if (m->json && !full && from < to && s[from] == '[') {
+        size_t item[SHOWN_ITEMS][2], n = 0;
+        int kinds = 0;
+        for (size_t i = ck_json_space(s, to, from + 1); i < to && s[i] != ']';) {
+            size_t end = ck_json_end(s, to, i);
+            kinds |= item_kind(s[i]);
+            if (n < SHOWN_ITEMS)
+                item[n][0] = i, item[n][1] = end;
+            n++;
+            i = ck_json_space(s, to, end);
+            if (i >= to || s[i] != ',')
+                break;
+            i = ck_json_space(s, to, i + 1);
         }
-        printf("\u2026]");
-    } else if (v && (text = cJSON_PrintUnformatted(v))) {
-        print_cut(text, strlen(text), full);
-        free(text);
-    } else {
-        print_cut(m->value, len, full);
+        if (n > SHOWN_ITEMS) {
+            printf("[%zu %s: ", n, items_word(kinds));
+            for (size_t k = 0; k < SHOWN_ITEMS; k++) {
+                print_cut(s + item[k][0], item[k][1] - item[k][0], 0);
+                printf(", ");
+            }
+            printf("\u2026]");
+            return;
+        }
     }
-    cJSON_Delete(doc);
+    print_cut(s + from, to - from, full);
 }
 
 static void print_info_text(const ck_index *ix, const info *in, int full)
@@ -188,10 +198,34 @@ static cJSON *sums_json(uint64_t tensors, uint64_t params, uint64_t bytes)
     return o;
 }
 
+static void put_stdout(void *ctx, const char *s, size_t n)
+{
+    (void)ctx;
+    fwrite(s, 1, n, stdout);
+}
+
+/* A JSON text as it is but for white space outside its strings (a GGUF key's typed JSON has a
+ * newline before its closing brace), so that the summary stays one line. */
+static void put_one_line(const char *s, size_t n)
+{
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '"') {
+            i = ck_json_end(s, n, i) - 1;
+        } else if (ck_json_space(s, n, i) > i) {
+            fwrite(s + run, 1, i - run, stdout);
+            run = i + 1;
+        }
+    }
+    fwrite(s + run, 1, n - run, stdout);
+}
+
+/* The summary as JSON, written as it goes: the metadata, last, as the index holds it (a typed
+ * GGUF value's text, exact, rather than a tree of it: ~1.4 GB for a 16 Mi-item array). */
 static int print_info_json(const ck_index *ix, const info *in)
 {
     cJSON *doc = cJSON_CreateObject(), *files = cJSON_CreateArray(), *by = cJSON_CreateObject(),
-          *tree = cJSON_CreateArray(), *meta = cJSON_CreateObject();
+          *tree = cJSON_CreateArray();
     cJSON_AddStringToObject(doc, "source", ck_index_source(ix));
     cJSON_AddStringToObject(doc, "format", ix->format);
     for (uint32_t i = 0; i < ix->nfiles; i++)
@@ -217,18 +251,35 @@ static int print_info_json(const ck_index *ix, const info *in)
         cJSON_AddItemToArray(tree, o);
     }
     cJSON_AddItemToObject(doc, "tree", tree);
-    for (size_t i = 0; i < ix->nmeta; i++)
-        cJSON_AddItemToObject(meta, ix->meta[i].key, ix->meta[i].json
-                                                         ? cJSON_Parse(ix->meta[i].value)
-                                                         : cJSON_CreateString(ix->meta[i].value));
-    cJSON_AddItemToObject(doc, "metadata", meta);
-    return print_json_doc(doc);
+    char *text = cJSON_PrintUnformatted(doc);
+    cJSON_Delete(doc);
+    if (!text) {
+        fprintf(stderr, "ckpt: out of memory\n");
+        return -1;
+    }
+    fwrite(text, 1, strlen(text) - 1, stdout); /* all but its closing brace: "metadata" follows */
+    free(text);
+    printf(",\"metadata\":{");
+    for (size_t i = 0; i < ix->nmeta; i++) {
+        const ck_meta *m = &ix->meta[i];
+        if (i)
+            putchar(',');
+        ck_json_string(put_stdout, NULL, m->key, strlen(m->key), CK_JSON_UTF8 | CK_JSON_NAMED);
+        putchar(':');
+        if (m->json)
+            put_one_line(m->value, strlen(m->value));
+        else
+            ck_json_string(put_stdout, NULL, m->value, strlen(m->value),
+                           CK_JSON_UTF8 | CK_JSON_NAMED);
+    }
+    printf("}}\n");
+    return 0;
 }
 
 enum { INFO_DEPTH, INFO_JSON, INFO_FULL };
 const ck_option info_options[] = {
     {"depth", "N", "the tree of bytes by name prefix to depth N, 0 to 64 (default 2)", 0},
-    {"json", NULL, "the summary as JSON (metadata always whole)", 0},
+    {"json", NULL, "the summary as JSON (metadata always whole, as index.json has it)", 0},
     {"full", NULL, "metadata values whole: long arrays and text are cut without it", 0},
     {NULL, NULL, NULL, 0}};
 

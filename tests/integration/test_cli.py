@@ -293,6 +293,29 @@ def test_info_cuts_long_metadata_unless_full(tmp_path):
     assert len(text) < 4000 < len(full)
 
 
+def test_info_shows_metadata_exactly(tmp_path):
+    """A UINT64 above 2^53 (gguf-py writes it) is its exact decimal in `ckpt info` and --json,
+    as index.json has it: not a double's 1.8446744073709552e+19."""
+    import gguf
+    import numpy as np
+    path = tmp_path / "u.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint64("test.big", 2**64 - 1)
+    w.add_key_value("test.bigs", [2**53 + 1] * 5, gguf.GGUFValueType.ARRAY,
+                    gguf.GGUFValueType.UINT64)
+    w.add_tensor("w", np.ones(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    text = ckpt("info", path).stdout.decode().splitlines()
+    assert f"  test.big: {2**64 - 1}" in text, text
+    assert f"  test.bigs: [5 numbers: {2**53 + 1}, {2**53 + 1}, {2**53 + 1}, \u2026]" in text, text
+    meta = json.loads(ckpt("info", path, "--json").stdout)["metadata"]
+    assert meta["test.big"] == {"type": "UINT64", "value": 2**64 - 1}
+    assert meta["test.bigs"]["value"] == [2**53 + 1] * 5
+
+
 def test_stats_columns_line_up_on_a_terminal(source):
     src, tensors = source
     rc, shown = on_a_terminal("stats", src)

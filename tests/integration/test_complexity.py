@@ -429,3 +429,21 @@ def test_gguf_metadata_in_the_virtual_files_is_lent(tmp_path, mount, unsanitized
         peak = netlab.daemon_peak_rss_kib(mnt)
     assert peak <= bound_kib, f"the daemon: peak {peak} KiB, bound {bound_kib} KiB"
 
+
+def test_gguf_metadata_memory_of_info_and_convert(tmp_path, unsanitized):
+    """Issue 39: `ckpt info` parsed each metadata value into a cJSON tree (~1.4 GB for that
+    GGUF's 16 Mi bools). Now it reads the held text: the text shows the array's count, kind and
+    first items, --json the value exactly as index.json has it; `ckpt convert` to safetensors
+    (the virtual file's header) as well. Each within 8x the file + 64 MiB."""
+    from safetensors import safe_open
+    src, flags, bound_kib = big_bool_case(tmp_path)
+    shown = "[16777216 booleans: true, false, false, \u2026]"
+    for args, out in ((["info", src], "info.txt"), (["info", src, "--json"], "info.json"),
+                      (["convert", src, tmp_path / "m.safetensors"], "convert.out")):
+        peak = peak_kib_of(args, tmp_path / out)
+        assert peak <= bound_kib, f"ckpt {args[0]}: peak {peak} KiB, bound {bound_kib} KiB"
+    assert f"  test.flags: {shown}" in (tmp_path / "info.txt").read_text().splitlines()
+    info = json.loads((tmp_path / "info.json").read_bytes())
+    assert info["metadata"]["test.flags"] == {"type": "ARRAY", "item_type": "BOOL", "value": flags}
+    with safe_open(str(tmp_path / "m.safetensors"), "np") as f:
+        assert json.loads(f.metadata()["test.flags"])["value"] == flags

@@ -107,3 +107,40 @@ Test(json, string_replaces_what_is_not_utf8)
                      "a\xef\xbf\xbd" "b\xc3\xa9\n\xef\xbf\xbd\xef\xbf\xbd\"");
     cJSON_Delete(back);
 }
+
+/* ck_json_end agrees with cJSON on where a value ends, and no cut of a text reads past the cut. */
+Test(json, end_is_where_cjson_stops)
+{
+    static const char *texts[] = {
+        "true,", "-12.5e3]", "\"a\\\"]\\\\\" ,", "[1,\"]\",{\"k\":[2,{}]},[]] x",
+        "{\"type\":\"ARRAY\",\"value\":[\"}\",\"\\\\\"]\n}, 1", "null }", "[ 1 , 2 ]",
+    };
+    for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
+        const char *s = texts[k], *stop;
+        size_t n = strlen(s);
+        cJSON *v = cJSON_ParseWithOpts(s, &stop, 0);
+        cr_assert_not_null(v, "%s", s);
+        cJSON_Delete(v);
+        cr_assert_eq(ck_json_end(s, n, 0), (size_t)(stop - s), "%s", s);
+        for (size_t cut = 0; cut <= n; cut++) {
+            char *part = malloc(cut ? cut : 1); /* no NUL after it: ASan sees a read past */
+            memcpy(part, s, cut);
+            cr_assert_leq(ck_json_end(part, cut, 0), cut);
+            size_t from, to;
+            if (ck_json_member(part, cut, 0, "value", &from, &to) == 0)
+                cr_assert(from <= to && to <= cut);
+            free(part);
+        }
+    }
+}
+
+Test(json, member_of_a_typed_value)
+{
+    const char *s = " {\"type\":\"ARRAY\", \"item_type\":\"value\",\"value\" : [true,\"\\\"value\\\"\"]\n}";
+    size_t from, to;
+    cr_assert_eq(ck_json_member(s, strlen(s), 0, "value", &from, &to), 0);
+    cr_assert_eq(to - from, strlen("[true,\"\\\"value\\\"\"]"));
+    cr_assert_eq(memcmp(s + from, "[true,", 6), 0);
+    cr_assert_eq(ck_json_member(s, strlen(s), 0, "valu", &from, &to), -1);
+    cr_assert_eq(ck_json_member("[1]", 3, 0, "value", &from, &to), -1);
+}
