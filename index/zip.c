@@ -814,30 +814,52 @@ static int inflate_into(z_stream *s, zin *in, unsigned char *out, uint64_t len,
     return 0;
 }
 
+/* A decoder of the entry zi describes, at output offset off: started at the seek point before
+ * off, the bytes up to off decoded and thrown away. In place: zlib's state points back at s. */
+typedef struct zip_cursor {
+    z_stream s;
+    zin *in;
+    unsigned char *scratch; /* ZIP_WINDOW bytes for what is thrown away */
+} zip_cursor;
+
+static void cursor_close(zip_cursor *c)
+{
+    inflateEnd(&c->s);
+    free(c->in);
+    free(c->scratch);
+}
+
+/* 0 (cursor_close then), or -errno with nothing held. */
+static int cursor_open(zip_cursor *c, const ck_file *f, const zip_inflated *zi, uint64_t off)
+{
+    const zip_point *p = point_before(zi, off);
+    *c = (zip_cursor){.in = malloc(sizeof *c->in), .scratch = malloc(ZIP_WINDOW)};
+    if (!c->in || !c->scratch || inflateInit2(&c->s, -15) != Z_OK) {
+        free(c->in);
+        free(c->scratch);
+        return -ENOMEM;
+    }
+    *c->in = (zin){.f = f, .zi = zi};
+    int rc = start_at(&c->s, c->in, p);
+    if (rc == 0)
+        rc = inflate_into(&c->s, c->in, NULL, off - p->out, c->scratch);
+    if (rc)
+        cursor_close(c);
+    return rc;
+}
+
 int zip_inflate_read(const ck_file *f, const zip_inflated *zi, void *buf, size_t len, uint64_t off)
 {
     if (off > zi->size || len > zi->size - off)
         return -EIO;
     if (len == 0)
         return 0;
-    const zip_point *p = point_before(zi, off);
-    zin *in = malloc(sizeof *in);
-    unsigned char *scratch = malloc(ZIP_WINDOW);
-    z_stream s = {0};
-    if (!in || !scratch || inflateInit2(&s, -15) != Z_OK) {
-        free(in);
-        free(scratch);
-        return -ENOMEM;
+    zip_cursor c;
+    int rc = cursor_open(&c, f, zi, off);
+    if (rc == 0) {
+        rc = inflate_into(&c.s, c.in, buf, len, c.scratch);
+        cursor_close(&c);
     }
-    *in = (zin){.f = f, .zi = zi};
-    int rc = start_at(&s, in, p);
-    if (rc == 0)
-        rc = inflate_into(&s, in, NULL, off - p->out, scratch);
-    if (rc == 0)
-        rc = inflate_into(&s, in, buf, len, scratch);
-    inflateEnd(&s);
-    free(in);
-    free(scratch);
     return rc;
 }
 
@@ -846,30 +868,19 @@ int zip_inflate_each(const ck_file *f, const zip_inflated *zi, uint64_t off, zip
 {
     if (off > zi->size)
         return -EIO;
-    const zip_point *p = point_before(zi, off);
-    zin *in = malloc(sizeof *in);
-    unsigned char *scratch = malloc(ZIP_WINDOW), *piece = malloc(ZIP_SEEK_SPAN);
-    z_stream s = {0};
-    if (!in || !scratch || !piece || inflateInit2(&s, -15) != Z_OK) {
-        free(in);
-        free(scratch);
-        free(piece);
-        return -ENOMEM;
+    unsigned char *piece = malloc(ZIP_SEEK_SPAN);
+    zip_cursor c;
+    int rc = piece ? cursor_open(&c, f, zi, off) : -ENOMEM;
+    if (rc == 0) {
+        for (uint64_t left = zi->size - off; rc == 0 && left;) {
+            size_t n = left < ZIP_SEEK_SPAN ? (size_t)left : ZIP_SEEK_SPAN;
+            rc = inflate_into(&c.s, c.in, piece, n, c.scratch);
+            if (rc == 0)
+                rc = put(ctx, piece, n);
+            left -= n;
+        }
+        cursor_close(&c);
     }
-    *in = (zin){.f = f, .zi = zi};
-    int rc = start_at(&s, in, p);
-    if (rc == 0)
-        rc = inflate_into(&s, in, NULL, off - p->out, scratch);
-    for (uint64_t left = zi->size - off; rc == 0 && left; ) {
-        size_t n = left < ZIP_SEEK_SPAN ? (size_t)left : ZIP_SEEK_SPAN;
-        rc = inflate_into(&s, in, piece, n, scratch);
-        if (rc == 0)
-            rc = put(ctx, piece, n);
-        left -= n;
-    }
-    inflateEnd(&s);
-    free(in);
-    free(scratch);
     free(piece);
     return rc;
 }
