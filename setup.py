@@ -2,6 +2,7 @@
 compiled by the Makefile into build/wheel:
   - ckload: the module (loader/python/ckload.py) as the package, libckload beside it under its
     soname, where ckload looks first after CKLOAD_LIB;
+  - ckload_vllm: vLLM's load format `ckload` (its entry point: pyproject.toml);
   - ckptfs: the launcher of the `ckpt` and `ckptfs` commands (tools/python/ckptfs.py), the two
     programs in its bin/.
 Each of the two directories also holds libckcurl.so, a library whose one dependency is libcurl,
@@ -46,6 +47,7 @@ class BuildWithMake(build):
         curl = make("libckcurl.so") == 0
         built = os.path.join(HERE, "build", "wheel")
         files = {"ckload/__init__.py": os.path.join(HERE, "loader", "python", "ckload.py"),
+                 "ckload_vllm.py": os.path.join(HERE, "loader", "python", "ckload_vllm.py"),
                  f"ckload/{soname()}": os.path.join(built, "libckload.so"),
                  "ckptfs/__init__.py": os.path.join(HERE, "tools", "python", "ckptfs.py"),
                  "ckptfs/bin/ckpt": os.path.join(built, "ckpt"),

@@ -51,7 +51,7 @@ import errno as _errno
 import operator
 import os
 import threading
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 try:
     import torch
@@ -60,7 +60,7 @@ except ImportError as e:  # the wheel does not declare torch: the user's own bui
     raise ImportError(f"ckload needs torch, which this Python cannot import ({e}): install the "
                       f"torch build your machine uses, e.g. `pip install torch`") from None
 
-__all__ = ["load", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
+__all__ = ["load", "stream", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
            "DistributedLoad", "Error", "cuda_available", "cuda_built", "library"]
 
 ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
@@ -698,6 +698,60 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
               buffers=buffers) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+
+
+def _pack_order(path, device, only):
+    """[(name, nbytes)] of the tensors a load of path selects, in pack order, read by a load
+    that places none of them (no byte of a tensor is read)."""
+    order = []
+
+    def listing(ctx, t, at):
+        if not t:
+            return DEST_BLOCK
+        order.append((t[0].name.decode("utf-8", "surrogateescape"), t[0].nbytes))
+        return DEST_SKIP
+
+    Load(path, device=device, only=only, _dest=listing).release()
+    return order
+
+
+def _windows(order, window):
+    """order cut into runs of names of at most window bytes each (a larger tensor alone)."""
+    run, size = [], 0
+    for name, n in order:
+        if run and size + n > window:
+            yield run
+            run, size = [], 0
+        run.append(name)
+        size += n
+    if run:
+        yield run
+
+
+def stream(path: PathLike, device: Device = "auto", window: int = 1 << 30,
+           only: Optional[str] = None, verify: bool = False, threads: int = 0,
+           buffer_size: int = 0) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Yields (name, torch.Tensor) for the checkpoint at path in pack order, each as it lands,
+    holding at most window bytes of it at a time (a tensor larger than window alone): for a
+    consumer that copies each tensor into memory of its own (vLLM's model.load_weights), so
+    that no copy of the whole checkpoint is ever made. Each window is one Load of the tensors it
+    takes, started when the consumer has taken the last tensor of the one before, whose memory
+    goes once the consumer drops its tensors. Arguments and errors as load's."""
+    window = _c_int(path, "window", window, 1, 1 << 62)
+    for names in _windows(_pack_order(path, device, only), window):
+        chosen = set(names)
+
+        def pick(ctx, t, at, chosen=chosen):
+            if not t:
+                return DEST_BLOCK
+            name = t[0].name.decode("utf-8", "surrogateescape")
+            return DEST_BLOCK if name in chosen else DEST_SKIP
+
+        with Load(path, device=device, only=only, verify=verify, threads=threads,
+                  buffer_size=buffer_size, _dest=pick) as ld:
+            for i in range(len(ld)):
+                ld.wait(i)
+                yield ld.name(i), ld.tensor(i)
 
 
 class Export:
