@@ -532,7 +532,7 @@ static int options_valid(const struct ck_opts *o)
 
 static int option_size(const char *name, const char *value, uint64_t *v)
 {
-    *v = value ? parse_size(value, 0) : 0;
+    *v = value ? ck_parse_size(value, 0) : 0;
     if (value && !*v) {
         fprintf(stderr, "ckptfs: -o %s=%s: not a size (e.g. 64M, 1G)\n", name, value);
         return -1;
