@@ -11,7 +11,8 @@ PKGS    := fuse3 libcjson libxxhash zlib
 CFLAGS  ?= -O2 -g
 # -fPIC (the core also goes into libckload.so) would otherwise keep a file's calls of its own
 # global functions from being inlined, in case another object interposed them: nothing does
-# (libckload.so exports only its ckl_ API), and the mount's parse runs 2% fewer instructions.
+# (libckload.so exports only its ckl_ API), and the mount's parse runs fewer instructions
+# (BENCHMARKS.md, "Issue 13, fourth round: mount latency").
 # WERROR: scripts/gpu-run retries a device build without it (a newer compiler's new warning must
 # not cost the one GPU run), and reports the warnings.
 WERROR  ?= -Werror
@@ -84,8 +85,8 @@ $(BUILD)/libckpt.a: $(call obj,$(CORE_SRC) $(MOUNTINFO_SRC))
 
 # ckptfs starts on every mount, and its start is part of what a mount costs: the libraries that
 # ship an archive are linked into it, so the dynamic loader has three objects fewer to find, map
-# and relocate (BENCHMARKS.md, issue 13 fourth round). cJSON ships none; ckpt and libckload,
-# which start once per load, stay as they are.
+# and relocate (BENCHMARKS.md, "Issue 13, fourth round: mount latency"). cJSON ships none; ckpt
+# and libckload, which start once per load, stay as they are.
 CKPTFS_STATIC := -lfuse3 -lxxhash -lz
 $(BUILD)/ckptfs: $(call obj,$(FS_SRC) $(VIEW_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic $(CKPTFS_STATIC) -Wl,-Bdynamic \

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t parse_size(const char *s, int decimal_b)
+uint64_t ck_parse_size(const char *s, int decimal_b)
 {
     char *end;
     errno = 0;

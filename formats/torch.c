@@ -225,8 +225,8 @@ static const pt_place *legacy_place(const pt_reader *r, const char *key)
 }
 
 /* The zip record called prefix + dir + name into out (cap bytes) as snprintf would write it: as
- * much as fits, NUL-terminated; returns the full length. Not snprintf itself: it ran once per
- * tensor and cost more than finding the record. */
+ * much as fits, NUL-terminated; returns the full length. Not snprintf itself: once per tensor,
+ * it would cost more than finding the record. */
 static size_t record_name(const pt_reader *r, const char *dir, const char *name, char *out,
                           size_t cap)
 {

@@ -171,7 +171,7 @@ static int make_vfile(ck_fs *fs, uint32_t k, ck_error *err)
 
 /* Whether the mount's own file k is there, made the first time anyone looks at it: it costs
  * memory and time that a mount used only for its tensors should not pay, and index.json of a
- * large checkpoint cost more than the rest of mounting it. 0 if it cannot be made; the reason
+ * large checkpoint costs more than the rest of mounting it. 0 if it cannot be made; the reason
  * is logged by the one call that found out. */
 static int vfile_ready(ck_fs *fs, uint32_t k)
 {

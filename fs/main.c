@@ -195,8 +195,9 @@ static int wants_auto_unmount(const struct ck_opts *o, int by_fd)
 }
 
 /* Root watches its own mount (watch.h): libfuse's auto_unmount would mount through fusermount3,
- * whose start is a sixth of a small checkpoint's mount (~1.3 ms here), where root's mount(2)
- * takes ~0.1 ms. Others keep libfuse's watcher, which their mount needs anyway. The socket to
+ * whose start costs a small checkpoint's mount many times what root's own mount(2) does
+ * (BENCHMARKS.md, "Issue 28: mount latency without fusermount3; where a first read through the
+ * mount goes"). Others keep libfuse's watcher, which their mount needs anyway. The socket to
  * the watcher, or -1 for libfuse's (or none). */
 static int watch_unmount(int auto_unmount, int by_fd, const char *mountpoint, char *args,
                          size_t args_len)
@@ -221,10 +222,11 @@ static int add_mount_opts(struct fuse_args *args, const char *source, int auto_u
     return rc;
 }
 
-/* FUSE readahead is the kernel's default 128 KiB, which caps buffered reads at 128 KiB requests;
- * a larger window brings 1 MiB requests and roughly triples first-read throughput (see
- * BENCHMARKS.md). Only root may write the knob: for others, and when asked for 0, the kernel's
- * default stays. An explicit -o readahead that cannot be applied is reported, not fatal. */
+/* FUSE readahead is the kernel's default 128 KiB, which caps buffered reads at 128 KiB
+ * requests; a larger window brings 1 MiB requests and a faster first read (BENCHMARKS.md,
+ * "Issue 2: the safetensors mount"). Only root may write the knob: for others, and when asked
+ * for 0, the kernel's default stays. An explicit -o readahead that cannot be applied is
+ * reported, not fatal. */
 static void set_readahead(const char *mnt, unsigned kb, int explicit)
 {
     /* The mount's device, without asking the mount itself (that would wait on this very
@@ -532,7 +534,7 @@ static int options_valid(const struct ck_opts *o)
 
 static int option_size(const char *name, const char *value, uint64_t *v)
 {
-    *v = value ? parse_size(value, 0) : 0;
+    *v = value ? ck_parse_size(value, 0) : 0;
     if (value && !*v) {
         fprintf(stderr, "ckptfs: -o %s=%s: not a size (e.g. 64M, 1G)\n", name, value);
         return -1;
@@ -548,9 +550,9 @@ static void log_line(const char *line)
     ck_ll_log(full);
 }
 
-/* Memory the parse frees is what the tree, index.json and the serving threads then use: on
- * this kind of machine a page the process touches for the first time costs microseconds (a
- * 5,000-tensor checkpoint's mount was half page faults), so blocks up to HEAP_REUSE stay in
+/* Memory the parse frees is what the tree, index.json and the serving threads then use: in a
+ * VM a page the process touches for the first time is dear, and a mount of many small tensors
+ * touches many (BENCHMARKS.md, "Issue 13: mount latency"), so blocks up to HEAP_REUSE stay in
  * the one heap that every thread shares, and are not handed back to the kernel between uses.
  * What stays is bounded: blocks above it still come from and go back to the kernel. */
 enum { HEAP_REUSE = 32 << 20 };
@@ -563,18 +565,18 @@ static void keep_freed_memory(void)
 }
 
 /* The heap the parse is about to grow into, faulted in by a helper thread on the other core
- * while the parse runs. A 5,000-tensor checkpoint's parse, tree and index.json touch ~800
- * fresh pages, ~2 us each here, one after another on the thread the mount waits for: a fifth
- * of the mount. The window is added to the heap by allocating and freeing it (it stays, as
- * keep_freed_memory says); MADV_POPULATE_WRITE (Linux 5.14) maps its pages without writing
- * them, so it may run while malloc hands the same pages out. Where the window did not come
- * from the brk heap (another allocator, such as the sanitizers'), or the advice is refused,
- * nothing is done: the faults stay on the parse's thread, as before. With one CPU to run on,
- * the helper would only take turns with the parse, and fault pages the parse never uses.
- * The window's size (prefault_size) is what such a parse's heap reaches anyway. */
+ * while the parse runs: a large checkpoint's parse, tree and index.json touch hundreds of fresh
+ * pages, one after another on the thread the mount waits for (BENCHMARKS.md, "Issue 13, fifth
+ * round: mount latency"). The window is added to the heap by allocating and freeing it (it
+ * stays, as keep_freed_memory says); MADV_POPULATE_WRITE (Linux 5.14) maps its pages without
+ * writing them, so it may run while malloc hands the same pages out. Where the window did not
+ * come from the brk heap (another allocator, such as the sanitizers'), or the advice is
+ * refused, nothing is done: the faults stay on the parse's thread. With one CPU to run on, the
+ * helper would only take turns with the parse, and fault pages the parse never uses. The
+ * window's size (prefault_size) is what such a parse's heap reaches anyway. */
 enum {
-    HEAP_PREFAULT = 4 << 20,  /* the most: a 5,000-tensor .pt's parse and tree take ~4 MiB */
-    PREFAULT_PER_BYTE = 3,    /* that file is 1.8 MB: ~3 bytes of heap per byte of a file */
+    HEAP_PREFAULT = 4 << 20,  /* the most: what a 5,000-tensor .pt's parse and tree take */
+    PREFAULT_PER_BYTE = 3,    /* bytes of heap per byte of a file, as that .pt's parse takes */
     PREFAULT_STEP = 256 << 10 /* also the least: a smaller parse is not worth a thread */
 };
 

@@ -6,7 +6,7 @@
  * even: the name with its last byte turned into '*', a glob). Every plan must keep the promises
  * of plan.h against the index and the layout: blobs inside the data region and in file order,
  * each tensor's blob holding exactly its bytes, block places aligned and apart, and the tensors
- * of each blob listed once, under it; and again once blobs keep their file phase (a modulus of
+ * of each blob listed once, under it; and again with blobs keeping their file phase (a modulus of
  * 512 to 4096 bytes, from the selector byte). */
 #include "../base/names.h"
 #include "../formats/packfile.h"

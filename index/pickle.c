@@ -661,7 +661,7 @@ static inline int memo_store_top(vm *v, uint64_t key)
 /* Takes back a tuple that REDUCE (its arguments) or BINPERSID (a persistent id) has just used
  * up, when no other value can reach it: not inside another container (frozen), not held by the
  * int tuples, a DUP or two memo indices (pinned), not what the opcode left on the stack. torch
- * writes two such tuples a tensor, 40% of the memory its parse took; taken back, the next
+ * writes two such tuples a tensor, much of the memory its parse takes; taken back, the next
  * tensor's two reuse them. The memo may still hold it, at one index: that index then holds
  * recycled_memo, and since torch never reads these back, the pickle is run again without
  * recycling only in the rare case one is read. Items stay where they are; only the box goes. */
@@ -898,9 +898,8 @@ static inline int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signe
 #define KEY_SCAN 8
 
 /* A key's number (item index / stride) and the low bits of its hash: a probe compares keys
- * only when those match, and growing the table needs no key again. For a dict of a million
- * keys, each visit to a key is a cache miss, and they made setting keys cost three times
- * more. */
+ * only when those match, and growing the table needs no key again: for a dict of a million
+ * keys, each visit to a key is a cache miss. */
 typedef struct key_slot {
     uint32_t key;             /* KEY_EMPTY: an empty slot */
     uint32_t hash;
@@ -1132,8 +1131,8 @@ static int add_member(vm *v, pk_box *s, pk_obj *member)
 
 /* Tuples of up to INT_TUPLE_MAX ints are made once per value and then shared: a checkpoint
  * repeats its sizes and strides, (4096, 4096) and (4096, 1), in tensor after tensor, and a
- * tuple never changes, so nothing can tell the copies apart (and they were a third of the
- * memory a small-tensor checkpoint's parse touched). */
+ * tuple never changes, so nothing can tell the copies apart (and copies would be much of the
+ * memory a small-tensor checkpoint's parse touches). */
 #define INT_TUPLE_MAX 8
 
 typedef struct int_key {

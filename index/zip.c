@@ -376,7 +376,7 @@ static int parse_directory(unsigned char *cd, const zip_end *end, zip_archive *z
 
 /* Local headers lying at most LOCAL_GAP bytes apart are fetched together, in reads of at most
  * LOCAL_WINDOW bytes: a checkpoint of many small tensors has its headers a few dozen bytes
- * apart, and one pread each cost more than all the rest of reading the directory. A gap of a
+ * apart, and one pread each would cost more than the rest of reading the directory. A gap of a
  * page or less costs a read no more than the page it shares with a header would; the tensor
  * data between headers further apart is never read. */
 enum { LOCAL_GAP = 4096, LOCAL_WINDOW = 64 << 10 };

@@ -59,8 +59,8 @@ int zip_read_directory(const ck_file *f, uint64_t file_size, const char *path, z
                        ck_error *err);
 
 /* The entry called name (len bytes), or NULL. O(1): the names are hashed on the side, so
- * finding every storage of a large checkpoint stays fast (sorting them cost more than reading
- * the directory). */
+ * finding every storage of a large checkpoint stays fast (sorting them would cost more than
+ * reading the directory). */
 const zip_entry *zip_find(const zip_archive *z, const char *name, size_t len);
 
 void zip_free(zip_archive *z);

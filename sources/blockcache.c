@@ -20,10 +20,10 @@ uint64_t bc_next_window(uint64_t window, int sequential)
 }
 
 /* A block is filled in pages: a random read fetches only the pages around what it asks (within
- * its tensor), a sequential one whole blocks. One 4 MiB buffer per block, as before, keeps the
- * cache's accounting (cache_mem counts buffers) and its keys (object, block index) as they were;
- * a block of few valid pages holds the rest of its buffer unused, the price of not keeping a
- * second structure for small ranges. */
+ * its tensor), a sequential one whole blocks. One BC_BLOCK buffer per block keeps one unit for
+ * the cache's accounting (cache_mem counts buffers) and its keys (object, block index); a block
+ * of few valid pages holds the rest of its buffer unused, the price of not keeping a second
+ * structure for small ranges. */
 #define PAGES (BC_BLOCK / BC_PAGE)
 _Static_assert(PAGES == 64, "a block's pages are the bits of a uint64_t");
 
@@ -123,10 +123,10 @@ static int evict_lru(bc_cache *c, uint64_t keep, int passed)
 }
 
 /* A new block buffer, counted: BC_BLOCK bytes mapped on their own, aligned to and advised
- * into huge pages (a hint). A block's first fill then faults twice, not 1,024 times: page faults
- * were a tenth of the daemon's time in a sequential read while the cache grows to its limit
- * (perf). Mapped, not malloc'ed: an aligned malloc leaves fragments in the heap that grew the
- * daemon's RSS past cache_mem + 32 MiB under a small cache. */
+ * into huge pages (a hint). A block's first fill then faults twice, not 1,024 times
+ * (BENCHMARKS.md, "Sequential, second round"). Mapped, not malloc'ed: an aligned malloc leaves
+ * fragments in the heap that take the daemon's RSS past cache_mem + 32 MiB under a small
+ * cache. */
 static unsigned char *new_buffer(bc_cache *c)
 {
     size_t span = BC_BLOCK + HUGE_PAGE;
@@ -147,8 +147,8 @@ static unsigned char *new_buffer(bc_cache *c)
  * the least recently used block's; past the limit only for a read that needs it (not optional:
  * readahead is). NULL when none. A passed block's buffer comes before a new one: a sequential
  * read does not come back for bytes the kernel's page cache now holds, and fresh memory is dear
- * (zeroing the new huge pages was a third of the daemon's time in a sequential read, perf, while
- * the cache grew to its limit); the cache then stays near the readahead window's size. */
+ * (the kernel zeroes every new huge page: BENCHMARKS.md, "Sequential, third round"); the cache
+ * then stays near the readahead window's size. */
 static unsigned char *take_buffer(bc_cache *c, int optional, uint64_t keep)
 {
     for (;;) {

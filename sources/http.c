@@ -1,7 +1,7 @@
 /* http.c — remote source files (http.h): the ck_file ops over a target's head bytes and the
  * block cache, and the remote context that owns the caches. */
 #include "http.h"
-#include "../base/size.h" /* parse_size: CKPTFS_CACHE_MAX */
+#include "../base/size.h" /* ck_parse_size: CKPTFS_CACHE_MAX */
 
 #include <errno.h>
 #include <pthread.h>
@@ -76,7 +76,7 @@ static void open_disk(http_remote *r)
     uint64_t max = r->config.cache_max;
     if (!dir || !*dir)
         return;
-    if (!max && max_env && *max_env && !(max = parse_size(max_env, 0))) {
+    if (!max && max_env && *max_env && !(max = ck_parse_size(max_env, 0))) {
         ck_fail(&r->why, "CKPTFS_CACHE_MAX", "'%s' is not a size (e.g. 512M, 10G)", max_env);
         return;
     }

@@ -345,8 +345,8 @@ static CURLcode perform(CURL *h, const char *url, const char *method, struct cur
     cu.easy_setopt(h, CURLOPT_FILETIME, 1L);
     cu.easy_setopt(h, CURLOPT_USERAGENT, "ckptfs");
     /* Receives of up to RECV_BUFFER bytes, not libcurl's 16 KiB: fewer recv calls and write
-     * callbacks per block cut the daemon's CPU time in a sequential read by a fifth (1.10 to
-     * 0.90 s per GiB; 512 KiB: 0.85 s, but per handle kept, 8 per object). */
+     * callbacks per block, less of the daemon's CPU in a sequential read; a larger buffer gains
+     * little and is kept per handle, 8 per object (BENCHMARKS.md, "Sequential, second round"). */
     cu.easy_setopt(h, CURLOPT_BUFFERSIZE, (long)RECV_BUFFER);
     const char *ca = cacert ? cacert : getenv("CKPTFS_CACERT"); /* options win */
     if (ca && *ca)

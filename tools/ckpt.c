@@ -15,6 +15,7 @@
 #include "../formats/packfile.h"
 #include "../loader/ckload.h"
 #include "../checkpoint/synth.h"
+#include "cli.h"
 #include "commands.h"
 #include "options.h"
 #include "outfile.h"
@@ -31,7 +32,7 @@ typedef struct ck_command {
     const char *usage;
     const char *help;
     const ck_option *options;
-    int (*run)(int argc, char **argv);
+    int (*run)(int argc, char **argv, http_remote *remote); /* remote: cli.h */
 } ck_command;
 
 static const ck_command *find_command(const char *name);
@@ -43,34 +44,6 @@ static int wants_help(int argc, char **argv)
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
             return 1;
     return 0;
-}
-
-/* What every source a command opens shares: one block cache, one disk cache (open.h). Made by
- * main, freed after the command. */
-static http_remote *remote;
-
-int open_source(const char *source, ck_index **ix)
-{
-    ck_error err;
-    if (ck_open_through(remote, source, ix, &err) == 0)
-        return 0;
-    fprintf(stderr, "ckpt: %s\n", err.msg);
-    return -1;
-}
-
-/* A name in the table: tabs, newlines and other control bytes would break its columns, so they
- * are written \xNN, and a backslash is doubled; --json has every name exactly. */
-void print_name(const char *s, size_t len)
-{
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\\')
-            fputs("\\\\", stdout);
-        else if (c < 0x20 || c == 0x7f)
-            printf("\\x%02x", c);
-        else
-            putchar(c);
-    }
 }
 
 /* The table of ls: for people (a terminal), a header and sizes as "1.5 MiB"; for scripts, the
@@ -89,7 +62,7 @@ static void print_table(const ck_index *ix, const uint32_t *alias_of, int people
             ck_size_human(e->nbytes, size, sizeof size);
         else
             snprintf(size, sizeof size, "%llu", (unsigned long long)e->nbytes);
-        print_name(e->name, e->name_len);
+        cli_print_name(e->name, e->name_len);
         printf("\t%s\t%s\t%s\t", ck_dtype_name(e->dtype), shape, size);
         if (e->layout == CK_CONTIGUOUS)
             printf("%llu", (unsigned long long)e->ext.offset);
@@ -99,12 +72,12 @@ static void print_table(const ck_index *ix, const uint32_t *alias_of, int people
             printf("\t%s", ix->files[e->ext.file].path);
         if (alias_of[i] != UINT32_MAX) { /* tied: the name whose storage it shares */
             printf("\talias of ");
-            print_name(ix->entries[alias_of[i]].name, ix->entries[alias_of[i]].name_len);
+            cli_print_name(ix->entries[alias_of[i]].name, ix->entries[alias_of[i]].name_len);
         }
         putchar('\n');
     }
     for (size_t i = 0; i < ix->nomitted; i++) { /* left out: no tensor */
-        print_name(ix->omitted[i].name, strlen(ix->omitted[i].name));
+        cli_print_name(ix->omitted[i].name, strlen(ix->omitted[i].name));
         printf("\tomitted\t%s\n", ix->omitted[i].reason);
     }
 }
@@ -153,7 +126,7 @@ static const ck_option ls_options[] = {
     {"bytes", NULL, "sizes in bytes on a terminal too (in a pipe they always are)", 0},
     {NULL, NULL, NULL, 0}};
 
-static int cmd_ls(int argc, char **argv)
+static int cmd_ls(int argc, char **argv, http_remote *remote)
 {
     int json = 0, bytes = 0, k;
     const char *source = NULL, *val;
@@ -174,7 +147,7 @@ static int cmd_ls(int argc, char **argv)
     if (!source)
         return ck_usage_error("ls", "missing SOURCE");
     ck_index *ix;
-    if (open_source(source, &ix) != 0)
+    if (cli_open_source(remote, source, &ix) != 0)
         return 1;
     ck_error err;
     uint32_t *alias_of = ck_synth_aliases(ix, &err);
@@ -292,7 +265,7 @@ static void suggest(const ck_index *ix, const char *name, char *buf, size_t cap)
 /* `ckpt cat [--npy] SOURCE NAME`: NAME a tensor's or a value's name, or its path in a mount;
  * with --npy, a tensor's NumPy header first, as the mount's NAME.npy view (ckptfs -o npy) has
  * it (npy_header_make owns it). A NAME that begins with '-' comes after "--". */
-static int cmd_cat(int argc, char **argv)
+static int cmd_cat(int argc, char **argv, http_remote *remote)
 {
     const char *args[2], *val;
     int nargs = 0, npy = 0, k;
@@ -311,7 +284,7 @@ static int cmd_cat(int argc, char **argv)
     if (nargs != 2)
         return ck_usage_error("cat", "need SOURCE and NAME");
     ck_index *ix;
-    if (open_source(args[0], &ix) != 0)
+    if (cli_open_source(remote, args[0], &ix) != 0)
         return 1;
     const ck_entry *e = entry_named(ix, args[1]);
     unsigned char head[NPY_MAKE_MAX];
@@ -342,7 +315,7 @@ static const ck_option pack_options[] = {
     {"verbose", NULL, "say what was written, in a pipe too (a terminal is told anyway)", 'v'},
     {NULL, NULL, NULL, 0}};
 
-static int cmd_pack(int argc, char **argv)
+static int cmd_pack(int argc, char **argv, http_remote *remote)
 {
     const char *only = NULL, *args[2], *val;
     int nargs = 0, k, flags = ck_out_say_default();
@@ -364,7 +337,7 @@ static int cmd_pack(int argc, char **argv)
         return ck_usage_error("pack", "need SOURCE and OUT");
     char *out = ck_out_file_path(args[1], "model.pack");
     ck_index *ix;
-    if (!out || open_source(args[0], &ix) != 0) {
+    if (!out || cli_open_source(remote, args[0], &ix) != 0) {
         free(out);
         return 1;
     }
@@ -468,7 +441,7 @@ static int verify_pack(const ck_index *ix, const char *path)
 
 static const ck_option no_options[] = {{NULL, NULL, NULL, 0}};
 
-static int cmd_verify(int argc, char **argv)
+static int cmd_verify(int argc, char **argv, http_remote *remote)
 {
     const char *path = NULL, *val;
     int k;
@@ -484,7 +457,7 @@ static int cmd_verify(int argc, char **argv)
     if (!path)
         return ck_usage_error("verify", "need one FILE.pack");
     ck_index *ix;
-    if (open_source(path, &ix) != 0)
+    if (cli_open_source(remote, path, &ix) != 0)
         return 1;
     char shown[CK_SHOWN_MAX];
     ck_location_shown(path, shown, sizeof shown);
@@ -553,7 +526,7 @@ static const char *read_path_words(const char *rp)
                                       : "read from the source";
 }
 
-/* A rank or a world size: decimal digits only (0 included, which parse_size cannot tell from an
+/* A rank or a world size: decimal digits only (0 included, which ck_parse_size cannot tell from an
  * error), at most CKL_MAX_WORLD_SIZE. 0, or -1. */
 static int plain_count(const char *s, unsigned *out)
 {
@@ -600,7 +573,7 @@ static const ck_option load_options[] = {
 static int load_count(const ck_opts *p, int k, const char *val, uint64_t lo, uint64_t hi,
                       uint64_t *out)
 {
-    uint64_t n = parse_size(val, 0);
+    uint64_t n = ck_parse_size(val, 0);
     if (n >= lo && n <= hi) {
         *out = n;
         return 0;
@@ -651,8 +624,9 @@ static int load_option(const ck_opts *p, int k, const char *val, ckl_options *o,
     }
 }
 
-static int cmd_load(int argc, char **argv)
+static int cmd_load(int argc, char **argv, http_remote *remote)
 {
+    (void)remote; /* libckload opens SOURCE itself */
     ckl_options o;
     ckl_default_options(&o);
     const char *path = NULL, *val;
@@ -702,7 +676,7 @@ static int cmd_load(int argc, char **argv)
     return rc != 0;
 }
 
-static int cmd_help(int argc, char **argv);
+static int cmd_help(int argc, char **argv, http_remote *remote);
 
 static const ck_command commands[] = {
     {"ls", "ckpt ls SOURCE [--json] [--bytes]",
@@ -792,8 +766,9 @@ static void print_command_help(const ck_command *c)
     ck_opts_print_help(stdout, c->options);
 }
 
-static int cmd_help(int argc, char **argv)
+static int cmd_help(int argc, char **argv, http_remote *remote)
 {
+    (void)remote;
     const ck_command *c = argc > 1 ? find_command(argv[1]) : NULL;
     if (argc > 1 && !c)
         return ck_usage_error("help", "unknown command");
@@ -874,11 +849,13 @@ int main(int argc, char **argv)
         print_command_help(c);
         return 0;
     }
-    if (!(remote = ck_remote_new(&(http_config){0}))) {
+    /* What every source the command opens shares: one block cache, one disk cache (open.h). */
+    http_remote *remote = ck_remote_new(&(http_config){0});
+    if (!remote) {
         fprintf(stderr, "ckpt: out of memory\n");
         return 1;
     }
-    int status = c->run(argc - 1, argv + 1);
+    int status = c->run(argc - 1, argv + 1, remote);
     http_remote_free(remote);
     ck_progress_die_if_interrupted(); /* what it was writing is gone: now die as asked */
     return status;

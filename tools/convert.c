@@ -14,6 +14,7 @@
 #include "../base/names.h"
 #include "../checkpoint/open.h"
 #include "../checkpoint/synth.h"
+#include "cli.h"
 #include "commands.h"
 #include "inspect.h"
 #include "outfile.h"
@@ -86,7 +87,7 @@ static int convert_option(const ck_opts *p, int k, const char *val, options *o, 
         return strcmp(val, "pack") == 0 || strcmp(val, "safetensors") == 0
                    ? 0 : ck_opts_bad_value(p, k, val, "safetensors or pack");
     case CONVERT_MAX_SHARD_SIZE:
-        return (o->max_shard = parse_size(val, 1))
+        return (o->max_shard = ck_parse_size(val, 1))
                    ? 0 : ck_opts_bad_value(p, k, val, "a size such as 5GB or 500MiB");
     case CONVERT_ONLY:
         o->only = val;
@@ -203,9 +204,9 @@ static uint32_t *keepers(const ck_index *ix, const uint32_t *alias_of, const opt
         if (!ck_name_selected(e->name, e->name_len, o->only))
             continue;
         first[g] = first[g] == UINT32_MAX ? i : first[g];
-        if (keep[g] == UINT32_MAX && selected(e, o->keep, o->nkeep))
+        if (keep[g] == UINT32_MAX && inspect_selected(e, o->keep, o->nkeep))
             keep[g] = i;
-        if (spare[g] == UINT32_MAX && !selected(e, o->drop, o->ndrop))
+        if (spare[g] == UINT32_MAX && !inspect_selected(e, o->drop, o->ndrop))
             spare[g] = i;
     }
     for (size_t g = 0; g < ix->nentries; g++)
@@ -385,7 +386,7 @@ static int convert(const ck_index *ix, const options *o)
     return rc;
 }
 
-int cmd_convert(int argc, char **argv)
+int cmd_convert(int argc, char **argv, http_remote *remote)
 {
     options o;
     int rc = parse_args(argc, argv, &o);
@@ -396,7 +397,7 @@ int cmd_convert(int argc, char **argv)
     if (file)
         o.out = file;
     ck_index *ix;
-    if (rc == 0 && open_source(o.source, &ix) != 0)
+    if (rc == 0 && cli_open_source(remote, o.source, &ix) != 0)
         rc = 1;
     if (rc == 0 && ck_out_spares_sources(o.out, o.max_shard != 0, ix) != 0) {
         ck_index_free(ix);

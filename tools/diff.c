@@ -11,6 +11,7 @@
 
 #include "../base/json.h"
 #include "../checkpoint/synth.h"
+#include "cli.h"
 #include "commands.h"
 #include "inspect.h"
 
@@ -37,12 +38,12 @@ typedef struct diff_run {
  * r->bb holding B's chunk at end again. */
 static int hash_b_prefix(diff_run *r, const ck_entry *b, XXH3_state_t *st, uint64_t end, size_t n)
 {
-    for (uint64_t off = 0; off < end; off += CHUNK) {
-        if (read_chunk(r->ib, b, r->bb, CHUNK, off, &r->err))
+    for (uint64_t off = 0; off < end; off += INSPECT_CHUNK) {
+        if (inspect_read_chunk(r->ib, b, r->bb, INSPECT_CHUNK, off, &r->err))
             return -1;
-        XXH3_64bits_update(st, r->bb, CHUNK);
+        XXH3_64bits_update(st, r->bb, INSPECT_CHUNK);
     }
-    return read_chunk(r->ib, b, r->bb, n, end, &r->err);
+    return inspect_read_chunk(r->ib, b, r->bb, n, end, &r->err);
 }
 
 /* Both sides' bytes in lockstep: memcmp says identical, XXH3 records what each side was. While
@@ -59,10 +60,11 @@ static int compare_bytes(diff_run *r, pair *p)
         XXH3_64bits_reset(sb);
     }
     p->identical = 1;
-    for (uint64_t off = 0; rc == 0 && off < p->a->nbytes; off += CHUNK) {
-        size_t n = p->a->nbytes - off < CHUNK ? (size_t)(p->a->nbytes - off) : CHUNK;
-        rc = read_chunk(r->ia, p->a, r->ba, n, off, &r->err) ||
-             read_chunk(r->ib, p->b, r->bb, n, off, &r->err);
+    for (uint64_t off = 0; rc == 0 && off < p->a->nbytes; off += INSPECT_CHUNK) {
+        size_t n =
+            p->a->nbytes - off < INSPECT_CHUNK ? (size_t)(p->a->nbytes - off) : INSPECT_CHUNK;
+        rc = inspect_read_chunk(r->ia, p->a, r->ba, n, off, &r->err) ||
+             inspect_read_chunk(r->ib, p->b, r->bb, n, off, &r->err);
         if (rc == 0 && p->identical && memcmp(r->ba, r->bb, n) != 0) {
             p->identical = 0;
             rc = hash_b_prefix(r, p->b, sb, off, n);
@@ -86,18 +88,18 @@ static int compare_bytes(diff_run *r, pair *p)
  * F32 against its BF16 conversion). A NaN on either side makes max_abs NaN. */
 static int compare_values(diff_run *r, pair *p)
 {
-    unsigned wa = decoded_size(p->a->dtype), wb = decoded_size(p->b->dtype);
-    uint64_t n = element_count(p->a), step = CHUNK / (wa > wb ? wa : wb);
+    unsigned wa = inspect_decoded_size(p->a->dtype), wb = inspect_decoded_size(p->b->dtype);
+    uint64_t n = inspect_element_count(p->a), step = INSPECT_CHUNK / (wa > wb ? wa : wb);
     double max_abs = 0, dd = 0, aa = 0;
     for (uint64_t i = 0; i < n; i += step) {
         size_t k = n - i < step ? (size_t)(n - i) : (size_t)step;
-        if (read_chunk(r->ia, p->a, r->ba, k * wa, i * wa, &r->err) ||
-            read_chunk(r->ib, p->b, r->bb, k * wb, i * wb, &r->err))
+        if (inspect_read_chunk(r->ia, p->a, r->ba, k * wa, i * wa, &r->err) ||
+            inspect_read_chunk(r->ib, p->b, r->bb, k * wb, i * wb, &r->err))
             return -1;
-        for (size_t j = 0; j < k; j += BATCH) {
-            size_t m = k - j < BATCH ? k - j : BATCH;
-            decode_batch(p->a->dtype, r->ba + j * wa, m, r->da);
-            decode_batch(p->b->dtype, r->bb + j * wb, m, r->db);
+        for (size_t j = 0; j < k; j += INSPECT_BATCH) {
+            size_t m = k - j < INSPECT_BATCH ? k - j : INSPECT_BATCH;
+            inspect_decode_batch(p->a->dtype, r->ba + j * wa, m, r->da);
+            inspect_decode_batch(p->b->dtype, r->bb + j * wb, m, r->db);
             for (size_t t = 0; t < m; t++) {
                 double d = fabs(r->da[t] - r->db[t]);
                 if (!(d <= max_abs))
@@ -118,8 +120,8 @@ static int compare_pair(diff_run *r, pair *p)
     p->same_layout = p->a->dtype == p->b->dtype && ck_same_shape(p->a, p->b);
     if (p->same_layout && compare_bytes(r, p) != 0)
         return -1;
-    if (p->identical || !ck_same_shape(p->a, p->b) || !is_float(p->a->dtype) ||
-        !is_float(p->b->dtype))
+    if (p->identical || !ck_same_shape(p->a, p->b) || !inspect_is_float(p->a->dtype) ||
+        !inspect_is_float(p->b->dtype))
         return 0;
     return compare_values(r, p);
 }
@@ -289,13 +291,13 @@ static cJSON *pair_json(const pair *p)
 {
     cJSON *o = cJSON_CreateObject();
     char h[17];
-    cJSON_AddItemToObject(o, "name", name_json(p->alias == 2 ? p->b : p->a));
+    cJSON_AddItemToObject(o, "name", inspect_name_json(p->alias == 2 ? p->b : p->a));
     if (p->alias) /* the name one side dropped, and what that side kept for it */
-        cJSON_AddItemToObject(o, "alias_of", name_json(p->alias == 2 ? p->a : p->b));
+        cJSON_AddItemToObject(o, "alias_of", inspect_name_json(p->alias == 2 ? p->a : p->b));
     cJSON_AddStringToObject(o, "dtype_a", ck_dtype_name(p->a->dtype));
     cJSON_AddStringToObject(o, "dtype_b", ck_dtype_name(p->b->dtype));
-    cJSON_AddItemToObject(o, "shape_a", shape_json(p->a));
-    cJSON_AddItemToObject(o, "shape_b", shape_json(p->b));
+    cJSON_AddItemToObject(o, "shape_a", inspect_shape_json(p->a));
+    cJSON_AddItemToObject(o, "shape_b", inspect_shape_json(p->b));
     cJSON_AddBoolToObject(o, "identical", p->identical);
     if (p->same_layout) {
         snprintf(h, sizeof h, "%016llx", (unsigned long long)p->ha);
@@ -307,8 +309,8 @@ static cJSON *pair_json(const pair *p)
         cJSON_AddNullToObject(o, "xxh3_b");
     }
     if (p->valued) {
-        cJSON_AddItemToObject(o, "max_abs_diff", number_json(p->max_abs));
-        cJSON_AddItemToObject(o, "rel_l2", number_json(p->rel_l2));
+        cJSON_AddItemToObject(o, "max_abs_diff", inspect_number_json(p->max_abs));
+        cJSON_AddItemToObject(o, "rel_l2", inspect_number_json(p->rel_l2));
     } else if (p->identical) {
         cJSON_AddNumberToObject(o, "max_abs_diff", 0);
         cJSON_AddNumberToObject(o, "rel_l2", 0);
@@ -330,11 +332,11 @@ static int print_diff_json(const diff_result *d, const char *a, const char *b, i
         if (d->of_a[i] != SIZE_MAX)
             cJSON_AddItemToArray(ts, pair_json(&d->pairs[d->of_a[i]]));
         else
-            cJSON_AddItemToArray(oa, name_json(d->ta[i]));
+            cJSON_AddItemToArray(oa, inspect_name_json(d->ta[i]));
     }
     for (size_t i = 0; i < d->nb; i++) {
         if (d->of_b[i] == SIZE_MAX)
-            cJSON_AddItemToArray(ob, name_json(d->tb[i]));
+            cJSON_AddItemToArray(ob, inspect_name_json(d->tb[i]));
         else if (d->pairs[d->of_b[i]].alias == 2)
             cJSON_AddItemToArray(ts, pair_json(&d->pairs[d->of_b[i]]));
     }
@@ -349,7 +351,7 @@ static int print_diff_json(const diff_result *d, const char *a, const char *b, i
     cJSON_AddItemToObject(doc, "only_in_a", oa);
     cJSON_AddItemToObject(doc, "only_in_b", ob);
     cJSON_AddItemToObject(doc, "tensors", ts);
-    return print_json_doc(doc);
+    return inspect_print_json_doc(doc);
 }
 
 static void print_pair_line(const pair *p)
@@ -359,10 +361,10 @@ static void print_pair_line(const pair *p)
     if (p->identical)
         return;
     printf(p->same_layout ? "differs: " : "changed: ");
-    print_name(named->name, named->name_len);
+    cli_print_name(named->name, named->name_len);
     if (p->alias) {
         printf(" (dropped in %s as an alias of ", p->alias == 1 ? "B" : "A");
-        print_name(kept->name, kept->name_len);
+        cli_print_name(kept->name, kept->name_len);
         putchar(')');
     }
     if (!p->same_layout) {
@@ -385,7 +387,7 @@ static void print_diff_text(const diff_result *d)
             continue;
         }
         printf("only in A: ");
-        print_name(d->ta[i]->name, d->ta[i]->name_len);
+        cli_print_name(d->ta[i]->name, d->ta[i]->name_len);
         putchar('\n');
     }
     for (size_t i = 0; i < d->nb; i++) {
@@ -395,7 +397,7 @@ static void print_diff_text(const diff_result *d)
             continue;
         }
         printf("only in B: ");
-        print_name(d->tb[i]->name, d->tb[i]->name_len);
+        cli_print_name(d->tb[i]->name, d->tb[i]->name_len);
         putchar('\n');
     }
     size_t both = count_pairs(d, 0, 1) + count_pairs(d, 0, 0), aliases = count_pairs(d, 1, 1);
@@ -413,7 +415,7 @@ const ck_option diff_options[] = {
     {"only", "P", CK_ONLY_HELP, 0},
     {NULL, NULL, NULL, 0}};
 
-int cmd_diff(int argc, char **argv)
+int cmd_diff(int argc, char **argv, http_remote *remote)
 {
     const char *src[2] = {NULL, NULL}, *only = NULL, *val;
     int json = 0, nsrc = 0, k;
@@ -437,10 +439,11 @@ int cmd_diff(int argc, char **argv)
     diff_run r = {0};
     diff_result d = {0};
     int rc = 2;
-    if (open_source(src[0], &ia) || open_source(src[1], &ib))
+    if (cli_open_source(remote, src[0], &ia) || cli_open_source(remote, src[1], &ib))
         goto out;
-    r = (diff_run){ia, ib, malloc(CHUNK), malloc(CHUNK), malloc(BATCH * sizeof(double)),
-                   malloc(BATCH * sizeof(double)), {{0}}};
+    r = (diff_run){ia, ib, malloc(INSPECT_CHUNK), malloc(INSPECT_CHUNK),
+                   malloc(INSPECT_BATCH * sizeof(double)), malloc(INSPECT_BATCH * sizeof(double)),
+                   {{0}}};
     if (!r.ba || !r.bb || !r.da || !r.db) {
         fprintf(stderr, "ckpt: out of memory\n");
         goto out;

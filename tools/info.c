@@ -6,6 +6,7 @@
 
 #include "../base/json.h"
 #include "../checkpoint/synth.h"
+#include "cli.h"
 #include "commands.h"
 #include "inspect.h"
 
@@ -52,7 +53,7 @@ static ssize_t build_tree(const ck_index *ix, const uint32_t *alias_of, unsigned
             const char *dot = memchr(e->name + end + (d > 1), '.', e->name_len - end - (d > 1));
             end = dot ? (size_t)(dot - e->name) : e->name_len;
             int own = alias_of[i] == UINT32_MAX;
-            v[n++] = (prefix){e->name, end, d, 1, own ? element_count(e) : 0,
+            v[n++] = (prefix){e->name, end, d, 1, own ? inspect_element_count(e) : 0,
                               own ? e->nbytes : 0};
         }
     }
@@ -103,12 +104,12 @@ static void print_cut(const char *text, size_t len, int full)
 {
     size_t cut = SHOWN_BYTES;
     if (full || len <= SHOWN_BYTES) {
-        print_name(text, len);
+        cli_print_name(text, len);
         return;
     }
     while (cut && (text[cut] & 0xC0) == 0x80) /* not inside a UTF-8 character */
         cut--;
-    print_name(text, cut);
+    cli_print_name(text, cut);
     printf("\u2026 (%zu bytes; --full shows all)", len);
 }
 
@@ -175,14 +176,14 @@ static void print_info_text(const ck_index *ix, const info *in, int full)
         ck_size_human(p->bytes, h, sizeof h);
         printf("  %10s %14llu  %*s", h, (unsigned long long)p->params, (int)(2 * (p->depth - 1)),
                "");
-        print_name(p->s, p->len);
+        cli_print_name(p->s, p->len);
         putchar('\n');
     }
     if (ix->nmeta)
         printf("metadata:\n");
     for (size_t i = 0; i < ix->nmeta; i++) {
         printf("  ");
-        print_name(ix->meta[i].key, strlen(ix->meta[i].key));
+        cli_print_name(ix->meta[i].key, strlen(ix->meta[i].key));
         printf(": ");
         print_meta_value(&ix->meta[i], full);
         putchar('\n');
@@ -283,7 +284,7 @@ const ck_option info_options[] = {
     {"full", NULL, "metadata values whole: long arrays and text are cut without it", 0},
     {NULL, NULL, NULL, 0}};
 
-int cmd_info(int argc, char **argv)
+int cmd_info(int argc, char **argv, http_remote *remote)
 {
     const char *source = NULL, *val;
     int json = 0, full = 0, k;
@@ -312,7 +313,7 @@ int cmd_info(int argc, char **argv)
     if (!source)
         return ck_usage_error("info", "needs a source");
     ck_index *ix;
-    if (open_source(source, &ix))
+    if (cli_open_source(remote, source, &ix))
         return 1;
     info in = {0};
     ck_error err;
@@ -334,9 +335,9 @@ int cmd_info(int argc, char **argv)
             in.aliases++;
             continue;
         }
-        in.params += element_count(e);
+        in.params += inspect_element_count(e);
         in.bytes += e->nbytes;
-        in.by[e->dtype].params += element_count(e);
+        in.by[e->dtype].params += inspect_element_count(e);
         in.by[e->dtype].bytes += e->nbytes;
     }
     ssize_t nt = build_tree(ix, alias_of, depth, &in.tree);

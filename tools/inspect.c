@@ -10,12 +10,11 @@
 #include "../base/bytes.h"
 #include "../base/json.h"
 #include "../base/names.h"
-#include "commands.h"
 
 /* Reads len bytes of e at off, all of them: a short read is trouble, said in err (stats'
  * threads each keep their own, so that one line is printed whoever failed). */
-int read_chunk(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off,
-               ck_error *err)
+int inspect_read_chunk(const ck_index *ix, const ck_entry *e, void *buf, size_t len,
+                       uint64_t off, ck_error *err)
 {
     ssize_t n = ck_entry_read(ix, e, buf, len, off);
     if (n == (ssize_t)len)
@@ -25,7 +24,7 @@ int read_chunk(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uin
 }
 
 /* The element size (ck_dtype_nbytes of one element) of a dtype decode_one reads, else 0. */
-unsigned decoded_size(enum ck_dtype dt)
+unsigned inspect_decoded_size(enum ck_dtype dt)
 {
     uint64_t bytes;
     switch (dt) {
@@ -38,7 +37,7 @@ unsigned decoded_size(enum ck_dtype dt)
     }
 }
 
-int is_float(enum ck_dtype dt)
+int inspect_is_float(enum ck_dtype dt)
 {
     return dt == CK_F64 || dt == CK_F32 || dt == CK_F16 || dt == CK_BF16 || dt == CK_F8_E4M3 ||
            dt == CK_F8_E5M2;
@@ -86,14 +85,14 @@ static double decode_one(enum ck_dtype dt, const unsigned char *p)
     }
 }
 
-void decode_batch(enum ck_dtype dt, const unsigned char *p, size_t n, double *out)
+void inspect_decode_batch(enum ck_dtype dt, const unsigned char *p, size_t n, double *out)
 {
-    unsigned w = decoded_size(dt);
+    unsigned w = inspect_decoded_size(dt);
     for (size_t i = 0; i < n; i++)
         out[i] = decode_one(dt, p + i * w);
 }
 
-uint64_t element_count(const ck_entry *e)
+uint64_t inspect_element_count(const ck_entry *e)
 {
     uint64_t n = 1;
     for (unsigned i = 0; i < e->rank; i++)
@@ -101,7 +100,7 @@ uint64_t element_count(const ck_entry *e)
     return n;
 }
 
-cJSON *shape_json(const ck_entry *e)
+cJSON *inspect_shape_json(const ck_entry *e)
 {
     char buf[1400];
     ck_view_shape_json(e, buf, sizeof buf);
@@ -110,7 +109,7 @@ cJSON *shape_json(const ck_entry *e)
 
 /* A double as JSON, exactly: %.17g round-trips, where cJSON's own printing may keep only 15
  * digits. JSON has no NaN or Inf: such a figure is the string "nan", "inf" or "-inf". */
-cJSON *number_json(double v)
+cJSON *inspect_number_json(double v)
 {
     char buf[32];
     if (!isfinite(v))
@@ -119,7 +118,7 @@ cJSON *number_json(double v)
     return cJSON_CreateRaw(buf);
 }
 
-int print_json_doc(cJSON *doc)
+int inspect_print_json_doc(cJSON *doc)
 {
     char *s = doc ? cJSON_PrintUnformatted(doc) : NULL;
     cJSON_Delete(doc);
@@ -133,7 +132,7 @@ int print_json_doc(cJSON *doc)
 }
 
 /* Whether name is selected by any of the n patterns (none: every name). */
-int selected(const ck_entry *e, const char *const *pats, int n)
+int inspect_selected(const ck_entry *e, const char *const *pats, int n)
 {
     if (n == 0)
         return 1;
@@ -143,7 +142,7 @@ int selected(const ck_entry *e, const char *const *pats, int n)
     return 0;
 }
 
-cJSON *name_json(const ck_entry *e)
+cJSON *inspect_name_json(const ck_entry *e)
 {
     return cJSON_CreateString(e->name); /* names are UTF-8 without NUL (index.h) */
 }

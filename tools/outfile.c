@@ -31,8 +31,7 @@ static int sync_dir_of(const char *path)
 
 /* The writing of one file: its bytes are sent to the disk as they come (writeback started every
  * WRITEBACK_STEP bytes), so that the disk writes while the rest is still being read and the
- * final fsync has little left to wait for: a 2 GiB conversion took the copy's time plus the
- * whole write's before. */
+ * final fsync has little left to wait for, not the whole write after the copy. */
 enum { WRITEBACK_STEP = 64 << 20 };
 
 typedef struct writing {

@@ -1,6 +1,6 @@
 /* progress.h — the progress bar of long ckpt commands, and their Ctrl-C.
  * Contract: a bar is drawn on stderr only when stderr is a terminal, at most 10 times a second:
- * label, bar, bytes done of total (GiB), rate (MiB/s), ETA. ck_progress_tick has the
+ * label, bar, bytes done of total (GiB), rate (MiB a second), ETA. ck_progress_tick has the
  * ck_progress signature and returns non-zero once SIGINT, SIGTERM or SIGHUP has arrived (after
  * ck_progress_catch_signals), so the command can stop and clean up instead of dying half-way;
  * ck_progress_die_if_interrupted then ends the process by that signal, as coreutils do, so

@@ -10,6 +10,7 @@
 
 
 #include "../base/json.h"
+#include "cli.h"
 #include "commands.h"
 #include "inspect.h"
 
@@ -74,14 +75,14 @@ static void hist_batch(stat_acc *s, const double *v, size_t n)
 static int scan_tensor(const ck_index *ix, const ck_entry *e, unsigned char *buf, double *dv,
                        stat_acc *s, void (*fn)(stat_acc *, const double *, size_t), ck_error *err)
 {
-    unsigned w = decoded_size(e->dtype);
-    for (uint64_t off = 0; off < e->nbytes; off += CHUNK) {
-        size_t n = e->nbytes - off < CHUNK ? (size_t)(e->nbytes - off) : CHUNK;
-        if (read_chunk(ix, e, buf, n, off, err))
+    unsigned w = inspect_decoded_size(e->dtype);
+    for (uint64_t off = 0; off < e->nbytes; off += INSPECT_CHUNK) {
+        size_t n = e->nbytes - off < INSPECT_CHUNK ? (size_t)(e->nbytes - off) : INSPECT_CHUNK;
+        if (inspect_read_chunk(ix, e, buf, n, off, err))
             return -1;
-        for (size_t j = 0; j < n / w; j += BATCH) {
-            size_t m = n / w - j < BATCH ? n / w - j : BATCH;
-            decode_batch(e->dtype, buf + j * w, m, dv);
+        for (size_t j = 0; j < n / w; j += INSPECT_BATCH) {
+            size_t m = n / w - j < INSPECT_BATCH ? n / w - j : INSPECT_BATCH;
+            inspect_decode_batch(e->dtype, buf + j * w, m, dv);
             fn(s, dv, m);
         }
     }
@@ -96,19 +97,19 @@ static double stat_std(const stat_acc *s)
 static cJSON *stat_json(const ck_entry *e, const stat_acc *s)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "name", name_json(e));
+    cJSON_AddItemToObject(o, "name", inspect_name_json(e));
     cJSON_AddStringToObject(o, "dtype", ck_dtype_name(e->dtype));
-    cJSON_AddItemToObject(o, "shape", shape_json(e));
+    cJSON_AddItemToObject(o, "shape", inspect_shape_json(e));
     cJSON_AddItemToObject(o, "count", ck_json_uint(s->count));
     cJSON_AddItemToObject(o, "finite", ck_json_uint(s->finite));
     cJSON_AddItemToObject(o, "nan", ck_json_uint(s->nan));
     cJSON_AddItemToObject(o, "inf", ck_json_uint(s->inf));
     cJSON_AddItemToObject(o, "zero", ck_json_uint(s->zero));
     if (s->finite) {
-        cJSON_AddItemToObject(o, "min", number_json(s->min));
-        cJSON_AddItemToObject(o, "max", number_json(s->max));
-        cJSON_AddItemToObject(o, "mean", number_json(s->mean));
-        cJSON_AddItemToObject(o, "std", number_json(stat_std(s)));
+        cJSON_AddItemToObject(o, "min", inspect_number_json(s->min));
+        cJSON_AddItemToObject(o, "max", inspect_number_json(s->max));
+        cJSON_AddItemToObject(o, "mean", inspect_number_json(s->mean));
+        cJSON_AddItemToObject(o, "std", inspect_number_json(stat_std(s)));
     } else {
         cJSON_AddNullToObject(o, "min");
         cJSON_AddNullToObject(o, "max");
@@ -154,15 +155,15 @@ static void *stats_work(void *arg)
 {
     stats_worker *w = arg;
     stats_run *r = w->r;
-    unsigned char *buf = malloc(CHUNK);
-    double *dv = malloc(BATCH * sizeof *dv);
+    unsigned char *buf = malloc(INSPECT_CHUNK);
+    double *dv = malloc(INSPECT_BATCH * sizeof *dv);
     w->failed_at = SIZE_MAX;
     for (size_t i; (i = atomic_fetch_add(&r->next, 1)) < r->n;) {
         const ck_entry *e = r->sel[i];
         int rc = buf && dv ? 0 : ck_fail(&w->err, ck_index_source(r->ix), "out of memory");
-        if (rc == 0 && decoded_size(e->dtype))
+        if (rc == 0 && inspect_decoded_size(e->dtype))
             rc = scan_tensor(r->ix, e, buf, dv, &r->acc[i], acc_batch, &w->err);
-        if (rc == 0 && decoded_size(e->dtype) && r->hist && r->acc[i].finite)
+        if (rc == 0 && inspect_decoded_size(e->dtype) && r->hist && r->acc[i].finite)
             rc = scan_tensor(r->ix, e, buf, dv, &r->acc[i], hist_batch, &w->err);
         if (rc) {
             w->failed_at = i;
@@ -207,7 +208,7 @@ static int stats_compute(stats_run *r)
  * columns, the name padded to width, numbers to 6 digits. */
 static void print_stat_line(const ck_entry *e, const stat_acc *s, int width)
 {
-    print_name(e->name, e->name_len);
+    cli_print_name(e->name, e->name_len);
     double min = s->finite ? s->min : NAN, max = s->finite ? s->max : NAN,
            mean = s->finite ? s->mean : NAN;
     if (!width) {
@@ -247,9 +248,9 @@ static int print_stats(const stats_run *r, int json)
     int width = json ? 0 : print_stat_header(r);
     for (size_t i = 0; i < r->n; i++) {
         const ck_entry *e = r->sel[i];
-        if (!decoded_size(e->dtype)) {
+        if (!inspect_decoded_size(e->dtype)) {
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddItemToObject(o, "name", name_json(e));
+            cJSON_AddItemToObject(o, "name", inspect_name_json(e));
             cJSON_AddStringToObject(o, "dtype", ck_dtype_name(e->dtype));
             cJSON_AddItemToArray(sk, o);
             continue;
@@ -274,7 +275,7 @@ static int print_stats(const stats_run *r, int json)
     cJSON_AddStringToObject(doc, "source", ck_index_source(r->ix));
     cJSON_AddItemToObject(doc, "tensors", ts);
     cJSON_AddItemToObject(doc, "skipped", sk);
-    return print_json_doc(doc);
+    return inspect_print_json_doc(doc);
 }
 
 enum { STATS_JSON };
@@ -282,7 +283,7 @@ const ck_option stats_options[] = {
     {"json", NULL, "the statistics as JSON", 0},
     {NULL, NULL, NULL, 0}};
 
-int cmd_stats(int argc, char **argv)
+int cmd_stats(int argc, char **argv, http_remote *remote)
 {
     const char *source = NULL, *val;
     int json = 0, npat = 0, k;
@@ -304,7 +305,7 @@ int cmd_stats(int argc, char **argv)
         return k == CK_OPT_ERROR ? CK_USAGE : ck_usage_error("stats", "needs a source");
     }
     ck_index *ix;
-    if (open_source(source, &ix)) {
+    if (cli_open_source(remote, source, &ix)) {
         free(pats);
         return 1;
     }
@@ -316,7 +317,7 @@ int cmd_stats(int argc, char **argv)
         goto out;
     }
     for (size_t i = 0; i < ix->nentries; i++)
-        if (ix->entries[i].kind == CK_TENSOR && selected(&ix->entries[i], pats, npat))
+        if (ix->entries[i].kind == CK_TENSOR && inspect_selected(&ix->entries[i], pats, npat))
             r.sel[r.n++] = &ix->entries[i];
     if (npat && !r.n) {
         char shown[CK_SHOWN_MAX];

@@ -1,7 +1,7 @@
 /* view.c — the text of the mount's own files (see view.h).
  *
  * index.json is written straight into one growing buffer rather than built as a cJSON tree and
- * printed: for a checkpoint of many small tensors the tree cost more than everything else the
+ * printed: for a checkpoint of many small tensors the tree costs more than everything else the
  * mount does (BENCHMARKS.md, "Issue 13: mount latency"). The text is the one
  * cJSON_PrintUnformatted gave: the same members in the same order, strings escaped the same way.
  */
@@ -164,7 +164,7 @@ static int has_values(const ck_index *ix)
 }
 
 /* About what index.json of ix takes, so that the text is not copied as it grows (each copy
- * touches fresh pages, which cost more here than writing the text): a name appears twice, as
+ * touches fresh pages, which cost more than writing the text): a name appears twice, as
  * name and path, and the rest of an entry is a hundred bytes or so. Space not written is not
  * touched, so costs nothing. */
 static size_t expected_size(const ck_index *ix)

@@ -1,4 +1,4 @@
-"""Loopback servers for the remote-source tests (issue 17): Debian's nginx, plain and TLS.
+"""Loopback servers for the remote-source tests: Debian's nginx, plain and TLS.
 
 Contract:
   * Everything listens on 127.0.0.1 (or another 127/8 address given explicitly) on a free port,

@@ -1,4 +1,4 @@
-"""A loopback S3 server for the `s3://` source tests (issue 32): Debian's radosgw (Ceph 16.2).
+"""A loopback S3 server for the `s3://` source tests: Debian's radosgw (Ceph 16.2).
 
 Contract:
   * `S3Server(parent)` makes a one-node Ceph cluster of its own in a temporary directory under

@@ -1,4 +1,4 @@
-"""The command line's conventions (issue 31), the same for every `ckpt` command (tools/options.c):
+"""The command line's conventions, the same for every `ckpt` command (tools/options.c):
 `--opt value` and `--opt=value` alike, a unique prefix for the name, `--` ending the options, an
 unknown option named with the nearest known one, a bad value naming the option and the value,
 each command's --help listing its options, and exit status 2 for every usage error."""
@@ -237,7 +237,7 @@ def on_a_terminal(*args):
 
 
 def test_ls_for_people_and_for_scripts(source):
-    """A terminal gets a header and sizes as 12 B; a pipe the bare table in bytes, as before;
+    """A terminal gets a header and sizes as 12 B; a pipe the bare table in bytes;
     --bytes keeps bytes on a terminal."""
     src, tensors = source
     rc, shown = on_a_terminal("ls", src)

@@ -1,4 +1,4 @@
-"""No superlinear parse (issue 25): every parser and every synthesized view costs O(input).
+"""No superlinear parse: every parser and every synthesized view costs O(input).
 
 Each case builds the same input shape at two sizes, SMALL and 10x SMALL items (keys, tensors,
 members, weight_map entries), with the libraries that write those formats (numpy, gguf-py) or
@@ -131,7 +131,7 @@ def npz_file(d, n):
 # --- the cases --------------------------------------------------------------------------------
 
 def test_safetensors_metadata_keys(tmp_path):
-    """80k __metadata__ keys took 13.7 s (each compared with every earlier one)."""
+    """Many __metadata__ keys: comparing each with every earlier one would be quadratic."""
     assert_linear(tmp_path, safetensors_with_metadata, 20000, ("ls", "convert", "pack"))
 
 
@@ -140,7 +140,7 @@ def test_safetensors_tensors(tmp_path):
 
 
 def test_shard_index_weight_map(tmp_path):
-    """200k weight_map entries took over 60 s (a linear lookup per tensor)."""
+    """Many weight_map entries: a linear lookup per tensor would be quadratic."""
     assert_linear(tmp_path, shards_with_index, 10000, ("ls", "convert", "pack"))
 
 
@@ -175,8 +175,8 @@ def shared_archive(how, name):
 @pytest.mark.skipif(not TORCH2.exists(), reason="no .deps/torch2 (scripts/setup installs it)")
 @pytest.mark.parametrize("how,name", [("shared", "dcp"), ("shared_pt2", "m.pt2")])
 def test_records_naming_one_archive(tmp_path, how, name):
-    """DCP chunk records, or .pt2 use_pickle weights, that all name one archive: it was parsed
-    once per record (2,500 records on an 8 MiB data.pkl took 39 s); now once."""
+    """DCP chunk records, or .pt2 use_pickle weights, that all name one archive: it is parsed
+    once, not once per record."""
     assert_linear(tmp_path, shared_archive(how, name), 200, ("ls", "convert"))
 
 
@@ -262,7 +262,7 @@ def test_daemon_memory_per_tensor(tmp_path, mount, unsanitized):
 def test_gguf_metadata_is_held_once(tmp_path, mount, unsanitized):
     """A GGUF key's JSON text is held once (its metadata and its value file share it) plus once
     as index.json's text: the mount's memory grows by at most 2.5 bytes per byte of that text
-    (3 before: the value file had a copy of its own)."""
+    (a copy of its own for the value file would take it to 3)."""
     import gguf
     texts, costs = [], []
     for n in (1 << 19, 5 << 19):
@@ -329,10 +329,9 @@ def stat_calls_reading_every_tensor(src, mnt, log):
 
 
 def test_dcp_files_read_through_a_mount(tmp_path, mountpoint):
-    """Issue 39: opening a tensor checked every source file (one fstat and one stat each), so
-    reading every tensor of an N-file DCP made 2N^2 calls (2,000 files: 11.7 s). Now an open
-    and a read check the files that tensor's bytes come from: 10x the files, at most RATIO x
-    the calls (counted, not timed)."""
+    """An open and a read check only the files that tensor's bytes come from, not every source
+    file (which would make reading every tensor of an N-file DCP cost 2N^2 fstat and stat
+    calls): 10x the files, at most RATIO x the calls (counted, not timed)."""
     counts = []
     for n in (30, 300):
         d = tmp_path / str(n)
@@ -384,9 +383,8 @@ def big_bool_case(tmp_path):
 
 
 def test_gguf_metadata_memory_is_bounded_by_the_file(tmp_path, mount, unsanitized):
-    """Issue 39: a 16.8 MB GGUF of one 16 Mi-item bool array peaked the daemon at ~30x the file
-    (the key's ~95 MB JSON text rendered, copied into the index, copied again as index.json).
-    Now the text is written once into the index and index.json lends it: the daemon's peak
+    """A 16.8 MB GGUF of one 16 Mi-item bool array, whose key renders as ~95 MB of JSON text:
+    the text is written once into the index and index.json lends it, so the daemon's peak
     (VmHWM) doing what a user does (ls -R, cat index.json, cat the key's value file), and
     `ckpt ls --json`'s, stay within 8x the file + 64 MiB. The values are the ones gguf-py
     wrote."""

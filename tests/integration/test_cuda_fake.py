@@ -375,7 +375,7 @@ def test_second_of_two_devices(tmp_path):
     with ckload.Load(pack(src, tmp_path / "o.pack"), device="cuda:1", threads=3,
                      buffer_size=8192) as ld:
         assert ld.device == "cuda:1"
-        assert stat("current_device") == 0  # regression: it was left at 1
+        assert stat("current_device") == 0  # the caller's device, not the load's
         check(read_all(ld), expected_tensors(src))
         m = lib.ckl_to_dlpack(ld._handle(), 0)
         dev = m.contents.dl_tensor.device
@@ -480,8 +480,8 @@ def test_every_failure_is_clean(tmp_path, spec, must_fail):
 @pytest.mark.parametrize("device", ["cuda:0", "cuda:1"])
 def test_on_ready_may_use_cuda(tmp_path, device):
     """on_ready(i) may use CUDA, here to read tensor i back, whose bytes are then all there.
-    Regression: it ran inside the CUDA host function behind the copies, where the runtime
-    forbids CUDA calls (the stand-in refused them, cudaErrorNotPermitted)."""
+    It runs outside the CUDA host function behind the copies, where the runtime forbids CUDA
+    calls (the stand-in refuses them, cudaErrorNotPermitted)."""
     configure("devices=2 delay=0-1000")
     src = many_tensors(tmp_path, n=12)
     expected = expected_tensors(src)
@@ -572,7 +572,7 @@ def test_ckpt_load_to_cuda(tmp_path, seeded):
         assert code or int(left["copies"]) > 0
 
 
-# --- regressions: what the stand-in found --------------------------------------------------------
+# --- a lost context leaks nothing ---------------------------------------------------------------
 
 def leak_checked(cmd):
     """(cmd, env) that run cmd under a leak checker: ASan's where the build has it, else

@@ -189,7 +189,7 @@ def wrong_fields(sharded2, tmp_path_factory):
 def test_a_field_of_another_type_is_refused_in_one_line(wrong_fields, mountpoint):
     """A field of the metadata that holds a str, float, bytes, dtype or a tuple of strs where
     torch wrote an int, a tuple, a str or a record (MetadataIndex.offset, the storage key of a
-    chunk's record, once crashed `ckpt ls` through the string read as a pointer): ckpt ls, the
+    chunk's record: a string read as a pointer would crash): ckpt ls, the
     mount and ckload.load each refuse it in one line naming the .metadata, and live on."""
     cases = sorted(wrong_fields.iterdir())
     assert len(cases) > 60 and {c.name for c in cases} >= {
@@ -251,7 +251,7 @@ def test_a_resharded_load_reads_its_share_and_no_more(fsdp4, world):
     """4 ranks' FSDP chunks loaded as `world` tensor-parallel parts: each rank's tensors are
     torch.chunk's parts of torch's own tensors, and each rank reads, by the kernel's count, at
     most 1/world of the tensor bytes plus one chunk, besides what opening the checkpoint reads
-    (measured: a whole load's count less its tensor bytes)."""
+    (a whole load's count less its tensor bytes)."""
     d, manifest, exp = fsdp4
     whole = lambda: ckload.load(d, device="cpu")
     counted(whole)  # the first: imports and lazy set-up out of the counts

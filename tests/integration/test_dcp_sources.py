@@ -1,4 +1,4 @@
-"""Every file a DCP tensor's bytes come from is a source the reader checks (issue 39, item 2).
+"""Every file a DCP tensor's bytes come from is a source the reader checks.
 
 A tensor gathered from DCP chunks reads the `.distcp` files of its chunks, not its entry's own
 file (the `.metadata`): a `.distcp` rewritten in place (same size, new bytes, new mtime) under
@@ -168,7 +168,7 @@ def test_a_load_from_a_mount_never_returns_a_rewritten_chunk_files_bytes(copy, m
             assert "Input/output error" in str(e.value) or "Stale" in str(e.value), e.value
 
 
-# --- a descriptor per file: more files than the default soft limit (issue 39, item 5) ----------
+# --- a descriptor per file: more files than the default soft limit ---------------------------
 
 FILES = 1100  # a job of 1,100 ranks' files, past the usual soft limit of 1,024 open files
 SOFT = 1024

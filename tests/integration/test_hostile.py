@@ -7,7 +7,7 @@ which must never appear.
 
 test_errors.py and test_torch.py already hold the first hostile safetensors and zip cases (bad
 header lengths, one invalid JSON, overlaps, negative dims, unknown dtypes, os.system in a zip,
-compressed archives, truncations); this file extends them to the rest of the list in issue 6.
+compressed archives, truncations); this file holds the rest.
 Where a benign twin of a hand-built input is needed to show the builder is right, torch.load
 reads it (test_builders_make_valid_checkpoints)."""
 import io
@@ -233,7 +233,7 @@ NPY_CASES = {
     "npz-method-bzip2": npz_case(dict(name="a.npy", raw=npy_bytes(), method=12)),
 }
 
-# Members that hold no tensor are left out of an .npz, the rest served (issue 26): never run,
+# Members that hold no tensor are left out of an .npz, the rest served: never run,
 # never followed, listed with their reason in index.json.
 NPZ_OMITTED = {
     "npz-not-npy-member": (npz_case(dict(name="a.npy", raw=npy_bytes()),
@@ -902,7 +902,7 @@ def test_decorated_names_mount(tmp_path, mount):
     assert got == {n: bytes([k]) for k, n in enumerate(names)}
 
 
-# --- GGUF files that lie (issue 15) ------------------------------------------------------------
+# --- GGUF files that lie ----------------------------------------------------------------------
 # Built byte by byte from the GGUF spec (ggml's docs/gguf.md), so nothing here depends on a
 # writer that would refuse to write them.
 

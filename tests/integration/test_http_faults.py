@@ -359,7 +359,7 @@ def test_server_gone_reads_fail_with_eio(mount, sample, monkeypatch):
     """The server stops after mounting: reads fail with EIO after bounded retries (the child
     reader's timeout is the bound on a hang), and the mount still unmounts cleanly. Two tries
     per request: with the default four, each read waits out the backoff of every block the
-    kernel asks for (10 s for these two reads when written)."""
+    kernel asks for."""
     monkeypatch.setenv("CKPTFS_HTTP_TRIES", "2")
     srv = netlab.FileServer(sample[0]).start()
     try:

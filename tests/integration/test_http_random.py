@@ -1,4 +1,4 @@
-"""Random reads through a URL mount (issue 17, Deliver 3): byte-exact against independent readers
+"""Random reads through a URL mount: byte-exact against independent readers
 of the local file (the safetensors library, torch.load) at offsets that cross the client's 4 MiB
 blocks and the tensors' ends, and, from nginx's own access log, the sizes of what a random read
 fetches: the pages around it within its tensor, not whole blocks.
@@ -14,7 +14,7 @@ import torch
 import netlab
 from ckptfs_testlib import flatten, library_view, write_safetensors
 
-BLOCK = 4 << 20  # blockcache.h's BC_BLOCK: the cache's unit, which random reads no longer fetch whole
+BLOCK = 4 << 20  # blockcache.h's BC_BLOCK: the cache's unit, which random reads do not fetch whole
 PAGE = 64 << 10  # blockcache.h's BC_PAGE: a fetch ends at most this far past its tensor's end
 READ = 64 << 10  # each random read
 

@@ -285,7 +285,7 @@ def test_auto_picks_what_is_there(tmp_path):
 
 def load_error(path, raises=None, **kw):
     """ckload.load(path, **kw)'s one-line message, once it has raised raises (ckload.Error
-    unless said: a RuntimeError, as every error was before the classes)."""
+    unless said: a RuntimeError, so code that catches RuntimeError still does)."""
     with pytest.raises(raises or ckload.Error) as e:
         ckload.load(path, **kw)
     msg = str(e.value)

@@ -1,4 +1,4 @@
-"""The man pages say what the programs do (issue 31): a page for every command (ckptfs(1),
+"""The man pages say what the programs do: a page for every command (ckptfs(1),
 ckpt(1), mount.fuse.ckptfs(8), libckload(3)); every option a `--help` prints appears in its
 page (ckpt's in the section of its command); every function libckload exports is in
 libckload(3); and groff (scripts/setup installs it) formats each page without a warning."""

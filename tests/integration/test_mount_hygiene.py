@@ -1,4 +1,4 @@
-"""Mount hygiene (issue 31, item 4): every refusal in ckptfs's own one line (usage errors exit 2,
+"""Mount hygiene: every refusal in ckptfs's own one line (usage errors exit 2,
 others 1, nothing mounted), no mount over a ckptfs mount or over the source itself, a daemon
 that goes with the mount namespace it mounted in, SIGTERM that unmounts and releases the
 source, and a changed source told once on stderr and in .ckptfs/status."""

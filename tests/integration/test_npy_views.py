@@ -138,7 +138,7 @@ def test_cat_npy_is_np_loadable(source, tmp_path):
     out.write_bytes(p.stdout)
     a = np.load(out, mmap_mode="r")
     assert np.array_equal(a, ref["strided"].numpy())
-    # without --npy: the bare bytes, as before
+    # without --npy: the bare bytes
     p = ckpt("cat", path, "strided")
     assert p.returncode == 0 and p.stdout == raw(ref["strided"])
     p = ckpt("cat", "--npy", path)

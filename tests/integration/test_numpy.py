@@ -222,10 +222,10 @@ def fortran_npz(tmp_path, name="f.npz"):
 
 
 def test_npz_compressed_fortran_members(tmp_path, mount):
-    """Issue 39: a Fortran-ordered array in a compressed member, which np.load reads, was left
-    out; now its member is inflated once into a private file and the array gathered from it:
-    the bytes are np.load's row-major ones through the mount (tensor files, their .npy views,
-    checkpoint.safetensors and .pack), ckpt ls/cat/pack/convert and ckload."""
+    """A Fortran-ordered array in a compressed member, which np.load reads: its member is
+    inflated once into a private file and the array gathered from it: the bytes are np.load's
+    row-major ones through the mount (tensor files, their .npy views, checkpoint.safetensors and
+    .pack), ckpt ls/cat/pack/convert and ckload."""
     from safetensors.numpy import load_file
     src = fortran_npz(tmp_path)
     want = check_everywhere(mount, src, "npz", tmp_path)

@@ -301,7 +301,7 @@ def two_tensor_pack(tmp_path):
 def test_swapped_blob_numbers_are_refused_everywhere(tmp_path, mountpoint):
     """The entries name their blobs in swapped order (a -> blob 1, b -> blob 0), the index
     checksum fixed: sizes and every checksum agree, only the numbering breaks FORMAT.md. A
-    reader that rebuilt the layout instead once loaded both tensors from one place."""
+    reader that rebuilt the layout instead would load both tensors from one place."""
     import ckload
     out, data = two_tensor_pack(tmp_path)
     fields = blob_fields(data)

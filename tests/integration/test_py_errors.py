@@ -130,7 +130,7 @@ def test_the_cli_keeps_its_flags(tmp_path):
 def test_any_other_failure_is_error_a_runtime_error(tmp_path):
     """A corrupt checkpoint (found before the load starts, and by a reader thread while it
     runs) and a source that is no checkpoint: ckload.Error, caught by `except RuntimeError`
-    as every error was before the classes."""
+    (code that catches RuntimeError still does)."""
     src = source(tmp_path)
     short = tmp_path / "short.safetensors"
     short.write_bytes(src.read_bytes()[:-10])

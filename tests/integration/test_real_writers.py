@@ -1,4 +1,4 @@
-"""Files that other writers really produce, read as their own libraries read them (issue 26):
+"""Files that other writers really produce, read as their own libraries read them:
 MLX's `"__metadata__": null`, numpy's Python 2 `L` dims, big-endian `.npy`, and `.npz`
 archives with members that are not tensors. Each fixture is made by its writer where it runs
 here (numpy), or byte by byte per the spec where it does not (MLX)."""

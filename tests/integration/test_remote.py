@@ -18,7 +18,7 @@ from ckptfs_testlib import (check_mount, check_torch_mount, ckpt_bin, library_vi
                             write_safetensors)
 
 CORPUS = Path("/work/shared/corpus")
-HEADER_REQUESTS = 3           # issue 17: mounting a safetensors source takes at most 3 requests
+HEADER_REQUESTS = 3           # mounting a safetensors source takes at most 3 requests
 HEADER_BYTES = 1 << 20        # ... and reads less than 1 MiB
 
 

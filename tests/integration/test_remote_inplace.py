@@ -1,4 +1,4 @@
-"""Reads of a URL mount answered in place, straight from the daemon's cached blocks (issue 17):
+"""Reads of a URL mount answered in place, straight from the daemon's cached blocks:
 exact bytes wherever a read falls against the 4 MiB blocks (inside one, across two, several,
 the object's head), many readers at once through a cache of two blocks (blocks held by replies
 are never evicted under them), and a changed object failing reads even of blocks already

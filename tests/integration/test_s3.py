@@ -80,7 +80,7 @@ def test_an_object_is_read_with_its_bytes(s3):
 
 
 def test_a_prefix_is_its_shard_set(s3):
-    """Opened with one listing, and at most 3 requests per shard, under 1 MiB (issue 32)."""
+    """Opened with one listing, and at most 3 requests per shard, under 1 MiB."""
     tensors = {}
     for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
         tensors.update(want(s3, n))
@@ -107,7 +107,7 @@ def test_mounted(s3, mount, monkeypatch):
     with mount(f"s3://{BUCKET}/one/model.safetensors") as m:
         opened = s3.access(before)
         check_mount(m, tensors, metadata, "safetensors")
-    assert len(opened) <= 3, opened  # issue 32: a mount costs at most 3 requests per object
+    assert len(opened) <= 3, opened  # a mount costs at most 3 requests per object
 
 
 def test_ckload_loads_it(s3, monkeypatch):
@@ -598,8 +598,8 @@ PAGE = S3_MAX_LISTING = 8 << 20  # s3.h: one page, at most
 
 
 def test_a_huge_listing_is_refused_at_its_first_page_in_bounded_memory():
-    """Pages of ~8 MiB holding 170,000 keys each (issue 39: 100 of them took 29 s and 1.5 GB
-    before the refusal): refused as the 100,001st key arrives, in the first page, in one line
+    """Pages of ~8 MiB holding 170,000 keys each: refused as the 100,001st key arrives, in the
+    first page, not after many pages' time and memory, in one line
     that names the s3:// prefix; the client's peak RSS stays under 64 MiB."""
     srv = ListingServer(lambda n: (KEY * ((PAGE - 200) // len(KEY)), n == 19))
     try:

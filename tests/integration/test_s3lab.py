@@ -1,5 +1,5 @@
 """The loopback S3 server (s3lab: radosgw on a one-node Ceph cluster) and what it really does:
-the facts the `s3://` client (issue 32) is written against. Requests are signed by curl's own
+the facts the `s3://` client is written against. Requests are signed by curl's own
 SigV4 (`--aws-sigv4`), objects are uploaded by boto3: neither is ckptfs's code."""
 import hashlib
 import os

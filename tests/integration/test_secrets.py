@@ -1,4 +1,4 @@
-"""A URL's secrets are never shown (issue 17): a presigned URL's query (its signature) and a URL's
+"""A URL's secrets are never shown: a presigned URL's query (its signature) and a URL's
 userinfo (`user:password@`) appear in no message on stdout or stderr, in no `/proc/mounts` line,
 and, once the program has read them, not in its own command line (`ps`, /proc/PID/cmdline) --
 for `ckptfs`, every `ckpt` command that takes a source, and ckload.load, on their success and

@@ -159,8 +159,8 @@ def killed(source, mountpoint, *options):
 
 
 def test_a_killed_daemon_takes_its_mount_with_it(source, mountpoint):
-    """kill -9 left "Transport endpoint is not connected" until fusermount3 -u: with
-    auto_unmount (the default) the mount goes with the daemon, and the directory is itself."""
+    """kill -9 leaves no "Transport endpoint is not connected" behind: with auto_unmount (the
+    default) the mount goes with the daemon, and the directory is itself."""
     try:
         killed(source, mountpoint)
         assert wait_gone(mountpoint), "still mounted after the daemon was killed"

@@ -1,4 +1,4 @@
-"""transformers, the client our users load with (issue 26): small seeded models saved the way
+"""transformers, the client our users load with: small seeded models saved the way
 the Hub's older checkpoints are (torch.save of the state_dict, pytorch_model.bin, with tied
 weights sharing one storage, and config.json), then given to `from_pretrained` as
 `ckpt convert` writes them (one file; shards with their index) and as a mount's virtual

@@ -1860,8 +1860,8 @@ Test(pickle_limits, depth)
 }
 
 /* The typed accessors hand a value back only when it is of the type asked: a record's field
- * that holds a str where a tuple of ints belongs is refused where it is taken (dcp.c once read
- * such a string's bytes as pointers), and each takes NULL, so calls chain. */
+ * that holds a str where a tuple of ints belongs is refused where it is taken (never a string's
+ * bytes read as pointers), and each takes NULL, so calls chain. */
 Test(pickle_typed, accessors_refuse_another_type)
 {
     pb p = {0};

@@ -208,7 +208,7 @@ Test(s3, container_credentials_urls_by_their_parsed_host)
                         "http://LOCALHOST/c", "https://creds.example.com/c"};
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
         cr_expect(s3_container_url_allowed(ok[i], why, sizeof why), "%s: %s", ok[i], why);
-    /* each names another host than its prefix suggests (issue 39's) */
+    /* each names another host than its prefix suggests */
     const char *no[] = {"http://127.0.0.1@10.9.9.9/", "http://localhost:@10.9.9.9/",
                         "http://169.254.170.2:@10.9.9.9/", "http://[::1]@10.9.9.9/",
                         "http://169.254.170.2:@10.9.9.9:9/creds", "http://127.example.com/c",
