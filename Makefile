@@ -132,9 +132,14 @@ test: setup check-layers
 	@# criterion counts a test that leaks as passed (its child reports the leak after the result)
 	test "$$(cat $(BUILD)/test_unit.rc)" = 0 && ! grep -q 'ERROR: LeakSanitizer' $(BUILD)/test_unit.log
 	$(MAKE) fuzz-replay
-	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration \
+	    $(if $(SANITIZE),$(ONCE_TESTS:%=--ignore=tests/integration/%.py))
 	$(MAKE) test-torch2
 	$(if $(HAVE_CUDA),$(MAKE) test-cuda-fake)
+
+# Suites that run once, not again under a sanitizer: what they test is built without one (the
+# wheel, the Debian package) or is a client's (vLLM), and each costs minutes.
+ONCE_TESTS := test_vllm test_wheel_root test_sidecar test_deb
 
 # The loader's tests again under torch 2.x (.deps/torch2, which scripts/setup makes: what GPU
 # users have), beside the main run's Debian torch 1.13: loads from every source, DLPack 1.0,
@@ -220,8 +225,6 @@ install: all
 	    loader/python/ckload.py > $(DESTDIR)$(PYDIR)/ckload.py
 	grep -q '^_INSTALLED_LIB = "' $(DESTDIR)$(PYDIR)/ckload.py
 
-# The ckload wheel (pyproject.toml; setup.py builds libckload into build/wheel and puts it in the
-# package) into $(BUILD)/dist, with this Python's pip and setuptools, offline.
 # The wheel: pip builds it (setup.py), then auditwheel makes it self-contained: every library
 # the programs link (cJSON, xxHash, liburing, zlib) and libcurl with its TLS (through
 # libckcurl.so) are copied in, and the wheel is tagged with the oldest manylinux policy its
