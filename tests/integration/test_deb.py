@@ -265,7 +265,7 @@ def test_without_recommends_local_files_work_and_a_url_says_what_to_install(tmp_
 
 
 def test_lintian_finds_no_error(deb):
-    """lintian's errors fixed; the warnings kept are docs/INSTALL.md's, and only those."""
+    """lintian's errors fixed; the warnings kept are docs/DEBIAN.md's, and only those."""
     need("lintian", "it checks the package against Debian's policy")
     p = run(["lintian", "--no-tag-display-limit", "--color", "never", deb], timeout=300,
             env=plain_env())
