@@ -219,8 +219,14 @@ def test_debian_python_loads_through_the_package(system, source):
         assert open(system.host("/out/load." + name), "rb").read() == lib[name][2]
 
 
-def test_pkg_config_file_names_what_is_installed(system):
-    pc = open(system.host(f"{MULTIARCH}/pkgconfig/ckload.pc")).read()
+def test_library_header_and_pkg_config_file(system):
+    """libckload in the linker's cache after the install (lintian checks that the package
+    triggers ldconfig: its dependencies' triggers would run it here anyway), its build link,
+    header and pkg-config file where that file says."""
+    cache = system.ok("ldconfig -p")
+    assert f"\t{SONAME} (libc6,x86-64) => " in cache, cache
+    with open(system.host(f"{MULTIARCH}/pkgconfig/ckload.pc")) as f:
+        pc = f.read()
     assert f"libdir={MULTIARCH}\n" in pc and "prefix=/usr\n" in pc, pc
     assert os.path.exists(system.host("/usr/include/ckload.h"))
     assert os.readlink(system.host(f"{MULTIARCH}/libckload.so")) == SONAME
