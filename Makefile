@@ -86,7 +86,8 @@ $(BUILD)/libckpt.a: $(call obj,$(CORE_SRC) $(MOUNTINFO_SRC))
 # ckptfs starts on every mount, and its start is part of what a mount costs: the libraries that
 # ship an archive are linked into it, so the dynamic loader has three objects fewer to find, map
 # and relocate (BENCHMARKS.md, "Issue 13, fourth round: mount latency"). cJSON ships none; ckpt
-# and libckload, which start once per load, stay as they are.
+# and libckload, which start once per load, stay as they are. The Debian package links the three
+# shared (scripts/deb).
 CKPTFS_STATIC := -lfuse3 -lxxhash -lz
 $(BUILD)/ckptfs: $(call obj,$(FS_SRC) $(VIEW_SRC)) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ -Wl,-Bstatic $(CKPTFS_STATIC) -Wl,-Bdynamic \
@@ -204,24 +205,26 @@ gpu-test: all
 # the system Python imports it (PYDIR) — told in that copy where the library is, since the two
 # are in different directories there. PYDIR: PREFIX/lib/pythonX.Y/ and the directory name this
 # Python installs into (dist-packages on Debian, site-packages elsewhere), which is on its
-# sys.path for PREFIX=/usr/local and /usr.
+# sys.path for PREFIX=/usr/local and /usr. LIBDIR: where the library and its pkg-config file go
+# (the Debian package gives the multiarch directory, /usr/lib/x86_64-linux-gnu).
+LIBDIR ?= $(PREFIX)/lib
 PYDIR ?= $(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sysconfig as s; \
            print(s.get_python_version() + "/" + s.get_path("purelib").rstrip("/").split("/")[-1])')
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/include \
-	    $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 \
 	    $(DESTDIR)$(PREFIX)/share/man/man3 $(DESTDIR)$(PREFIX)/share/man/man8 $(DESTDIR)$(PYDIR)
 	install -m 0755 $(BUILD)/ckptfs $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/
 	install -m 0755 tools/mount.fuse.ckptfs $(DESTDIR)$(PREFIX)/sbin/
 	install -m 0644 man/ckptfs.1 man/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 man/libckload.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 	install -m 0644 man/mount.fuse.ckptfs.8 $(DESTDIR)$(PREFIX)/share/man/man8/
-	install -m 0755 $(BUILD)/libckload.so $(DESTDIR)$(PREFIX)/lib/libckload.so.$(CKL_ABI)
-	ln -sf libckload.so.$(CKL_ABI) $(DESTDIR)$(PREFIX)/lib/libckload.so
+	install -m 0755 $(BUILD)/libckload.so $(DESTDIR)$(LIBDIR)/libckload.so.$(CKL_ABI)
+	ln -sf libckload.so.$(CKL_ABI) $(DESTDIR)$(LIBDIR)/libckload.so
 	install -m 0644 loader/ckload.h $(DESTDIR)$(PREFIX)/include/
-	sed 's|@PREFIX@|$(PREFIX)|; s|@VERSION@|$(CKL_ABI)|' loader/ckload.pc.in \
-	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ckload.pc
-	sed 's|^_INSTALLED_LIB = None$$|_INSTALLED_LIB = "$(PREFIX)/lib/libckload.so.$(CKL_ABI)"|' \
+	sed 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@VERSION@|$(CKL_ABI)|' loader/ckload.pc.in \
+	    > $(DESTDIR)$(LIBDIR)/pkgconfig/ckload.pc
+	sed 's|^_INSTALLED_LIB = None$$|_INSTALLED_LIB = "$(LIBDIR)/libckload.so.$(CKL_ABI)"|' \
 	    loader/python/ckload.py > $(DESTDIR)$(PYDIR)/ckload.py
 	grep -q '^_INSTALLED_LIB = "' $(DESTDIR)$(PYDIR)/ckload.py
 
@@ -234,6 +237,11 @@ wheel:
 	rm -rf $(BUILD)/dist $(BUILD)/wheelhouse
 	$(PYTHON) -m pip wheel -q --no-deps --no-build-isolation --no-index -w $(BUILD)/wheelhouse .
 	$(AUDITWHEEL) repair -w $(BUILD)/dist $(BUILD)/wheelhouse/ckptfs-*.whl
+
+# The Debian package, build/ckptfs_VERSION_ARCH.deb: its own build in build/deb (Debian's flags,
+# Debian's shared libraries), staged by `make install PREFIX=/usr` (scripts/deb, pkg/debian/).
+deb:
+	MAKE="$(MAKE)" scripts/deb
 
 clean:
 	rm -rf build
@@ -277,5 +285,5 @@ endif
 
 include fuzz/fuzz.mk
 
-.PHONY: all setup test test-torch2 check-layers check-calls valgrind gpu-test bench demo install wheel clean
+.PHONY: all setup test test-torch2 check-layers check-calls valgrind gpu-test bench demo install wheel deb clean
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
