@@ -18,7 +18,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ import torch
 import netlab
 from ckptfs_testlib import DTYPE_NAMES, REPO, build_dir, ckpt_bin, flatten, library_view, run
 from test_gguf import expected as gguf_expected
+from test_install import SYSTEM_PYTHON, clean_env
 from wheelroot import TORCH2_SITE, Root, built_wheel
 
 TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
@@ -381,11 +381,10 @@ def test_s3_through_the_wheels_libcurl(root, sources, s3server):
 def host_venv(wheel, tmp_path_factory):
     """A venv of the host's python with the wheel installed and torch 2.x beside it."""
     d = tmp_path_factory.mktemp("wheel-host") / "venv"
-    p = run([sys.executable if sys.executable.startswith("/usr/") else "/usr/bin/python3",
-             "-m", "venv", d], timeout=120)
+    p = run([SYSTEM_PYTHON, "-m", "venv", d], timeout=120, env=clean_env())
     assert p.returncode == 0, p.stderr.decode()
     p = run([d / "bin" / "pip", "install", "-q", "--no-index", "--no-deps",
-             "--disable-pip-version-check", wheel], timeout=300)
+             "--disable-pip-version-check", wheel], timeout=300, env=clean_env())
     assert p.returncode == 0, p.stderr.decode()
     site = next((d / "lib").glob("python3*/site-packages"))
     (site / "torch2.pth").write_text(TORCH2_SITE + "\n")
@@ -395,6 +394,8 @@ def host_venv(wheel, tmp_path_factory):
 def hidden(script, *args, env=None, timeout=300):
     """sh -c SCRIPT ARGS... on the host, in mount and PID namespaces of its own where /dev/null
     is bound over each of HIDDEN (as on a machine without Debian's packages of them)."""
+    missing = [lib for lib in HIDDEN if not os.path.exists(f"{LIBDIR}/{lib}")]
+    assert not missing, f"{missing}: the host lacks what this test hides (scripts/setup)"
     binds = " && ".join(f"mount --bind /dev/null {LIBDIR}/{lib}" for lib in HIDDEN)
     cmd = ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--mount-proc",
            "sh", "-c", f"{binds} && exec sh -c {shlex.quote(script)} sh \"$@\"", "sh",
