@@ -319,6 +319,19 @@ static int check_fuse_device(void)
     return -1;
 }
 
+/* A user other than root mounts through fusermount3 (set-user-ID root, from the system's fuse3,
+ * which no pip install can bring): without it libfuse's attempt ends in two lines that name
+ * neither the package nor the way around it, so it is looked for first, where have_fusermount
+ * looks. */
+static int check_fusermount(void)
+{
+    if (geteuid() == 0 || have_fusermount())
+        return 0;
+    fprintf(stderr, "ckptfs: fusermount3: not found on PATH: a user other than root mounts "
+            "through it (install fuse3, or mount as root)\n");
+    return -1;
+}
+
 /* Refuses a mountpoint that is already a ckptfs mount (at real, its canonical path): the new
  * mount would hide the old one, whose daemon would then serve nobody until both are
  * unmounted. */
@@ -709,7 +722,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
         goto out;
     }
-    if (!by_fd && (check_fuse_device() != 0 || check_not_inside(o.mountpoint, co.mountpoint) ||
+    if (!by_fd && (check_fuse_device() != 0 || check_fusermount() != 0 ||
+                   check_not_inside(o.mountpoint, co.mountpoint) ||
                    (!o.nonempty && check_not_mounted(o.mountpoint, co.mountpoint) != 0)))
         goto out;
     if (!co.foreground && daemon_fork(&ready) != 0) {

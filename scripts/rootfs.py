@@ -28,6 +28,8 @@ ROOTS = {
                            "ca-certificates"]),
     # what a user's machine has: Python, FUSE's mount helper, no -dev package, no libcurl.
     "minbase": ("bookworm", ["python3", "python3-venv", "fuse3", "ca-certificates"]),
+    # a libc older than the wheel's manylinux tag asks (glibc 2.31): pip must refuse the wheel.
+    "oldlibc": ("bullseye", ["python3", "python3-venv"]),
 }
 
 
@@ -55,19 +57,44 @@ def extract(name, root):
     os.makedirs(root, exist_ok=True)
     if not os.listdir(root):
         subprocess.run(["tar", "-xf", tarball(name), "-C", root], check=True)
+        # what a Debian system (systemd's tmpfiles) and container images have, and fusermount3
+        # reads to unmount a user's mount; mmdebstrap's minbase has none
+        mtab = os.path.join(root, "etc", "mtab")
+        if not os.path.lexists(mtab):
+            os.symlink("../proc/self/mounts", mtab)
 
 
-def command(root, argv, env=None, binds=()):
+# The devices a container has when it is given none (docker's and podman's default /dev).
+PLAIN_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def command(root, argv, env=None, binds=(), fuse="host"):
     """argv run inside root as in a container. env: its variables (nothing else passes);
-    binds: (host path, path inside, read-only) mounted for it, in its own namespace only."""
+    binds: (host path, path inside, read-only) mounted for it, in its own namespace only (a file
+    over a file: /dev/null over a program hides it). fuse: "host", the host's /dev bound;
+    "device", a container's /dev (a tmpfs of PLAIN_DEVICES) with a /dev/fuse every user may
+    open, as `--device /dev/fuse` gives it and udev makes it; None, a container's /dev without
+    /dev/fuse (started without --device /dev/fuse)."""
     env = env or {}
     inner = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
              "HOME=/root", "LANG=C.UTF-8"] + [f"{k}={v}" for k, v in env.items()] + list(argv)
     q = shlex.quote
-    steps = [f"mount --rbind /dev {q(root)}/dev", f"mount --make-rslave {q(root)}/dev"]
+    dev = q(os.path.join(root, "dev"))
+    if fuse == "host":
+        steps = [f"mount --rbind /dev {dev}", f"mount --make-rslave {dev}"]
+    else:
+        steps = [f"mount -t tmpfs -o mode=755 tmpfs {dev}"]
+        for d in PLAIN_DEVICES:
+            steps += [f": >{dev}/{d}", f"mount --bind /dev/{d} {dev}/{d}"]
+        if fuse == "device":
+            st = os.stat("/dev/fuse")
+            steps.append(f"mknod -m 666 {dev}/fuse c {os.major(st.st_rdev)} {os.minor(st.st_rdev)}")
     for host, inside, readonly in binds:
         at = q(os.path.join(root, inside.lstrip("/")))
-        steps += [f"mkdir -p {at}", f"mount --bind {q(host)} {at}"]
+        # a file is bound over a file (made empty if missing), a directory over a directory
+        made = (f"mkdir -p {at}" if os.path.isdir(host)
+                else f"mkdir -p $(dirname {at}) && {{ [ -e {at} ] || : >{at}; }}")
+        steps += [made, f"mount --bind {q(host)} {at}"]
         if readonly:
             steps.append(f"mount -o remount,bind,ro {at}")
     steps.append(f"exec unshare --pid --fork --root={q(root)} --mount-proc "

@@ -44,23 +44,31 @@ def built_wheel():
 
 
 class Root:
-    """A fresh minbase root under `where`, a venv in it with the wheel installed."""
+    """A fresh root NAME (scripts/rootfs.py's ROOTS) under `where`, a venv in it with the wheel
+    installed (none when wheel is None: `install` says what pip makes of one)."""
 
-    def __init__(self, where, wheel, torch=True):
+    def __init__(self, where, wheel, torch=True, name="minbase"):
         self.dir = str(where)
         self.torch = torch
-        rootfs().extract("minbase", self.dir)
+        rootfs().extract(name, self.dir)
+        if wheel:
+            p = self.install(wheel)
+            assert p.returncode == 0, p.stderr.decode()
+
+    def install(self, wheel, venv=VENV):
+        """`pip install WHEEL` into a fresh venv of the root's python3, as a user would: the
+        CompletedProcess (pip refuses a wheel whose tag the root's libc does not meet)."""
         os.makedirs(self.host("/w"), exist_ok=True)
         shutil.copy(wheel, self.host("/w"))
         name = os.path.basename(wheel)
-        p = self.run(["sh", "-c", f"python3 -m venv {VENV} && {VENV}/bin/pip install -q "
+        p = self.run(["sh", "-c", f"python3 -m venv {venv} && {venv}/bin/pip install -q "
                       f"--no-index --no-deps --disable-pip-version-check /w/{name}"],
                      timeout=300)
-        assert p.returncode == 0, p.stderr.decode()
-        if torch:
-            site = self.run(["sh", "-c", f"echo {VENV}/lib/python3*/site-packages"]).stdout
+        if p.returncode == 0 and self.torch:
+            site = self.run(["sh", "-c", f"echo {venv}/lib/python3*/site-packages"]).stdout
             with open(self.host(site.decode().strip() + "/torch2.pth"), "w") as f:
                 f.write("/opt/torch2\n")
+        return p
 
     def host(self, path):
         """The host's path of `path` inside the root."""
@@ -76,11 +84,13 @@ class Root:
         env.update(extra or {})
         return env
 
-    def run(self, argv, env=None, timeout=120, binds=(), **kw):
-        """argv inside the root (PATH has the venv's bin first); CompletedProcess, bytes."""
+    def run(self, argv, env=None, timeout=120, binds=(), fuse="host", **kw):
+        """argv inside the root (PATH has the venv's bin first); CompletedProcess, bytes.
+        fuse: which /dev (rootfs.command's: "host", "device" or None)."""
         env = self.env(env)
         env.setdefault("PATH", f"{VENV}/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        cmd = rootfs().command(self.dir, argv, env=env, binds=self.binds() + list(binds))
+        cmd = rootfs().command(self.dir, argv, env=env, binds=self.binds() + list(binds),
+                               fuse=fuse)
         return subprocess.run(cmd, capture_output=True, timeout=timeout, **kw)
 
     def python(self, code, *args, env=None, timeout=300):
