@@ -192,8 +192,10 @@ bench: all
 	PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) $(CURDIR)/.deps/torch2/bin/python scripts/bench-dcp
 	PYTHONPATH=$(PYDEPS):$(CURDIR)/.deps/bench:$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/bench-s3
 
-demo: setup all
-	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS) CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo
+# setup first, then the build (a prerequisite beside setup could start before it under -j).
+demo: setup
+	$(MAKE) all
+	PYTHON=$(PYTHON) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python CKPTFS_BUILD=$(CURDIR)/$(BUILD) scripts/demo
 
 # On a machine with a GPU: byte-exact loads to cuda:0 and the GPU error paths. No `setup`:
 # GPU machines often have their own Python stack and no package mirror (PYTHON=... picks it).
