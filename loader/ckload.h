@@ -234,6 +234,10 @@ void ckl_pool_free(ckl_pool *p);
 /* Whether only (a prefix or glob, as ckl_options.only) selects name; NULL selects every name. */
 int ckl_selected(const char *only, const char *name);
 
+/* location as libckload's messages show it: a URL without its secrets (userinfo, query) in buf
+ * (cap bytes, truncated to fit), returned; anything else as it is. */
+const char *ckl_location_shown(const char *location, char *buf, size_t cap);
+
 /* Whether this build has CUDA, and whether a device is usable now. */
 int ckl_cuda_built(void);
 int ckl_cuda_available(void);

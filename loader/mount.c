@@ -200,3 +200,8 @@ int load_source_open(const char *path, load_source *out, char *err, size_t errle
         load_source_close(out);
     return rc ? open_failure(path) : 0;
 }
+
+const char *ckl_location_shown(const char *location, char *buf, size_t cap)
+{
+    return ck_location_shown(location, buf, cap);
+}

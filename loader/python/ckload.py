@@ -60,7 +60,7 @@ except ImportError as e:  # the wheel does not declare torch: the user's own bui
     raise ImportError(f"ckload needs torch, which this Python cannot import ({e}): install the "
                       f"torch build your machine uses, e.g. `pip install torch`") from None
 
-__all__ = ["load", "stream", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
+__all__ = ["load", "stream", "shown", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
            "DistributedLoad", "Error", "cuda_available", "cuda_built", "library"]
 
 ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
@@ -284,6 +284,7 @@ def library() -> ctypes.CDLL:
                 "ckl_to_dlpack_versioned": (_c.POINTER(DLManagedTensorVersioned),
                                             [load_p, _c.c_size_t, _c.c_uint64]),
                 "ckl_selected": (_c.c_int, [_c.c_char_p, _c.c_char_p]),
+                "ckl_location_shown": (_c.c_char_p, [_c.c_char_p, _c.c_char_p, _c.c_size_t]),
                 "ckl_blob_count": (_c.c_size_t, [load_p]),
                 "ckl_blob": (_c.c_int, [load_p, _c.c_size_t, _c.POINTER(_c.c_void_p),
                                         _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_int),
@@ -698,6 +699,14 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
               buffers=buffers) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+
+
+def shown(location: PathLike) -> str:
+    """location as ckload's messages show it: a URL without its secrets (user:password@, a
+    presigned query), anything else as it is."""
+    raw = os.fsencode(location)
+    buf = _c.create_string_buffer(len(raw) + 1)
+    return library().ckl_location_shown(raw, buf, len(buf)).decode("utf-8", "surrogateescape")
 
 
 def _pack_order(path, device, only):

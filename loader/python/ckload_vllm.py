@@ -18,6 +18,7 @@ parameter no tensor filled - raises ckload.Error with one line naming the source
 start fails with it and no partly loaded model serves.
 """
 import os
+import time
 
 LOAD_FORMAT = "ckload"
 KEYS = {"source", "window", "verify"}
@@ -52,6 +53,7 @@ def fill(model, source, window=1 << 30, verify=True):
             last[0] = name
             yield name, t
 
+    shown = ckload.shown(source)
     try:
         loaded = model.load_weights(tensors())
     except ckload.Error:
@@ -59,28 +61,30 @@ def fill(model, source, window=1 << 30, verify=True):
     except (OSError, ValueError) as e:
         if str(e).startswith("ckload: "):
             raise ckload.Error(str(e)) from e
-        raise _refused(source, last[0], e) from e
+        raise _refused(shown, last[0], e) from e
     except Exception as e:  # vLLM's weight loaders assert shapes and names
-        raise _refused(source, last[0], e) from e
+        raise _refused(shown, last[0], e) from e
     if loaded is not None:
         missing = sorted({n for n, _ in model.named_parameters()} - set(loaded))
         if missing:
-            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+            which = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
                                               else "")
-            raise ckload.Error(f"ckload: {source}: no tensor for the model's {shown}")
+            raise ckload.Error(f"ckload: {shown}: no tensor for the model's {which}")
 
 
-def _refused(source, name, e):
+def _refused(shown, name, e):
     import ckload
     why = str(e).splitlines()[0] if str(e) else type(e).__name__
     where = f"tensor '{name}'" if name else "the checkpoint"
-    return ckload.Error(f"ckload: {source}: {where}: refused by the model: {why}")
+    return ckload.Error(f"ckload: {shown}: {where}: refused by the model: {why}")
 
 
 def register():
     """vllm.general_plugins' entry point: registers the load format (once per process)."""
+    from vllm.logger import init_logger
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+    logger = init_logger(__name__)
 
     @register_model_loader(LOAD_FORMAT)
     class CkloadModelLoader(BaseModelLoader):
@@ -97,6 +101,11 @@ def register():
             """Nothing to fetch ahead: remote sources are read in place."""
 
         def load_weights(self, model, model_config):
+            import ckload
             source = weights_source(model_config.model, model_config.revision, self.extra)
+            start = time.perf_counter()
             fill(model, source, window=int(self.extra.get("window", 1 << 30)),
                  verify=bool(self.extra.get("verify", True)))
+            # vLLM's own loaders' words, so that a log reads the same whichever loaded
+            logger.info("Loading weights took %.2f seconds (ckload, from %s)",
+                        time.perf_counter() - start, ckload.shown(source))

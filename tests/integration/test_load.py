@@ -96,6 +96,58 @@ def test_corpus_loads_byte_exact(tmp_path, corpus, mount, name):
         check_load(ckload.load(mnt / ".ckptfs/checkpoint.pack", device="cpu"), expected)
 
 
+@pytest.mark.parametrize("kind", ["zip", "sharded"])
+@pytest.mark.parametrize("window", [1, 4096, 1 << 30])
+def test_stream_hands_out_every_tensor_in_pack_order(tmp_path, kind, window):
+    """ckload.stream: the same tensors and bytes as load, in its order, whatever the window
+    (1 byte: one tensor a window; 1 GiB: one window)."""
+    src = SOURCES[kind](tmp_path)
+    got = list(ckload.stream(src, device="cpu", window=window))
+    assert [name for name, _ in got] == list(ckload.load(src, device="cpu"))
+    check_load(dict(got), expected_tensors(src))
+
+
+STREAM_PEAK = """
+import sys, ckload
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith(key))
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from here, after torch's import
+base = status("VmRSS:")
+if sys.argv[2] == "stream":
+    for name, t in ckload.stream(sys.argv[1], device="cpu", window=int(sys.argv[3])):
+        t.sum()  # touched, then dropped as a consumer that copies it would
+else:
+    sd = ckload.load(sys.argv[1], device="cpu")
+print(status("VmHWM:") - base)
+"""
+
+
+def test_stream_holds_one_window_at_a_time(tmp_path):
+    """Streaming 256 MiB in 16 MiB windows, dropping each tensor, grows the process by about a
+    window or two; loading it whole grows it by the whole checkpoint."""
+    mib = 1 << 20
+    src = write_safetensors(tmp_path / "big.safetensors",
+                            [(f"w{i}", "F32", [4 * mib // 4], bytes(4 * mib)) for i in range(64)])
+    grown = {}
+    for how in ("stream", "load"):
+        p = subprocess.run([sys.executable, "-c", STREAM_PEAK, str(src), how, str(16 * mib)],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        grown[how] = int(p.stdout.split()[-1])  # KiB
+    assert grown["load"] >= 256 * 1024
+    assert grown["stream"] < 64 * 1024, grown
+
+
+def test_stream_refuses_a_window_of_nothing(tmp_path):
+    src = SOURCES["zip"](tmp_path)
+    with pytest.raises(ValueError, match="window"):
+        next(ckload.stream(src, device="cpu", window=0))
+
+
 @pytest.mark.parametrize("threads,buffer_size", [(1, 4096), (3, 5000), (16, 1 << 20)])
 def test_threads_and_buffer_sizes(tmp_path, threads, buffer_size):
     g = torch.Generator().manual_seed(5)
