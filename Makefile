@@ -120,7 +120,8 @@ $(BUILD)/python/%.py: loader/python/%.py
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-$(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(COLD_SRC) $(VIEW_SRC)) $(BUILD)/libckpt.a
+$(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(COLD_SRC) loader/pool.c $(VIEW_SRC)) \
+                   $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -luring -lcriterion -o $@
 
 setup:

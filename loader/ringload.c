@@ -42,13 +42,13 @@ static void chunk_done(void *ctx, unsigned slot, int rc)
 {
     ringload *rl = ctx;
     const struct ring_chunk *c = &rl->chunks[slot];
-    if (rc) {
+    if (rc) { /* its reference is never dropped: a blob with a failed read is never read */
         rl->h->failed(rl->h->ctx, rl->blobs[c->blob].id, c->at, rc);
-    } else {
-        if (c->copy)
-            memcpy(c->copy, rl->bounce + (size_t)slot * DIRECT_ALIGN + c->skip, c->n);
-        atomic_fetch_add(rl->h->done_bytes, c->n);
+        return;
     }
+    if (c->copy)
+        memcpy(c->copy, rl->bounce + (size_t)slot * DIRECT_ALIGN + c->skip, c->n);
+    atomic_fetch_add(rl->h->done_bytes, c->n);
     blob_dropped(rl, c->blob);
 }
 

@@ -12,7 +12,7 @@
  *    bounce block of the ring's and copied out. It reports through the hooks, on the calling
  *    thread: a chunk's bytes once they are in (done_bytes), a read that failed (failed: the
  *    byte of the blob it began at, -errno), and a blob all of whose bytes are in (read), unless
- *    the load has stopped by then. It queues nothing more once stopped() says so, and returns
+ *    one of its reads failed or the load has stopped by then. It queues nothing more once stopped() says so, and returns
  *    only once no read is in flight: 0, or -errno when the ring itself failed.
  *  - A blob's dst is host memory in phase with its bytes in the file for the file's O_DIRECT
  *    reads (direct_in_place), and stays valid until ringload_run returns.
