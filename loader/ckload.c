@@ -694,13 +694,11 @@ static void free_load(ckl_load *l)
 /* The reader threads and chunk size, where the caller left them 0. Where most of a cold host
  * load cannot land in place (tensors shorter than CK_PLAN_PHASE_MIN pages or out of line with
  * their elements in the file: ck_plan_keep_phase), each chunk is read O_DIRECT into its
- * thread's bounce, then copied, and a thread's next read waits for its copy. More threads with
- * smaller chunks keep the disk busy while others copy: measured before blobs kept their phase,
- * a cold 1.5 GiB safetensors file, all through the bounce, loaded at 0.74-0.77x its pack with
- * 4 x 16 MiB, 0.86-0.91x with 8 x 4 MiB (medians, 2 shared cores, 4 runs of 9-15 rounds).
- * Whole pages read in place (a pack, most sources now) keep the usual 4 x 16 MiB. A staged
- * load (CUDA) is bound by its pinned copies, not the disk: more, smaller chunks keep more
- * copies in flight (the sweep: BENCHMARKS.md, issue 29). */
+ * thread's bounce, then copied, and a thread's next read waits for its copy: more threads with
+ * smaller chunks keep the disk busy while others copy (BENCHMARKS.md, "cold sources through
+ * 2 MiB bounce pages"). Whole pages read in place (a pack, most sources) keep the usual
+ * 4 x 16 MiB. A staged load (CUDA) is bound by its pinned copies, not the disk: more, smaller
+ * chunks keep more copies in flight (BENCHMARKS.md, "the GPU proof"). */
 static void choose_readers(ckl_load *l)
 {
     const ck_plan *p = l->plan;
@@ -767,9 +765,9 @@ static int slice_dims_valid(const ckl_load *l, char *err, size_t errlen)
 }
 
 /* Whether the load's numbers are within their bounds (ckload.h); else err says which is not,
- * naming the option. Checked before anything is sized by them: a buffer size near 2^64 wrapped
- * in the gather's arithmetic, a million threads were started, and a world of 2^32 - 1 ranks
- * made the balanced share's search take minutes per blob. */
+ * naming the option. Checked before anything is sized by them: unchecked, a buffer size near
+ * 2^64 would wrap the gather's arithmetic, a thread count start that many threads, and a world
+ * of 2^32 - 1 ranks make the balanced share's search take minutes per blob. */
 static int options_valid(const ckl_load *l, char *err, size_t errlen)
 {
     const ckl_options *o = &l->opt;
