@@ -1,9 +1,9 @@
 /* backend_cpu.c — loads into host memory: reader threads read straight into the block, which
  * needs no staging (in_place: the core does it, O_DIRECT included where a chunk's place in the
  * block has the file's phase: plan.h ck_plan_keep_phase); only O_DIRECT reads of other chunks
- * (a blob's partial first and last pages, blobs out of phase) go through an aligned bounce buffer and a copy.
- * Both the block and the bounce start on a 2 MiB boundary, so that all of them can be huge
- * pages. */
+ * (a blob's partial first and last pages, blobs out of phase) go through an aligned bounce
+ * buffer and a copy. Both the block and the bounce start on a 2 MiB boundary, so that all of
+ * them can be huge pages. */
 #include "backend.h"
 
 #include <dirent.h>
@@ -45,20 +45,20 @@ static int freed_memory_reported(void)
 /* 2 MiB pages, unless the machine reports the memory it frees to its hypervisor; CKLOAD_HUGEPAGES
  * =0 or 1 decides instead. Such a machine hands a fresh 2 MiB page out of a block it has
  * reported (free page reporting reports 2 MiB blocks and larger), which the host must back
- * again on the first touch; 4 KiB pages come mostly from memory it kept. Measured on the VM of
- * BENCHMARKS.md (issue 28), fresh processes loading 2 GiB, hot: 4 KiB pages 2.9 GB/s median
- * (2.6-3.7), 2 MiB pages 1.5 (0.9-7.6); cold 2.0 against 1.6. Elsewhere 2 MiB pages make a
- * load's faults 512 times fewer. */
+ * again on the first touch, while 4 KiB pages come mostly from memory it kept (BENCHMARKS.md,
+ * "Machine A" and "Fresh processes"). Elsewhere 2 MiB pages make a load's faults 512 times
+ * fewer. */
 static int huge_pages(void)
 {
     const char *v = getenv("CKLOAD_HUGEPAGES");
     return v ? strcmp(v, "0") != 0 : !freed_memory_reported();
 }
 
-enum { HUGE_PAGE = 2 << 20 };
+enum { PAGE = 4096, HUGE_PAGE = 2 << 20 };
 
 struct reader {
-    ckl_load *load;
+    void (*on_landed)(void *ctx, size_t b);
+    void *ctx;
     unsigned char *bounce; /* NULL unless reads are O_DIRECT */
     size_t bounce_size;
 };
@@ -74,7 +74,7 @@ static void *map_aligned(size_t n, int huge)
     if (p == MAP_FAILED)
         return NULL;
     size_t head = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
-    size_t used = head + (n + DIRECT_ALIGN - 1) / DIRECT_ALIGN * DIRECT_ALIGN;
+    size_t used = head + (n + PAGE - 1) / PAGE * PAGE;
     if (head)
         munmap(p, head);
     if (span > used)
@@ -89,7 +89,7 @@ static int cpu_check(int ordinal, char *why, size_t len)
     return 0;
 }
 
-/* Anonymous memory, page-aligned (so a chunk's place can share the file's 4096-byte phase), with
+/* Anonymous memory, page-aligned (so a chunk's place can share the file's O_DIRECT phase), with
  * huge pages where the kernel has them and huge_pages() says: filling a fresh block costs a page
  * fault per page, and 2 MiB pages make those 512 times fewer. */
 static void *cpu_alloc(int ordinal, size_t n, char *why, size_t len)
@@ -106,11 +106,9 @@ static void cpu_free(void *block, size_t n)
     munmap(block, n);
 }
 
-/* The bounce is huge pages whatever CKLOAD_HUGEPAGES says: the disk takes an O_DIRECT read as
- * one request per run of physically contiguous memory it can take in one go. Measured on the
- * VM of BENCHMARKS.md (a virtio disk of 254 segments and 4 MiB a request): into 4 KiB pages a
- * 16 MiB read is 16 requests of 1 MiB, into 2 MiB pages 4 of 4 MiB, and a cold safetensors
- * file (its tensors all out of phase, so all through the bounce) loaded at 0.6 against 2.2 GB/s. */
+/* The bounce is huge pages whatever CKLOAD_HUGEPAGES says: a disk takes an O_DIRECT read as one
+ * request per run of physically contiguous memory, so 2 MiB pages make a read fewer, larger
+ * requests (BENCHMARKS.md, "cold sources through 2 MiB bounce pages"). */
 static reader *cpu_open(const reader_setup *s, char *why, size_t len)
 {
     reader *r = calloc(1, sizeof *r);
@@ -121,22 +119,22 @@ static reader *cpu_open(const reader_setup *s, char *why, size_t len)
     if (!r)
         snprintf(why, len, "out of memory");
     else
-        r->load = s->load, r->bounce_size = s->buffer_size;
+        r->on_landed = s->on_landed, r->ctx = s->ctx, r->bounce_size = s->buffer_size;
     return r;
 }
 
-int populate(unsigned char *p, size_t n)
+int backend_cpu_populate(unsigned char *p, size_t n)
 {
-    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(DIRECT_ALIGN - 1);
+    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(PAGE - 1);
     return madvise((void *)start, (uintptr_t)p + n - start, MADV_POPULATE_WRITE);
 }
 
-/* Each reader thread faults its chunk's pages in before reading into them: measured on the VM
- * of BENCHMARKS.md (issue 28), a hot 2 GiB load in a fresh process ran 1.45x faster so. */
+/* Each reader thread faults its chunk's pages in before reading into them, in one call rather
+ * than a fault per page inside the read (BENCHMARKS.md, "Fresh processes"). */
 static unsigned char *cpu_stage(reader *r, unsigned char *dst, size_t n, char *why, size_t len)
 {
     (void)why, (void)len;
-    populate(dst, n);
+    backend_cpu_populate(dst, n);
     return r->bounce ? r->bounce : dst;
 }
 
@@ -160,7 +158,7 @@ static int cpu_copy(reader *r, unsigned char *dst, const unsigned char *src, siz
 static int cpu_landed(reader *r, size_t blob, char *why, size_t len)
 {
     (void)why, (void)len;
-    blob_landed(r->load, blob);
+    r->on_landed(r->ctx, blob);
     return 0;
 }
 
@@ -171,7 +169,7 @@ static void cpu_close(reader *r)
     free(r);
 }
 
-const backend cpu_backend = {
+const backend backend_cpu = {
     .in_place = 1, .check = cpu_check, .alloc = cpu_alloc, .free = cpu_free, .open = cpu_open,
     .stage = cpu_stage, .put = cpu_put, .copy = cpu_copy, .landed = cpu_landed,
     .close = cpu_close,

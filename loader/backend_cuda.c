@@ -3,17 +3,18 @@
  * host and a stand-in for libcudart can take its place.
  *
  * Each reader thread owns a stream and a few pinned staging buffers (cudaHostAlloc, kept in the
- * load's pool across loads: pinning costs about 0.5 s per GB), used in turn: the thread preads
- * into one while the copies out of the others run, and refills a buffer only after the event
- * recorded behind its copy has completed. A blob has landed when a host function queued on the
+ * load's pool across loads, pool.h: pinning is slow, BENCHMARKS.md "the GPU proof"), used in
+ * turn: the thread preads into one while the copies out of the others run, and refills a buffer
+ * only after the event recorded behind its copy has completed. A blob has landed when a host function queued on the
  * stream behind its last copy runs; that function only marks it, and the reader thread reports
- * it (blob_landed, so on_ready) at its next chunk or when it closes: the runtime forbids CUDA
+ * it (on_landed, so on_ready) at its next chunk or when it closes: the runtime forbids CUDA
  * calls inside a host function, and on_ready may well make some (start work on an early layer).
  * tests/fakecuda runs all of this against a stand-in for the runtime that is stricter than the
  * hardware.
  */
 #include "backend.h"
 #include "cudart.h"
+#include "pool.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -33,8 +34,9 @@ typedef struct stage {
 } stage;
 
 struct reader {
-    ckl_load *load;
-    ckl_pool *pool;
+    void (*on_landed)(void *ctx, size_t b);
+    void *ctx;
+    struct ckl_pool *pool;
     size_t buffer_size;
     int ordinal;
     cudaStream_t stream;
@@ -103,14 +105,14 @@ static void free_pinned(void *b)
     cudart.FreeHost(b);
 }
 
-/* blob_landed for the blobs at the front of the queue whose host function has run. */
+/* on_landed for the blobs at the front of the queue whose host function has run. */
 static void report_landed(reader *r)
 {
     while (r->first && atomic_load(&r->first->copied)) {
         landing *c = r->first;
         r->first = c->next;
         r->last = r->first ? r->last : NULL;
-        blob_landed(r->load, c->blob);
+        r->on_landed(r->ctx, c->blob);
         free(c);
     }
 }
@@ -142,7 +144,8 @@ static reader *cuda_open(const reader_setup *s, char *why, size_t len)
         snprintf(why, len, "out of memory");
         return NULL;
     }
-    r->load = s->load;
+    r->on_landed = s->on_landed;
+    r->ctx = s->ctx;
     r->pool = s->pool;
     r->buffer_size = s->buffer_size;
     r->ordinal = s->ordinal;
@@ -237,4 +240,4 @@ static const backend cuda = {
     .stage = cuda_stage, .put = cuda_put, .copy = cuda_copy, .landed = cuda_landed,
     .close = cuda_close,
 };
-const backend *const cuda_backend = &cuda;
+const backend *const backend_cuda = &cuda;

@@ -2,4 +2,4 @@
  * toolkit: there is no CUDA backend, and the core says so ("built without CUDA"). */
 #include "backend.h"
 
-const backend *const cuda_backend = NULL;
+const backend *const backend_cuda = NULL;

@@ -1,10 +1,12 @@
 /* ckload.c — the loader's core: a checkpoint's blobs (a pack's, or any source's laid out as its
  * virtual pack), read by a few threads, into one destination block that a backend (backend.h:
- * CPU or CUDA) owns and fills. */
+ * CPU or CUDA) owns and fills. Which files are read O_DIRECT is direct.h's; the blobs that land
+ * in place so are read through io_uring by ringload.h on one of the threads. */
 #include "ckload.h"
 #include "backend.h"
+#include "direct.h"
 #include "mount.h"
-#include "uring.h"
+#include "ringload.h"
 
 #include "../index/index.h"
 #include "../base/bytes.h"
@@ -13,96 +15,25 @@
 #include "slice.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 /* The readers and chunk size a load picks where its caller left them 0 (choose_readers): the
  * usual ones, those for a host load mostly read through the O_DIRECT bounce, and those of a
- * load staged through pinned buffers (CUDA: the sweep on an H200, BENCHMARKS.md issue 29). */
+ * load staged through pinned buffers (CUDA: BENCHMARKS.md, "the GPU proof"). */
 enum { DEFAULT_THREADS = 4, DEFAULT_STAGES = 2, BOUNCED_THREADS = 8,
        STAGED_THREADS = 8 };
-/* The io_uring engine's reads in flight (open_ring), and how much of the block its helper faults
- * in at a time (fault_ahead). */
-enum { RING_DEPTH = 32 };
-#define FAULT_STEP ((size_t)32 << 20)
 #define DEFAULT_BUFFER ((size_t)16 << 20)
 #define BOUNCED_BUFFER ((size_t)4 << 20)
 #define STAGED_BUFFER ((size_t)4 << 20)
 /* An error message, with its NUL, fits in the path's length and this (ckload.h). */
 enum { ERR_ROOM = 512 };
-
-/* --- the pool of staging buffers ------------------------------------------------------------ */
-
-struct ckl_pool {
-    pthread_mutex_t lock;
-    struct kept {
-        void *buf;
-        size_t size;
-        void (*release)(void *);
-    } *kept;
-    size_t n, cap;
-};
-
-ckl_pool *ckl_pool_new(void)
-{
-    ckl_pool *p = calloc(1, sizeof *p);
-    if (p)
-        pthread_mutex_init(&p->lock, NULL);
-    return p;
-}
-
-void ckl_pool_free(ckl_pool *p)
-{
-    if (!p)
-        return;
-    for (size_t i = 0; i < p->n; i++)
-        p->kept[i].release(p->kept[i].buf);
-    free(p->kept);
-    pthread_mutex_destroy(&p->lock);
-    free(p);
-}
-
-void *pool_take(ckl_pool *p, size_t size)
-{
-    void *b = NULL;
-    pthread_mutex_lock(&p->lock);
-    for (size_t i = 0; i < p->n && !b; i++)
-        if (p->kept[i].size >= size) {
-            b = p->kept[i].buf;
-            p->kept[i] = p->kept[--p->n];
-        }
-    pthread_mutex_unlock(&p->lock);
-    return b;
-}
-
-void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
-{
-    pthread_mutex_lock(&p->lock);
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 16;
-        struct kept *k = realloc(p->kept, cap * sizeof *k);
-        if (k) {
-            p->kept = k;
-            p->cap = cap;
-        }
-    }
-    int keep = p->n < p->cap;
-    if (keep)
-        p->kept[p->n++] = (struct kept){.buf = b, .size = size, .release = release};
-    pthread_mutex_unlock(&p->lock);
-    if (!keep)
-        release(b);
-}
 
 /* --- the load ---------------------------------------------------------------------------- */
 
@@ -111,7 +42,7 @@ struct ckl_load {
     char *path;              /* as shown in messages (ck_location_shown); in the same allocation,
                               * as is err */
     ck_index *ix;            /* src.ix */
-    load_source src;          /* what path stands for: the index, the selection (mount.h) */
+    mount_source src;        /* what path stands for: the index, the selection (mount.h) */
     int check_files;         /* check each source file is unchanged once a blob is read */
     ckl_options opt;
     int device, ordinal;
@@ -126,11 +57,8 @@ struct ckl_load {
     atomic_int *landed;      /* per plan blob: in place */
     uint64_t *stored_sums;   /* per plan blob, from a pack's trailer; only with verify */
     ckl_tensor *tensors;     /* per plan tensor */
-    int *direct_fds;         /* per source file: O_DIRECT descriptor when its data is cold, else -1 */
-    uint32_t *phase;         /* per source file: the memory alignment its O_DIRECT reads need
-                              * (a power of two, at most DIRECT_ALIGN); 0 when not read so */
-    int direct;              /* some file is read O_DIRECT */
-    struct ring_run *ring;   /* reads the blobs that land in place O_DIRECT (ring_reads); NULL:
+    direct_files direct;     /* which source files are read O_DIRECT (direct.h) */
+    ringload *ring;          /* reads the blobs that land in place O_DIRECT (ring_reads); NULL:
                               * the reader threads read every blob */
     atomic_int ring_taken;   /* a reader thread has become the ring's */
     pthread_t *threads;
@@ -199,8 +127,11 @@ static int failed(ckl_load *l)
     return f;
 }
 
-void blob_landed(ckl_load *l, size_t b)
+/* Blob b of load ctx is in place: its waiters wake, its tensors are ready. The backends call it
+ * through reader_setup.on_landed. */
+static void blob_landed(void *ctx, size_t b)
 {
+    ckl_load *l = ctx;
     pthread_mutex_lock(&l->lock);
     atomic_store(&l->landed[b], 1);
     pthread_cond_broadcast(&l->cond);
@@ -226,22 +157,20 @@ static void read_failed(ckl_load *l, const ck_plan_blob *bl, uint64_t off, int r
 }
 
 /* Reads blob bytes [at, at+n) into buf and returns where they are, or NULL (error set). With
- * O_DIRECT the read covers the enclosing 4096-byte-aligned range (buf has DIRECT_SLACK bytes
+ * O_DIRECT the read covers the enclosing whole blocks (direct_pread: buf has DIRECT_SLACK bytes
  * to spare), and the bytes start inside buf. Verify hashes them in order. */
 static const unsigned char *read_chunk(ckl_load *l, const ck_plan_blob *bl, uint64_t at,
                                        size_t n, unsigned char *buf, XXH3_state_t *st)
 {
     uint64_t off = bl->file_off + at, start = off;
-    size_t len = n;
-    int rc, dfd = bl->gather ? -1 : l->direct_fds[bl->file];
+    int rc;
     if (bl->gather) {
         rc = gather_chunk(l, bl, at, n, buf);
-    } else if (dfd >= 0) {
-        start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
-        len = (size_t)ck_align_up(off + n - start, DIRECT_ALIGN);
-        rc = ck_pread_min(dfd, buf, len, start, (size_t)(off + n - start));
+    } else if (direct_reads(&l->direct, bl)) {
+        start = direct_start(off);
+        rc = direct_pread(l->direct.fds[bl->file], buf, off, n);
     } else {
-        rc = ck_file_pread(l->ix, bl->file, buf, len, start);
+        rc = ck_file_pread(l->ix, bl->file, buf, n, start);
     }
     if (rc) {
         read_failed(l, bl, off, rc);
@@ -311,57 +240,34 @@ static int reads(const ckl_load *l, size_t b)
     return owner == CK_PLAN_EVERY || owner == l->opt.rank;
 }
 
-/* Whether blob bl is read O_DIRECT: its file is (open_direct), and it is not gathered. */
-static int read_direct(const ckl_load *l, const ck_plan_blob *bl)
-{
-    return !bl->gather && l->direct_fds[bl->file] >= 0;
-}
-
 /* Where blob bl's bytes go. */
 static unsigned char *blob_at(const ckl_load *l, const ck_plan_blob *bl)
 {
     return l->blob_at[bl - l->plan->blobs];
 }
 
-/* Whether blob bl's O_DIRECT reads can land in the block itself: the block is host memory and
- * bl's place in it has its bytes' phase in the file modulo the alignment those reads need (every
- * blob of a whole pack; any other blob that ck_plan_keep_phase kept in phase). */
-static int direct_in_place(const ckl_load *l, const ck_plan_blob *bl)
+/* Whether blob bl's O_DIRECT reads land in the block itself: the block is host memory and bl's
+ * place in it has its bytes' phase in the file (every blob of a whole pack; any other blob that
+ * ck_plan_keep_phase kept in phase). */
+static int in_place(const ckl_load *l, const ck_plan_blob *bl)
 {
-    uintptr_t dst = (uintptr_t)blob_at(l, bl);
-    return read_direct(l, bl) && l->be->in_place &&
-           (dst - (uintptr_t)bl->file_off) % l->phase[bl->file] == 0;
-}
-
-/* The length of blob bl's chunk from byte at: at most buffer_size bytes. In place (above), the
- * chunks end on the file's 4096-byte boundaries, so that each is either whole pages, read
- * straight into the block, or a blob's partial first or last page, read through the bounce. */
-static size_t chunk_len(const ckl_load *l, const ck_plan_blob *bl, uint64_t at, int in_place)
-{
-    uint64_t left = bl->len - at, n = left < l->opt.buffer_size ? left : l->opt.buffer_size;
-    uint64_t off = bl->file_off + at, head = -off % DIRECT_ALIGN;
-    if (!in_place)
-        return (size_t)n;
-    if (head)
-        return (size_t)(head < left ? head : left);
-    uint64_t whole = n / DIRECT_ALIGN * DIRECT_ALIGN;
-    return (size_t)(whole ? whole : n);
+    return l->be->in_place && direct_in_place(&l->direct, bl, blob_at(l, bl));
 }
 
 /* Blob b, chunk by chunk: read where the backend says (the block itself, or a staging buffer),
- * then handed to it, or read straight into the block where direct_in_place allows; it has landed
- * once the backend says all its chunks are in. */
+ * then handed to it, or read straight into the block where in_place allows; it has landed once
+ * the backend says all its chunks are in. */
 static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
 {
     const ck_plan_blob *bl = &l->plan->blobs[b];
-    int in_place = direct_in_place(l, bl);
+    int direct_here = in_place(l, bl);
     char why[256];
     for (uint64_t at = 0, n; at < bl->len; at += n) {
-        n = chunk_len(l, bl, at, in_place);
+        n = direct_chunk(bl->file_off + at, bl->len - at, l->opt.buffer_size, direct_here);
         unsigned char *dst = blob_at(l, bl) + at;
         if (failed(l))
             return;
-        if (in_place && (bl->file_off + at) % DIRECT_ALIGN == 0 && n % DIRECT_ALIGN == 0) {
+        if (direct_here && direct_whole(bl->file_off + at, n)) {
             if (!read_chunk(l, bl, at, n, dst, st)) /* exactly [dst, dst + n): aligned */
                 return;
             continue;
@@ -388,182 +294,87 @@ static void announce_empty_tensors(ckl_load *l)
             l->opt.on_ready(l->opt.ctx, i);
 }
 
-/* --- the io_uring engine: the blobs read in place, many reads in flight from one thread ------- */
+/* --- the ring's thread: the blobs read in place, many reads in flight (ringload.h) ---------- */
 
-/* Whether blob bl is the ring's to read: it lands in place O_DIRECT (direct_in_place). Its
- * whole pages are read straight into the block, its partial first and last pages (at most one
- * page each: chunk_len) into a page of the ring's bounce and copied. */
+/* Whether blob bl is the ring's to read: it lands in place O_DIRECT. */
 static int ring_reads(const ckl_load *l, const ck_plan_blob *bl)
 {
-    return l->ring && direct_in_place(l, bl);
+    return l->ring && in_place(l, bl);
 }
 
-/* The ring and its state: per slot the chunk in it, per blob its reads in flight; the ring
- * thread's reader and checksum state. */
-struct ring_run {
-    ring *io;
+/* What the ring's hooks need: the load, and the ring thread's reader and checksum state. */
+typedef struct ring_thread {
     ckl_load *l;
     reader *r;
     XXH3_state_t *st;
-    unsigned char *bounce;   /* a page per slot */
-    struct ring_chunk {
-        size_t blob;
-        uint64_t at;         /* in the blob */
-        size_t n;
-        unsigned char *copy; /* NULL: read in place; else where the bytes at bounce + skip go */
-        size_t skip;
-    } *chunks;
-    uint32_t *pending;       /* per blob: reads in flight, and 1 while more are being queued */
-};
+} ring_thread;
 
-/* One reference to blob b's reads dropped: after the last, it is checked and has landed. With
- * verify, its checksum is taken from the block (its chunks come in any order). */
-static void ring_blob_read(struct ring_run *rr, size_t b)
+static int ring_stopped(void *ctx)
 {
-    ckl_load *l = rr->l;
+    return failed(((ring_thread *)ctx)->l);
+}
+
+static void ring_failed(void *ctx, size_t b, uint64_t at, int rc)
+{
+    ckl_load *l = ((ring_thread *)ctx)->l;
     const ck_plan_blob *bl = &l->plan->blobs[b];
-    if (--rr->pending[b] || failed(l))
-        return;
-    if (rr->st) {
-        XXH3_64bits_reset(rr->st);
-        XXH3_64bits_update(rr->st, blob_at(l, bl), bl->len);
-    }
-    finish_blob(l, rr->r, b, rr->st);
+    read_failed(l, bl, bl->file_off + at, rc);
 }
 
-static void ring_done(void *ctx, unsigned slot, int rc)
+/* Blob b's bytes are all in. With verify its checksum is taken from the block: its chunks came
+ * in any order. */
+static void ring_read(void *ctx, size_t b)
 {
-    struct ring_run *rr = ctx;
-    const struct ring_chunk *c = &rr->chunks[slot];
-    const ck_plan_blob *bl = &rr->l->plan->blobs[c->blob];
-    if (rc) {
-        read_failed(rr->l, bl, bl->file_off + c->at, rc);
-    } else {
-        if (c->copy)
-            memcpy(c->copy, rr->bounce + (size_t)slot * DIRECT_ALIGN + c->skip, c->n);
-        atomic_fetch_add(&rr->l->done_bytes, c->n);
+    ring_thread *t = ctx;
+    const ck_plan_blob *bl = &t->l->plan->blobs[b];
+    if (t->st) {
+        XXH3_64bits_reset(t->st);
+        XXH3_64bits_update(t->st, blob_at(t->l, bl), bl->len);
     }
-    ring_blob_read(rr, c->blob);
+    finish_blob(t->l, t->r, b, t->st);
 }
 
-/* Queues blob b's reads, chunk by chunk as load_blob would read them. 0, or -errno when the ring
- * fails (a read that fails is ring_done's). */
-static int ring_blob(struct ring_run *rr, size_t b)
-{
-    ckl_load *l = rr->l;
-    const ck_plan_blob *bl = &l->plan->blobs[b];
-    int rc = 0, fd = l->direct_fds[bl->file];
-    rr->pending[b] = 1;
-    for (uint64_t at = 0, n; rc == 0 && at < bl->len && !failed(l); at += n) {
-        n = chunk_len(l, bl, at, 1);
-        uint64_t off = bl->file_off + at, start = off & ~(uint64_t)(DIRECT_ALIGN - 1);
-        unsigned char *dst = blob_at(l, bl) + at;
-        int whole = off == start && n % DIRECT_ALIGN == 0;
-        unsigned slot;
-        if ((rc = ring_slot(rr->io, &slot)) != 0)
-            break;
-        rr->chunks[slot] = (struct ring_chunk){.blob = b, .at = at, .n = n,
-                                               .copy = whole ? NULL : dst, .skip = off - start};
-        unsigned char *buf = whole ? dst : rr->bounce + (size_t)slot * DIRECT_ALIGN;
-        rr->pending[b]++;
-        rc = ring_read(rr->io, slot, fd, buf, whole ? n : DIRECT_ALIGN, start,
-                       (size_t)(off + n - start));
-        if (rc)
-            rr->pending[b]--;
-    }
-    ring_blob_read(rr, b);
-    return rc;
-}
-
-/* Faults the destinations of the ring's blobs in (the block, or the caller's memory), in pack
- * order, FAULT_STEP at a time, until done or the load fails. An O_DIRECT read faults its
- * destination's fresh pages in the thread that submits it: without this, the ring's, one page
- * after another, all of them. On the VM of BENCHMARKS.md a first
- * touch of memory the host has taken back runs at ~2 GB/s (2 GiB, MADV_POPULATE_WRITE: 2.0 GB/s
- * the first time, 6.5-11.6 GB/s once freed and taken again), under the disk's ~5: on a core of
- * its own this thread keeps ahead of the reads. Before Linux 5.14 (no MADV_POPULATE_WRITE) it
- * stops at once and pages fault as the reads come. */
-static void *fault_ahead(void *arg)
-{
-    ckl_load *l = arg;
-    for (size_t b = 0; b < l->plan->nblobs; b++) {
-        const ck_plan_blob *bl = &l->plan->blobs[b];
-        if (!reads(l, b) || !ring_reads(l, bl))
-            continue;
-        for (uint64_t at = 0; at < bl->len; at += FAULT_STEP) {
-            uint64_t n = bl->len - at < FAULT_STEP ? bl->len - at : FAULT_STEP;
-            if (failed(l) || populate(blob_at(l, bl) + at, (size_t)n) != 0)
-                return NULL;
-        }
-    }
-    return NULL;
-}
-
-/* The ring thread's part: every blob ring_reads, in pack order, with fault_ahead beside it,
- * then a drain, so that no read writes into the block once the thread is gone. */
+/* The ring thread's part: every blob ring_reads that this process reads, then nothing in flight
+ * once it returns. */
 static void ring_blobs(ckl_load *l, reader *r, XXH3_state_t *st)
 {
-    struct ring_run *rr = l->ring;
-    rr->r = r, rr->st = st;
-    pthread_t faulter; /* none if it cannot start: the ring's reads fault the pages then */
-    int faulting = pthread_create(&faulter, NULL, fault_ahead, l) == 0;
-    int rc = 0;
-    for (size_t b = 0; rc == 0 && b < l->plan->nblobs && !failed(l); b++)
-        if (reads(l, b) && ring_reads(l, &l->plan->blobs[b]))
-            rc = ring_blob(rr, b);
-    int drained = ring_drain(rr->io);
-    if (faulting)
-        pthread_join(faulter, NULL);
-    if (rc || drained)
-        set_error(l, "io_uring: %s", strerror(-(rc ? rc : drained)));
+    ring_thread t = {.l = l, .r = r, .st = st};
+    ringload_hooks h = {.ctx = &t, .stopped = ring_stopped, .failed = ring_failed,
+                        .read = ring_read, .done_bytes = &l->done_bytes};
+    int rc = ringload_run(l->ring, &h);
+    if (rc)
+        set_error(l, "io_uring: %s", strerror(-rc));
 }
 
-/* The ring's reads in flight: RING_DEPTH unless CKLOAD_URING_DEPTH says (for measuring). */
-static unsigned ring_depth(void)
-{
-    const char *v = getenv("CKLOAD_URING_DEPTH");
-    long d = v ? strtol(v, NULL, 10) : 0;
-    return d > 0 && d <= 4096 ? (unsigned)d : RING_DEPTH;
-}
-
-static void ring_run_free(struct ring_run *rr)
-{
-    if (!rr)
-        return;
-    ring_free(rr->io);
-    free(rr->chunks);
-    free(rr->pending);
-    free(rr->bounce);
-    free(rr);
-}
-
-/* The ring, for a host load with blobs that land in place O_DIRECT (direct_in_place), unless
- * CKLOAD_URING=0. Where the kernel refuses io_uring (uring.h) there is none and the reader
- * threads read every blob, as with CKLOAD_URING=0; CKLOAD_URING=1 makes that an error instead.
- * 0, or the error's class with err set. */
+/* The ring, for a host load with blobs that land in place O_DIRECT, unless CKLOAD_URING=0. Where
+ * the kernel refuses io_uring (uring.h) there is none and the reader threads read every blob, as
+ * with CKLOAD_URING=0; CKLOAD_URING=1 makes that an error instead. 0, or the error's class with
+ * err set. */
 static int open_ring(ckl_load *l, char *err, size_t errlen)
 {
     const char *want = getenv("CKLOAD_URING");
-    size_t in_place = 0, nblobs = l->plan->nblobs;
+    size_t nblobs = l->plan->nblobs, in = 0, n = 0;
     for (size_t b = 0; b < nblobs; b++)
-        in_place += direct_in_place(l, &l->plan->blobs[b]);
-    if ((want && strcmp(want, "0") == 0) || !in_place)
+        in += in_place(l, &l->plan->blobs[b]);
+    if ((want && strcmp(want, "0") == 0) || !in)
         return 0;
-    unsigned depth = ring_depth();
-    struct ring_run *rr = calloc(1, sizeof *rr);
-    if (!rr || !(rr->chunks = calloc(depth, sizeof *rr->chunks)) ||
-        !(rr->pending = calloc(nblobs, sizeof *rr->pending)) ||
-        !(rr->bounce = aligned_alloc(DIRECT_ALIGN, (size_t)depth * DIRECT_ALIGN))) {
-        ring_run_free(rr);
+    ringload_blob *list = malloc(in * sizeof *list);
+    if (!list)
         return out_of_memory(l, err, errlen);
+    for (size_t b = 0; b < nblobs; b++) {
+        const ck_plan_blob *bl = &l->plan->blobs[b];
+        if (reads(l, b) && in_place(l, bl))
+            list[n++] = (ringload_blob){.id = b, .fd = l->direct.fds[bl->file],
+                                        .off = bl->file_off, .len = bl->len,
+                                        .dst = blob_at(l, bl)};
     }
     int rc;
-    if ((rr->io = ring_new(depth, ring_done, rr, &rc)) != NULL) {
-        rr->l = l;
-        l->ring = rr;
+    l->ring = ringload_new(list, n, l->opt.buffer_size, &rc);
+    free(list);
+    if (l->ring)
         return 0;
-    }
-    ring_run_free(rr);
+    if (rc == 0)
+        return out_of_memory(l, err, errlen);
     if (!want || strcmp(want, "1") != 0)
         return 0;
     snprintf(err, errlen, "%s: cannot set up io_uring (CKLOAD_URING=1): %s", l->path,
@@ -574,11 +385,7 @@ static int open_ring(ckl_load *l, char *err, size_t errlen)
 /* The source files and O_DIRECT descriptors, closed once nothing will read them again. */
 static void close_sources(ckl_load *l)
 {
-    for (uint32_t f = 0; l->direct_fds && f < l->ix->nfiles; f++)
-        if (l->direct_fds[f] >= 0) {
-            close(l->direct_fds[f]);
-            l->direct_fds[f] = -1;
-        }
+    direct_close(&l->direct);
     ck_index_close_files(l->ix);
 }
 
@@ -608,9 +415,9 @@ static void *worker(void *arg)
     XXH3_state_t *st = hash ? XXH3_createState() : NULL;
     if (hash && !st)
         set_error(l, "out of memory");
-    reader_setup s = {.load = l, .pool = l->pool, .buffers = l->opt.buffers,
-                      .buffer_size = l->opt.buffer_size + DIRECT_SLACK,
-                      .ordinal = l->ordinal, .direct = l->direct && !ringer};
+    reader_setup s = {.on_landed = blob_landed, .ctx = l, .pool = l->pool,
+                      .buffers = l->opt.buffers, .buffer_size = l->opt.buffer_size + DIRECT_SLACK,
+                      .ordinal = l->ordinal, .direct = l->direct.any && !ringer};
     char why[256];
     reader *r = l->be->open(&s, why, sizeof why);
     if (!r)
@@ -638,13 +445,13 @@ static void *worker(void *arg)
 
 int ckl_cuda_built(void)
 {
-    return cuda_backend != NULL;
+    return backend_cuda != NULL;
 }
 
 int ckl_cuda_available(void)
 {
     char why[8];
-    return cuda_backend && cuda_backend->check(0, why, sizeof why) == 0;
+    return backend_cuda && backend_cuda->check(0, why, sizeof why) == 0;
 }
 
 int ckl_selected(const char *only, const char *name)
@@ -869,10 +676,9 @@ static void free_load(ckl_load *l)
         ckl_pool_free(l->pool);
     if (l->ix)
         close_sources(l);
-    free(l->direct_fds);
-    free(l->phase);
-    ring_run_free(l->ring);
-    load_source_close(&l->src);
+    direct_free(&l->direct);
+    ringload_free(l->ring);
+    mount_source_close(&l->src);
     ck_plan_free(l->plan);
     free(l->landed);
     free(l->blob_at);
@@ -885,114 +691,14 @@ static void free_load(ckl_load *l)
     free(l);
 }
 
-/* Fraction of the data region's pages in the page cache, from a sample of up to 64 windows of
- * 4 MiB (mincore on a throwaway mapping); 1 when it cannot tell, e.g. where mmap is refused. */
-static double cached_fraction(int fd, uint64_t off, uint64_t len)
-{
-    enum { WINDOW = 4 << 20, SAMPLES = 64 };
-    unsigned char *vec = malloc(WINDOW / 4096);
-    uint64_t resident = 0, pages = 0, step = len / SAMPLES > WINDOW ? len / SAMPLES : WINDOW;
-    step = ck_align_up(step, DIRECT_ALIGN); /* mmap offsets must be page-aligned (else EINVAL) */
-    int ok = vec != NULL;
-    for (uint64_t at = off & ~(uint64_t)(DIRECT_ALIGN - 1); ok && at < off + len; at += step) {
-        size_t n = off + len - at < WINDOW ? (size_t)(off + len - at) : WINDOW;
-        void *m = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, (off_t)at);
-        ok = m != MAP_FAILED && mincore(m, n, vec) == 0;
-        if (m != MAP_FAILED)
-            munmap(m, n);
-        for (size_t i = 0; ok && i < (n + 4095) / 4096; i++)
-            resident += vec[i] & 1, pages++;
-    }
-    free(vec);
-    return ok && pages ? (double)resident / (double)pages : 1;
-}
-
-/* Whether O_DIRECT pays for source file f: most of the bytes the plan reads from it in place (not
- * gathered) are not in the page cache (reading them through the cache would only copy them
- * twice). Where they land does not matter: out of phase with their page they go through the
- * bounce and a copy, which measured faster than the page cache for a cold safetensors file
- * (2.2-2.5 against 1.3-1.4 GB/s, the bounce in 2 MiB pages: backend_cpu.c). */
-static int direct_pays(const ckl_load *l, uint32_t f)
-{
-    const ck_plan *p = l->plan;
-    uint64_t lo = UINT64_MAX, hi = 0;
-    for (size_t b = 0; b < p->nblobs; b++) {
-        const ck_plan_blob *bl = &p->blobs[b];
-        if (bl->file != f || bl->gather)
-            continue;
-        lo = bl->file_off < lo ? bl->file_off : lo;
-        hi = bl->file_off + bl->len > hi ? bl->file_off + bl->len : hi;
-    }
-    return lo < hi && cached_fraction(l->ix->files[f].fd, lo, hi - lo) < 0.5;
-}
-
-/* The memory alignment O_DIRECT reads of fd need, as the kernel tells it (statx: 512 bytes on a
- * disk of 512-byte sectors), or DIRECT_ALIGN where it does not tell or asks for more than the
- * reads' own 4096-byte alignment gives. */
-static uint32_t direct_phase(int fd)
-{
-#ifdef STATX_DIOALIGN
-    struct statx sx;
-    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
-        uint32_t m = sx.stx_dio_mem_align;
-        if (m && !(m & (m - 1)) && m <= DIRECT_ALIGN && sx.stx_dio_offset_align <= DIRECT_ALIGN)
-            return m;
-    }
-#endif
-    return DIRECT_ALIGN;
-}
-
-/* An O_DIRECT descriptor for source file f when direct_pays, else -1; also -1 where O_DIRECT is
- * refused (tmpfs; a ckptfs mount takes it) or the path is no longer the file the index opened.
- * CKLOAD_DIRECT=0 or 1 overrides the choice. */
-static int open_direct(const ckl_load *l, uint32_t f)
-{
-    const char *force = getenv("CKLOAD_DIRECT");
-    const ck_file *cf = &l->ix->files[f];
-    if (!ck_file_is_local(cf)) /* a URL: read with ck_file_pread only (source.h) */
-        return -1;
-    if (force ? strcmp(force, "1") != 0 : !direct_pays(l, f))
-        return -1;
-    int fd = open(cf->path, O_RDONLY | O_DIRECT | O_NONBLOCK | O_CLOEXEC); /* a FIFO: no wait */
-    struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) != 0 || !ck_file_matches(cf, &st))) {
-        close(fd);
-        fd = -1;
-    }
-    return fd;
-}
-
-/* Each source file's O_DIRECT descriptor or -1 (open_direct), and its phase; then, for a host
- * block, the blobs placed so that those reads land in place (ck_plan_keep_phase: a safetensors
- * or .pt source's tensors are at any offset in their files, a pack's already in phase). 0, or
- * -1 when memory runs out. */
-static int open_direct_all(ckl_load *l)
-{
-    size_t n = l->ix->nfiles ? l->ix->nfiles : 1;
-    l->direct_fds = malloc(n * sizeof *l->direct_fds);
-    l->phase = calloc(n, sizeof *l->phase);
-    if (!l->direct_fds || !l->phase)
-        return -1;
-    for (uint32_t f = 0; f < l->ix->nfiles; f++) {
-        l->direct_fds[f] = open_direct(l, f);
-        l->phase[f] = l->direct_fds[f] >= 0 ? direct_phase(l->direct_fds[f]) : 0;
-        l->direct |= l->direct_fds[f] >= 0;
-    }
-    if (l->direct && l->be->in_place)
-        ck_plan_keep_phase(l->plan, l->phase);
-    return 0;
-}
-
 /* The reader threads and chunk size, where the caller left them 0. Where most of a cold host
  * load cannot land in place (tensors shorter than CK_PLAN_PHASE_MIN pages or out of line with
  * their elements in the file: ck_plan_keep_phase), each chunk is read O_DIRECT into its
- * thread's bounce, then copied, and a thread's next read waits for its copy. More threads with
- * smaller chunks keep the disk busy while others copy: measured before blobs kept their phase,
- * a cold 1.5 GiB safetensors file, all through the bounce, loaded at 0.74-0.77x its pack with
- * 4 x 16 MiB, 0.86-0.91x with 8 x 4 MiB (medians, 2 shared cores, 4 runs of 9-15 rounds).
- * Whole pages read in place (a pack, most sources now) keep the usual 4 x 16 MiB. A staged
- * load (CUDA) is bound by its pinned copies, not the disk: more, smaller chunks keep more
- * copies in flight (the sweep: BENCHMARKS.md, issue 29). */
+ * thread's bounce, then copied, and a thread's next read waits for its copy: more threads with
+ * smaller chunks keep the disk busy while others copy (BENCHMARKS.md, "cold sources through
+ * 2 MiB bounce pages"). Whole pages read in place (a pack, most sources) keep the usual
+ * 4 x 16 MiB. A staged load (CUDA) is bound by its pinned copies, not the disk: more, smaller
+ * chunks keep more copies in flight (BENCHMARKS.md, "the GPU proof"). */
 static void choose_readers(ckl_load *l)
 {
     const ck_plan *p = l->plan;
@@ -1007,7 +713,7 @@ static void choose_readers(ckl_load *l)
     for (size_t b = 0; b < p->nblobs; b++) {
         const ck_plan_blob *bl = &p->blobs[b];
         total += bl->len;
-        if (l->be->in_place && read_direct(l, bl) && !direct_in_place(l, bl))
+        if (l->be->in_place && direct_reads(&l->direct, bl) && !in_place(l, bl))
             bounced += bl->len;
     }
     int most = total && bounced > total / 2;
@@ -1034,7 +740,7 @@ static int pick_device(ckl_load *l, char *err, size_t errlen)
     l->ordinal = l->opt.cuda_device;
     l->device = l->opt.device == CKL_AUTO ? (ckl_cuda_available() ? CKL_CUDA : CKL_CPU)
                                           : l->opt.device == CKL_CUDA ? CKL_CUDA : CKL_CPU;
-    l->be = l->device == CKL_CUDA ? cuda_backend : &cpu_backend;
+    l->be = l->device == CKL_CUDA ? backend_cuda : &backend_cpu;
     char why[256] = "this libckload was built without CUDA";
     if (l->be && l->be->check(l->ordinal, why, sizeof why) == 0)
         return 0;
@@ -1059,9 +765,9 @@ static int slice_dims_valid(const ckl_load *l, char *err, size_t errlen)
 }
 
 /* Whether the load's numbers are within their bounds (ckload.h); else err says which is not,
- * naming the option. Checked before anything is sized by them: a buffer size near 2^64 wrapped
- * in the gather's arithmetic, a million threads were started, and a world of 2^32 - 1 ranks
- * made the balanced share's search take minutes per blob. */
+ * naming the option. Checked before anything is sized by them: unchecked, a buffer size near
+ * 2^64 would wrap the gather's arithmetic, a thread count start that many threads, and a world
+ * of 2^32 - 1 ranks make the balanced share's search take minutes per blob. */
 static int options_valid(const ckl_load *l, char *err, size_t errlen)
 {
     const ckl_options *o = &l->opt;
@@ -1095,7 +801,7 @@ static int prepare(ckl_load *l, const char *path, char *err, size_t errlen)
 {
     if (!options_valid(l, err, errlen))
         return EINVAL;
-    int code = load_source_open(path, &l->src, err, errlen);
+    int code = mount_source_open(path, &l->src, err, errlen);
     if (code != 0)
         return code;
     l->ix = l->src.ix;
@@ -1105,8 +811,12 @@ static int prepare(ckl_load *l, const char *path, char *err, size_t errlen)
         return ENODEV;
     if ((code = plan(l, err, errlen)) != 0)
         return code;
-    if (open_direct_all(l) != 0)
+    if (direct_open(&l->direct, l->ix, l->plan) != 0)
         return out_of_memory(l, err, errlen);
+    /* Blobs placed so that O_DIRECT reads land in place (a safetensors or .pt source's tensors
+     * are at any offset in their files, a pack's already in phase). */
+    if (l->direct.any && l->be->in_place)
+        ck_plan_keep_phase(l->plan, l->direct.phase);
     if (alloc_block(l, err, errlen) != 0)
         return ENOMEM;
     for (size_t b = 0; b < l->plan->nblobs; b++)

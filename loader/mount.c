@@ -19,11 +19,11 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-void load_source_close(load_source *s)
+void mount_source_close(mount_source *s)
 {
     ck_index_free(s->ix);
     free(s->keep);
-    *s = (load_source){0};
+    *s = (mount_source){0};
 }
 
 /* The root of the ckptfs mount that holds abs (an absolute path without links), malloc'ed, or
@@ -101,7 +101,7 @@ static ck_index *open_bypass(const char *root)
 
 /* keep[] for the entries under the node at rel (a path inside the mount), found with the
  * mount's tree over ix. 0, or -1 with err set. */
-static int select_subtree(load_source *s, const char *path, const char *rel, char *err,
+static int select_subtree(mount_source *s, const char *path, const char *rel, char *err,
                           size_t errlen)
 {
     ck_tree *t;
@@ -150,8 +150,8 @@ static int is_pack(const char *rel)
 }
 
 /* A path inside the mount at root: the sources or the virtual pack, and the selection. */
-static int open_in_mount(const char *path, const char *root, const char *rel, load_source *out,
-                         char *err, size_t errlen)
+static int open_in_mount(const char *path, const char *root, const char *rel,
+                         mount_source *out, char *err, size_t errlen)
 {
     char pack[PATH_MAX];
     snprintf(pack, sizeof pack, "%s/%s/%s", root, CK_VDIR, CK_VFILE_PACK_NAME);
@@ -180,9 +180,9 @@ static int open_failure(const char *path)
     return e == ENOENT || e == ENOTDIR ? ENOENT : e == EACCES || e == EPERM ? EACCES : EIO;
 }
 
-int load_source_open(const char *path, load_source *out, char *err, size_t errlen)
+int mount_source_open(const char *path, mount_source *out, char *err, size_t errlen)
 {
-    *out = (load_source){0};
+    *out = (mount_source){0};
     char abs[PATH_MAX], *root = realpath(path, abs) ? mount_root(abs) : NULL;
     const char *rel = root ? abs + strlen(root) + (abs[strlen(root)] == '/') : NULL;
     int rc;
@@ -197,7 +197,7 @@ int load_source_open(const char *path, load_source *out, char *err, size_t errle
     }
     free(root);
     if (rc)
-        load_source_close(out);
+        mount_source_close(out);
     return rc ? open_failure(path) : 0;
 }
 

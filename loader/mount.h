@@ -26,16 +26,16 @@
 
 #include "../index/index.h"
 
-typedef struct load_source {
+typedef struct mount_source {
     ck_index *ix;           /* what the load reads */
     unsigned char *keep;    /* per entry of ix: 1 to load it; NULL: every entry */
     const char *read_path;  /* "bypass" or "mount" for a path inside a mount; NULL otherwise */
-} load_source;
+} mount_source;
 
 /* What path stands for, into *out. 0, or the error's class (ckload.h: ENOENT, EACCES or EIO)
  * with err set and nothing held. */
-int load_source_open(const char *path, load_source *out, char *err, size_t errlen);
+int mount_source_open(const char *path, mount_source *out, char *err, size_t errlen);
 
-void load_source_close(load_source *s);
+void mount_source_close(mount_source *s);
 
 #endif

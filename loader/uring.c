@@ -10,9 +10,9 @@
  * alignment, so that the rest of a longer read stays aligned. */
 #define MAX_READ (1u << 30)
 
-struct ring {
+struct uring {
     struct io_uring io;
-    ring_done_fn *done;
+    uring_done_fn *done;
     void *ctx;
     struct op {
         int fd;
@@ -24,9 +24,9 @@ struct ring {
     unsigned nfree, depth;
 };
 
-ring *ring_new(unsigned depth, ring_done_fn *done, void *ctx, int *err)
+uring *uring_new(unsigned depth, uring_done_fn *done, void *ctx, int *err)
 {
-    ring *r = calloc(1, sizeof *r);
+    uring *r = calloc(1, sizeof *r);
     if (r) {
         r->ops = calloc(depth, sizeof *r->ops);
         r->free = calloc(depth, sizeof *r->free);
@@ -46,7 +46,7 @@ ring *ring_new(unsigned depth, ring_done_fn *done, void *ctx, int *err)
 }
 
 /* Queues the rest of slot s's read (from op->got on) and submits it. 0, or -errno. */
-static int submit(ring *r, unsigned s)
+static int submit(uring *r, unsigned s)
 {
     struct op *op = &r->ops[s];
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->io);
@@ -64,7 +64,7 @@ static int submit(ring *r, unsigned s)
 
 /* One completion: its read goes on (short, or retried) or is over, and then done hears of it
  * and its slot is free. 0, or -errno when a read cannot be continued. */
-static int reap(ring *r, struct io_uring_cqe *cqe)
+static int reap(uring *r, struct io_uring_cqe *cqe)
 {
     unsigned s = (unsigned)io_uring_cqe_get_data64(cqe);
     int res = cqe->res;
@@ -83,7 +83,7 @@ static int reap(ring *r, struct io_uring_cqe *cqe)
 }
 
 /* Waits for one completion, then takes every one that is there. 0, or -errno. */
-static int reap_some(ring *r)
+static int reap_some(uring *r)
 {
     struct io_uring_cqe *cqe;
     int rc;
@@ -94,7 +94,7 @@ static int reap_some(ring *r)
     return rc;
 }
 
-int ring_slot(ring *r, unsigned *slot)
+int uring_slot(uring *r, unsigned *slot)
 {
     int rc = 0;
     while (rc == 0 && r->nfree == 0)
@@ -104,16 +104,17 @@ int ring_slot(ring *r, unsigned *slot)
     return rc;
 }
 
-int ring_read(ring *r, unsigned slot, int fd, void *buf, size_t len, uint64_t off, size_t need)
+int uring_read(uring *r, unsigned slot, int fd, void *buf, size_t len, uint64_t off,
+               size_t need)
 {
     r->ops[slot] = (struct op){.fd = fd, .buf = buf, .len = len, .need = need, .off = off};
     int rc = submit(r, slot);
     if (rc)
-        r->free[r->nfree++] = slot; /* never in flight: ring_drain must not wait for it */
+        r->free[r->nfree++] = slot; /* never in flight: uring_drain must not wait for it */
     return rc;
 }
 
-int ring_drain(ring *r)
+int uring_drain(uring *r)
 {
     int rc = 0;
     while (rc == 0 && r->nfree < r->depth)
@@ -121,7 +122,7 @@ int ring_drain(ring *r)
     return rc;
 }
 
-void ring_free(ring *r)
+void uring_free(uring *r)
 {
     if (!r)
         return;

@@ -174,7 +174,7 @@ def test_the_stand_in_defines_every_cuda_function_libckload_needs():
     """libckload links no libcudart: it looks up by name, at the first CUDA use, the functions
     its table lists (loader/cudart.h); the stand-in defines every one of them."""
     import re
-    table = (Path(__file__).parents[2] / "cuda" / "cudart.h").read_text()
+    table = (Path(__file__).parents[2] / "loader" / "cudart.h").read_text()
     need = {"cuda" + n for n in re.findall(r"\(\*(\w+)\)\(", table)}
     assert len(need) >= 18, need
     out = subprocess.run(["nm", "-D", FAKE_PATH], capture_output=True, check=True).stdout.decode()

@@ -13,7 +13,7 @@ import ckload
 from ckptfs_testlib import REPO, build_dir, library_view, run
 from test_pack import pack
 
-HEADER = REPO / "cuda" / "ckload.h"
+HEADER = REPO / "loader" / "ckload.h"
 
 
 def declared_functions():
