@@ -133,6 +133,7 @@ setup:
 # library).
 test: setup check-layers
 	$(MAKE) all $(BUILD)/test_unit $(FUZZ_REPLAY)
+	$(PYTHON) scripts/check-calls $(BUILD)
 	{ $(BUILD)/test_unit --jobs 2; echo $$? >$(BUILD)/test_unit.rc; } 2>&1 | tee $(BUILD)/test_unit.log
 	@# criterion counts a test that leaks as passed (its child reports the leak after the result)
 	test "$$(cat $(BUILD)/test_unit.rc)" = 0 && ! grep -q 'ERROR: LeakSanitizer' $(BUILD)/test_unit.log
