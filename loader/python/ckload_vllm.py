@@ -59,8 +59,8 @@ def fill(model, source, window=1 << 30, verify=True):
     except ckload.Error:
         raise
     except (OSError, ValueError) as e:
-        if str(e).startswith("ckload: "):
-            raise ckload.Error(str(e)) from e
+        if str(e).startswith("ckload: "):  # ckload's own line (a source that cannot be read)
+            raise
         raise _refused(shown, last[0], e) from e
     except Exception as e:  # vLLM's weight loaders assert shapes and names
         raise _refused(shown, last[0], e) from e
