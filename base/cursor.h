@@ -32,6 +32,12 @@ static inline size_t ck_cursor_left(const ck_cursor *c)
     return c->len - c->pos;
 }
 
+/* The bytes left, ck_cursor_left of them, without taking them. */
+static inline const unsigned char *ck_cursor_rest(const ck_cursor *c)
+{
+    return c->p + c->pos;
+}
+
 /* The file offset of the next byte. */
 static inline uint64_t ck_cursor_at(const ck_cursor *c)
 {
