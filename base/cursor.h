@@ -95,36 +95,26 @@ static inline int ck_take_le(ck_cursor *c, unsigned n, uint64_t *v)
     return 0;
 }
 
+/* The same for each width: the value's own type. */
 static inline int ck_take_u8(ck_cursor *c, uint8_t *v)
 {
-    const unsigned char *s = ck_take(c, 1);
-    if (s)
-        *v = s[0];
-    return s ? 0 : -1;
-}
-
-static inline int ck_take_u16(ck_cursor *c, uint16_t *v)
-{
-    const unsigned char *s = ck_take(c, 2);
-    if (s)
-        *v = get_le16(s);
-    return s ? 0 : -1;
+    uint64_t x = 0;
+    int rc = ck_take_le(c, 1, &x);
+    *v = rc ? *v : (uint8_t)x;
+    return rc;
 }
 
 static inline int ck_take_u32(ck_cursor *c, uint32_t *v)
 {
-    const unsigned char *s = ck_take(c, 4);
-    if (s)
-        *v = get_le32(s);
-    return s ? 0 : -1;
+    uint64_t x = 0;
+    int rc = ck_take_le(c, 4, &x);
+    *v = rc ? *v : (uint32_t)x;
+    return rc;
 }
 
 static inline int ck_take_u64(ck_cursor *c, uint64_t *v)
 {
-    const unsigned char *s = ck_take(c, 8);
-    if (s)
-        *v = get_le64(s);
-    return s ? 0 : -1;
+    return ck_take_le(c, 8, v);
 }
 
 /* How a length-prefixed string failed, so that each reader can say which part it was. */

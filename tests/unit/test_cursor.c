@@ -69,12 +69,12 @@ Test(cursor, integers_little_endian_at_and_past_the_end)
                                       0x99, 0xAA, 0xBB, 0xCC, 0xDD, 0xEE};
     ck_cursor c = ck_cursor_make(v, sizeof v, 0);
     uint8_t a;
-    uint16_t b;
     uint32_t d;
     uint64_t e;
+    uint64_t b;
     cr_assert_eq(ck_take_u8(&c, &a), 0);
     cr_assert_eq(a, 0x80);
-    cr_assert_eq(ck_take_u16(&c, &b), 0);
+    cr_assert_eq(ck_take_le(&c, 2, &b), 0);
     cr_assert_eq(b, 0x2211);
     cr_assert_eq(ck_take_u32(&c, &d), 0);
     cr_assert_eq(d, 0x66554433u);
@@ -96,8 +96,10 @@ Test(cursor, integers_little_endian_at_and_past_the_end)
     cr_assert_eq(ck_take_u64(&s, &e), -1);
     s = ck_cursor_make(v, 3, 0);
     cr_assert_eq(ck_take_u32(&s, &d), -1);
-    s = ck_cursor_make(v, 1, 0);
-    cr_assert_eq(ck_take_u16(&s, &b), -1);
+    s = ck_cursor_make(v, 0, 0);
+    a = 0x5A;
+    cr_assert_eq(ck_take_u8(&s, &a), -1);
+    cr_assert_eq(a, 0x5A);
     cr_assert_eq(s.pos, 0);
 }
 
