@@ -93,11 +93,13 @@ static int have(rd *r, uint64_t n, const char *what)
     return n > ck_cursor_left(&r->c) ? refill(r, n, what) : 0;
 }
 
-/* Back to file offset at, read before: in the window when it still holds it. */
+/* Back to file offset at, read before: in the window when it still holds it, else the next
+ * take reads it anew. */
 static void rewind_to(rd *r, uint64_t at)
 {
-    if (at >= r->c.base && at - r->c.base <= r->c.len)
-        r->c.pos = (size_t)(at - r->c.base);
+    ck_cursor whole = ck_cursor_make(r->win, r->c.len, r->c.base);
+    if (at >= whole.base && ck_take(&whole, at - whole.base))
+        r->c = whole;
     else
         r->c = ck_cursor_make(r->win, 0, at);
 }
