@@ -1,6 +1,7 @@
 /* gguf.c — GGUF files and split sets (see gguf.h). */
 #include "gguf.h"
 #include "../base/bytes.h"
+#include "../base/cursor.h"
 #include "../base/json.h"
 
 #include <dirent.h>
@@ -48,74 +49,82 @@ static const uint8_t ggml_types[] = {
 
 /* --- bounded reads through a window ----------------------------------------------------- */
 
+/* The fields are taken through a cursor over a window of the file, read anew where a field
+ * runs past it: the keys of a large model are tens of megabytes, read once, a window at a
+ * time. */
 typedef struct rd {
     const char *path;
     const ck_file *f;
-    uint64_t size, pos;     /* the file's size; the next byte to take */
-    unsigned char *win;     /* bytes [win_off, win_off + win_len) of the file */
-    uint64_t win_off;
-    size_t win_len, win_cap;
+    uint64_t size;          /* the file's size */
+    ck_cursor c;            /* over the window: ck_cursor_at is the next byte to take */
+    unsigned char *win;
+    size_t win_cap;
     ck_error *err;
 } rd;
 
+/* Reads the window anew at the cursor: n bytes at least, WINDOW when the file has them. */
+static int refill(rd *r, uint64_t n, const char *what)
+{
+    uint64_t pos = ck_cursor_at(&r->c), left = r->size - pos;
+    size_t want = (size_t)(left < WINDOW ? left : n > WINDOW ? n : WINDOW);
+    if (want > r->win_cap) {
+        unsigned char *p = realloc(r->win, want);
+        if (!p)
+            return ck_fail(r->err, r->path, "out of memory reading %s", what);
+        r->win = p;
+        r->win_cap = want;
+    }
+    int rc = ck_file_read(r->f, r->win, want, pos);
+    if (rc)
+        return ck_fail(r->err, r->path, "cannot read: %s (byte %llu)", strerror(-rc),
+                       (unsigned long long)pos);
+    r->c = ck_cursor_make(r->win, want, pos);
+    return 0;
+}
+
+/* Fails unless the next n bytes are in the file (what names the field being read), and
+ * brings them into the window. */
+static int have(rd *r, uint64_t n, const char *what)
+{
+    uint64_t pos = ck_cursor_at(&r->c);
+    if (n > r->size - pos)
+        return ck_fail(r->err, r->path, "%s runs past the end of the file (%llu bytes) (byte "
+                       "%llu)", what, (unsigned long long)r->size, (unsigned long long)pos);
+    return n > ck_cursor_left(&r->c) ? refill(r, n, what) : 0;
+}
+
+/* Back to file offset at, read before: in the window when it still holds it, else the next
+ * take reads it anew. */
+static void rewind_to(rd *r, uint64_t at)
+{
+    ck_cursor whole = ck_cursor_make(r->win, r->c.len, r->c.base);
+    if (at >= whole.base && ck_take(&whole, at - whole.base))
+        r->c = whole;
+    else
+        r->c = ck_cursor_make(r->win, 0, at);
+}
+
 /* The next n bytes (valid until the next take), advancing; NULL with err set when the file
- * ends first (what names the field being read). */
+ * ends first. */
 static const unsigned char *take(rd *r, uint64_t n, const char *what)
 {
-    static const unsigned char nothing[1];
-    if (n == 0) /* an empty string: there may be no window at all */
-        return nothing;
-    if (n > r->size - r->pos) {
-        ck_fail(r->err, r->path, "%s runs past the end of the file (%llu bytes) (byte %llu)",
-                what, (unsigned long long)r->size, (unsigned long long)r->pos);
-        return NULL;
-    }
-    if (r->pos < r->win_off || r->pos + n > r->win_off + r->win_len) {
-        uint64_t left = r->size - r->pos;
-        size_t want = (size_t)(left < WINDOW ? left : n > WINDOW ? n : WINDOW);
-        if (want > r->win_cap) {
-            unsigned char *p = realloc(r->win, want);
-            if (!p) {
-                ck_fail(r->err, r->path, "out of memory reading %s", what);
-                return NULL;
-            }
-            r->win = p;
-            r->win_cap = want;
-        }
-        int rc = ck_file_read(r->f, r->win, want, r->pos);
-        if (rc) {
-            ck_fail(r->err, r->path, "cannot read: %s (byte %llu)", strerror(-rc),
-                    (unsigned long long)r->pos);
-            return NULL;
-        }
-        r->win_off = r->pos;
-        r->win_len = want;
-    }
-    const unsigned char *p = r->win + (r->pos - r->win_off);
-    r->pos += n;
-    return p;
+    return have(r, n, what) ? NULL : ck_take(&r->c, n);
 }
 
 static int take_u32(rd *r, uint32_t *v, const char *what)
 {
-    const unsigned char *p = take(r, 4, what);
-    if (p)
-        *v = get_le32(p);
-    return p ? 0 : -1;
+    return have(r, 4, what) ? -1 : ck_take_u32(&r->c, v);
 }
 
 static int take_u64(rd *r, uint64_t *v, const char *what)
 {
-    const unsigned char *p = take(r, 8, what);
-    if (p)
-        *v = get_le64(p);
-    return p ? 0 : -1;
+    return have(r, 8, what) ? -1 : ck_take_u64(&r->c, v);
 }
 
 /* A string: its u64 length, checked against ggml's limit and the file, then its bytes. */
 static const unsigned char *take_string(rd *r, uint64_t *len, const char *what)
 {
-    uint64_t at = r->pos;
+    uint64_t at = ck_cursor_at(&r->c);
     if (take_u64(r, len, what))
         return NULL;
     if (*len > GGUF_MAX_STRING) {
@@ -207,7 +216,7 @@ static int put_item(rd *r, unsigned t, jbuf *j, jbuf *raw, const char *what)
             jput(raw, s, (size_t)n);
         return 0;
     }
-    uint64_t at = r->pos;
+    uint64_t at = ck_cursor_at(&r->c);
     const unsigned char *p = take(r, gv_types[t].size, what);
     if (!p)
         return -1;
@@ -250,7 +259,7 @@ static int put_item(rd *r, unsigned t, jbuf *j, jbuf *raw, const char *what)
 /* A value type (u32) that is one of the 13, and not an array when in_array. */
 static int take_type(rd *r, unsigned *t, int in_array, const char *what)
 {
-    uint64_t at = r->pos;
+    uint64_t at = ck_cursor_at(&r->c);
     uint32_t v;
     if (take_u32(r, &v, what))
         return -1;
@@ -277,10 +286,10 @@ static int read_value(rd *r, jbuf *m, jbuf *raw, unsigned *vt, size_t *vstart,
     if (*vt == GV_ARRAY) {
         if (take_type(r, &it, 1, what))
             return -1;
-        at = r->pos;
+        at = ck_cursor_at(&r->c);
         if (take_u64(r, &n, what))
             return -1;
-        if (n > GGUF_MAX_ARRAY || n * gv_types[it].size > r->size - r->pos)
+        if (n > GGUF_MAX_ARRAY || n * gv_types[it].size > r->size - ck_cursor_at(&r->c))
             return ck_fail(r->err, r->path, "%s: array of %llu %s items %s (byte %llu)", what,
                            (unsigned long long)n, gv_types[it].name,
                            n > GGUF_MAX_ARRAY ? "exceeds the limit of 67108864"
@@ -350,7 +359,7 @@ static int note_key(rd *r, const char *key, unsigned vt, const char *value, kvin
 static int render_value(ck_index *ix, rd *r, int add, jbuf *raw, unsigned *vt, size_t *vstart,
                         char **text, size_t *len, const char *what)
 {
-    uint64_t from = r->pos;
+    uint64_t from = ck_cursor_at(&r->c);
     jbuf count = {0};
     if (read_value(r, &count, NULL, vt, vstart, what))
         return -1;
@@ -360,7 +369,7 @@ static int render_value(ck_index *ix, rd *r, int add, jbuf *raw, unsigned *vt, s
                        count.len);
     jbuf m = {.s = s, .cap = count.len};
     unsigned again;
-    r->pos = from;
+    rewind_to(r, from);
     raw->len = 0;
     int rc = read_value(r, &m, raw, &again, vstart, what);
     if (rc == 0 && (m.len != count.len || again != *vt))
@@ -427,7 +436,7 @@ static int check_unique_keys(rd *r, char **keys, size_t n)
  * UTF-8, no NUL. */
 static char *take_name(rd *r, uint64_t *len, const char *what, uint64_t ordinal, int is_key)
 {
-    uint64_t at = r->pos;
+    uint64_t at = ck_cursor_at(&r->c);
     char whom[48];
     snprintf(whom, sizeof whom, "%s %llu", what, (unsigned long long)ordinal);
     const unsigned char *s = take_string(r, len, whom);
@@ -462,7 +471,7 @@ static int read_keys(ck_index *ix, rd *r, uint64_t nkv, int add, kvinfo *kv)
     jbuf raw = {.grows = 1};
     int rc = 0;
     for (; n < nkv && rc == 0; n++) {
-        uint64_t klen, at = r->pos;
+        uint64_t klen, at = ck_cursor_at(&r->c);
         if (!(keys[n] = take_name(r, &klen, "key", n, 1))) {
             rc = -1;
             break;
@@ -501,7 +510,7 @@ typedef struct gt {
 
 static int read_dims(rd *r, gt *t, int64_t ne[MAX_DIMS])
 {
-    uint64_t at = r->pos;
+    uint64_t at = ck_cursor_at(&r->c);
     uint32_t n;
     if (take_u32(r, &n, "n_dims"))
         return -1;
@@ -511,7 +520,7 @@ static int read_dims(rd *r, gt *t, int64_t ne[MAX_DIMS])
     int64_t count = 1;
     for (unsigned d = 0; d < n; d++) {
         uint64_t v;
-        at = r->pos;
+        at = ck_cursor_at(&r->c);
         if (take_u64(r, &v, "a dimension"))
             return -1;
         ne[d] = (int64_t)v;
@@ -527,7 +536,7 @@ static int read_dims(rd *r, gt *t, int64_t ne[MAX_DIMS])
 
 static int read_tensor(rd *r, gt *t, uint64_t i)
 {
-    t->at = r->pos;
+    t->at = ck_cursor_at(&r->c);
     if (!(t->name = take_name(r, &t->name_len, "tensor name", i, 0)))
         return -1;
     size_t pl = strlen(GGUF_META_DIR ".");
@@ -541,7 +550,7 @@ static int read_tensor(rd *r, gt *t, uint64_t i)
     int64_t ne[MAX_DIMS] = {1, 1, 1, 1};
     if (read_dims(r, t, ne))
         return -1;
-    uint64_t at = r->pos;
+    uint64_t at = ck_cursor_at(&r->c);
     uint32_t type;
     if (take_u32(r, &type, "a tensor type"))
         return -1;
@@ -603,9 +612,10 @@ static int add_tensors(ck_index *ix, uint32_t file, const gt *t, uint64_t n, uin
 static int read_tensors(ck_index *ix, rd *r, uint32_t file, uint64_t ntensors, uint32_t align)
 {
     /* Each info takes at least 8 + 4 + 4 + 8 bytes: a count past that is a lie. */
-    if (ntensors > (r->size - r->pos) / 24)
+    uint64_t left = r->size - ck_cursor_at(&r->c);
+    if (ntensors > left / 24)
         return ck_fail(r->err, r->path, "%llu tensors cannot fit in the %llu bytes left",
-                       (unsigned long long)ntensors, (unsigned long long)(r->size - r->pos));
+                       (unsigned long long)ntensors, (unsigned long long)left);
     gt *t = calloc(ntensors ? ntensors : 1, sizeof *t);
     if (!t)
         return ck_fail(r->err, r->path, "out of memory");
@@ -613,7 +623,7 @@ static int read_tensors(ck_index *ix, rd *r, uint32_t file, uint64_t ntensors, u
     uint64_t n = 0;
     for (; n < ntensors && rc == 0; n++)
         rc = read_tensor(r, &t[n], n);
-    uint64_t data = ck_align_up(r->pos, align);
+    uint64_t data = ck_align_up(ck_cursor_at(&r->c), align);
     if (rc == 0)
         rc = check_offsets(r, t, n, data, align);
     if (rc == 0)
@@ -654,7 +664,8 @@ static int read_header(rd *r, uint64_t *ntensors, uint64_t *nkv)
 static int read_one(ck_index *ix, uint32_t file, int add, kvinfo *kv, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
-    rd r = {.path = f->path, .f = f, .size = f->size, .err = err};
+    rd r = {.path = f->path, .f = f, .size = f->size, .c = ck_cursor_make(NULL, 0, 0),
+            .err = err};
     *kv = (kvinfo){.alignment = DEFAULT_ALIGNMENT};
     uint64_t ntensors = 0, nkv = 0;
     int rc = read_header(&r, &ntensors, &nkv);

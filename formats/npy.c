@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "../base/bytes.h"
+#include "../base/cursor.h"
 #include "../base/utf8.h"
 #include "../index/zip.h"
 
@@ -54,43 +55,49 @@ static const struct {
     {"<u8", CK_U64}, {"|b1", CK_BOOL}, {"<c8", CK_C64}, {"<c16", CK_C128},
 };
 
-/* A cursor over the header text; every failure says where, as an offset in the file. */
+/* The header text's parser; every failure says where, as an offset in the file. */
 typedef struct hp {
-    const unsigned char *p;
-    size_t pos, end;
-    uint64_t at;       /* file offset of p[0] */
+    ck_cursor c;       /* over the header text, at its file offset */
     const char *path, *what;
     ck_error *err;
 } hp;
 
 static int bad(hp *h, const char *expected)
 {
-    size_t n = h->end - h->pos < 16 ? h->end - h->pos : 16;
+    size_t left = ck_cursor_left(&h->c), n = left < 16 ? left : 16;
+    const unsigned char *s = ck_cursor_rest(&h->c);
     char seen[16 * 4 + 1];
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = h->p[h->pos + i];
+        unsigned char c = s[i];
         k += (size_t)(c >= 0x20 && c < 0x7f && c != '\\'
                           ? snprintf(seen + k, sizeof seen - k, "%c", c)
                           : snprintf(seen + k, sizeof seen - k, "\\x%02x", c));
     }
     seen[k] = 0;
     return ck_fail(h->err, h->path, "%sheader: expected %s, found \"%s\"%s (offset %llu)",
-                   h->what, expected, seen, h->pos == h->end ? "(end of header)" : "",
-                   (ull)(h->at + h->pos));
+                   h->what, expected, seen, left == 0 ? "(end of header)" : "",
+                   (ull)ck_cursor_at(&h->c));
+}
+
+/* Consumes the literal s when it comes next: 1, else 0. */
+static int accept(hp *h, const char *s)
+{
+    size_t n = strlen(s);
+    if (ck_cursor_left(&h->c) < n || memcmp(ck_cursor_rest(&h->c), s, n) != 0)
+        return 0;
+    ck_take(&h->c, n);
+    return 1;
 }
 
 /* Consumes the literal s, or fails saying it was expected. */
 static int lit(hp *h, const char *s)
 {
-    size_t n = strlen(s);
-    if (h->end - h->pos < n || memcmp(h->p + h->pos, s, n) != 0) {
-        char want[64];
-        snprintf(want, sizeof want, "\"%s\"", s);
-        return bad(h, want);
-    }
-    h->pos += n;
-    return 0;
+    if (accept(h, s))
+        return 0;
+    char want[64];
+    snprintf(want, sizeof want, "\"%s\"", s);
+    return bad(h, want);
 }
 
 static int refuse_descr(hp *h, npy_header *out, const char *d, size_t n)
@@ -110,23 +117,23 @@ static int refuse_descr(hp *h, npy_header *out, const char *d, size_t n)
     else
         why = "is not a dtype ckptfs knows";
     return ck_fail(h->err, h->path, "%sdescr '%.*s' %s (offset %llu)", h->what, (int)n, d, why,
-                   (ull)(h->at + h->pos));
+                   (ull)ck_cursor_at(&h->c));
 }
 
 /* 'descr': a quoted simple type string. A list is a structured dtype. */
 static int parse_descr(hp *h, npy_header *out)
 {
-    if (h->pos < h->end && h->p[h->pos] == '[' && (out->not_a_tensor = 1))
+    if (ck_peek(&h->c) == '[' && (out->not_a_tensor = 1))
         return ck_fail(h->err, h->path, "%sdescr is a list of fields: structured dtypes are "
-                       "not supported (offset %llu)", h->what, (ull)(h->at + h->pos));
+                       "not supported (offset %llu)", h->what, (ull)ck_cursor_at(&h->c));
     if (lit(h, "'"))
         return -1;
-    const char *d = (const char *)h->p + h->pos;
-    size_t n = 0;
-    while (h->pos + n < h->end && n <= 32 && d[n] != '\'' && d[n] >= 0x20 && d[n] < 0x7f)
+    const char *d = (const char *)ck_cursor_rest(&h->c);
+    size_t n = 0, left = ck_cursor_left(&h->c);
+    while (n < left && n <= 32 && d[n] != '\'' && d[n] >= 0x20 && d[n] < 0x7f)
         n++;
-    if (h->pos + n == h->end || d[n] != '\'' || n == 0) {
-        h->pos += n;
+    if (n == left || d[n] != '\'' || n == 0) {
+        ck_take(&h->c, n);
         return bad(h, "a quoted descr of at most 32 printable characters");
     }
     /* A string dtype ('<U3': 3 UTF-32 characters; '|S5': 5 bytes): no tensor, but a 0-d one
@@ -139,7 +146,7 @@ static int parse_descr(hp *h, npy_header *out)
         out->text = d[1];
         out->itemsize = (uint32_t)(size * (d[1] == 'U' ? 4 : 1));
         out->dtype = CK_U8; /* its bytes, for the size checks */
-        h->pos += n + 1;
+        ck_take(&h->c, n + 1);
         return 0;
     }
     /* '>' is a multi-byte type stored big-endian: the same type, its bytes swapped on read */
@@ -149,7 +156,7 @@ static int parse_descr(hp *h, npy_header *out)
             DESCRS[i].descr[0] == (big ? '<' : d[0])) {
             out->dtype = (uint8_t)DESCRS[i].dtype;
             out->big_endian = (uint8_t)big;
-            h->pos += n + 1;
+            ck_take(&h->c, n + 1);
             return 0;
         }
     return refuse_descr(h, out, d, n);
@@ -159,19 +166,21 @@ static int parse_descr(hp *h, npy_header *out)
  * long's 'L' after it (numpy reads it in format 1.0 and 2.0 headers). */
 static int parse_dim(hp *h, int64_t *dim, int long_ok)
 {
-    size_t start = h->pos;
+    const unsigned char *s = ck_cursor_rest(&h->c);
+    size_t n = 0, left = ck_cursor_left(&h->c);
     uint64_t v = 0;
-    while (h->pos < h->end && h->p[h->pos] >= '0' && h->p[h->pos] <= '9') {
-        if (h->pos > start && v == 0)
-            return h->pos = start, bad(h, "a dimension without leading zeros");
-        if (v > ((uint64_t)INT64_MAX - (h->p[h->pos] - '0')) / 10)
-            return h->pos = start, bad(h, "a dimension of at most 2^63-1");
-        v = v * 10 + (uint64_t)(h->p[h->pos++] - '0');
+    for (; n < left && s[n] >= '0' && s[n] <= '9'; n++) {
+        if (n > 0 && v == 0)
+            return bad(h, "a dimension without leading zeros");
+        if (v > ((uint64_t)INT64_MAX - (s[n] - '0')) / 10)
+            return bad(h, "a dimension of at most 2^63-1");
+        v = v * 10 + (uint64_t)(s[n] - '0');
     }
-    if (h->pos == start)
+    if (n == 0)
         return bad(h, "a dimension");
-    if (long_ok && h->pos < h->end && h->p[h->pos] == 'L')
-        h->pos++;
+    ck_take(&h->c, n);
+    if (long_ok)
+        accept(h, "L");
     *dim = (int64_t)v;
     return 0;
 }
@@ -182,73 +191,73 @@ static int parse_shape(hp *h, npy_header *out)
     if (lit(h, "("))
         return -1;
     out->rank = 0;
-    if (h->pos < h->end && h->p[h->pos] == ')')
-        return h->pos++, 0;
+    if (accept(h, ")"))
+        return 0;
     for (;;) {
         if (out->rank == CK_MAX_RANK)
             return ck_fail(h->err, h->path, "%sshape has more than %d dimensions (offset %llu)",
-                           h->what, CK_MAX_RANK, (ull)(h->at + h->pos));
+                           h->what, CK_MAX_RANK, (ull)ck_cursor_at(&h->c));
         if (parse_dim(h, &out->shape[out->rank++], out->major <= 2))
             return -1;
         if (out->rank == 1 ? lit(h, ",") : 0)
             return -1;
-        if (h->pos < h->end && h->p[h->pos] == ')')
-            return h->pos++, 0;
+        if (accept(h, ")"))
+            return 0;
         if (lit(h, out->rank == 1 ? " " : ", "))
             return -1;
     }
 }
 
-/* The magic, the version and the header length: *text and *len locate the header text. */
-static int parse_preamble(const unsigned char *p, size_t n, npy_header *out, size_t *text,
-                          size_t *len, const char *path, const char *what, uint64_t at,
-                          ck_error *err)
+/* The magic, the version and the header length: *text becomes a cursor over the header text. */
+static int parse_preamble(const unsigned char *p, size_t n, npy_header *out, ck_cursor *text,
+                          const char *path, const char *what, uint64_t at, ck_error *err)
 {
     if (!npy_probe(p, n))
         return ck_fail(err, path, "%snot an .npy file: no \\x93NUMPY magic (offset %llu)", what,
                        (ull)at);
-    if (n < 10)
+    ck_cursor c = ck_cursor_make(p, n, at);
+    const unsigned char *m = ck_take(&c, 10); /* the magic, the version, a 2-byte length */
+    uint64_t high = 0; /* formats 2.0 and 3.0: the length's upper 2 of 4 bytes */
+    if (!m)
         return ck_fail(err, path, "%s.npy header is cut short after %zu bytes (offset %llu)",
                        what, n, (ull)at);
-    out->major = p[6];
-    if ((p[6] != 1 && p[6] != 2 && p[6] != 3) || p[7] != 0)
+    out->major = m[6];
+    if ((m[6] != 1 && m[6] != 2 && m[6] != 3) || m[7] != 0)
         return ck_fail(err, path, "%s.npy format version %u.%u is not 1.0, 2.0 or 3.0 (offset "
-                       "%llu)", what, p[6], p[7], (ull)(at + 6));
-    if (p[6] > 1 && n < 12)
+                       "%llu)", what, m[6], m[7], (ull)(at + 6));
+    if (m[6] > 1 && ck_take_le(&c, 2, &high))
         return ck_fail(err, path, "%s.npy header is cut short after %zu bytes (offset %llu)",
                        what, n, (ull)at);
-    *text = p[6] == 1 ? 10 : 12;
-    uint64_t hl = p[6] == 1 ? get_le16(p + 8) : get_le32(p + 8);
+    uint64_t hl = get_le16(m + 8) | high << 16;
     if (hl > NPY_MAX_HEADER)
         return ck_fail(err, path, "%s.npy header claims %llu bytes, more than the %u np.load "
                        "accepts (offset %llu)", what, (ull)hl, NPY_MAX_HEADER, (ull)(at + 8));
-    if (hl > n - *text)
+    if (ck_take_cursor(&c, hl, text))
         return ck_fail(err, path, "%s.npy header claims %llu bytes, but only %zu follow "
-                       "(offset %llu)", what, (ull)hl, n - *text, (ull)(at + 8));
-    *len = (size_t)hl;
+                       "(offset %llu)", what, (ull)hl, ck_cursor_left(&c), (ull)(at + 8));
     return 0;
 }
 
 int npy_parse_header(const unsigned char *p, size_t n, npy_header *out, const char *path,
                      const char *what, uint64_t at, ck_error *err)
 {
-    size_t text = 0, len = 0;
+    hp h = {.path = path, .what = what, .err = err};
     *out = (npy_header){0};
-    if (parse_preamble(p, n, out, &text, &len, path, what, at, err))
+    if (parse_preamble(p, n, out, &h.c, path, what, at, err))
         return -1;
-    hp h = {.p = p, .pos = text, .end = text + len, .at = at, .path = path, .what = what,
-            .err = err};
+    /* The text's file offset and length: the data follows it. */
+    uint64_t text = h.c.base - at, len = h.c.len;
     if (lit(&h, "{'descr': ") || parse_descr(&h, out) || lit(&h, ", 'fortran_order': "))
         return -1;
-    if (h.end - h.pos >= 4 && memcmp(p + h.pos, "True", 4) == 0)
-        out->fortran = 1, h.pos += 4;
+    if (accept(&h, "True"))
+        out->fortran = 1;
     else if (lit(&h, "False"))
         return -1;
     if (lit(&h, ", 'shape': ") || parse_shape(&h, out) || lit(&h, ", }"))
         return -1;
-    while (h.pos + 1 < h.end && p[h.pos] == ' ')
-        h.pos++;
-    if (h.pos + 1 != h.end || p[h.pos] != '\n')
+    while (ck_cursor_left(&h.c) > 1 && accept(&h, " "))
+        ;
+    if (ck_cursor_left(&h.c) != 1 || ck_peek(&h.c) != '\n')
         return bad(&h, "spaces, then a newline ending the header");
     if (out->text && out->rank && (out->not_a_tensor = 1))
         return ck_fail(err, path, "%sdescr '%c%c%u' is a string dtype, not a tensor (only a 0-d "

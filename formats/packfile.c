@@ -1,6 +1,7 @@
 /* packfile.c — the pack reader: header and index only, every rule of FORMAT.md checked. */
 #include "packfile.h"
 #include "../base/bytes.h"
+#include "../base/cursor.h"
 #include "../base/names.h"
 
 #include <errno.h>
@@ -128,8 +129,7 @@ typedef struct pack_reader {
     uint32_t file;
     const char *path;
     const pack_header *h;
-    const unsigned char *p;  /* the index, h->index_length bytes */
-    uint64_t len, at;        /* its length; the cursor */
+    ck_cursor c;             /* over the index, h->index_length bytes at file offset base */
     uint64_t nentries, nblobs;
     pack_layout *layout;     /* what the index says, filled in as it is checked */
     pack_blob *blobs;        /* layout->blobs */
@@ -145,46 +145,46 @@ typedef struct pack_reader {
 /* File offset of index byte i. */
 static ull file_at(const pack_reader *r, uint64_t i)
 {
-    return (ull)(r->h->index_offset + i);
+    return (ull)(r->c.base + i);
 }
 
 /* Fails unless n more index bytes are left for what (a field of whom). */
 static int need(pack_reader *r, uint64_t n, const char *whom, const char *what)
 {
-    if (n <= r->len - r->at)
+    if (n <= ck_cursor_left(&r->c))
         return 0;
     return ck_fail(r->err, r->path, "%s: the index ends at byte %llu, inside %s (%llu bytes at "
-                   "byte %llu)", whom, file_at(r, r->len), what, (ull)n,
-                   file_at(r, r->at));
+                   "byte %llu)", whom, file_at(r, r->c.len), what, (ull)n,
+                   file_at(r, r->c.pos));
 }
 
+/* A field need() has made room for. */
 static uint32_t take_u32(pack_reader *r)
 {
-    r->at += 4;
-    return get_le32(r->p + r->at - 4);
+    uint32_t v = 0;
+    ck_take_u32(&r->c, &v);
+    return v;
 }
 
 static uint64_t take_u64(pack_reader *r)
 {
-    r->at += 8;
-    return get_le64(r->p + r->at - 8);
+    uint64_t v = 0;
+    ck_take_u64(&r->c, &v);
+    return v;
 }
 
 /* A u32 length and that many bytes; *s points into the index. */
 static int take_string(pack_reader *r, const char *whom, const char *what,
                        const unsigned char **s, uint32_t *len)
 {
+    uint64_t n = 0;
+    int rc = ck_take_str(&r->c, 4, UINT32_MAX, s, &n);
+    *len = (uint32_t)n;
+    if (rc == 0)
+        return 0;
     char field[64];
-    snprintf(field, sizeof field, "the %s length", what);
-    if (need(r, 4, whom, field))
-        return -1;
-    *len = take_u32(r);
-    snprintf(field, sizeof field, "the %s", what);
-    if (need(r, *len, whom, field))
-        return -1;
-    *s = r->p + r->at;
-    r->at += *len;
-    return 0;
+    snprintf(field, sizeof field, rc == CK_STR_NO_LENGTH ? "the %s length" : "the %s", what);
+    return need(r, rc == CK_STR_NO_LENGTH ? 4 : n, whom, field);
 }
 
 /* Names and metadata are UTF-8 without NUL: the common index hands them out as C strings,
@@ -192,7 +192,7 @@ static int take_string(pack_reader *r, const char *whom, const char *what,
 static int check_text(pack_reader *r, const unsigned char *s, uint32_t len, const char *whom,
                       const char *what)
 {
-    ull at = file_at(r, (uint64_t)(s - r->p));
+    ull at = file_at(r, (uint64_t)(s - r->c.p));
     const unsigned char *nul = memchr(s, 0, len);
     if (nul)
         return ck_fail(r->err, r->path, "%s: the %s holds a NUL byte (byte %llu)", whom, what,
@@ -253,9 +253,9 @@ static int read_blobs(pack_reader *r)
     /* The counts were sized with 8 bytes a metadata pair: longer strings may have left less. */
     if (need(r, MIN_BLOB * r->nblobs, "pack index", "the blob table"))
         return -1;
-    r->table_at = r->at;
+    r->table_at = r->c.pos;
     for (uint64_t i = 0; i < r->nblobs; i++) {
-        ull at = file_at(r, r->at);
+        ull at = file_at(r, r->c.pos);
         uint64_t off = take_u64(r), len = take_u64(r);
         /* end lies inside the region, whose end fits in 64 bits and is a multiple of 4096. */
         uint64_t want = ck_align_up(end, PACK_BLOB_ALIGN);
@@ -317,16 +317,16 @@ static int read_tensor(pack_reader *r, const char *whom, uint64_t entry, uint8_t
                        CK_MAX_RANK, file_at(r, type_at + 1));
     if (need(r, 8 * (uint64_t)rank + 8, whom, "the dims and blob"))
         return -1;
-    uint64_t dims_at = r->at;
+    uint64_t dims_at = r->c.pos;
     int64_t dims[CK_MAX_RANK];
     for (unsigned d = 0; d < rank; d++) {
         uint64_t v = take_u64(r);
         dims[d] = (int64_t)v;
         if (dims[d] < 0)
             return ck_fail(r->err, r->path, "%s: dim %u is negative (%lld) (byte %llu)", whom,
-                           d, (long long)dims[d], file_at(r, r->at - 8));
+                           d, (long long)dims[d], file_at(r, r->c.pos - 8));
     }
-    uint64_t blob_at = r->at, blob = take_u64(r), nbytes;
+    uint64_t blob_at = r->c.pos, blob = take_u64(r), nbytes;
     const char *dt = ck_dtype_name((enum ck_dtype)dtype);
     if (ck_tensor_nbytes(rank, dims, (enum ck_dtype)dtype, &nbytes))
         return ck_fail(r->err, r->path, "%s: shape × %s overflows or is not a whole number of "
@@ -397,7 +397,7 @@ static int read_entry(pack_reader *r, uint64_t i)
 {
     char whom[64 + 4 * NAME_SHOWN];
     snprintf(whom, sizeof whom, "pack entry %llu", (ull)i);
-    uint64_t start = r->at;
+    uint64_t start = r->c.pos;
     const unsigned char *name;
     uint32_t name_len;
     if (take_string(r, whom, "name", &name, &name_len) ||
@@ -415,11 +415,10 @@ static int read_entry(pack_reader *r, uint64_t i)
     r->prev_name = name;
     r->prev_len = name_len;
     r->prev_at = file_at(r, start);
-    if (need(r, 4, whom, "the kind, type, rank and reserved bytes"))
-        return -1;
-    uint64_t kind_at = r->at;
-    const unsigned char *k = r->p + r->at;
-    r->at += 4;
+    uint64_t kind_at = r->c.pos;
+    const unsigned char *k = ck_take(&r->c, 4);
+    if (!k)
+        return need(r, 4, whom, "the kind, type, rank and reserved bytes");
     if (k[3] != 0)
         return ck_fail(r->err, r->path, "%s: reserved byte is 0x%02x, not 0 (byte %llu)", whom,
                        k[3], file_at(r, kind_at + 3));
@@ -447,7 +446,7 @@ static int read_counts(pack_reader *r, uint32_t *nmeta)
         return ck_fail(r->err, r->path, "pack index: reserved field is 0x%x, not 0 (byte %llu)",
                        reserved, file_at(r, 20));
     /* Each count alone first, so that the sum cannot overflow. */
-    uint64_t room = r->len - COUNTS_SIZE;
+    uint64_t room = r->c.len - COUNTS_SIZE;
     if (r->nentries > room / MIN_ENTRY || r->nblobs > room / MIN_BLOB ||
         *nmeta > room / MIN_META ||
         MIN_ENTRY * r->nentries + MIN_BLOB * r->nblobs + MIN_META * (uint64_t)*nmeta > room)
@@ -495,9 +494,9 @@ static int parse_index(pack_reader *r, uint64_t file_size)
     for (uint64_t i = 0; i < r->nentries; i++)
         if (read_entry(r, i))
             return -1;
-    if (r->at < r->len)
+    if (ck_cursor_left(&r->c))
         return ck_fail(r->err, r->path, "pack index: %llu bytes left over after the last entry "
-                       "(byte %llu)", (ull)(r->len - r->at), file_at(r, r->at));
+                       "(byte %llu)", (ull)ck_cursor_left(&r->c), file_at(r, r->c.pos));
     /* Named in order, so the first unused blob is the one after the last named. */
     if (r->named < r->nblobs)
         return ck_fail(r->err, r->path, "pack blob %u: no tensor names it (byte %llu)",
@@ -530,8 +529,9 @@ int pack_read_file(ck_index *ix, uint32_t file, ck_error *err)
         return ck_fail(err, f->path, "out of memory for a %llu-byte pack index",
                        (ull)h.index_length);
     rc = ck_file_read(f, index, (size_t)h.index_length, h.index_offset);
-    pack_reader r = {.ix = ix, .file = file, .path = f->path, .h = &h, .p = index,
-                     .len = h.index_length, .err = err};
+    pack_reader r = {.ix = ix, .file = file, .path = f->path, .h = &h,
+                     .c = ck_cursor_make(index, (size_t)h.index_length, h.index_offset),
+                     .err = err};
     if (rc) {
         rc = ck_fail(err, f->path, "cannot read the pack index: %s", strerror(-rc));
     } else {

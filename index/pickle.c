@@ -33,6 +33,7 @@
 #include <xxhash.h>
 
 #include "../base/bytes.h"
+#include "../base/cursor.h"
 #include "index.h" /* CK_MAX_RANK */
 #include "pickle_policy.h"
 #include "pickle_text.h"
@@ -166,12 +167,10 @@ typedef struct obj_set {
 } obj_set;
 
 typedef struct vm {
-    const unsigned char *in;
-    size_t len, pos;          /* pos: the next byte to read */
+    ck_cursor in;             /* the pickle, at its file offset */
     size_t op;                /* where the running opcode starts */
     uint8_t opcode;
     const char *path;
-    uint64_t base;
     pk_limits lim;
     ck_error *err;
     int truncated;
@@ -208,7 +207,7 @@ typedef struct vm {
 
 static unsigned long long at(const vm *v)
 {
-    return (unsigned long long)(v->base + v->op);
+    return (unsigned long long)(v->in.base + v->op);
 }
 
 static const char *opname(const vm *v)
@@ -242,42 +241,45 @@ __attribute__((noinline)) static const unsigned char *short_input(vm *v, uint64_
 {
     v->truncated = 1;
     fail(v, "truncated pickle: %s %s needs %llu bytes, %zu remain", opname(v), what,
-         (unsigned long long)n, v->len - v->pos);
+         (unsigned long long)n, ck_cursor_left(&v->in));
     return NULL;
 }
 
 static inline const unsigned char *take(vm *v, uint64_t n, const char *what)
 {
-    if (n > v->len - v->pos)
-        return short_input(v, n, what);
-    const unsigned char *p = v->in + v->pos;
-    v->pos += (size_t)n;
-    return p;
+    const unsigned char *p = ck_take(&v->in, n);
+    return p ? p : short_input(v, n, what);
 }
 
 /* An n-byte little-endian unsigned integer, n 1, 2, 4 or 8. */
 static inline int take_uint(vm *v, unsigned n, const char *what, uint64_t *out)
 {
-    const unsigned char *p = take(v, n, what);
-    if (!p)
-        return -1;
-    *out = n == 1 ? p[0] : n == 2 ? get_le16(p) : n == 4 ? get_le32(p) : get_le64(p);
-    return 0;
+    return ck_take_le(&v->in, n, out) ? (short_input(v, n, what), -1) : 0;
 }
 
 /* The text up to the next newline (protocol 0 arguments), which is consumed but not returned. */
 static const unsigned char *take_line(vm *v, size_t *n)
 {
-    const unsigned char *p = v->in + v->pos;
-    const unsigned char *nl = memchr(p, '\n', v->len - v->pos);
-    if (!nl) {
+    const unsigned char *p = ck_take_until(&v->in, '\n', n);
+    if (!p) {
         v->truncated = 1;
         fail(v, "truncated pickle: %s argument has no newline before the end of the input",
              opname(v));
-        return NULL;
     }
-    *n = (size_t)(nl - p);
-    v->pos += *n + 1;
+    return p;
+}
+
+/* A length of lenbytes bytes, then that many bytes (what they are); a 4-byte length is
+ * signed when signed_len, as Python reads it. */
+static inline const unsigned char *take_counted(vm *v, unsigned lenbytes, int signed_len,
+                                                const char *what, uint64_t *n)
+{
+    const unsigned char *p = NULL;
+    switch (ck_take_str(&v->in, lenbytes, signed_len ? INT32_MAX : UINT64_MAX, &p, n)) {
+    case CK_STR_NO_LENGTH: return short_input(v, lenbytes, "length");
+    case CK_STR_TOO_LONG: return fail(v, "%s has a negative byte count", opname(v)), NULL;
+    case CK_STR_NO_BYTES: return short_input(v, *n, what);
+    }
     return p;
 }
 
@@ -590,7 +592,7 @@ __attribute__((noinline)) static int memo_put(vm *v, uint64_t key, pk_obj *o)
      * touched, so costs no memory. It grows to cover a key beyond only while it stays at least
      * about half full. */
     if (!v->dense || (key >= v->cap_dense && key < 2 * v->nmemo + 1024)) {
-        size_t cap = v->dense ? 2 * v->cap_dense : v->len / 8 + 1024;
+        size_t cap = v->dense ? 2 * v->cap_dense : v->in.len / 8 + 1024;
         if (v->dense && cap <= key)
             cap = (size_t)key + 1;
         if (cap > v->lim.max_memo)
@@ -803,12 +805,8 @@ static int long_bytes(vm *v, const unsigned char *p, uint64_t n)
 
 static int op_long_n(vm *v, unsigned lenbytes)
 {
-    uint64_t n;
-    if (take_uint(v, lenbytes, "length", &n))
-        return -1;
-    if (lenbytes == 4 && n > INT32_MAX)
-        return fail(v, "%s has a negative byte count", opname(v));
-    const unsigned char *p = take(v, n, "integer");
+    uint64_t n = 0;
+    const unsigned char *p = take_counted(v, lenbytes, lenbytes == 4, "integer", &n);
     return p ? long_bytes(v, p, n) : -1;
 }
 
@@ -872,12 +870,9 @@ static inline int op_binint(vm *v, unsigned nbytes)
 /* BINSTRING, BINUNICODE, BINBYTES, ...: a length of lenbytes bytes, then the data. */
 static inline int op_counted(vm *v, unsigned lenbytes, enum pk_type t, int signed_len)
 {
-    uint64_t n;
-    if (take_uint(v, lenbytes, "length", &n))
-        return -1;
-    if (signed_len && n > INT32_MAX)
-        return fail(v, "%s has a negative byte count", opname(v));
-    const unsigned char *p = take(v, n, t == PK_STR ? "string" : "bytes");
+    uint64_t n = 0;
+    const char *what = t == PK_STR ? "string" : "bytes";
+    const unsigned char *p = take_counted(v, lenbytes, signed_len, what, &n);
     if (!p)
         return -1;
     return push(v, t == PK_STR ? new_utf8(v, p, (size_t)n) : new_str(v, t, p, (size_t)n));
@@ -1898,10 +1893,10 @@ static int step(vm *v)
         if (take_uint(v, 8, "length", &n))
             return -1;
         /* Python refuses a frame that runs past the input, so it cannot be a real pickle. */
-        if (n > v->len - v->pos) {
+        if (n > ck_cursor_left(&v->in)) {
             v->truncated = 1;
             return fail(v, "truncated pickle: %s of %llu bytes, %zu remain", opname(v),
-                        (unsigned long long)n, v->len - v->pos);
+                        (unsigned long long)n, ck_cursor_left(&v->in));
         }
         return 0;
     }
@@ -1990,12 +1985,11 @@ static int step(vm *v)
 static int run(vm *v, pk_obj **root)
 {
     for (;;) {
-        v->op = v->pos;
-        if (v->pos == v->len) {
+        v->op = v->in.pos;
+        if (ck_take_u8(&v->in, &v->opcode)) {
             v->truncated = 1;
             return fail(v, "truncated pickle: the input ends before STOP");
         }
-        v->opcode = v->in[v->pos++];
         if (v->opcode == OP_STOP) {
             if (need(v, 1))
                 return -1;
@@ -2024,7 +2018,7 @@ static int load(const unsigned char *data, size_t len, const pk_limits *lim, con
                 uint64_t base, int recycle_boxes, pk_result *out, ck_error *err, int *rerun)
 {
     vm v = {
-        .in = data, .len = len, .path = path, .base = base,
+        .in = ck_cursor_make(data, len, base), .path = path,
         .lim = lim ? *lim : pk_default_limits, .err = err,
         .copy_left = (uint64_t)len * COPY_PER_INPUT_BYTE + COPY_SLACK,
         .seed = ck_hash_seed(), .recycle = recycle_boxes,
@@ -2046,7 +2040,7 @@ static int load(const unsigned char *data, size_t len, const pk_limits *lim, con
         return v.truncated ? PK_TRUNCATED : PK_ERROR;
     }
     out->root = root;
-    out->consumed = v.pos;
+    out->consumed = v.in.pos;
     out->arena = v.arena;
     return 0;
 }

@@ -18,6 +18,7 @@
 #include <zlib.h>
 
 #include "../base/bytes.h"
+#include "../base/cursor.h"
 #include "../sources/source.h" /* ck_pread */
 #include "../base/seed.h"
 
@@ -253,28 +254,17 @@ static int read_end(const ck_file *f, uint64_t file_size, const char *path, zip_
 
 /* --- the central directory ------------------------------------------------------------- */
 
-/* The 64-bit values in a zip64 extra field (x, n bytes): one for each of the 32-bit fields that
- * reads 0xFFFFFFFF (0xFFFF for the disk), in this order, and nothing for the others. Bytes past
+/* The 64-bit values in a zip64 extra field (x): one for each of the 32-bit fields that reads
+ * 0xFFFFFFFF (0xFFFF for the disk), in this order, and nothing for the others. Bytes past
  * those are ignored, as Python's zipfile does. */
-static int apply_zip64(const unsigned char *x, size_t n, uint64_t *size, uint64_t *csize,
-                       uint64_t *local, uint32_t *disk)
+static int apply_zip64(ck_cursor *x, uint64_t *size, uint64_t *csize, uint64_t *local,
+                       uint32_t *disk)
 {
     uint64_t *field[3] = {size, csize, local};
-    size_t at = 0;
-    for (int i = 0; i < 3; i++) {
-        if (*field[i] != 0xFFFFFFFF)
-            continue;
-        if (n - at < 8)
+    for (int i = 0; i < 3; i++)
+        if (*field[i] == 0xFFFFFFFF && ck_take_u64(x, field[i]))
             return -1;
-        *field[i] = get_le64(x + at);
-        at += 8;
-    }
-    if (*disk == 0xFFFF) {
-        if (n - at < 4)
-            return -1;
-        *disk = get_le32(x + at);
-    }
-    return 0;
+    return *disk == 0xFFFF ? ck_take_u32(x, disk) : 0;
 }
 
 /* How many bytes a zip64 extra field must hold for these 32-bit fields. */
@@ -284,29 +274,31 @@ static unsigned zip64_need(uint64_t size, uint64_t csize, uint64_t local, uint32
            4 * (disk == 0xFFFF);
 }
 
-/* Parses the central directory header at cd + pos (entry i), leaving the local header offset in
- * e->data_offset until the local header is read, and moves the name down to cd + *names (the
- * caller points e->name there once the buffer has shrunk to the names): each
+/* Parses the central directory header at the cursor c over cd (entry i), leaving the local
+ * header offset in e->data_offset until the local header is read, and moves the name down to
+ * cd + *names (the caller points e->name there once the buffer has shrunk to the names): each
  * header is at least 46 bytes and each name takes its length + 1, so names packed from the
  * start of the buffer never overtake the header being read. */
-static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, size_t *names,
-                         size_t i, zip_entry *e, const char *path, ck_error *err)
+static int parse_central(unsigned char *cd, ck_cursor *c, size_t *names, size_t i, zip_entry *e,
+                         const char *path, ck_error *err)
 {
-    size_t p = *pos, left = (size_t)end->cd_size - p;
-    ull at = (ull)(end->cd_offset + p);
-    if (left < CENTRAL_LEN)
+    size_t left = ck_cursor_left(c);
+    ull at = (ull)ck_cursor_at(c);
+    const unsigned char *h = ck_take(c, CENTRAL_LEN);
+    if (!h)
         return ck_fail(err, path, "central directory entry %zu is truncated: %zu bytes left of "
                        "the %d it needs (offset %llu)", i, left, CENTRAL_LEN, at);
-    const unsigned char *h = cd + p;
     if (get_le32(h) != SIG_CENTRAL)
         return ck_fail(err, path, "central directory entry %zu has signature 0x%08x, not "
                        "0x%08x (offset %llu)", i, get_le32(h), SIG_CENTRAL, at);
     size_t nlen = get_le16(h + 28), xlen = get_le16(h + 30), clen = get_le16(h + 32);
-    if (nlen + xlen + clen > left - CENTRAL_LEN)
+    const unsigned char *n;
+    ck_cursor x;
+    if (!(n = ck_take(c, nlen)) || ck_take_cursor(c, xlen, &x) || !ck_take(c, clen))
         return ck_fail(err, path, "central directory entry %zu: name, extra field and comment "
                        "(%zu + %zu + %zu bytes) run past the end of the central directory "
                        "(offset %llu)", i, nlen, xlen, clen, at);
-    const char *name = (const char *)h + CENTRAL_LEN;
+    const char *name = (const char *)n;
     int shown = (int)(nlen < NAME_SHOWN ? nlen : NAME_SHOWN);
     if (memchr(name, 0, nlen))
         return ck_fail(err, path, "central directory entry %zu: name '%.*s' holds a NUL byte "
@@ -319,25 +311,25 @@ static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, siz
     uint32_t disk = get_le16(h + 34);
     /* Extra fields: 2-byte id, 2-byte length, data. Fewer than 4 bytes left over are
      * ignored, as Python's zipfile and Go's archive/zip do. */
-    const unsigned char *x = h + CENTRAL_LEN + nlen;
     int zip64_seen = 0;
-    for (size_t k = 0; k + 4 <= xlen;) {
-        size_t id = get_le16(x + k), len = get_le16(x + k + 2);
-        if (len > xlen - k - 4)
+    for (const unsigned char *f; (f = ck_take(&x, 4));) {
+        size_t id = get_le16(f), len = get_le16(f + 2);
+        ck_cursor data;
+        if (ck_take_cursor(&x, len, &data))
             return ck_fail(err, path, "entry '%.*s': extra field 0x%04zx of %zu bytes runs %zu "
                            "bytes past the end of its header (central directory entry %zu at "
-                           "offset %llu)", shown, name, id, len, len - (xlen - k - 4), i, at);
+                           "offset %llu)", shown, name, id, len, len - ck_cursor_left(&x), i,
+                           at);
         if (id == EXTRA_ZIP64) {
             if (zip64_seen++)
                 return ck_fail(err, path, "entry '%.*s' has two zip64 extra fields (central "
                                "directory entry %zu at offset %llu)", shown, name, i, at);
             unsigned need = zip64_need(size, csize, local, disk);
-            if (apply_zip64(x + k + 4, len, &size, &csize, &local, &disk))
+            if (apply_zip64(&data, &size, &csize, &local, &disk))
                 return ck_fail(err, path, "entry '%.*s': zip64 extra field is %zu bytes, the "
                                "fields it replaces need %u (central directory entry %zu at "
                                "offset %llu)", shown, name, len, need, i, at);
         }
-        k += 4 + len;
     }
     if (disk != 0)
         return ck_fail(err, path, "entry '%.*s' starts on disk %u; multi-disk (split) archives "
@@ -353,7 +345,6 @@ static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, siz
     memmove(cd + *names, name, nlen);
     cd[*names + nlen] = 0;
     *names += nlen + 1;
-    *pos = p + CENTRAL_LEN + nlen + xlen + clen;
     return 0;
 }
 
@@ -361,14 +352,15 @@ static int parse_central(unsigned char *cd, const zip_end *end, size_t *pos, siz
 static int parse_directory(unsigned char *cd, const zip_end *end, zip_archive *z,
                            const char *path, ck_error *err)
 {
-    size_t pos = 0, names = 0;
+    ck_cursor c = ck_cursor_make(cd, (size_t)end->cd_size, end->cd_offset);
+    size_t names = 0;
     for (size_t i = 0; i < z->nentries; i++)
-        if (parse_central(cd, end, &pos, &names, i, &z->entries[i], path, err))
+        if (parse_central(cd, &c, &names, i, &z->entries[i], path, err))
             return -1;
-    if (pos != end->cd_size)
+    if (ck_cursor_left(&c))
         return ck_fail(err, path, "central directory holds %llu bytes after its %zu entries: "
                        "the end record's count or size is wrong (offset %llu)",
-                       (ull)(end->cd_size - pos), z->nentries, (ull)(end->cd_offset + pos));
+                       (ull)ck_cursor_left(&c), z->nentries, (ull)ck_cursor_at(&c));
     return 0;
 }
 
