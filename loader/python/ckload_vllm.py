@@ -84,7 +84,7 @@ def register():
     from vllm.logger import init_logger
     from vllm.model_executor.model_loader import register_model_loader
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
-    logger = init_logger(__name__)
+    logger = init_logger("vllm.ckload")  # under "vllm", so that vLLM's logging shows it
 
     @register_model_loader(LOAD_FORMAT)
     class CkloadModelLoader(BaseModelLoader):

@@ -126,7 +126,9 @@ def test_tokens_equal_autos_from_every_source(vllm_env, llama, expected, sources
         reload = [str(sources[k]) for k in ("pack", "bin", "shards", "dcp")] + [
             str(mnt), str(mnt / ".ckptfs" / "checkpoint.pack"),
             "s3://models/llama/model.safetensors", "hf://org/llama"]
-        _, lines = generate(env, llama, load_format="ckload", reload=reload)
+        p, lines = generate(env, llama, load_format="ckload", reload=reload)
+    assert f"Loading weights took" in p.stdout.decode() and \
+        f"(ckload, from {llama})" in p.stdout.decode()  # in vLLM's log, its loaders' words
     assert [line["source"] for line in lines] == ["ckload"] + reload
     for line in lines:
         assert line["tokens"] == expected, line["source"]
