@@ -1,0 +1,352 @@
+"""Containers as users run them: the sidecar pattern Kubernetes uses for FUSE
+(docs/CONTAINERS.md). A privileged sidecar container runs `ckptfs -f` and mounts the checkpoint
+in a volume it has with mountPropagation Bidirectional; the application container, started
+before the mount exists, has the volume with HostToContainer and sees the mount appear.
+
+Both containers are the wheel's minbase root (wheelroot.Root: the wheel pip-installed, torch 2.x)
+run in mount and PID namespaces of their own, podman being unable to start containers here. The
+"node" is a mount namespace the test makes, where the volume's directory is a shared mount (as a
+pod's volumes are on a node) and nothing else is: the host's own mounts never change.
+
+The application loads through the mount with ckload: the source is not visible to it, so the
+load reads the mount (its read_path says "mount"), and every byte is the safetensors library's
+reading the source on the host. The sidecar stopping (SIGTERM, SIGKILL) gives the application
+errors, within a bound, never a hang or a wrong byte; a restarted sidecar serves again. The
+manifests docs/CONTAINERS.md shows parse, and say what this test runs."""
+import base64
+import json
+import os
+import re
+import select
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import safetensors.torch
+import yaml
+
+import wheelroot
+from ckptfs_testlib import REPO, library_view, wait_until
+
+VOLUME = "/vol"           # the shared volume, inside both containers
+MODEL = "/vol/model"      # where the sidecar mounts the checkpoint
+SOURCE = "/src/model.safetensors"  # the checkpoint, inside the sidecar only
+REPLY_TIMEOUT = 120       # seconds any one step of the application may take (torch's import)
+STOP_TIMEOUT = 30         # seconds the sidecar may take to exit once signalled
+# Each thing the application does after the sidecar stopped runs in a thread of its own, given
+# this long: one still waiting then is a hang, and the test says which one.
+PROBE_TIMEOUT = 20
+
+
+def line_within(stream, seconds, what):
+    """One line of a child's stdout, or the test fails (never waits longer than seconds)."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    assert ready, f"{what}: no answer within {seconds}s (hung?)"
+    line = stream.readline()
+    assert line, f"{what}: the process ended"
+    return line
+
+
+class Node:
+    """A mount namespace of the test's own, held by a sleeping process: the volume's directory a
+    shared mount there. Containers are started in it (nsenter); it ends with its holder, and
+    with it every mount the containers left."""
+
+    def __init__(self, volume):
+        q = shlex.quote(str(volume))
+        script = (f"mount --bind {q} {q} && mount --make-shared {q} && echo ready && "
+                  "exec sleep 3600")
+        self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private",
+                                      "sh", "-c", script], stdout=subprocess.PIPE)
+        assert line_within(self.proc.stdout, 30, "node") == b"ready\n"
+
+    def enter(self, argv):
+        return ["nsenter", f"--mount=/proc/{self.proc.pid}/ns/mnt", "--"] + argv
+
+    def mounts(self, path):
+        """The fuse.ckptfs mounts at path, as the node sees them (its mountinfo)."""
+        return fuse_mounts(Path(f"/proc/{self.proc.pid}/mountinfo").read_text(), path)
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def fuse_mounts(mountinfo, path):
+    """Lines of a mountinfo text that are fuse.ckptfs mounts at path."""
+    return [line for line in mountinfo.splitlines()
+            if line.split()[4] == path and " - fuse.ckptfs " in line]
+
+
+class Container:
+    """A container in the node: the root, its own mount and PID namespaces, its volumes."""
+
+    def __init__(self, node, root, argv, volumes, binds=(), env=None, log=None, stdin=None):
+        cmd = node.enter(wheelroot.container(root, argv, env=env, binds=binds, volumes=volumes))
+        self.log = log
+        self.proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE,
+                                     stderr=open(log, "wb"))
+
+    def init_pid(self):
+        """The host's PID of the container's PID 1 (what kubelet signals): the child of the
+        `unshare --pid --fork` the container was started with, once it is in a PID namespace
+        of its own (the children before are the setup's mount commands)."""
+        task = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        ours = os.readlink("/proc/self/ns/pid")
+
+        def init():
+            for kid in task.read_text().split():
+                try:
+                    if os.readlink(f"/proc/{kid}/ns/pid") != ours:
+                        return int(kid)
+                except OSError:
+                    pass
+            return None
+        assert wait_until(lambda: init() or self.proc.poll() is not None), \
+            f"the container never started: {self.stderr()}"
+        pid = init()
+        assert pid, f"the container ended: {self.stderr()}"
+        return pid
+
+    def pid_ns(self):
+        return os.readlink(f"/proc/{self.init_pid()}/ns/pid")
+
+    def stderr(self):
+        return Path(self.log).read_text()
+
+    def stop(self, sig=signal.SIGKILL):
+        if self.proc.poll() is None:
+            os.kill(self.init_pid(), sig)
+        self.proc.wait(timeout=STOP_TIMEOUT)
+        return self.proc.returncode
+
+
+# The sidecar's entrypoint: a mount the last sidecar left behind (killed, its daemon could not
+# unmount) is lazily detached first, then ckptfs runs in the foreground as PID 1, so that the
+# container's stop signal reaches it.
+SIDECAR = ["sh", "-c", f"mkdir -p {MODEL} && umount -l {MODEL} 2>/dev/null; "
+                       f"exec ckptfs -f {SOURCE} {MODEL}"]
+
+# The application: one JSON request a line on stdin, one JSON answer a line on stdout.
+APP = r"""
+import base64, errno, json, os, sys, threading, time
+import ckload, torch
+
+MODEL = sys.argv[1]
+held = {}
+
+def mounts():
+    with open("/proc/self/mountinfo") as f:
+        return [l for l in f.read().splitlines()
+                if l.split()[4] == MODEL and " - fuse.ckptfs " in l]
+
+def data(b):
+    return base64.b64encode(b).decode()
+
+def load(path):
+    with ckload.Load(path, device="cpu") as ld:
+        ld.wait_all()
+        out = {ld.name(i): data(ld.tensor(i).contiguous().reshape(-1).view(torch.uint8)
+                                .numpy().tobytes()) for i in range(len(ld))}
+        return {"read_path": ld.read_path, "tensors": out}
+
+def read(path):
+    with open(path, "rb") as f:
+        return data(f.read())
+
+def outcome(fn, *args):
+    # what fn did, in a thread given a bound: its value, its error, or "hung"
+    box = {}
+    def go():
+        try:
+            box["ok"] = fn(*args)
+        except OSError as e:
+            box["error"] = [type(e).__name__, e.errno and errno.errorcode.get(e.errno), str(e)]
+        except Exception as e:
+            box["error"] = [type(e).__name__, None, str(e)]
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(float(os.environ["PROBE_TIMEOUT"]))
+    return box if not t.is_alive() else {"hung": True}
+
+for line in sys.stdin:
+    req = json.loads(line)
+    op, ans = req["op"], {}
+    if op == "wait":
+        # until the mounts at MODEL number req["n"] (propagation), or the bound passes
+        end = time.monotonic() + req["seconds"]
+        while len(mounts()) != req["n"] and time.monotonic() < end:
+            time.sleep(0.05)
+        ans = {"mounts": mounts()}
+    elif op == "visible":
+        ans = {p: os.path.exists(p) for p in req["paths"]}
+    elif op == "load":
+        ans = outcome(load, MODEL)
+    elif op == "hold":
+        held[req["path"]] = os.open(req["path"], os.O_RDONLY)
+        ans = {"ok": True}
+    elif op == "probe":
+        # everything the application may do once its sidecar stopped
+        fd = held[req["path"]]
+        ans = {"mounts": mounts(),
+               "held fd": outcome(lambda: data(os.pread(fd, 1 << 24, 0))),
+               "open": outcome(read, req["path"]),
+               "stat": outcome(lambda: os.stat(MODEL).st_ino),
+               "listdir": outcome(os.listdir, MODEL),
+               "ckload": outcome(load, MODEL)}
+    elif op == "drop":
+        for fd in held.values():
+            os.close(fd)
+        held.clear()
+    print(json.dumps(ans), flush=True)
+"""
+
+
+class App(Container):
+    """The application container: the volume as HostToContainer, /out for nothing but its log,
+    no sight of the source."""
+
+    def __init__(self, node, root, volume, log):
+        super().__init__(node, root, [f"{wheelroot.VENV}/bin/python", "-c", APP, MODEL],
+                         volumes=[(str(volume), VOLUME, "HostToContainer")],
+                         env={"PROBE_TIMEOUT": str(PROBE_TIMEOUT)}, log=log,
+                         stdin=subprocess.PIPE)
+
+    def ask(self, op, timeout=REPLY_TIMEOUT, **kw):
+        self.proc.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
+        self.proc.stdin.flush()
+        try:
+            return json.loads(line_within(self.proc.stdout, timeout, f"the application's {op}"))
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.stderr()}") from None
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return wheelroot.Root(tmp_path_factory.mktemp("sidecar") / "root", wheelroot.built_wheel())
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A checkpoint of several dtypes, a few hundred KiB (reads in several FUSE requests)."""
+    d = tmp_path_factory.mktemp("sidecar-src")
+    g = torch.Generator().manual_seed(7)
+    safetensors.torch.save_file({
+        "enc.w": torch.randn(256, 257, generator=g),
+        "enc.b": torch.randn(1000, generator=g).to(torch.bfloat16),
+        "head.ids": torch.randint(-2**40, 2**40, (999,), generator=g),
+        "head.mask": torch.rand(333, generator=g) > 0.5}, str(d / "model.safetensors"))
+    return d / "model.safetensors"
+
+
+def tensor_file(name):
+    """The mount's file of a tensor (docs/SEMANTICS.md: a dot in a name is a directory)."""
+    return f"{MODEL}/" + name.replace(".", "/")
+
+
+def assert_exact(loaded, expected):
+    assert loaded["read_path"] == "mount", loaded["read_path"]
+    got = {k: base64.b64decode(v) for k, v in loaded["tensors"].items()}
+    assert got == {k: v[2] for k, v in expected.items()}
+
+
+def no_wrong_bytes(outcome, lib, what):
+    """A probe after the sidecar stopped: an error, or the right bytes; never a hang."""
+    assert "hung" not in outcome, f"{what} hung"
+    if "ok" in outcome and what in ("held fd", "open"):
+        assert base64.b64decode(outcome["ok"]) == lib["enc.w"][2], f"{what}: wrong bytes"
+    if "ok" in outcome and what == "ckload":
+        assert_exact(outcome["ok"], lib)
+
+
+def processes_in(pid_ns):
+    """Host PIDs of the processes left in a PID namespace (a container's, once stopped)."""
+    left = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.readlink(d / "ns" / "pid") == pid_ns:
+                left.append(int(d.name))
+        except OSError:
+            pass
+    return left
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_sidecar(root, source, tmp_path, sig, fuse):
+    lib, _ = library_view(source)
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    node = Node(volume)
+    sidecars, app = [], None
+    src_bind = [(str(source.parent), os.path.dirname(SOURCE), True)]
+    try:
+        app = App(node, root, volume, tmp_path / "app.log")
+        # started before the mount exists: nothing at MODEL yet, and the source out of sight
+        assert app.ask("wait", n=0, seconds=0) == {"mounts": []}
+        assert app.ask("visible", paths=[SOURCE, str(source)]) == {SOURCE: False,
+                                                                   str(source): False}
+
+        def start_sidecar():
+            c = Container(node, root, SIDECAR, volumes=[(str(volume), VOLUME, "Bidirectional")],
+                          binds=src_bind, log=tmp_path / f"sidecar{len(sidecars)}.log")
+            sidecars.append((c, c.pid_ns()))
+            seen = app.ask("wait", n=1, seconds=60)["mounts"]
+            assert len(seen) == 1, (seen, c.stderr())
+            return c
+
+        def served():
+            loaded = app.ask("load")
+            assert "ok" in loaded, (loaded, sidecars[-1][0].stderr())
+            assert_exact(loaded["ok"], lib)
+            return loaded
+
+        start_sidecar()
+        served()
+        app.ask("hold", path=tensor_file("enc.w"))
+
+        # the sidecar stops: kubelet's SIGTERM (ckptfs unmounts, the unmount propagates), or
+        # SIGKILL (the daemon and its watcher die with the PID namespace; the mount stays, dead)
+        sidecar = sidecars[-1][0]
+        sidecar.stop(sig)
+        report = app.ask("probe", path=tensor_file("enc.w"))
+        print(sig.name, json.dumps({k: v if k == "mounts" else
+                                    v.get("error", "ok") for k, v in report.items()}))
+        for what in ("held fd", "open", "stat", "listdir", "ckload"):
+            no_wrong_bytes(report[what], lib, what)
+        assert "error" in report["ckload"], report["ckload"]
+        if sig == signal.SIGTERM:
+            # the mount went, in the application too; a file it held fails with ENOTCONN
+            assert report["mounts"] == [], report
+            assert report["held fd"]["error"][1] == "ENOTCONN", report["held fd"]
+            assert report["open"]["error"][1] == "ENOENT", report["open"]
+        else:
+            # the mount stays, dead: what needs the daemon fails with ENOTCONN (the mountpoint's
+            # own stat is answered from the kernel's attribute cache, `-o timeout`)
+            assert len(report["mounts"]) == 1, report
+            for what in ("held fd", "open", "listdir"):
+                assert report[what]["error"][1] == "ENOTCONN", (what, report[what])
+            assert report["stat"].get("error", [0, "ENOTCONN"])[1] == "ENOTCONN", report["stat"]
+        app.ask("drop")
+
+        # a new sidecar serves again, and the application reads again
+        start_sidecar()
+        served()
+        sidecars[-1][0].stop(signal.SIGTERM)
+        assert app.ask("wait", n=0, seconds=30) == {"mounts": []}
+    finally:
+        for c, _ in sidecars:
+            if c.proc.poll() is None:
+                c.stop(signal.SIGKILL)
+        if app:
+            app.stop(signal.SIGKILL)
+        node.close()
+    # nothing left: no process of any sidecar (ckptfs, its watcher), no mount of the volume
+    for c, ns in sidecars:
+        assert processes_in(ns) == [], f"left in a sidecar: {processes_in(ns)}"
+    p = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, timeout=30)
+    assert p.stdout == b"", p.stdout
+    assert str(volume) not in Path("/proc/self/mountinfo").read_text()
