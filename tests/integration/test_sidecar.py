@@ -32,8 +32,8 @@ import yaml
 import wheelroot
 from ckptfs_testlib import REPO, library_view, wait_until
 
-VOLUME = "/vol"           # the shared volume, inside both containers
-MODEL = "/vol/model"      # where the sidecar mounts the checkpoint
+DOC = REPO / "docs" / "CONTAINERS.md"
+MODEL = "/vol/model"      # where the sidecar mounts the checkpoint (the manifests' command)
 SOURCE = "/src/model.safetensors"  # the checkpoint, inside the sidecar only
 REPLY_TIMEOUT = 120       # seconds any one step of the application may take (torch's import)
 STOP_TIMEOUT = 30         # seconds the sidecar may take to exit once signalled
@@ -125,11 +125,36 @@ class Container:
         return self.proc.returncode
 
 
-# The sidecar's entrypoint: a mount the last sidecar left behind (killed, its daemon could not
-# unmount) is lazily detached first, then ckptfs runs in the foreground as PID 1, so that the
-# container's stop signal reaches it.
-SIDECAR = ["sh", "-c", f"mkdir -p {MODEL} && umount -l {MODEL} 2>/dev/null; "
-                       f"exec ckptfs -f {SOURCE} {MODEL}"]
+def manifests():
+    """Every YAML document of docs/CONTAINERS.md's ```yaml blocks."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```$", DOC.read_text(), re.S | re.M)
+    assert blocks, f"{DOC}: no yaml block"
+    return [d for b in blocks for d in yaml.safe_load_all(b)]
+
+
+def container_of(spec, name):
+    found = [c for c in spec["containers"] if c["name"] == name]
+    assert len(found) == 1, (name, spec)
+    return found[0]
+
+
+def mounts_of(container):
+    """A container's volumeMounts: {volume name: (mountPath, mountPropagation or None)}."""
+    return {m["name"]: (m["mountPath"], m.get("mountPropagation")) for m in container["volumeMounts"]}
+
+
+def the_pod():
+    """The sidecar Pod of docs/CONTAINERS.md: (its ckptfs container, its app container)."""
+    pods = [d for d in manifests() if d["kind"] == "Pod" and len(d["spec"]["containers"]) == 2]
+    assert len(pods) == 1, pods
+    spec = pods[0]["spec"]
+    return container_of(spec, "ckptfs"), container_of(spec, "app")
+
+
+def volumes(container, volume):
+    """What rootfs.py's `volumes` makes of a container's propagated volumeMounts, the host's
+    directory being `volume`."""
+    return [(str(volume), at, how) for at, how in mounts_of(container).values() if how]
 
 # The application: one JSON request a line on stdin, one JSON answer a line on stdout.
 APP = r"""
@@ -210,9 +235,9 @@ class App(Container):
     """The application container: the volume as HostToContainer, /out for nothing but its log,
     no sight of the source."""
 
-    def __init__(self, node, root, volume, log):
+    def __init__(self, node, root, spec, volume, log):
         super().__init__(node, root, [f"{wheelroot.VENV}/bin/python", "-c", APP, MODEL],
-                         volumes=[(str(volume), VOLUME, "HostToContainer")],
+                         volumes=volumes(spec, volume),
                          env={"PROBE_TIMEOUT": str(PROBE_TIMEOUT)}, log=log,
                          stdin=subprocess.PIPE)
 
@@ -278,21 +303,23 @@ def processes_in(pid_ns):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_sidecar(root, source, tmp_path, sig, fuse):
     lib, _ = library_view(source)
+    sidecar_spec, app_spec = the_pod()
     volume = tmp_path / "volume"
     volume.mkdir()
     node = Node(volume)
     sidecars, app = [], None
-    src_bind = [(str(source.parent), os.path.dirname(SOURCE), True)]
+    src_bind = [(str(source.parent), mounts_of(sidecar_spec)["models"][0], True)]
     try:
-        app = App(node, root, volume, tmp_path / "app.log")
+        app = App(node, root, app_spec, volume, tmp_path / "app.log")
         # started before the mount exists: nothing at MODEL yet, and the source out of sight
         assert app.ask("wait", n=0, seconds=0) == {"mounts": []}
         assert app.ask("visible", paths=[SOURCE, str(source)]) == {SOURCE: False,
                                                                    str(source): False}
 
         def start_sidecar():
-            c = Container(node, root, SIDECAR, volumes=[(str(volume), VOLUME, "Bidirectional")],
-                          binds=src_bind, log=tmp_path / f"sidecar{len(sidecars)}.log")
+            c = Container(node, root, sidecar_spec["command"],
+                          volumes=volumes(sidecar_spec, volume), binds=src_bind,
+                          log=tmp_path / f"sidecar{len(sidecars)}.log")
             sidecars.append((c, c.pid_ns()))
             seen = app.ask("wait", n=1, seconds=60)["mounts"]
             assert len(seen) == 1, (seen, c.stderr())
@@ -323,6 +350,7 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
             assert report["mounts"] == [], report
             assert report["held fd"]["error"][1] == "ENOTCONN", report["held fd"]
             assert report["open"]["error"][1] == "ENOENT", report["open"]
+            assert "holds no *.safetensors" in report["ckload"]["error"][2], report["ckload"]
         else:
             # the mount stays, dead: what needs the daemon fails with ENOTCONN (the mountpoint's
             # own stat is answered from the kernel's attribute cache, `-o timeout`)
@@ -330,6 +358,7 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
             for what in ("held fd", "open", "listdir"):
                 assert report[what]["error"][1] == "ENOTCONN", (what, report[what])
             assert report["stat"].get("error", [0, "ENOTCONN"])[1] == "ENOTCONN", report["stat"]
+            assert "not connected" in report["ckload"]["error"][2], report["ckload"]
         app.ask("drop")
 
         # a new sidecar serves again, and the application reads again
@@ -350,3 +379,37 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
     p = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, timeout=30)
     assert p.stdout == b"", p.stdout
     assert str(volume) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_manifests():
+    """docs/CONTAINERS.md's manifests parse, and say what test_sidecar runs: the Pod's sidecar
+    mounts the source read-only, the volume Bidirectional and privileged, the application has it
+    HostToContainer at the same path; the DaemonSet runs the same command with the same mounts
+    over hostPath volumes, its consumer Pod the same application mount; the docker line runs the
+    same command with the same propagation."""
+    docs = manifests()
+    assert sorted(d["kind"] for d in docs) == ["DaemonSet", "Pod", "Pod"], docs
+    sidecar, app = the_pod()
+    assert sidecar["command"][:2] == ["sh", "-c"], sidecar["command"]
+    assert sidecar["command"][2].endswith(f"exec ckptfs -f {SOURCE} {MODEL}"), sidecar["command"]
+    assert sidecar["securityContext"]["privileged"] is True
+    assert mounts_of(sidecar) == {"models": (os.path.dirname(SOURCE), None),
+                                  "vol": ("/vol", "Bidirectional")}
+    assert [m.get("readOnly") for m in sidecar["volumeMounts"]] == [True, None]
+    assert mounts_of(app) == {"vol": ("/vol", "HostToContainer")}
+    assert "securityContext" not in app
+
+    ds = [d for d in docs if d["kind"] == "DaemonSet"][0]["spec"]["template"]["spec"]
+    node_sidecar = container_of(ds, "ckptfs")
+    assert node_sidecar["command"] == sidecar["command"]
+    assert mounts_of(node_sidecar) == mounts_of(sidecar)
+    assert node_sidecar["securityContext"] == sidecar["securityContext"]
+    consumer = [d for d in docs if d["kind"] == "Pod" and len(d["spec"]["containers"]) == 1][0]
+    assert mounts_of(container_of(consumer["spec"], "app")) == mounts_of(app)
+    paths = {v["name"]: v["hostPath"]["path"] for v in ds["volumes"]}
+    assert consumer["spec"]["volumes"][0]["hostPath"]["path"] == paths["vol"]
+
+    text = DOC.read_text()
+    assert f"sh -c {shlex.quote(sidecar['command'][2])}" in text
+    assert "-v /var/lib/ckptfs:/vol:rshared" in text and "-v /var/lib/ckptfs:/vol:rslave" in text
+    assert "--device /dev/fuse --cap-add SYS_ADMIN" in text
