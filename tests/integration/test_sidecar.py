@@ -88,8 +88,8 @@ class Container:
     def __init__(self, node, root, argv, volumes, binds=(), env=None, log=None, stdin=None):
         cmd = node.enter(wheelroot.container(root, argv, env=env, binds=binds, volumes=volumes))
         self.log = log
-        self.proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE,
-                                     stderr=open(log, "wb"))
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=err)
 
     def init_pid(self):
         """The host's PID of the container's PID 1 (what kubelet signals): the child of the
@@ -265,7 +265,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A checkpoint of several dtypes, a few hundred KiB (reads in several FUSE requests)."""
+    """A checkpoint of several dtypes, a few hundred KiB."""
     d = tmp_path_factory.mktemp("sidecar-src")
     g = torch.Generator().manual_seed(7)
     safetensors.torch.save_file({
@@ -317,6 +317,7 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
     node = Node(volume)
     sidecars, app = [], None
     src_bind = [(str(source.parent), mounts_of(sidecar_spec)["models"][0], True)]
+    on_node = str(volume / os.path.relpath(MODEL, mounts_of(sidecar_spec)["vol"][0]))
     try:
         app = App(node, root, app_spec, volume, tmp_path / "app.log")
         # started before the mount exists: nothing at MODEL yet, and the source out of sight
@@ -331,6 +332,8 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
             sidecars.append((c, c.pid_ns()))
             seen = app.ask("wait", n=1, seconds=60)
             assert len(seen["mounts"]) == 1 and seen["live"], (seen, c.stderr())
+            # Bidirectional: the node (the host, in Kubernetes) sees it too
+            assert len(node.mounts(on_node)) == 1
             return c
 
         def served():
@@ -345,17 +348,19 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
 
         # the sidecar stops: kubelet's SIGTERM (ckptfs unmounts, the unmount propagates), or
         # SIGKILL (the daemon and its watcher die with the PID namespace; the mount stays, dead)
-        sidecar = sidecars[-1][0]
-        sidecar.stop(sig)
+        status = sidecars[-1][0].stop(sig)
         report = app.ask("probe", path=tensor_file("enc.w"))
-        print(sig.name, json.dumps({k: v if k == "mounts" else
-                                    v.get("error", "ok") for k, v in report.items()}))
+        print(sig.name, status, json.dumps({k: v if k == "mounts" else v.get("error", "ok")
+                                            for k, v in report.items()}))
+        assert len(node.mounts(on_node)) == len(report["mounts"])
         for what in ("held fd", "open", "stat", "listdir", "ckload"):
             no_wrong_bytes(report[what], lib, what)
         assert "error" in report["ckload"], report["ckload"]
         if sig == signal.SIGTERM:
-            # the mount went, in the application too; a file it held fails with ENOTCONN
-            assert report["mounts"] == [], report
+            # ckptfs unmounted and exited 0; the mount went, in the application too (an
+            # empty directory again); a file it held fails with ENOTCONN
+            assert status == 0, sidecars[-1][0].stderr()
+            assert report["mounts"] == [] and report["listdir"] == {"ok": []}, report
             assert report["held fd"]["error"][1] == "ENOTCONN", report["held fd"]
             assert report["open"]["error"][1] == "ENOENT", report["open"]
             assert "holds no *.safetensors" in report["ckload"]["error"][2], report["ckload"]
