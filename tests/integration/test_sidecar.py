@@ -13,7 +13,7 @@ load reads the mount (its read_path says "mount"), and every byte is the safeten
 reading the source on the host. The sidecar stopping (SIGTERM, SIGKILL) gives the application
 errors, within a bound, never a hang or a wrong byte; a restarted sidecar serves again. The
 manifests docs/CONTAINERS.md shows parse, and say what this test runs."""
-import base64
+import hashlib
 import json
 import os
 import re
@@ -158,11 +158,11 @@ def volumes(container, volume):
 
 # The application: one JSON request a line on stdin, one JSON answer a line on stdout.
 APP = r"""
-import base64, errno, json, os, sys, threading, time
+import errno, hashlib, json, os, sys, threading, time
 import ckload, torch
 
 MODEL = sys.argv[1]
-held = {}
+held, inflight = {}, None
 
 def mounts():
     with open("/proc/self/mountinfo") as f:
@@ -170,7 +170,7 @@ def mounts():
                 if l.split()[4] == MODEL and " - fuse.ckptfs " in l]
 
 def data(b):
-    return base64.b64encode(b).decode()
+    return hashlib.sha256(b).hexdigest()
 
 def load(path):
     with ckload.Load(path, device="cpu") as ld:
@@ -183,8 +183,8 @@ def read(path):
     with open(path, "rb") as f:
         return data(f.read())
 
-def outcome(fn, *args):
-    # what fn did, in a thread given a bound: its value, its error, or "hung"
+def start(fn, *args):
+    # fn in a thread of its own, what it did to be told by finish
     box = {}
     def go():
         try:
@@ -195,8 +195,16 @@ def outcome(fn, *args):
             box["error"] = [type(e).__name__, None, str(e)]
     t = threading.Thread(target=go, daemon=True)
     t.start()
+    return t, box
+
+def finish(started):
+    # what a started fn did, given a bound: its value, its error, or "hung"
+    t, box = started
     t.join(float(os.environ["PROBE_TIMEOUT"]))
     return box if not t.is_alive() else {"hung": True}
+
+def outcome(fn, *args):
+    return finish(start(fn, *args))
 
 for line in sys.stdin:
     req = json.loads(line)
@@ -219,6 +227,9 @@ for line in sys.stdin:
         ans = {p: os.path.exists(p) for p in req["paths"]}
     elif op == "load":
         ans = outcome(load, MODEL)
+    elif op == "start load":
+        # a load the sidecar's stop may catch midway
+        inflight = start(load, MODEL)
     elif op == "hold":
         held[req["path"]] = os.open(req["path"], os.O_RDONLY)
         ans = {"ok": True}
@@ -226,6 +237,7 @@ for line in sys.stdin:
         # everything the application may do once its sidecar stopped
         fd = held[req["path"]]
         ans = {"mounts": mounts(),
+               "in-flight load": finish(inflight),
                "held fd": outcome(lambda: data(os.pread(fd, 1 << 24, 0))),
                "open": outcome(read, req["path"]),
                "stat": outcome(lambda: os.stat(MODEL).st_ino),
@@ -265,14 +277,16 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A checkpoint of several dtypes, a few hundred KiB."""
+    """A checkpoint of several dtypes, 32 MiB: a load takes long enough that the sidecar's stop
+    may catch one midway."""
     d = tmp_path_factory.mktemp("sidecar-src")
     g = torch.Generator().manual_seed(7)
     safetensors.torch.save_file({
         "enc.w": torch.randn(256, 257, generator=g),
         "enc.b": torch.randn(1000, generator=g).to(torch.bfloat16),
         "head.ids": torch.randint(-2**40, 2**40, (999,), generator=g),
-        "head.mask": torch.rand(333, generator=g) > 0.5}, str(d / "model.safetensors"))
+        "head.mask": torch.rand(333, generator=g) > 0.5,
+        "big": torch.randn(8 << 20, generator=g)}, str(d / "model.safetensors"))
     return d / "model.safetensors"
 
 
@@ -281,18 +295,23 @@ def tensor_file(name):
     return f"{MODEL}/" + name.replace(".", "/")
 
 
-def assert_exact(loaded, expected):
+def digest(b):
+    """What the application answers for bytes it read (their SHA-256)."""
+    return hashlib.sha256(b).hexdigest()
+
+
+def assert_exact(loaded, lib):
+    """A load read through the mount, every tensor's bytes the safetensors library's."""
     assert loaded["read_path"] == "mount", loaded["read_path"]
-    got = {k: base64.b64decode(v) for k, v in loaded["tensors"].items()}
-    assert got == {k: v[2] for k, v in expected.items()}
+    assert loaded["tensors"] == {k: digest(v[2]) for k, v in lib.items()}
 
 
 def no_wrong_bytes(outcome, lib, what):
     """A probe after the sidecar stopped: an error, or the right bytes; never a hang."""
     assert "hung" not in outcome, f"{what} hung"
     if "ok" in outcome and what in ("held fd", "open"):
-        assert base64.b64decode(outcome["ok"]) == lib["enc.w"][2], f"{what}: wrong bytes"
-    if "ok" in outcome and what == "ckload":
+        assert outcome["ok"] == digest(lib["enc.w"][2]), f"{what}: wrong bytes"
+    if "ok" in outcome and what in ("ckload", "in-flight load"):
         assert_exact(outcome["ok"], lib)
 
 
@@ -345,30 +364,36 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
         start_sidecar()
         served()
         app.ask("hold", path=tensor_file("enc.w"))
+        app.ask("start load")
 
-        # the sidecar stops: kubelet's SIGTERM (ckptfs unmounts, the unmount propagates), or
-        # SIGKILL (the daemon and its watcher die with the PID namespace; the mount stays, dead)
+        # the sidecar stops, a load of the application's under way: kubelet's SIGTERM (ckptfs
+        # unmounts, the unmount propagates) or SIGKILL (the daemon and its watcher die with the
+        # PID namespace; the mount goes or stays, dead, as below)
         status = sidecars[-1][0].stop(sig)
         report = app.ask("probe", path=tensor_file("enc.w"))
         print(sig.name, status, json.dumps({k: v if k == "mounts" else v.get("error", "ok")
                                             for k, v in report.items()}))
         assert len(node.mounts(on_node)) == len(report["mounts"])
-        for what in ("held fd", "open", "stat", "listdir", "ckload"):
+        for what in ("in-flight load", "held fd", "open", "stat", "listdir", "ckload"):
             no_wrong_bytes(report[what], lib, what)
         assert "error" in report["ckload"], report["ckload"]
+        # a file the application held fails with ENOTCONN, whatever happened to the mount
+        assert report["held fd"]["error"][1] == "ENOTCONN", report["held fd"]
         if sig == signal.SIGTERM:
-            # ckptfs unmounted and exited 0; the mount went, in the application too (an
-            # empty directory again); a file it held fails with ENOTCONN
-            assert status == 0, sidecars[-1][0].stderr()
-            assert report["mounts"] == [] and report["listdir"] == {"ok": []}, report
-            assert report["held fd"]["error"][1] == "ENOTCONN", report["held fd"]
+            assert status == 0, sidecars[-1][0].stderr()  # ckptfs unmounted and exited
+        if report["mounts"] == []:
+            # the mount went, in the application too, an empty directory again: after SIGTERM
+            # ckptfs's own unmount; after SIGKILL, when its watcher (ckptfs-watch) saw the
+            # daemon end and detached the mount before the PID namespace's end killed it too
+            assert report["listdir"] == {"ok": []}, report
             assert report["open"]["error"][1] == "ENOENT", report["open"]
             assert "holds no *.safetensors" in report["ckload"]["error"][2], report["ckload"]
         else:
-            # the mount stays, dead: what needs the daemon fails with ENOTCONN (the mountpoint's
-            # own stat is answered from the kernel's attribute cache, `-o timeout`)
-            assert len(report["mounts"]) == 1, report
-            for what in ("held fd", "open", "listdir"):
+            # SIGKILL, the watcher killed first: the mount stays, dead, and what needs the
+            # daemon fails with ENOTCONN (the mountpoint's own stat may be answered from the
+            # kernel's attribute cache, `-o timeout`)
+            assert sig == signal.SIGKILL and len(report["mounts"]) == 1, report
+            for what in ("open", "listdir"):
                 assert report[what]["error"][1] == "ENOTCONN", (what, report[what])
             assert report["stat"].get("error", [0, "ENOTCONN"])[1] == "ENOTCONN", report["stat"]
             assert "not connected" in report["ckload"]["error"][2], report["ckload"]
