@@ -13,6 +13,7 @@ load reads the mount (its read_path says "mount"), and every byte is the safeten
 reading the source on the host. The sidecar stopping (SIGTERM, SIGKILL) gives the application
 errors, within a bound, never a hang or a wrong byte; a restarted sidecar serves again. The
 manifests docs/CONTAINERS.md shows parse, and say what this test runs."""
+import ctypes
 import hashlib
 import json
 import os
@@ -42,6 +43,12 @@ STOP_TIMEOUT = 30         # seconds the sidecar may take to exit once signalled
 PROBE_TIMEOUT = 20
 
 
+def dies_with_us():
+    """Popen's preexec_fn: the child is killed when the test's process ends, however it ends
+    (PR_SET_PDEATHSIG), so that no node or container outlives a killed test run."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
 def line_within(stream, seconds, what):
     """One line of a child's stdout, or the test fails (never waits longer than seconds)."""
     ready, _, _ = select.select([stream], [], [], seconds)
@@ -61,7 +68,8 @@ class Node:
         script = (f"mount --bind {q} {q} && mount --make-shared {q} && echo ready && "
                   "exec sleep 3600")
         self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private",
-                                      "sh", "-c", script], stdout=subprocess.PIPE)
+                                      "sh", "-c", script], stdout=subprocess.PIPE,
+                                     preexec_fn=dies_with_us)
         assert line_within(self.proc.stdout, 30, "node") == b"ready\n"
 
     def enter(self, argv):
@@ -89,7 +97,8 @@ class Container:
         cmd = node.enter(wheelroot.container(root, argv, env=env, binds=binds, volumes=volumes))
         self.log = log
         with open(log, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=err)
+            self.proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=err,
+                                         preexec_fn=dies_with_us)
 
     def init_pid(self):
         """The host's PID of the container's PID 1 (what kubelet signals): the child of the
@@ -140,7 +149,8 @@ def container_of(spec, name):
 
 def mounts_of(container):
     """A container's volumeMounts: {volume name: (mountPath, mountPropagation or None)}."""
-    return {m["name"]: (m["mountPath"], m.get("mountPropagation")) for m in container["volumeMounts"]}
+    return {m["name"]: (m["mountPath"], m.get("mountPropagation"))
+            for m in container["volumeMounts"]}
 
 
 def the_pod():
@@ -155,6 +165,7 @@ def volumes(container, volume):
     """What rootfs.py's `volumes` makes of a container's propagated volumeMounts, the host's
     directory being `volume`."""
     return [(str(volume), at, how) for at, how in mounts_of(container).values() if how]
+
 
 # The application: one JSON request a line on stdin, one JSON answer a line on stdout.
 APP = r"""
@@ -252,8 +263,8 @@ for line in sys.stdin:
 
 
 class App(Container):
-    """The application container: the volume as HostToContainer, /out for nothing but its log,
-    no sight of the source."""
+    """The application container: its volumeMounts from the manifest (the volume as
+    HostToContainer), no sight of the source; the driver APP answers ask()."""
 
     def __init__(self, node, root, spec, volume, log):
         super().__init__(node, root, [f"{wheelroot.VENV}/bin/python", "-c", APP, MODEL],
