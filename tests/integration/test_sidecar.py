@@ -91,10 +91,13 @@ def fuse_mounts(mountinfo, path):
 
 
 class Container:
-    """A container in the node: the root, its own mount and PID namespaces, its volumes."""
+    """A container in the node: the root, its own mount and PID namespaces, its volumes; fuse:
+    its /dev (rootfs.py's: "device" as `--device /dev/fuse` gives it, None without)."""
 
-    def __init__(self, node, root, argv, volumes, binds=(), env=None, log=None, stdin=None):
-        cmd = node.enter(wheelroot.container(root, argv, env=env, binds=binds, volumes=volumes))
+    def __init__(self, node, root, argv, volumes, fuse, binds=(), env=None, log=None,
+                 stdin=None):
+        cmd = node.enter(wheelroot.container(root, argv, env=env, binds=binds, fuse=fuse,
+                                             volumes=volumes))
         self.log = log
         with open(log, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=err,
@@ -264,11 +267,11 @@ for line in sys.stdin:
 
 class App(Container):
     """The application container: its volumeMounts from the manifest (the volume as
-    HostToContainer), no sight of the source; the driver APP answers ask()."""
+    HostToContainer), no /dev/fuse, no sight of the source; the driver APP answers ask()."""
 
     def __init__(self, node, root, spec, volume, log):
         super().__init__(node, root, [f"{wheelroot.VENV}/bin/python", "-c", APP, MODEL],
-                         volumes=volumes(spec, volume),
+                         volumes=volumes(spec, volume), fuse=None,
                          env={"PROBE_TIMEOUT": str(PROBE_TIMEOUT)}, log=log,
                          stdin=subprocess.PIPE)
 
@@ -352,12 +355,12 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
         app = App(node, root, app_spec, volume, tmp_path / "app.log")
         # started before the mount exists: nothing at MODEL yet, and the source out of sight
         assert app.ask("wait", n=0, seconds=0) == {"mounts": [], "live": False}
-        assert app.ask("visible", paths=[SOURCE, str(source)]) == {SOURCE: False,
-                                                                   str(source): False}
+        assert app.ask("visible", paths=[SOURCE, str(source), "/dev/fuse"]) == {
+            SOURCE: False, str(source): False, "/dev/fuse": False}
 
         def start_sidecar():
             c = Container(node, root, sidecar_spec["command"],
-                          volumes=volumes(sidecar_spec, volume), binds=src_bind,
+                          volumes=volumes(sidecar_spec, volume), fuse="device", binds=src_bind,
                           log=tmp_path / f"sidecar{len(sidecars)}.log")
             sidecars.append((c, c.pid_ns()))
             seen = app.ask("wait", n=1, seconds=60)
