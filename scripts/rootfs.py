@@ -68,22 +68,48 @@ def extract(name, root):
 PLAIN_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
-def command(root, argv, env=None, binds=(), fuse="host"):
+# Kubernetes' mountPropagation of a volume -> how its bind is made in the container's namespace:
+# Bidirectional stays in the volume's peer group (mounts go both ways), HostToContainer becomes
+# its slave (mounts come in, none goes out).
+PROPAGATION = {"Bidirectional": None, "HostToContainer": "--make-rslave"}
+
+
+def only_volumes_shared(hosts):
+    """The shell step that fails, saying which, where a mount other than the volumes' (or
+    mounts under them) is shared: a mount the container makes there would reach the caller's
+    namespace, the host's own when the caller did not make one."""
+    vols = shlex.quote(" ".join(hosts))
+    return ("awk -v vols=" + vols + " 'BEGIN { n = split(vols, v, \" \") } / shared:/ { "
+            "ok = 0; for (i = 1; i <= n; i++) ok = ok || $5 == v[i] || index($5, v[i] \"/\") == 1; "
+            "if (!ok) { print \"rootfs.py: \" $5 \" is a shared mount: volumes need a mount "
+            "namespace of their own where only they are shared\" > \"/dev/stderr\"; exit 1 } }' "
+            "/proc/self/mountinfo")
+
+
+def command(root, argv, env=None, binds=(), fuse="host", volumes=()):
     """argv run inside root as in a container. env: its variables (nothing else passes);
     binds: (host path, path inside, read-only) mounted for it, in its own namespace only (a file
     over a file: /dev/null over a program hides it). fuse: "host", the host's /dev bound;
     "device", a container's /dev (a tmpfs of PLAIN_DEVICES) with a /dev/fuse every user may
     open, as `--device /dev/fuse` gives it and udev makes it; None, a container's /dev without
-    /dev/fuse (started without --device /dev/fuse)."""
+    /dev/fuse (started without --device /dev/fuse).
+    volumes: (host directory, path inside, mountPropagation) shared with other containers, the
+    propagation one of PROPAGATION's. A volume's host directory must be a shared mount in a
+    mount namespace the caller made (`mount --bind DIR DIR; mount --make-shared DIR` there),
+    where nothing else is shared: with volumes the namespaces keep the propagation they find,
+    so the command refuses to run where another mount is shared (the host's own namespace,
+    under systemd), whose mounts it would otherwise reach."""
     env = env or {}
     inner = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
              "HOME=/root", "LANG=C.UTF-8"] + [f"{k}={v}" for k, v in env.items()] + list(argv)
     q = shlex.quote
+    propagation = "unchanged" if volumes else "private"
+    steps = [only_volumes_shared([host for host, _, _ in volumes])] if volumes else []
     dev = q(os.path.join(root, "dev"))
     if fuse == "host":
-        steps = [f"mount --rbind /dev {dev}", f"mount --make-rslave {dev}"]
+        steps += [f"mount --rbind /dev {dev}", f"mount --make-rslave {dev}"]
     else:
-        steps = [f"mount -t tmpfs -o mode=755 tmpfs {dev}"]
+        steps += [f"mount -t tmpfs -o mode=755 tmpfs {dev}"]
         for d in PLAIN_DEVICES:
             steps += [f": >{dev}/{d}", f"mount --bind /dev/{d} {dev}/{d}"]
         if fuse == "device":
@@ -97,9 +123,16 @@ def command(root, argv, env=None, binds=(), fuse="host"):
         steps += [made, f"mount --bind {q(host)} {at}"]
         if readonly:
             steps.append(f"mount -o remount,bind,ro {at}")
-    steps.append(f"exec unshare --pid --fork --root={q(root)} --mount-proc "
-                 + " ".join(q(a) for a in inner))
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", " && ".join(steps)]
+    for host, inside, how in volumes:
+        at = q(os.path.join(root, inside.lstrip("/")))
+        steps += [f"mkdir -p {at}", f"mount --rbind {q(host)} {at}"]
+        if PROPAGATION[how]:
+            steps.append(f"mount {PROPAGATION[how]} {at}")
+    # --kill-child: the container (its PID 1, so all of it) dies with the process that runs it,
+    # killed by a timeout or not, rather than outlive it
+    steps.append(f"exec unshare --pid --fork --kill-child --propagation {propagation} "
+                 f"--root={q(root)} --mount-proc " + " ".join(q(a) for a in inner))
+    return ["unshare", "--mount", "--propagation", propagation, "sh", "-c", " && ".join(steps)]
 
 
 def main():

@@ -95,3 +95,14 @@ class Root:
 
     def python(self, code, *args, env=None, timeout=300):
         return self.run([f"{VENV}/bin/python", "-c", code, *args], env=env, timeout=timeout)
+
+
+def container(root, argv, env=None, binds=(), fuse="host", volumes=()):
+    """The command that runs argv in root as Root.run does, for a caller that starts it itself
+    (a long-running container: Popen) or gives it volumes shared with other containers
+    (scripts/rootfs.py's `command`: the volumes' host directories shared mounts in a mount
+    namespace the caller made)."""
+    env = root.env(env)
+    env.setdefault("PATH", f"{VENV}/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return rootfs().command(root.dir, argv, env=env, binds=root.binds() + list(binds),
+                            fuse=fuse, volumes=volumes)
