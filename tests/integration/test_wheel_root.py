@@ -1,4 +1,4 @@
-"""The wheel where users install it (issue 41, item 2): `pip install` of `make wheel`'s manylinux
+"""The wheel where users install it: `pip install` of `make wheel`'s manylinux
 wheel into a minimal Debian root (wheelroot.Root: python3 and fuse3, no -dev package, no libcurl)
 run as a container, and there, through the commands pip put on PATH:
 
