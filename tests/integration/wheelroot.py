@@ -87,18 +87,15 @@ class Root:
     def run(self, argv, env=None, timeout=120, binds=(), fuse="host", **kw):
         """argv inside the root (PATH has the venv's bin first); CompletedProcess, bytes.
         fuse: which /dev (rootfs.command's: "host", "device" or None)."""
-        env = self.env(env)
-        env.setdefault("PATH", f"{VENV}/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        cmd = rootfs().command(self.dir, argv, env=env, binds=self.binds() + list(binds),
-                               fuse=fuse)
-        return subprocess.run(cmd, capture_output=True, timeout=timeout, **kw)
+        return subprocess.run(container(self, argv, env=env, binds=binds, fuse=fuse),
+                              capture_output=True, timeout=timeout, **kw)
 
     def python(self, code, *args, env=None, timeout=300):
         return self.run([f"{VENV}/bin/python", "-c", code, *args], env=env, timeout=timeout)
 
 
 def container(root, argv, env=None, binds=(), fuse="host", volumes=()):
-    """The command that runs argv in root as Root.run does, for a caller that starts it itself
+    """The command that runs argv in root (what Root.run runs), for a caller that starts it itself
     (a long-running container: Popen) or gives it volumes shared with other containers
     (scripts/rootfs.py's `command`: the volumes' host directories shared mounts in a mount
     namespace the caller made)."""
