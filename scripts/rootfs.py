@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
 """Foreign root filesystems, made with mmdebstrap from Debian's mirror and cached per machine:
-the wheel's build root (an older glibc, so the wheel runs on older systems than this one) and
 the minimal systems the install tests use as "a machine that never saw our build".
 
     scripts/rootfs.py tar NAME          the cached tarball of NAME (made on first use), printed
@@ -22,10 +21,6 @@ MIRROR = "http://deb.debian.org/debian"
 # name -> (suite, packages). bullseye's glibc 2.31 is the oldest Debian's mirror still serves
 # (buster is archive-only): the wheel built there runs on glibc 2.31 and newer.
 ROOTS = {
-    "build": ("bullseye", ["gcc", "make", "pkg-config", "libfuse3-dev", "libcjson-dev",
-                           "libxxhash-dev", "liburing-dev", "zlib1g-dev", "libcurl4-openssl-dev",
-                           "libdlpack-dev", "python3", "python3-setuptools", "python3-wheel",
-                           "ca-certificates"]),
     # what a user's machine has: Python, FUSE's mount helper, no -dev package, no libcurl.
     "minbase": ("bookworm", ["python3", "python3-venv", "fuse3", "ca-certificates"]),
     # a libc older than the wheel's manylinux tag asks (glibc 2.31): pip must refuse the wheel.
