@@ -18,8 +18,7 @@ import sys
 
 MIRROR = "http://deb.debian.org/debian"
 
-# name -> (suite, packages). bullseye's glibc 2.31 is the oldest Debian's mirror still serves
-# (buster is archive-only): the wheel built there runs on glibc 2.31 and newer.
+# name -> (suite, packages).
 ROOTS = {
     # what a user's machine has: Python, FUSE's mount helper, no -dev package, no libcurl.
     "minbase": ("bookworm", ["python3", "python3-venv", "fuse3", "ca-certificates"]),
