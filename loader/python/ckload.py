@@ -51,7 +51,8 @@ import errno as _errno
 import operator
 import os
 import threading
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 try:
     import torch
@@ -60,8 +61,9 @@ except ImportError as e:  # the wheel does not declare torch: the user's own bui
     raise ImportError(f"ckload needs torch, which this Python cannot import ({e}): install the "
                       f"torch build your machine uses, e.g. `pip install torch`") from None
 
-__all__ = ["load", "stream", "shown", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
-           "DistributedLoad", "Error", "cuda_available", "cuda_built", "library"]
+__all__ = ["load", "stream", "entries", "Entry", "shown", "load_into", "Load", "Export",
+           "IncompatibleKeys", "load_distributed", "DistributedLoad", "Error", "cuda_available",
+           "cuda_built", "library"]
 
 ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
@@ -709,46 +711,69 @@ def shown(location: PathLike) -> str:
     return library().ckl_location_shown(raw, buf, len(buf)).decode("utf-8", "surrogateescape")
 
 
-def _pack_order(path, device, only):
-    """[(name, nbytes)] of the tensors a load of path selects, in pack order, read by a load
-    that places none of them (no byte of a tensor is read)."""
-    order = []
+class Entry(NamedTuple):
+    """A tensor a load selects, as stream and entries list it: its name, pack dtype ("BF16"),
+    shape and bytes."""
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    nbytes: int
+
+    @property
+    def torch_dtype(self) -> Optional[torch.dtype]:
+        """The torch dtype of its elements; None where this torch has none (stream then hands
+        out its bytes, as load does)."""
+        return _torch_dtype(_TORCH_NAMES.get(self.dtype))
+
+
+def entries(path: PathLike, device: Device = "auto", only: Optional[str] = None) -> List[Entry]:
+    """The tensors a load of path selects, in pack order (natural name order; tied tensors each),
+    listed without reading a byte of any. Arguments and errors as load's."""
+    out = []
 
     def listing(ctx, t, at):
         if not t:
             return DEST_BLOCK
-        order.append((t[0].name.decode("utf-8", "surrogateescape"), t[0].nbytes))
+        c = t[0]
+        out.append(Entry(c.name.decode("utf-8", "surrogateescape"), c.dtype.decode(),
+                         tuple(c.shape[k] for k in range(c.rank)), c.nbytes))
         return DEST_SKIP
 
     Load(path, device=device, only=only, _dest=listing).release()
-    return order
+    return out
 
 
 def _windows(order, window):
-    """order cut into runs of names of at most window bytes each (a larger tensor alone)."""
+    """order's names cut into runs of at most window bytes each (a larger tensor alone)."""
     run, size = [], 0
-    for name, n in order:
-        if run and size + n > window:
+    for e in order:
+        if run and size + e.nbytes > window:
             yield run
             run, size = [], 0
-        run.append(name)
-        size += n
+        run.append(e.name)
+        size += e.nbytes
     if run:
         yield run
 
 
 def stream(path: PathLike, device: Device = "auto", window: int = 1 << 30,
            only: Optional[str] = None, verify: bool = False, threads: int = 0,
-           buffer_size: int = 0) -> Iterator[Tuple[str, torch.Tensor]]:
+           buffer_size: int = 0,
+           names: Optional[Iterable[str]] = None) -> Iterator[Tuple[str, torch.Tensor]]:
     """Yields (name, torch.Tensor) for the checkpoint at path in pack order, each as it lands,
     holding at most window bytes of it at a time (a tensor larger than window alone): for a
     consumer that copies each tensor into memory of its own (vLLM's model.load_weights), so
-    that no copy of the whole checkpoint is ever made. Each window is one Load of the tensors it
-    takes, started when the consumer has taken the last tensor of the one before, whose memory
-    goes once the consumer drops its tensors. Arguments and errors as load's."""
+    that no copy of the whole checkpoint is ever made. names, when given, takes only those of
+    the selected tensors. Each window is one Load of the tensors it takes, started when the
+    consumer has taken the last tensor of the one before, whose memory goes once the consumer
+    drops its tensors. Arguments and errors as load's."""
     window = _c_int(path, "window", window, 1, 1 << 62)
-    for names in _windows(_pack_order(path, device, only), window):
-        chosen = set(names)
+    order = entries(path, device, only)
+    if names is not None:
+        wanted = set(names)
+        order = [e for e in order if e.name in wanted]
+    for run in _windows(order, window):
+        chosen = set(run)
 
         def pick(ctx, t, at, chosen=chosen):
             if not t:

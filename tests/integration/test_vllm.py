@@ -12,6 +12,7 @@ sources past the first are read into one running engine by vLLM's own reload_wei
 ckload.stream after every parameter was zeroed, so a source that loaded nothing shows."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -127,8 +128,11 @@ def test_tokens_equal_autos_from_every_source(vllm_env, llama, expected, sources
             str(mnt), str(mnt / ".ckptfs" / "checkpoint.pack"),
             "s3://models/llama/model.safetensors", "hf://org/llama"]
         p, lines = generate(env, llama, load_format="ckload", reload=reload)
-    assert f"Loading weights took" in p.stdout.decode() and \
-        f"(ckload, from {llama})" in p.stdout.decode()  # in vLLM's log, its loaders' words
+    # in vLLM's log, its loaders' words; every tensor read straight into its parameter
+    count = len(load_file(sources["safetensors"]))
+    assert "Loading weights took" in p.stdout.decode() and \
+        f"(ckload, from {llama}: {count} tensors read into place, " in p.stdout.decode() and \
+        "; 0 through load_weights" in p.stdout.decode()
     assert [line["source"] for line in lines] == ["ckload"] + reload
     for line in lines:
         assert line["tokens"] == expected, line["source"]
@@ -145,9 +149,19 @@ def test_a_tied_lm_head_loads_as_autos(vllm_env, tmp_path):
 
 
 def test_tensor_parallel_2(vllm_env, llama, expected, sources):
-    _, lines = generate(vllm_env, llama, load_format="ckload", tp=2,
+    """Each rank reads its part of each tensor vLLM shards (as torch.chunk cuts it) straight
+    into its parameters, no tensor through load_weights: across the two ranks every byte is
+    read once, but those of the tensors each rank holds whole (the norms), read by each."""
+    p, lines = generate(vllm_env, llama, load_format="ckload", tp=2,
                         extra={"source": str(sources["pack"])})
     assert lines[0]["tokens"] == expected
+    sd = load_file(sources["safetensors"])
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    whole = sum(t.numel() * t.element_size() for k, t in sd.items() if "norm" in k)
+    found = re.findall(rf"{len(sd)} tensors read into place, (\d+) bytes; 0 through load_weights",
+                       p.stdout.decode())
+    assert len(found) == 2, p.stdout.decode()[-3000:]
+    assert sum(map(int, found)) == total + whole
 
 
 def test_the_openai_server_serves_with_ckload(vllm_env, llama, expected, tmp_path):

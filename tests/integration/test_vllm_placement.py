@@ -1,0 +1,151 @@
+"""The vLLM load format's placement (loader/python/ckload_vllm.py: fill, Recorder) on a module
+whose load_weights does what vLLM's weight loaders do, without vLLM: each result is the module
+that the same load_weights fills from tensors read by safetensors or torch (independent
+readers), compared byte for byte. The real vLLM's loaders are test_vllm.py's.
+
+What a probe run shows decides each tensor's path: copied whole, or as the part torch.chunk
+cuts for this rank, into contiguous memory of the module's: read straight there; converted,
+changed after its copy, split otherwise, or used by a computation: through load_weights; never
+copied: not read."""
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ckload
+import ckload_vllm
+from ckptfs_testlib import build_dir, run
+
+
+class Toy(torch.nn.Module):
+    """load_weights as vLLM's: q, k, v stacked into one parameter (narrow, then copy_), an
+    embedding padded past the checkpoint's rows (copy_ into the first, fill_ of the rest), a
+    column-parallel and a row-parallel weight (this rank's part, cut along dim 0 / dim 1 of
+    the checkpoint's tensor), a weight scaled in place after its copy, one converted to float16,
+    one cut unlike torch.chunk, and a name it skips."""
+
+    def __init__(self, rank=0, world=1):
+        super().__init__()
+        self.rank, self.world = rank, world
+        e = torch.empty
+        self.qkv = torch.nn.Parameter(e(12, 4), requires_grad=False)
+        self.emb = torch.nn.Parameter(e(10, 4), requires_grad=False)
+        self.norm = torch.nn.Parameter(e(4), requires_grad=False)
+        self.col = torch.nn.Parameter(e(8 // world, 6), requires_grad=False)
+        self.row = torch.nn.Parameter(e(6, 8 // world), requires_grad=False)
+        self.scaled = torch.nn.Parameter(e(4, 4), requires_grad=False)
+        self.f16 = torch.nn.Parameter(e(4, 4, dtype=torch.float16), requires_grad=False)
+        self.odd = torch.nn.Parameter(e(3, 6), requires_grad=False)
+
+    def load_weights(self, weights):
+        loaded = set()
+        for name, w in weights:
+            if name == "rotary.inv_freq":
+                continue
+            if name in ("q", "k", "v"):
+                self.qkv.data.narrow(0, 4 * "qkv".index(name), 4).copy_(w)
+                loaded.add("qkv")
+                continue
+            p = getattr(self, name)
+            if name == "emb":
+                p.data[:w.shape[0]].copy_(w)
+                p.data[w.shape[0]:].fill_(0)
+            elif name in ("col", "row"):
+                dim = 0 if name == "col" else 1
+                n = w.shape[dim] // self.world
+                p.data.copy_(w.narrow(dim, self.rank * n, n))
+            elif name == "scaled":
+                p.data.copy_(w)
+                p.data.mul_(2)
+            elif name == "odd":
+                p.data.copy_(w[1:4])  # rows 1-3 of 4: no torch.chunk part
+            else:
+                p.data.copy_(w)
+            loaded.add(name)
+        return loaded
+
+
+def checkpoint(tmp_path):
+    torch.manual_seed(0)
+    sd = {"q": torch.randn(4, 4), "k": torch.randn(4, 4), "v": torch.randn(4, 4),
+          "emb": torch.randn(7, 4), "norm": torch.randn(4), "col": torch.randn(8, 6),
+          "row": torch.randn(6, 8), "scaled": torch.randn(4, 4), "f16": torch.randn(4, 4),
+          "odd": torch.randn(4, 6), "rotary.inv_freq": torch.randn(2)}
+    st = tmp_path / "model.safetensors"
+    save_file(sd, st)
+    return st
+
+
+def sources(tmp_path, st):
+    torch.save(load_file(st), tmp_path / "model.bin")
+    p = run([build_dir() / "ckpt", "pack", st, tmp_path / "model.pack"], timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    return {"safetensors": st, "bin": tmp_path / "model.bin", "pack": tmp_path / "model.pack"}
+
+
+def reference(st, rank=0, world=1):
+    """The module as its own load_weights fills it from safetensors' tensors."""
+    want = Toy(rank, world)
+    want.load_weights(load_file(st).items())
+    return want
+
+
+def same(got, want):
+    for (name, a), (_, b) in zip(got.named_parameters(), want.named_parameters()):
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "bin", "pack"])
+def test_placed_and_streamed_tensors_end_as_load_weights_leaves_them(tmp_path, kind):
+    st = checkpoint(tmp_path)
+    got = Toy()
+    placed, read, other = ckload_vllm.fill(got, str(sources(tmp_path, st)[kind]))
+    same(got, reference(st))
+    # q, k, v, emb, norm, col, row straight into place; scaled, f16, odd through load_weights;
+    # rotary.inv_freq never read
+    sd = load_file(st)
+    assert (placed, other) == (7, 4)
+    assert read == sum(sd[k].numel() * 4 for k in ("q", "k", "v", "emb", "norm", "col", "row"))
+
+
+def test_a_ranks_parts_are_read_as_torch_chunk_cuts_them(tmp_path, monkeypatch):
+    st = checkpoint(tmp_path)
+    sd = load_file(st)
+    monkeypatch.setattr(ckload_vllm, "tensor_parallel", lambda: (1, 2))
+    got = Toy(1, 2)
+    placed, read, other = ckload_vllm.fill(got, str(st))
+    same(got, reference(st, 1, 2))
+    assert (placed, other) == (7, 4)
+    halves = sum(sd[k].numel() * 4 // 2 for k in ("col", "row"))
+    assert read == halves + sum(sd[k].numel() * 4 for k in ("q", "k", "v", "emb", "norm"))
+
+
+class NoProbes(Toy):
+    """A loader that looks at a value (as vLLM's default loader does for one-element tensors):
+    probes have none, so everything goes through load_weights."""
+
+    def load_weights(self, weights):
+        def looked_at():
+            for name, w in weights:
+                if name == "norm":
+                    float(w[0])
+                yield name, w
+        return super().load_weights(looked_at())
+
+
+def test_a_loader_that_reads_values_gets_every_tensor_streamed(tmp_path):
+    st = checkpoint(tmp_path)
+    got = NoProbes()
+    placed, read, other = ckload_vllm.fill(got, str(st))
+    same(got, reference(st))
+    assert (placed, read, other) == (0, 0, len(load_file(st)))
+
+
+def test_a_parameter_no_tensor_fills_is_refused(tmp_path):
+    st = checkpoint(tmp_path)
+    sd = load_file(st)
+    del sd["norm"]
+    save_file(sd, tmp_path / "short.safetensors")
+    with pytest.raises(ckload.Error) as e:
+        ckload_vllm.fill(Toy(), str(tmp_path / "short.safetensors"))
+    assert str(e.value) == f"ckload: {tmp_path / 'short.safetensors'}: no tensor for the " \
+                           f"model's norm"
