@@ -66,7 +66,7 @@ PLAN_SRC := loader/plan.c loader/slice.c
 # The cold-read policy and the io_uring read loop: the loader's, and their unit tests'.
 COLD_SRC := loader/direct.c loader/ringload.c loader/uring.c loader/backend_cpu.c
 LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/pool.c loader/mount.c loader/abi.c \
-            loader/dlpack.c \
+            loader/dlpack.c loader/share.c loader/sharemsg.c \
             $(if $(HAVE_CUDA),loader/backend_cuda.c loader/cudart.c,loader/backend_nocuda.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
@@ -274,7 +274,8 @@ test-cuda-fake: all $(FAKECUDA)
 	    CKPTFS_FAKECUDA=$(CURDIR)/$(FAKECUDA) FAKECUDA_RUNS=$(FAKECUDA_RUNS) \
 	    CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_cuda_fake.py \
-	        tests/integration/test_cuda_fake_dist.py
+	        tests/integration/test_cuda_fake_dist.py \
+	        tests/integration/test_cuda_fake_share.py
 cuda-fake-soak:
 	$(MAKE) test-cuda-fake FAKECUDA_RUNS=$(or $(RUNS),200) PYTEST_ADDOPTS="-k seeded_pipeline"
 # Line coverage of loader/ (gcov) by the tests under the stand-in, in build/cov.

@@ -61,6 +61,7 @@ except ImportError as e:  # the wheel does not declare torch: the user's own bui
                       f"torch build your machine uses, e.g. `pip install torch`") from None
 
 __all__ = ["load", "stream", "shown", "load_into", "Load", "Export", "IncompatibleKeys", "load_distributed",
+           "attach", "Attached", "serve", "Server",
            "DistributedLoad", "Error", "cuda_available", "cuda_built", "library"]
 
 ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
@@ -292,6 +293,13 @@ def library() -> ctypes.CDLL:
                 "ckl_blob_wait": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
                 "ckl_blob_put": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
                 "ckl_fail": (None, [load_p, _c.c_char_p]),
+                "ckl_serve": (_c.c_int, [load_p, _c.c_char_p, _c.c_long,
+                                         _c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_size_t]),
+                "ckl_server_attached": (_c.c_uint, [_c.c_void_p]),
+                "ckl_server_close": (_c.c_int, [_c.c_void_p, _c.c_int, _c.c_char_p,
+                                                _c.c_size_t]),
+                "ckl_attach": (_c.c_int, [_c.c_char_p, _c.c_int, _c.c_char_p,
+                                          _c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_size_t]),
             }
             for name, (res, args) in sigs.items():
                 f = getattr(lib, name)
@@ -641,11 +649,14 @@ class Load:
             raise Error(f"ckload: tensor '{name}': cannot export it (out of memory)")
         return m
 
-    def tensor(self, i: int) -> torch.Tensor:
+    def tensor(self, i: int, read_only: bool = False) -> torch.Tensor:
         """Tensor i as a torch tensor over the load's memory (waits for it to land): handed to
-        torch as a DLPack 1.0 capsule where this torch takes one, else as a 0.6 one."""
+        torch as a DLPack 1.0 capsule where this torch takes one, else as a 0.6 one. read_only:
+        the 1.0 capsule says so (DLPack's read-only flag); a 0.6 one (torch < 2.9) cannot, and
+        torch takes the flag without enforcing it (2.15 still writes such a tensor in place)."""
         dtype, shape = self.info(i)[1:3]
-        m = self._export(i, _TORCH_TAKES_VERSIONED)
+        flags = READ_ONLY if read_only and _TORCH_TAKES_VERSIONED else 0
+        m = self._export(i, _TORCH_TAKES_VERSIONED, flags)
         if dtype in _UNSIGNED and _torch_dtype(_UNSIGNED[dtype][0]) is None:
             m.contents.dl_tensor.dtype.code = kDLInt  # this torch has no unsigned type this wide
         return _retype(torch.utils.dlpack.from_dlpack(_capsule(m, _TORCH_TAKES_VERSIONED)),
@@ -699,6 +710,102 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
               buffers=buffers) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+
+
+# --- warm attach: one process's block, mapped by others (share.h) --------------------------------
+
+class Attached(Load):
+    """The load another process serves on the Unix socket `socket` (`ckpt serve`, or serve()),
+    mapped into this one through CUDA IPC: nothing is read, the tensors are the server's
+    block. device: "cuda:N", the device this process expects the block on (None: whichever it
+    is on; another is refused, ValueError). source: None, or the location this process expects
+    the server to have loaded: another path, or one whose files changed since the server loaded
+    them, is refused (Error, "changed source"). Raises FileNotFoundError (no server there),
+    PermissionError (the server refused this uid) or Error, each one line "ckload: SOCKET:
+    what is wrong". It is a Load (read_path "attach"): tensor(i), find, info, export. The
+    mapping and the connection (the attachment the server counts) last while this object or
+    any tensor handed out lives; the server refuses to exit while they do (share.h)."""
+
+    def __init__(self, socket: PathLike, device: Optional[Device] = None,
+                 source: Optional[PathLike] = None) -> None:
+        lib = library()
+        self._path, self._ctx, self._h = os.fsencode(socket), None, None
+        ordinal = -1
+        if device is not None:
+            dev, ordinal = _parse_device(device, socket)
+            if dev != CKL_CUDA:
+                raise ValueError(f"ckload: {os.fsdecode(socket)}: device={device!r}: an "
+                                 f"attached block is on a CUDA device")
+        want = None if source is None else os.fsencode(source)
+        err = _c.create_string_buffer(len(self._path) + (len(want) if want else 0) + 4096)
+        handle = _c.c_void_p()
+        if lib.ckl_attach(self._path, ordinal, want, _c.byref(handle), err, len(err)) != 0:
+            _raise(err)
+        self._h, self._lib = handle, lib
+
+    def tensors(self, read_only: bool = True) -> Dict[str, torch.Tensor]:
+        """{name: torch.Tensor} over the served block, in pack order; read_only as tensor()
+        says (the default: the block is every attached process's)."""
+        return {self.name(i): self.tensor(i, read_only) for i in range(len(self))}
+
+
+def attach(socket: PathLike, device: Optional[Device] = None, source: Optional[PathLike] = None,
+           read_only: bool = True) -> Dict[str, torch.Tensor]:
+    """{name: torch.Tensor} of the load served on `socket` (Attached: the arguments, the
+    refusals), in milliseconds: no byte is read or copied. The tensors keep the attachment:
+    the block stays mapped, and the server counts this process, until the last of them is
+    deleted. read_only (the default) marks them so through DLPack 1.0 where torch takes it
+    (Load.tensor); writing them writes every attached process's weights."""
+    with Attached(socket, device=device, source=source) as a:
+        return a.tensors(read_only)
+
+
+class Server:
+    """A load served to the processes of this machine on the Unix socket `socket` (ckl_serve,
+    share.h): serve(path, socket, device="cuda:N", group=None) loads path (any source load
+    takes) and serves it from a thread of libckload's; processes of this uid, or in group
+    (a gid), attach to it (attach()). attached(): the attachments live now. close(force=False):
+    stops serving and removes the socket; refused (Error) while attachments live unless
+    force."""
+
+    def __init__(self, load: Load, socket: PathLike, group: Optional[int] = None) -> None:
+        lib = library()
+        self._load, self._path, self._s = load, os.fsencode(socket), None
+        gid = -1 if group is None else _c_int(socket, "group", group, 0, _C_MAX[_c.c_uint])
+        err = _c.create_string_buffer(len(self._path) + len(load._path) + 2 * ERR_ROOM)
+        s = _c.c_void_p()
+        if lib.ckl_serve(load._handle(), self._path, gid, _c.byref(s), err, len(err)) != 0:
+            _raise(err)
+        self._s, self._lib = s, lib
+
+    def attached(self) -> int:
+        return self._lib.ckl_server_attached(self._s) if self._s else 0
+
+    def close(self, force: bool = False) -> None:
+        if self._s is None:
+            return
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
+        if self._lib.ckl_server_close(self._s, 1 if force else 0, err, len(err)) != 0:
+            _raise(err)
+        self._s = None
+        self._load.release()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(path: PathLike, socket: PathLike, device: Device = "cuda", group: Optional[int] = None,
+          verify: bool = False) -> Server:
+    """Loads path onto device (a CUDA one) and serves it on socket (Server)."""
+    ld = Load(path, device=device, verify=verify)
+    try:
+        return Server(ld, socket, group)
+    except BaseException:
+        ld.release()
+        raise
 
 
 def shown(location: PathLike) -> str:
