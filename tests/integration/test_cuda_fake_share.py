@@ -204,3 +204,51 @@ def test_lifetimes(tmp_path, sock_dir):
     got = attach_once(tmp_path, sock)
     assert got["error"] == "FileNotFoundError"
     assert got["line"].startswith(f"ckload: {sock}: no server is serving there (")
+
+
+def test_ckpt_serve_keeps_serving_while_attached(tmp_path, sock_dir):
+    """`ckpt serve`: one ready line; a signal with nothing attached exits 0 and removes the
+    socket; one while attached says how many and keeps serving until the last attachment
+    ends; a second one exits anyway."""
+    src = safetensors_source(tmp_path)
+    sock = sock_dir / "s"
+    stats = tmp_path / "ckpt.stats"
+
+    def keeper():
+        p = subprocess.Popen([ckpt_bin(), "serve", str(src), "--socket", str(sock)],
+                             env=dict(os.environ, FAKECUDA=f"stats={stats}"), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        n = len(expected_tensors(src))
+        assert p.stdout.readline() == f"{src}: {n} tensors, {src_bytes(p)} bytes on cuda:0, " \
+                                      f"served on {sock}\n"
+        return p
+
+    def src_bytes(p):
+        with ckload.Load(src, device="cpu") as ld:
+            return ld.total_bytes()
+
+    k = keeper()
+    k.send_signal(signal.SIGTERM)
+    assert k.wait(timeout=30) == 0 and k.stderr.read() == "" and not sock.exists()
+    k = keeper()
+    a = Proc(tmp_path, "a", "attach", sock, "-", "-", "hold")
+    assert a.json()["tensors"] == hexed(expected_tensors(src))
+    k.send_signal(signal.SIGTERM)
+    assert k.stderr.readline() == f"ckpt: {sock}: 1 attachment live: serving until it ends, " \
+                                  f"or a second signal\n"
+    a.say("again")  # still served, still the bytes
+    assert a.json()["tensors"] == hexed(expected_tensors(src))
+    a.end()
+    assert k.wait(timeout=30) == 0 and not sock.exists()
+    k = keeper()
+    b = Proc(tmp_path, "b", "attach", sock, "-", "-", "hold")
+    b.json()
+    k.send_signal(signal.SIGINT)
+    k.stderr.readline()
+    k.send_signal(signal.SIGINT)
+    assert k.stderr.readline() == f"ckpt: {sock}: told twice: closing with 1 attachment live\n"
+    assert k.wait(timeout=30) == 0 and not sock.exists()
+    got = dict(line.split() for line in stats.read_text().splitlines())
+    assert {x: int(got[x]) for x in LIVE} == dict.fromkeys(LIVE, 0), got
+    b.p.kill()  # its block's exporter is gone: nothing it reads now is promised (share.h)
+    b.p.wait()
