@@ -50,6 +50,7 @@ import ctypes
 import errno as _errno
 import operator
 import os
+import stat
 import threading
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -1100,6 +1101,47 @@ class _EarlyReady:
             self._tell(load.name(i))
 
 
+def _is_socket(path):
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _into_from_attached(targets, device, source, strict, only, on_ready):
+    """load_into from a served block (an Attached, or the socket of one, attached for the
+    call): the same checks (_Placement, asked of each tensor in pack order as a load's dest
+    would be), then device-to-device copies."""
+    a = source if isinstance(source, Attached) else Attached(source, device=device)
+    try:
+        if a.device != device:
+            raise ValueError(f"ckload: {os.fsdecode(a._path)}: the served block is on "
+                             f"{a.device}, the target on {device}")
+        place, lib = _Placement(targets, strict, only), library()
+        sel = None if only is None else os.fsencode(only)
+        copies = []
+        for i in range(len(a)):
+            tp = lib.ckl_get(a._handle(), i)
+            at = (_c.c_void_p * 1)()
+            if lib.ckl_selected(sel, tp.contents.name) and place(None, tp, at) == DEST_AT:
+                copies.append((i, at[0]))
+        if place(None, None, None) != DEST_BLOCK:
+            raise Error(f"ckload: {os.fsdecode(a._path)}: cannot load into the target: " +
+                        "; ".join(place.problems()))
+        torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
+        for i, ptr in copies:
+            n = a.info(i)[3]
+            if n:
+                _block_bytes(device, ptr, n).copy_(_block_bytes(device, a.pointer(i), n))
+        place.settle(a)  # tied targets' bytes, then a synchronize
+        for name in sorted(place.loaded, key=place.order.get) if on_ready else ():
+            on_ready(name)
+        return IncompatibleKeys(place.missing(), place.unexpected)
+    finally:
+        if a is not source:
+            a.release()
+
+
 def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] = None,
               verify: bool = False, threads: int = 0, buffer_size: int = 0,
               slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
@@ -1127,9 +1169,14 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     or shape mismatch is an error either way. Target names that only leaves out are not
     missing. on_ready(name) runs on a loader thread as each tensor lands. The other
     arguments are load's. Returns IncompatibleKeys once every byte is in place; on any other
-    failure raises what load raises, and the target may hold some of the bytes."""
+    failure raises what load raises, and the target may hold some of the bytes. path may
+    also be the socket of a served block (ckpt serve) or an Attached: then the tensors are
+    copied device to device from the block other processes share, with the same checks
+    (nothing is copied when any fails), and on_ready runs once they are all in."""
     targets = _targets_of(target)
     device = _device_of(targets)
+    if isinstance(path, Attached) or _is_socket(path):
+        return _into_from_attached(targets, device, path, strict, only, on_ready)
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
     place = _Placement(targets, strict, only)

@@ -167,6 +167,9 @@ def test_refusals(tmp_path, sock_dir):
         got = attach_once(tmp_path, sock, source=source, fake="devices=2")
         assert got["error"] == "Error" and "changed source" in got["line"], got
         assert str(src) in got["line"]
+    import torch
+    with pytest.raises(ValueError, match="device='cpu': an attached block is on a CUDA device"):
+        ckload.load_into({"c": torch.zeros(3)}, sock)  # load_into from a served block: CUDA
     assert count(server) == 0
     server.say("close")
     assert server.line() == "closed"
