@@ -198,7 +198,8 @@ uint64_t ckl_done_bytes(const ckl_load *l);
 /* Where the bytes are read from, a static string: "pack" (a pack file, whose checksums verify
  * checks), "source" (a safetensors or PyTorch file or a shard directory, read in place),
  * "bypass" (a path inside a ckptfs mount, read from the mount's source files directly) or
- * "mount" (a path inside a mount, read through it: the bypass was refused or CKLOAD_BYPASS=0). */
+ * "mount" (a path inside a mount, read through it: the bypass was refused or CKLOAD_BYPASS=0), or
+ * "attach" (nothing read: another process's block, mapped: ckl_attach). */
 const char *ckl_read_path(const ckl_load *l);
 
 /* Waits for tensor i / for everything. 0, or -1 with the load's error in err (errno EIO; EINVAL

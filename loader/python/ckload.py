@@ -602,8 +602,9 @@ class Load:
         """Where the bytes are read from: "pack" (a pack file; verify checks its checksums),
         "source" (a safetensors or PyTorch file or a shard directory, read in place; verify
         checks only that each file is unchanged: such sources store no checksums), "bypass" (a
-        path inside a ckptfs mount, read from the mount's source files directly) or "mount"
-        (through the mount: the bypass was refused, or CKLOAD_BYPASS=0)."""
+        path inside a ckptfs mount, read from the mount's source files directly), "mount"
+        (through the mount: the bypass was refused, or CKLOAD_BYPASS=0) or "attach" (nothing
+        read: the block another process serves, mapped: Attached)."""
         return self._lib.ckl_read_path(self._handle()).decode()
 
     def total_bytes(self) -> int:
