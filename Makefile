@@ -63,10 +63,12 @@ TOOL_SRC := $(wildcard tools/*.c)
 # The loader's planning (which blobs, where in the block, tensor-parallel parts): the loader's,
 # and the unit tests' and the plan fuzzer's.
 PLAN_SRC := loader/plan.c loader/slice.c
+# The warm-attach message (no CUDA, no sockets): the loader's, its unit tests' and its fuzzer's.
+SHAREMSG_SRC := loader/sharemsg.c
 # The cold-read policy and the io_uring read loop: the loader's, and their unit tests'.
 COLD_SRC := loader/direct.c loader/ringload.c loader/uring.c loader/backend_cpu.c
 LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/pool.c loader/mount.c loader/abi.c \
-            loader/dlpack.c \
+            loader/dlpack.c loader/share.c $(SHAREMSG_SRC) \
             $(if $(HAVE_CUDA),loader/backend_cuda.c loader/cudart.c,loader/backend_nocuda.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
@@ -121,7 +123,8 @@ $(BUILD)/python/%.py: loader/python/%.py
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-$(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(COLD_SRC) loader/pool.c $(VIEW_SRC)) \
+$(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(SHAREMSG_SRC) $(COLD_SRC) loader/pool.c \
+                             $(VIEW_SRC)) \
                    $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -luring -lcriterion -o $@
 
@@ -275,7 +278,8 @@ test-cuda-fake: all $(FAKECUDA)
 	    CKPTFS_FAKECUDA=$(CURDIR)/$(FAKECUDA) FAKECUDA_RUNS=$(FAKECUDA_RUNS) \
 	    CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_cuda_fake.py \
-	        tests/integration/test_cuda_fake_dist.py
+	        tests/integration/test_cuda_fake_dist.py \
+	        tests/integration/test_cuda_fake_share.py
 cuda-fake-soak:
 	$(MAKE) test-cuda-fake FAKECUDA_RUNS=$(or $(RUNS),200) PYTEST_ADDOPTS="-k seeded_pipeline"
 # Line coverage of loader/ (gcov) by the tests under the stand-in, in build/cov.

@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_dir_files (common.c) splits an input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan", "npy", "gguf", "pt2", "dcp", "s3_list", "s3_creds"]
+           "source", "plan", "npy", "gguf", "pt2", "dcp", "s3_list", "s3_creds", "sharemsg"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH2 = os.path.join(REPO, ".deps", "torch2", "bin", "python")
 DCP_WRITER = os.path.join(REPO, "tests", "integration", "dcp_writer.py")
@@ -278,6 +279,35 @@ def s3_seeds():
     return out
 
 
+def share_seeds():
+    """Warm-attach messages (loader/sharemsg.h) behind selector byte 1, which has fuzz_sharemsg.c
+    fix up their length and checksum (left 0 here): tables of a few tensors (tied, empty,
+    each dtype code of a few), and a refusal."""
+    def s(b):
+        return struct.pack("<I", len(b)) + b
+
+    def message(kind, body):
+        return b"\x01" + b"CKLSHARE" + struct.pack("<IIQ", 1, kind, 0) + body + bytes(8)
+
+    def table(tensors, blobs, block):
+        body = bytes(range(64)) + struct.pack("<IQ", 0, block) + s(b"/models/m.safetensors")
+        body += struct.pack("<I", 1) + s(b"/models/m.safetensors") + struct.pack(
+            "<QQQqI", 2049, 77, 4096, 1700000000, 5)
+        body += struct.pack("<I", len(blobs)) + b"".join(struct.pack("<QQ", *b) for b in blobs)
+        body += struct.pack("<I", len(tensors))
+        for name, code, shape, nbytes, blob in tensors:
+            body += s(name) + struct.pack("<BB", code, len(shape))
+            body += b"".join(struct.pack("<q", d) for d in shape) + struct.pack("<QI", nbytes, blob)
+        return message(0, body)
+
+    none = 0xFFFFFFFF
+    yield "table", table([(b"a.w", 12, [4, 2], 32, 0), (b"b.tied", 12, [8], 32, 0),
+                          (b"c", 9, [3], 6, 1), (b"empty", 12, [0, 2], 0, none)],
+                         [(0, 32), (256, 6)], 262)
+    yield "scalar", table([(b"s", 13, [], 8, 0)], [(0, 8)], 8)
+    yield "refusal", message(1, struct.pack("<I", 13) + s(b"uid 65534 is not the server's"))
+
+
 def write(dirpath, name, data):
     os.makedirs(dirpath, exist_ok=True)
     with open(os.path.join(dirpath, name), "wb") as f:
@@ -409,6 +439,8 @@ def main():
             else:
                 print(f"gen_seeds: ckpt pack {name}: {p.stderr.decode().strip()}", file=sys.stderr)
 
+    for name, data in share_seeds():
+        add(["sharemsg"], name, data)
     if os.path.isdir(a.out):
         shutil.rmtree(a.out)
     for target, files in seeds.items():

@@ -61,6 +61,14 @@ typedef struct backend {
     /* on_landed(ctx, blob) once every put so far has completed. */
     int (*landed)(reader *r, size_t blob, char *why, size_t len);
     void (*close)(reader *r);
+    /* Memory shared with other processes on this machine (share.h); NULL where the block is
+     * this process's alone (the host's). share: the IPC handle (handle_size bytes at handle) of a
+     * block alloc() gave. attach: the block another process shared, mapped on device ordinal.
+     * detach: unmaps what attach mapped. */
+    int (*share)(void *block, unsigned char *handle, size_t handle_size, char *why, size_t len);
+    void *(*attach)(int ordinal, const unsigned char *handle, size_t handle_size, char *why,
+                    size_t len);
+    void (*detach)(int ordinal, void *block);
 } backend;
 
 extern const backend backend_cpu;

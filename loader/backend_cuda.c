@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* A blob whose last copy is queued; its host function sets copied. */
 typedef struct landing {
@@ -235,9 +236,60 @@ static int cuda_landed(reader *r, size_t blob, char *why, size_t len)
     return 0;
 }
 
+/* The block's legacy IPC handle (cudaIpcGetMemHandle: the block is its own cudaMalloc, so its
+ * base is the allocation's). */
+static int cuda_share(void *block, unsigned char *handle, size_t handle_size, char *why,
+                      size_t len)
+{
+    cudaIpcMemHandle_t h;
+    _Static_assert(sizeof h.reserved == CUDA_IPC_HANDLE_SIZE, "the runtime's handle");
+    cudaError_t e = handle_size == sizeof h.reserved ? cudart.IpcGetMemHandle(&h, block)
+                                                      : cudaErrorInvalidValue;
+    if (e != cudaSuccess) {
+        cudart.GetLastError();
+        snprintf(why, len, "cannot export the block (cudaIpcGetMemHandle: %s)",
+                 cudart.GetErrorString(e));
+        return -1;
+    }
+    memcpy(handle, h.reserved, sizeof h.reserved);
+    return 0;
+}
+
+/* Maps on ordinal (made current for the call, the caller's put back: cuda_alloc says why). */
+static void *cuda_attach(int ordinal, const unsigned char *handle, size_t handle_size,
+                         char *why, size_t len)
+{
+    cudaIpcMemHandle_t h;
+    void *p = NULL;
+    int was = 0;
+    if (handle_size != sizeof h.reserved || cuda_check(ordinal, why, len) != 0)
+        return NULL;
+    memcpy(h.reserved, handle, sizeof h.reserved);
+    cudaError_t e = cudart.GetDevice(&was);
+    if (e == cudaSuccess && (e = cudart.SetDevice(ordinal)) == cudaSuccess) {
+        e = cudart.IpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+        cudart.SetDevice(was);
+    }
+    if (e == cudaSuccess)
+        return p;
+    cudart.GetLastError();
+    snprintf(why, len, "cannot map the served block on cuda:%d (cudaIpcOpenMemHandle: %s)",
+             ordinal, cudart.GetErrorString(e));
+    return NULL;
+}
+
+static void cuda_detach(int ordinal, void *block)
+{
+    int was = 0;
+    if (cudart.GetDevice(&was) == cudaSuccess && cudart.SetDevice(ordinal) == cudaSuccess) {
+        cudart.IpcCloseMemHandle(block);
+        cudart.SetDevice(was);
+    }
+}
+
 static const backend cuda = {
     .check = cuda_check, .alloc = cuda_alloc, .free = cuda_free, .open = cuda_open,
     .stage = cuda_stage, .put = cuda_put, .copy = cuda_copy, .landed = cuda_landed,
-    .close = cuda_close,
+    .close = cuda_close, .share = cuda_share, .attach = cuda_attach, .detach = cuda_detach,
 };
 const backend *const backend_cuda = &cuda;

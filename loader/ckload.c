@@ -5,6 +5,7 @@
 #include "ckload.h"
 #include "backend.h"
 #include "direct.h"
+#include "loadview.h"
 #include "mount.h"
 #include "ringload.h"
 
@@ -72,6 +73,8 @@ struct ckl_load {
     int joined;
     char *err;               /* the first error; empty while all is well */
     size_t errcap;           /* room for the path and ERR_ROOM more */
+    void (*drop)(void *ctx); /* an attachment (load_adopt): unmaps its block, not be->free */
+    void *drop_ctx;
 };
 
 static void set_error(ckl_load *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -670,7 +673,9 @@ static int alloc_block(ckl_load *l, char *err, size_t errlen)
 
 static void free_load(ckl_load *l)
 {
-    if (l->block)
+    if (l->drop)
+        l->drop(l->drop_ctx);
+    else if (l->block)
         l->be->free(l->block, block_size(l));
     if (l->own_pool)
         ckl_pool_free(l->pool);
@@ -835,17 +840,16 @@ static int prepare(ckl_load *l, const char *path, char *err, size_t errlen)
     return l->threads ? 0 : out_of_memory(l, err, errlen);
 }
 
-int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
-                   size_t errlen)
+/* A load of path with nothing in it yet: one allocation, the load, its path, then room for its
+ * error message. NULL with err set when memory runs out. */
+static ckl_load *new_load(const char *path, char *err, size_t errlen)
 {
-    *out = NULL;
-    /* One allocation: the load, its path, then room for its error message. */
     size_t plen = strlen(path) + 1, errcap = plen - 1 + ERR_ROOM;
     ckl_load *l = calloc(1, sizeof *l + plen + errcap);
     if (!l) {
         size_t n = strlen(ck_location_shown(path, err, errlen));
         snprintf(err + n, errlen - n, ": out of memory");
-        return fail_as(ENOMEM);
+        return NULL;
     }
     l->path = ck_location_shown(path, (char *)(l + 1), plen); /* for messages: no secrets */
     l->err = l->path + plen;
@@ -853,6 +857,16 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     atomic_init(&l->refs, 1);
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->cond, NULL);
+    return l;
+}
+
+int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
+                   size_t errlen)
+{
+    *out = NULL;
+    ckl_load *l = new_load(path, err, errlen);
+    if (!l)
+        return fail_as(ENOMEM);
     l->opt = *o;
     if (!l->opt.buffers)
         l->opt.buffers = DEFAULT_STAGES;
@@ -875,6 +889,52 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         }
         l->nthreads++;
     }
+    *out = l;
+    return 0;
+}
+
+/* --- what the loader's other modules see (loadview.h) ---------------------------------------- */
+
+void load_view_of(const ckl_load *l, load_view *v)
+{
+    *v = (load_view){.block = l->block, .block_size = block_size(l), .device = l->device,
+                     .ordinal = l->ordinal, .plan = l->plan, .ix = l->ix, .path = l->path};
+}
+
+int load_adopt(const load_adopted *a, ckl_load **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    ckl_load *l = new_load(a->shown, err, errlen);
+    size_t nb = a->plan->nblobs ? a->plan->nblobs : 1;
+    if (l) {
+        l->landed = calloc(nb, sizeof *l->landed);
+        l->blob_at = calloc(nb, sizeof *l->blob_at);
+    }
+    if (!l || !l->landed || !l->blob_at) {
+        if (l) {
+            snprintf(err, errlen, "%s: out of memory", l->path);
+            free_load(l);
+        }
+        return fail_as(ENOMEM);
+    }
+    ckl_default_options(&l->opt);
+    l->device = CKL_CUDA;
+    l->ordinal = a->ordinal;
+    l->be = backend_cuda;
+    l->block = a->block;
+    l->plan = a->plan;
+    l->tensors = a->tensors;
+    l->src.read_path = "attach";
+    for (size_t b = 0; b < a->plan->nblobs; b++) {
+        l->blob_at[b] = l->block + a->plan->blobs[b].dest_off;
+        atomic_init(&l->landed[b], 1);
+    }
+    for (size_t i = 0; i < a->plan->ntensors; i++) {
+        uint32_t b = a->plan->tensors[i].blob;
+        l->tensors[i].data = b == CK_PLAN_NONE ? l->block : l->blob_at[b];
+    }
+    l->drop = a->drop;
+    l->drop_ctx = a->ctx;
     *out = l;
     return 0;
 }

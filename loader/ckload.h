@@ -198,7 +198,8 @@ uint64_t ckl_done_bytes(const ckl_load *l);
 /* Where the bytes are read from, a static string: "pack" (a pack file, whose checksums verify
  * checks), "source" (a safetensors or PyTorch file or a shard directory, read in place),
  * "bypass" (a path inside a ckptfs mount, read from the mount's source files directly) or
- * "mount" (a path inside a mount, read through it: the bypass was refused or CKLOAD_BYPASS=0). */
+ * "mount" (a path inside a mount, read through it: the bypass was refused or CKLOAD_BYPASS=0), or
+ * "attach" (nothing read: another process's block, mapped: ckl_attach). */
 const char *ckl_read_path(const ckl_load *l);
 
 /* Waits for tensor i / for everything. 0, or -1 with the load's error in err (errno EIO; EINVAL
@@ -254,5 +255,28 @@ struct DLManagedTensor *ckl_to_dlpack(ckl_load *l, size_t i);
 #define CKL_DLPACK_READ_ONLY 1ull /* DLPACK_FLAG_BITMASK_READ_ONLY */
 struct DLManagedTensorVersioned;
 struct DLManagedTensorVersioned *ckl_to_dlpack_versioned(ckl_load *l, size_t i, uint64_t flags);
+
+/* Warm attach (share.h says the whole contract): a load on a CUDA device served to the other
+ * processes of this machine over the Unix socket socket_path, and mapped by them (CUDA IPC)
+ * rather than loaded again.
+ * ckl_serve waits for l to land, then serves it from a thread of its own, holding a reference
+ * on l: a client is admitted if its uid is the server's or it is in group gid (-1: none), and
+ * while the files l was read from are still those it read. 0, or -1 with err and errno set.
+ * ckl_server_attached: the attachments live now (one per connected client, until its
+ * connection closes, however its process ends). ckl_server_close: stops serving and removes
+ * the socket; refused (EBUSY) while attachments live unless force. */
+typedef struct ckl_server ckl_server;
+int ckl_serve(ckl_load *l, const char *socket_path, long gid, ckl_server **out, char *err,
+              size_t errlen);
+unsigned ckl_server_attached(ckl_server *s);
+int ckl_server_close(ckl_server *s, int force, char *err, size_t errlen);
+/* Attaches to the load served at socket_path: an ordinary load (ckl_read_path "attach") whose
+ * tensors are the server's block mapped on this process's device cuda_device (-1: whichever the
+ * block is on; another is refused, EINVAL). source: NULL, or the location the caller expects
+ * the server to have loaded: another, or one whose files changed since, is refused ("changed
+ * source", EIO). No server: ENOENT; refused by it: EACCES. The last release unmaps the block
+ * and closes the connection (the attachment). */
+int ckl_attach(const char *socket_path, int cuda_device, const char *source, ckl_load **out,
+               char *err, size_t errlen);
 
 #endif

@@ -24,6 +24,7 @@ static int bind(void *so, const char *from)
              SYM(StreamCreateWithFlags) || SYM(StreamSynchronize) || SYM(StreamDestroy) ||
              SYM(EventCreateWithFlags) || SYM(EventRecord) || SYM(EventSynchronize) ||
              SYM(EventDestroy) || SYM(MemcpyAsync) || SYM(LaunchHostFunc) ||
+             SYM(IpcGetMemHandle) || SYM(IpcOpenMemHandle) || SYM(IpcCloseMemHandle) ||
              SYM(GetLastError) || SYM(GetErrorString);
 #undef SYM
     if (rc)

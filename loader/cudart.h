@@ -37,6 +37,9 @@ typedef struct cudart_api {
     cudaError_t (*EventDestroy)(cudaEvent_t);
     cudaError_t (*MemcpyAsync)(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
     cudaError_t (*LaunchHostFunc)(cudaStream_t, cudaHostFn_t, void *);
+    cudaError_t (*IpcGetMemHandle)(cudaIpcMemHandle_t *, void *);
+    cudaError_t (*IpcOpenMemHandle)(void **, cudaIpcMemHandle_t, unsigned int);
+    cudaError_t (*IpcCloseMemHandle)(void *);
     cudaError_t (*GetLastError)(void);
     const char *(*GetErrorString)(cudaError_t);
 } cudart_api;

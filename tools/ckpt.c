@@ -22,6 +22,8 @@
 #include "progress.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -676,6 +678,142 @@ static int cmd_load(int argc, char **argv, http_remote *remote)
     return rc != 0;
 }
 
+enum { SERVE_DEVICE, SERVE_SOCKET, SERVE_GROUP, SERVE_ONLY, SERVE_VERIFY };
+static const ck_option serve_options[] = {
+    {"device", "D", "cuda or cuda:N (default cuda: cuda:0)", 0},
+    {"socket", "PATH", "the Unix socket clients attach to (required)", 0},
+    {"group", "G", "a group (name or gid) whose members may attach too", 0},
+    {"only", "P", CK_ONLY_HELP, 0},
+    {"verify", NULL, "as ckpt load --verify", 0},
+    {NULL, NULL, NULL, 0}};
+
+typedef struct serve_args {
+    ckl_options o;
+    const char *path, *socket;
+    long gid;
+} serve_args;
+
+/* A group by name or number into a->gid; 0, or CK_USAGE after saying why. */
+static int serve_group(const ck_opts *p, int k, const char *val, serve_args *a)
+{
+    char *end, buf[4096];
+    struct group g, *found = NULL;
+    long n = strtol(val, &end, 10);
+    if (*val && !*end && n >= 0) {
+        a->gid = n;
+        return 0;
+    }
+    if (getgrnam_r(val, &g, buf, sizeof buf, &found) == 0 && found) {
+        a->gid = (long)found->gr_gid;
+        return 0;
+    }
+    return ck_opts_bad_value(p, k, val, "a group name or gid");
+}
+
+static int serve_parse(int argc, char **argv, serve_args *a)
+{
+    const char *val;
+    int k, rc = 0;
+    ck_opts p;
+    ckl_default_options(&a->o);
+    a->o.device = CKL_CUDA;
+    a->gid = -1;
+    ck_opts_init(&p, "serve", serve_options, argc, argv);
+    while (rc == 0 && (k = ck_opts_next(&p, &val)) != CK_OPT_END) {
+        if (k == CK_OPT_ERROR)
+            return CK_USAGE;
+        if (k == SERVE_DEVICE && (parse_device(val, &a->o) != 0 || a->o.device != CKL_CUDA))
+            rc = ck_opts_bad_value(&p, k, val, "cuda or cuda:N");
+        else if (k == SERVE_SOCKET)
+            a->socket = val;
+        else if (k == SERVE_GROUP)
+            rc = serve_group(&p, k, val, a);
+        else if (k == SERVE_ONLY)
+            a->o.only = val;
+        else if (k == SERVE_VERIFY)
+            a->o.verify = 1;
+        else if (k == CK_OPT_OPERAND && a->path)
+            rc = ck_usage_error("serve", "one SOURCE only");
+        else if (k == CK_OPT_OPERAND)
+            a->path = val;
+    }
+    if (rc == 0 && (!a->path || !a->socket))
+        rc = ck_usage_error("serve", a->path ? "missing --socket PATH" : "missing SOURCE");
+    return rc;
+}
+
+/* Serves until SIGTERM, SIGINT or SIGHUP (blocked in every thread, taken here): with nothing
+ * attached it closes at once; while attached it says so and keeps serving until the last
+ * attachment closes, and a second signal closes anyway (the attached processes' block is then
+ * the driver's to tear down: share.h). 0, or 1 when closing failed. */
+static int serve_until_told(ckl_server *s, const char *socket, const sigset_t *stop)
+{
+    char err[PATH_MAX + 512];
+    int told = 0;
+    for (;;) {
+        struct timespec tick = {.tv_nsec = 200000000L};
+        int sig = sigtimedwait(stop, NULL, &tick);
+        unsigned n = ckl_server_attached(s);
+        if (sig > 0 && told) {
+            fprintf(stderr, "ckpt: %s: told twice: closing with %u attachment%s live\n", socket,
+                    n, n == 1 ? "" : "s");
+            break;
+        }
+        if (sig > 0 && n) {
+            fprintf(stderr, "ckpt: %s: %u attachment%s live: serving until %s, or a second "
+                    "signal\n", socket, n, n == 1 ? "" : "s", n == 1 ? "it ends" : "they end");
+            told = 1;
+        }
+        if ((sig > 0 || told) && !n)
+            break;
+    }
+    if (ckl_server_close(s, told, err, sizeof err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+static int cmd_serve(int argc, char **argv, http_remote *remote)
+{
+    (void)remote; /* libckload opens SOURCE itself */
+    serve_args a = {0};
+    int rc = serve_parse(argc, argv, &a);
+    if (rc != 0)
+        return rc;
+    char err[2 * PATH_MAX + 512];
+    ckl_load *l;
+    ckl_server *s = NULL;
+    if (ckl_load_start(a.path, &a.o, &l, err, sizeof err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    ck_progress_catch_signals();
+    if (finish_load(l) != 0) {
+        ckl_release(l);
+        return 1;
+    }
+    /* Blocked before the server's thread starts, so that it inherits the mask. */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    rc = ckl_serve(l, a.socket, a.gid, &s, err, sizeof err);
+    if (rc == 0) {
+        char shown[CK_SHOWN_MAX];
+        printf("%s: %zu tensors, %llu bytes on cuda:%d, served on %s\n",
+               ck_location_shown(a.path, shown, sizeof shown), ckl_count(l),
+               (unsigned long long)ckl_total_bytes(l), ckl_cuda_ordinal(l), a.socket);
+        fflush(stdout);
+    } else {
+        fprintf(stderr, "ckpt: %s\n", err);
+    }
+    ckl_release(l); /* the server holds its own reference */
+    return rc == 0 ? serve_until_told(s, a.socket, &stop) : 1;
+}
+
 static int cmd_help(int argc, char **argv, http_remote *remote);
 
 static const ck_command commands[] = {
@@ -723,6 +861,18 @@ static const ck_command commands[] = {
      "GLOB selects (as --only), cut along DIM into W parts as torch.chunk cuts it (DIM -1:\n"
      "whole; the first --slice that selects a name decides), read straight from the source.",
      load_options, cmd_load},
+    {"serve", "ckpt serve SOURCE --socket PATH [--device cuda:N] [--group G] [--only P] "
+              "[--verify]",
+     "Loads SOURCE onto a CUDA device (as ckpt load) and keeps it there, served on the Unix\n"
+     "socket PATH to the processes of this machine that attach to it (ckload.attach in\n"
+     "Python, ckl_attach in C): they map the same device memory through CUDA IPC instead of\n"
+     "loading it again. A process attaches if its uid is this one's or it is in group G (a\n"
+     "name or gid), and while SOURCE's files are still those loaded; others are refused with\n"
+     "one line. Prints one line once serving. SIGTERM, SIGINT or SIGHUP: with nothing\n"
+     "attached it exits 0 and removes the socket; while attached it says how many and keeps\n"
+     "serving until the last attachment ends (then exits 0), and a second signal exits anyway\n"
+     "(the attached processes' tensors are then no longer safe to use).",
+     serve_options, cmd_serve},
     {"diff", "ckpt diff A B [--json] [--only PREFIX_OR_GLOB]",
      "Compares the tensors of two sources (formats may differ: a .bin and its safetensors):\n"
      "names only in A or only in B, dtype or shape changes, and for tensors in both whether\n"

@@ -50,6 +50,7 @@ import ctypes
 import errno as _errno
 import operator
 import os
+import stat
 import threading
 from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence,
                     Tuple, Union)
@@ -62,8 +63,8 @@ except ImportError as e:  # the wheel does not declare torch: the user's own bui
                       f"torch build your machine uses, e.g. `pip install torch`") from None
 
 __all__ = ["load", "stream", "entries", "Entry", "shown", "load_into", "Load", "Export",
-           "IncompatibleKeys", "load_distributed", "DistributedLoad", "Error", "cuda_available",
-           "cuda_built", "library"]
+           "IncompatibleKeys", "load_distributed", "DistributedLoad", "attach", "Attached",
+           "serve", "Server", "Error", "cuda_available", "cuda_built", "library"]
 
 ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
@@ -294,6 +295,13 @@ def library() -> ctypes.CDLL:
                 "ckl_blob_wait": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
                 "ckl_blob_put": (_c.c_int, [load_p, _c.c_size_t, _c.c_char_p, _c.c_size_t]),
                 "ckl_fail": (None, [load_p, _c.c_char_p]),
+                "ckl_serve": (_c.c_int, [load_p, _c.c_char_p, _c.c_long,
+                                         _c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_size_t]),
+                "ckl_server_attached": (_c.c_uint, [_c.c_void_p]),
+                "ckl_server_close": (_c.c_int, [_c.c_void_p, _c.c_int, _c.c_char_p,
+                                                _c.c_size_t]),
+                "ckl_attach": (_c.c_int, [_c.c_char_p, _c.c_int, _c.c_char_p,
+                                          _c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_size_t]),
             }
             for name, (res, args) in sigs.items():
                 f = getattr(lib, name)
@@ -595,8 +603,9 @@ class Load:
         """Where the bytes are read from: "pack" (a pack file; verify checks its checksums),
         "source" (a safetensors or PyTorch file or a shard directory, read in place; verify
         checks only that each file is unchanged: such sources store no checksums), "bypass" (a
-        path inside a ckptfs mount, read from the mount's source files directly) or "mount"
-        (through the mount: the bypass was refused, or CKLOAD_BYPASS=0)."""
+        path inside a ckptfs mount, read from the mount's source files directly), "mount"
+        (through the mount: the bypass was refused, or CKLOAD_BYPASS=0) or "attach" (nothing
+        read: the block another process serves, mapped: Attached)."""
         return self._lib.ckl_read_path(self._handle()).decode()
 
     def total_bytes(self) -> int:
@@ -643,11 +652,14 @@ class Load:
             raise Error(f"ckload: tensor '{name}': cannot export it (out of memory)")
         return m
 
-    def tensor(self, i: int) -> torch.Tensor:
+    def tensor(self, i: int, read_only: bool = False) -> torch.Tensor:
         """Tensor i as a torch tensor over the load's memory (waits for it to land): handed to
-        torch as a DLPack 1.0 capsule where this torch takes one, else as a 0.6 one."""
+        torch as a DLPack 1.0 capsule where this torch takes one, else as a 0.6 one. read_only:
+        the 1.0 capsule says so (DLPack's read-only flag); a 0.6 one (torch < 2.9) cannot, and
+        torch takes the flag without enforcing it (2.15 still writes such a tensor in place)."""
         dtype, shape = self.info(i)[1:3]
-        m = self._export(i, _TORCH_TAKES_VERSIONED)
+        flags = READ_ONLY if read_only and _TORCH_TAKES_VERSIONED else 0
+        m = self._export(i, _TORCH_TAKES_VERSIONED, flags)
         if dtype in _UNSIGNED and _torch_dtype(_UNSIGNED[dtype][0]) is None:
             m.contents.dl_tensor.dtype.code = kDLInt  # this torch has no unsigned type this wide
         return _retype(torch.utils.dlpack.from_dlpack(_capsule(m, _TORCH_TAKES_VERSIONED)),
@@ -701,6 +713,102 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
               buffers=buffers) as ld:
         ld.wait_all()
         return {ld.name(i): ld.tensor(i) for i in range(len(ld))}
+
+
+# --- warm attach: one process's block, mapped by others (share.h) --------------------------------
+
+class Attached(Load):
+    """The load another process serves on the Unix socket `socket` (`ckpt serve`, or serve()),
+    mapped into this one through CUDA IPC: nothing is read, the tensors are the server's
+    block. device: "cuda:N", the device this process expects the block on (None: whichever it
+    is on; another is refused, ValueError). source: None, or the location this process expects
+    the server to have loaded: another path, or one whose files changed since the server loaded
+    them, is refused (Error, "changed source"). Raises FileNotFoundError (no server there),
+    PermissionError (the server refused this uid) or Error, each one line "ckload: SOCKET:
+    what is wrong". It is a Load (read_path "attach"): tensor(i), find, info, export. The
+    mapping and the connection (the attachment the server counts) last while this object or
+    any tensor handed out lives; the server refuses to exit while they do (share.h)."""
+
+    def __init__(self, socket: PathLike, device: Optional[Device] = None,
+                 source: Optional[PathLike] = None) -> None:
+        lib = library()
+        self._path, self._ctx, self._h = os.fsencode(socket), None, None
+        ordinal = -1
+        if device is not None:
+            dev, ordinal = _parse_device(device, socket)
+            if dev != CKL_CUDA:
+                raise ValueError(f"ckload: {os.fsdecode(socket)}: device={device!r}: an "
+                                 f"attached block is on a CUDA device")
+        want = None if source is None else os.fsencode(source)
+        err = _c.create_string_buffer(len(self._path) + (len(want) if want else 0) + 4096)
+        handle = _c.c_void_p()
+        if lib.ckl_attach(self._path, ordinal, want, _c.byref(handle), err, len(err)) != 0:
+            _raise(err)
+        self._h, self._lib = handle, lib
+
+    def tensors(self, read_only: bool = True) -> Dict[str, torch.Tensor]:
+        """{name: torch.Tensor} over the served block, in pack order; read_only as tensor()
+        says (the default: the block is every attached process's)."""
+        return {self.name(i): self.tensor(i, read_only) for i in range(len(self))}
+
+
+def attach(socket: PathLike, device: Optional[Device] = None, source: Optional[PathLike] = None,
+           read_only: bool = True) -> Dict[str, torch.Tensor]:
+    """{name: torch.Tensor} of the load served on `socket` (Attached: the arguments, the
+    refusals), in milliseconds: no byte is read or copied. The tensors keep the attachment:
+    the block stays mapped, and the server counts this process, until the last of them is
+    deleted. read_only (the default) marks them so through DLPack 1.0 where torch takes it
+    (Load.tensor); writing them writes every attached process's weights."""
+    with Attached(socket, device=device, source=source) as a:
+        return a.tensors(read_only)
+
+
+class Server:
+    """A load served to the processes of this machine on the Unix socket `socket` (ckl_serve,
+    share.h): serve(path, socket, device="cuda:N", group=None) loads path (any source load
+    takes) and serves it from a thread of libckload's; processes of this uid, or in group
+    (a gid), attach to it (attach()). attached(): the attachments live now. close(force=False):
+    stops serving and removes the socket; refused (Error) while attachments live unless
+    force."""
+
+    def __init__(self, load: Load, socket: PathLike, group: Optional[int] = None) -> None:
+        lib = library()
+        self._load, self._path, self._s = load, os.fsencode(socket), None
+        gid = -1 if group is None else _c_int(socket, "group", group, 0, _C_MAX[_c.c_uint])
+        err = _c.create_string_buffer(len(self._path) + len(load._path) + 2 * ERR_ROOM)
+        s = _c.c_void_p()
+        if lib.ckl_serve(load._handle(), self._path, gid, _c.byref(s), err, len(err)) != 0:
+            _raise(err)
+        self._s, self._lib = s, lib
+
+    def attached(self) -> int:
+        return self._lib.ckl_server_attached(self._s) if self._s else 0
+
+    def close(self, force: bool = False) -> None:
+        if self._s is None:
+            return
+        err = _c.create_string_buffer(len(self._path) + ERR_ROOM)
+        if self._lib.ckl_server_close(self._s, 1 if force else 0, err, len(err)) != 0:
+            _raise(err)
+        self._s = None
+        self._load.release()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(path: PathLike, socket: PathLike, device: Device = "cuda", group: Optional[int] = None,
+          verify: bool = False) -> Server:
+    """Loads path onto device (a CUDA one) and serves it on socket (Server)."""
+    ld = Load(path, device=device, verify=verify)
+    try:
+        return Server(ld, socket, group)
+    except BaseException:
+        ld.release()
+        raise
 
 
 def shown(location: PathLike) -> str:
@@ -1018,6 +1126,47 @@ class _EarlyReady:
             self._tell(load.name(i))
 
 
+def _is_socket(path):
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _into_from_attached(targets, device, source, strict, only, on_ready):
+    """load_into from a served block (an Attached, or the socket of one, attached for the
+    call): the same checks (_Placement, asked of each tensor in pack order as a load's dest
+    would be), then device-to-device copies."""
+    a = source if isinstance(source, Attached) else Attached(source, device=device)
+    try:
+        if a.device != device:
+            raise ValueError(f"ckload: {os.fsdecode(a._path)}: the served block is on "
+                             f"{a.device}, the target on {device}")
+        place, lib = _Placement(targets, strict, only), library()
+        sel = None if only is None else os.fsencode(only)
+        copies = []
+        for i in range(len(a)):
+            tp = lib.ckl_get(a._handle(), i)
+            at = (_c.c_void_p * 1)()
+            if lib.ckl_selected(sel, tp.contents.name) and place(None, tp, at) == DEST_AT:
+                copies.append((i, at[0]))
+        if place(None, None, None) != DEST_BLOCK:
+            raise Error(f"ckload: {os.fsdecode(a._path)}: cannot load into the target: " +
+                        "; ".join(place.problems()))
+        torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
+        for i, ptr in copies:
+            n = a.info(i)[3]
+            if n:
+                _block_bytes(device, ptr, n).copy_(_block_bytes(device, a.pointer(i), n))
+        place.settle(a)  # tied targets' bytes, then a synchronize
+        for name in sorted(place.loaded, key=place.order.get) if on_ready else ():
+            on_ready(name)
+        return IncompatibleKeys(place.missing(), place.unexpected)
+    finally:
+        if a is not source:
+            a.release()
+
+
 def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] = None,
               verify: bool = False, threads: int = 0, buffer_size: int = 0,
               slices: Optional[Sequence[Tuple[str, int]]] = None, rank: int = 0,
@@ -1045,9 +1194,14 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     or shape mismatch is an error either way. Target names that only leaves out are not
     missing. on_ready(name) runs on a loader thread as each tensor lands. The other
     arguments are load's. Returns IncompatibleKeys once every byte is in place; on any other
-    failure raises what load raises, and the target may hold some of the bytes."""
+    failure raises what load raises, and the target may hold some of the bytes. path may
+    also be the socket of a served block (ckpt serve) or an Attached: then the tensors are
+    copied device to device from the block other processes share, with the same checks
+    (nothing is copied when any fails), and on_ready runs once they are all in."""
     targets = _targets_of(target)
     device = _device_of(targets)
+    if isinstance(path, Attached) or _is_socket(path):
+        return _into_from_attached(targets, device, path, strict, only, on_ready)
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
     place = _Placement(targets, strict, only)

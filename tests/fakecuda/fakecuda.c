@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +35,9 @@ typedef struct alloc {
     unsigned char *view;  /* device memory as this file's copies see it; addr for pinned */
     size_t size, maplen;
     int device;           /* -1: pinned host memory */
+    int fd;               /* device memory: its memfd, kept open for cudaIpcGetMemHandle's
+                           * importers (/proc/PID/fd/FD); -1 for pinned and imported memory */
+    int imported;         /* mapped by cudaIpcOpenMemHandle: cudaIpcCloseMemHandle unmaps it */
     unsigned queued;      /* queued copies reading or writing it */
 } alloc;
 
@@ -97,7 +102,7 @@ static unsigned long nstreams_made, copies_queued;
 static size_t device_bytes[MAX_DEVICES];
 static struct counters {
     long long device_allocs, pinned_allocs, streams, events, peak_device_bytes,
-        pageable_copies, in_flight, max_in_flight, copies, violations;
+        pageable_copies, in_flight, max_in_flight, copies, violations, ipc_imports;
 } st;
 static struct call_count {
     const char *fn;
@@ -114,6 +119,9 @@ static struct call_count {
     {"cudaGetDevice", cudaErrorNoDevice, 0},
     {"cudaGetDeviceCount", cudaErrorNoDevice, 0},
     {"cudaHostAlloc", cudaErrorMemoryAllocation, 0},
+    {"cudaIpcCloseMemHandle", cudaErrorInvalidValue, 0},
+    {"cudaIpcGetMemHandle", cudaErrorMapBufferObjectFailed, 0},
+    {"cudaIpcOpenMemHandle", cudaErrorMapBufferObjectFailed, 0},
     {"cudaLaunchHostFunc", cudaErrorInvalidResourceHandle, 0},
     {"cudaMalloc", cudaErrorMemoryAllocation, 0},
     {"cudaMemGetInfo", cudaErrorInvalidValue, 0},
@@ -227,7 +235,7 @@ static int parse_spec(const char *spec, struct config *c)
 /* Handles the caller holds (a destroyed stream may still be draining: it holds none). */
 static int anything_live(void)
 {
-    return st.device_allocs || st.pinned_allocs || st.streams || st.events;
+    return st.device_allocs || st.pinned_allocs || st.streams || st.events || st.ipc_imports;
 }
 
 int fakecuda_configure(const char *spec)
@@ -264,7 +272,7 @@ long long fakecuda_stat(const char *name)
         {"streams", &st.streams}, {"events", &st.events},
         {"peak_device_bytes", &st.peak_device_bytes}, {"pageable_copies", &st.pageable_copies},
         {"max_in_flight", &st.max_in_flight}, {"copies", &st.copies},
-        {"violations", &st.violations},
+        {"violations", &st.violations}, {"ipc_imports", &st.ipc_imports},
     };
     long long v = -1;
     pthread_mutex_lock(&mu);
@@ -283,6 +291,7 @@ long long fakecuda_stat(const char *name)
 static void dump_stats(void)
 {
     static const char *const names[] = {"device_allocs", "pinned_allocs", "streams", "events",
+                                        "ipc_imports",
                                         "device_bytes", "peak_device_bytes", "pageable_copies",
                                         "max_in_flight", "copies", "violations"};
     FILE *f = cfg.stats[0] ? fopen(cfg.stats, "w") : NULL;
@@ -368,10 +377,27 @@ static alloc **find_start(const void *p, int device_memory)
 
 static void unmap(alloc *a)
 {
+    if (a->fd >= 0)
+        close(a->fd);
     if (a->view != a->addr)
         munmap(a->view, a->maplen);
     munmap(a->addr, a->maplen);
     free(a);
+}
+
+/* a->fd mapped twice into a: PROT_NONE where the caller sees it, read-write for the copies.
+ * 0, or -1 with neither mapped. */
+static int map_both(alloc *a)
+{
+    a->addr = mmap(NULL, a->maplen, PROT_NONE, MAP_SHARED, a->fd, 0);
+    a->view = mmap(NULL, a->maplen, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+    if (a->addr != MAP_FAILED && a->view != MAP_FAILED)
+        return 0;
+    if (a->addr != MAP_FAILED)
+        munmap(a->addr, a->maplen);
+    if (a->view != MAP_FAILED)
+        munmap(a->view, a->maplen);
+    return -1;
 }
 
 /* Device memory: a memfd seen PROT_NONE by the caller, read-write by the copies. */
@@ -381,20 +407,9 @@ static alloc *map_device(size_t size, int dev)
     int fd = memfd_create("fakecuda-device", MFD_CLOEXEC);
     if (!a || fd < 0)
         goto fail;
-    *a = (alloc){.size = size, .maplen = page_round(size ? size : 1), .device = dev};
-    if (ftruncate(fd, (off_t)a->maplen) != 0)
-        goto fail;
-    a->addr = mmap(NULL, a->maplen, PROT_NONE, MAP_SHARED, fd, 0);
-    a->view = mmap(NULL, a->maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (a->addr == MAP_FAILED || a->view == MAP_FAILED) {
-        if (a->addr != MAP_FAILED)
-            munmap(a->addr, a->maplen);
-        if (a->view != MAP_FAILED)
-            munmap(a->view, a->maplen);
-        goto fail;
-    }
-    close(fd);
-    return a;
+    *a = (alloc){.size = size, .maplen = page_round(size ? size : 1), .device = dev, .fd = fd};
+    if (ftruncate(fd, (off_t)a->maplen) == 0 && map_both(a) == 0)
+        return a;
 fail:
     if (fd >= 0)
         close(fd);
@@ -448,6 +463,11 @@ static cudaError_t free_alloc(const void *p, int device_memory, const char *fn)
         return e;
     pthread_mutex_lock(&mu);
     alloc **at = find_start(p, device_memory), *a = at ? *at : NULL;
+    if (a && a->imported) { /* undefined in the runtime (cudaIpcOpenMemHandle says so) */
+        violation("%s of %p, mapped by cudaIpcOpenMemHandle (cudaIpcCloseMemHandle unmaps it)",
+                  fn, p);
+        a = NULL;
+    }
     if (a) {
         wait_unqueued(a, fn);
         *find_start(p, device_memory) = a->next; /* the list may have changed while waiting */
@@ -479,7 +499,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
         return fail(cudaErrorInvalidValue);
     alloc *a = calloc(1, sizeof *a);
     if (a) {
-        *a = (alloc){.size = size, .maplen = page_round(size ? size : 1), .device = -1};
+        *a = (alloc){.size = size, .maplen = page_round(size ? size : 1), .device = -1, .fd = -1};
         a->addr = mmap(NULL, a->maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                        -1, 0);
         a->view = a->addr;
@@ -500,6 +520,114 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 cudaError_t cudaFreeHost(void *ptr)
 {
     return free_alloc(ptr, 0, "cudaFreeHost");
+}
+
+/* --- memory shared between processes (cudaIpc*MemHandle) --------------------------------------
+ * A handle names the exporter's memfd as another process opens it, /proc/PID/fd/FD, and the
+ * memfd's device and inode, so that a number reused by another file after the exporter closed
+ * it is refused rather than mapped; the importer maps it as an allocation of its own (so its
+ * copies see it, and the host still cannot touch it). */
+
+#define IPC_MAGIC 0x43504946u /* "FIPC" */
+
+typedef struct ipc_handle {
+    uint32_t magic;
+    int32_t pid, fd, device;
+    uint64_t size, dev, ino;
+} ipc_handle;
+_Static_assert(sizeof(ipc_handle) <= sizeof(cudaIpcMemHandle_t), "fits the runtime's handle");
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
+{
+    cudaError_t e = enter("cudaIpcGetMemHandle");
+    if (e)
+        return e;
+    struct stat sb;
+    pthread_mutex_lock(&mu);
+    alloc **at = handle ? find_start(devPtr, 1) : NULL, *a = at ? *at : NULL;
+    /* The runtime takes only the base of a cudaMalloc'ed allocation, not an imported one. */
+    e = !a || a->imported ? cudaErrorInvalidValue
+        : fstat(a->fd, &sb) != 0 ? cudaErrorMapBufferObjectFailed : cudaSuccess;
+    if (e == cudaSuccess) {
+        ipc_handle h = {.magic = IPC_MAGIC, .pid = (int32_t)getpid(), .fd = a->fd,
+                        .device = a->device, .size = a->size, .dev = (uint64_t)sb.st_dev,
+                        .ino = (uint64_t)sb.st_ino};
+        memset(handle, 0, sizeof *handle);
+        memcpy(handle->reserved, &h, sizeof h);
+    }
+    pthread_mutex_unlock(&mu);
+    return fail(e);
+}
+
+/* The memfd that h names, opened read-write; -1 with *e set when it names nothing live. */
+static int ipc_open_fd(const ipc_handle *h, cudaError_t *e)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/%d/fd/%d", (int)h->pid, (int)h->fd);
+    int fd = h->magic == IPC_MAGIC ? open(proc, O_RDWR | O_CLOEXEC) : -1;
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && (uint64_t)sb.st_dev == h->dev &&
+        (uint64_t)sb.st_ino == h->ino && (uint64_t)sb.st_size >= h->size)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    *e = cudaErrorInvalidResourceHandle;
+    return -1;
+}
+
+/* The stand-in maps a handle only on its own device: it models no peer access. */
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags)
+{
+    cudaError_t e = enter("cudaIpcOpenMemHandle");
+    if (e)
+        return e;
+    ipc_handle h;
+    memcpy(&h, handle.reserved, sizeof h);
+    if (!devPtr || flags != cudaIpcMemLazyEnablePeerAccess)
+        return fail(cudaErrorInvalidValue);
+    if (h.magic == IPC_MAGIC && h.pid == (int32_t)getpid())
+        return fail(cudaErrorDeviceUninitialized); /* the runtime's, for its own handle */
+    int fd = ipc_open_fd(&h, &e);
+    if (fd < 0)
+        return fail(e);
+    if (h.device != current_device) {
+        close(fd);
+        return fail(cudaErrorInvalidDevice);
+    }
+    alloc *a = calloc(1, sizeof *a);
+    if (a)
+        *a = (alloc){.size = h.size, .maplen = page_round(h.size ? h.size : 1),
+                     .device = h.device, .fd = fd, .imported = 1};
+    if (!a || map_both(a) != 0) {
+        close(fd);
+        free(a);
+        return fail(cudaErrorMapBufferObjectFailed);
+    }
+    pthread_mutex_lock(&mu);
+    a->next = allocs;
+    allocs = a;
+    st.ipc_imports++;
+    pthread_mutex_unlock(&mu);
+    *devPtr = a->addr;
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *devPtr)
+{
+    cudaError_t e = enter("cudaIpcCloseMemHandle");
+    if (e && e != sticky)
+        return e;
+    pthread_mutex_lock(&mu);
+    alloc **at = find_start(devPtr, 1), *a = at ? *at : NULL;
+    int mine = a && a->imported;
+    if (mine) {
+        wait_unqueued(a, "cudaIpcCloseMemHandle");
+        *find_start(devPtr, 1) = a->next;
+        st.ipc_imports--;
+        unmap(a);
+    }
+    pthread_mutex_unlock(&mu);
+    return mine ? e : fail(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)
@@ -577,6 +705,7 @@ const char *cudaGetErrorString(cudaError_t error)
         {cudaErrorIllegalAddress, "an illegal memory access was encountered"},
         {cudaErrorLaunchFailure, "unspecified launch failure"},
         {cudaErrorNotPermitted, "operation not permitted"},
+        {cudaErrorMapBufferObjectFailed, "mapping of buffer object failed"},
     };
     for (size_t k = 0; k < sizeof text / sizeof *text; k++)
         if (text[k].e == error)

@@ -7,6 +7,14 @@
  *  - It implements the CUDA runtime functions libckload calls (their signatures are the
  *    toolkit's: fakecuda.c includes cuda_runtime_api.h), plus cudaMemcpy, cudaMemGetInfo and
  *    cudaGetDevice for the tests and the device bookkeeping, and nothing else.
+ *  - IPC across processes: cudaIpcGetMemHandle (the base of a cudaMalloc'ed allocation only)
+ *    names the allocation's memfd as /proc/PID/fd/FD with its device and inode;
+ *    cudaIpcOpenMemHandle (flags cudaIpcMemLazyEnablePeerAccess, on the handle's own device:
+ *    no peer access is modelled, cudaErrorInvalidDevice otherwise) opens and checks it and maps
+ *    it as an allocation of the importer's (its copies see it, the host cannot touch it); a
+ *    handle whose process or memfd is gone is cudaErrorInvalidResourceHandle, one of this very
+ *    process cudaErrorDeviceUninitialized. cudaIpcCloseMemHandle unmaps it; cudaFree of it is
+ *    a violation.
  *  - It is stricter than hardware (docs/TESTING.md says how); a misuse it can see without failing
  *    the call is counted as a "violation" and described on stderr.
  *  - Configuration: the environment variable FAKECUDA at load time, or fakecuda_configure(spec)
@@ -27,7 +35,7 @@
  *    fakecuda_configure resets the call counts, the sticky error and the counters that are not
  *    live state; it refuses (-1, the reason on stderr) a bad spec, or one changing the devices
  *    while anything is live.
- *  - fakecuda_stat(name): device_allocs, pinned_allocs, streams, events (live now),
+ *  - fakecuda_stat(name): device_allocs, pinned_allocs, streams, events, ipc_imports (live now),
  *    device_bytes (now), peak_device_bytes, pageable_copies (async copies whose host side was
  *    not cudaHostAlloc'ed), max_in_flight (copies queued and not yet done, at most, across
  *    streams), copies (done), violations, current_device (the calling thread's); -1 for any

@@ -12,7 +12,7 @@ from netlab import plain_env  # groff is not ours: no sanitizer runtime preloade
 
 MAN = REPO / "man"
 PAGES = ["ckptfs.1", "ckpt.1", "mount.fuse.ckptfs.8", "libckload.3"]
-COMMANDS = ["ls", "cat", "pack", "convert", "verify", "load", "diff", "info", "stats"]
+COMMANDS = ["ls", "cat", "pack", "convert", "verify", "load", "serve", "diff", "info", "stats"]
 
 
 def roff_text(page):
