@@ -51,12 +51,14 @@ def timed_rss(cmd):
     return time.perf_counter() - t0, int(err.split()[-1])
 
 
-def transformer_layout(total_bytes):
-    """A realistic mix: embeddings, then layers of attention / MLP matrices and small norms."""
+def transformer_layout(total_bytes, head=False):
+    """A realistic mix: embeddings, then layers of attention / MLP matrices and small norms
+    (Hugging Face Llama names); with head, a whole Llama checkpoint: at least one layer, and the
+    final norm and lm_head after the layers (so more than total_bytes, by those)."""
     hidden, vocab = 2048, 32000
     out = [("model.embed_tokens.weight", "BF16", [vocab, hidden], vocab * hidden * 2)]
     layer = 0
-    while sum(t[3] for t in out) < total_bytes:
+    while sum(t[3] for t in out) < total_bytes or (head and not layer):
         p = f"model.layers.{layer}."
         for name, shape in [("self_attn.q_proj.weight", [hidden, hidden]),
                             ("self_attn.k_proj.weight", [hidden // 4, hidden]),
@@ -72,6 +74,9 @@ def transformer_layout(total_bytes):
                 n *= d
             out.append((p + name, "BF16", shape, n))
         layer += 1
+    if head:
+        out += [("model.norm.weight", "BF16", [hidden], hidden * 2),
+                ("lm_head.weight", "BF16", [vocab, hidden], vocab * hidden * 2)]
     return out
 
 
