@@ -10,9 +10,11 @@ imports in each of its processes; nothing is imported, and nothing costs, where 
 DIR keeps the config and tokenizer; the weights come from `source` when given (a mount or its
 .ckptfs/checkpoint.pack, a pack, .bin/.pt, safetensors one file or shards, a DCP directory,
 http(s)://, s3://, hf://), else from DIR itself (hf://MODEL when MODEL is a Hub id, not a
-directory). Other keys: `window`, the bytes of the checkpoint held at once (ckload.stream:
-1 GiB by default), and `verify` (a pack's checksums; any other source's files unchanged, true
-by default). Tensors reach model.load_weights as they land, in pack order, on the model's device.
+directory). Other keys: `window`, the bytes held at once of what is streamed through
+model.load_weights (ckload.stream: 1 GiB by default), `verify` (a pack's checksums; any other
+source's files unchanged, true by default), and `attach`: the Unix socket of a `ckpt serve` keeper holding the weights on
+this GPU (attach_into: no byte read; `source`, if given, is what it must have loaded). Each
+tensor is read straight into the parameter memory the model's weight loaders copy it to (fill).
 Any failure - a source that cannot be read or changed while read, a tensor vLLM refuses, a
 parameter no tensor filled - raises ckload.Error with one line naming the source, so vLLM's
 start fails with it and no partly loaded model serves.
@@ -26,7 +28,7 @@ except ImportError:
     TorchDispatchMode = None
 
 LOAD_FORMAT = "ckload"
-KEYS = {"source", "window", "verify"}
+KEYS = {"source", "window", "verify", "attach"}
 
 
 def weights_source(model, revision, extra):
@@ -87,17 +89,14 @@ def fill(model, source, window=1 << 30, verify=True):
             raise ckload.Error(f"ckload: {shown}: {plan.refused}")
     rest = plan.streamed if plan else None
     if rest is None or rest:
-        got = _consume(model, source, shown, device, window, verify, rest)
+        got = _take(model, ckload.stream(source, device=device, window=window, verify=verify,
+                                         names=rest), shown)
         if got is not None and loaded is not None:
             loaded |= set(got)
         elif plan is None:
             loaded = got
     if loaded is not None:
-        missing = sorted({n for n, _ in model.named_parameters()} - loaded)
-        if missing:
-            which = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
-                                              else "")
-            raise ckload.Error(f"ckload: {shown}: no tensor for the model's {which}")
+        _check_filled(model, loaded, shown)
     placed = len(plan.placed) if plan else 0
     return placed, read, len(order) - placed
 
@@ -111,19 +110,18 @@ def _probe(model, order, rank, world):
         return None
 
 
-def _consume(model, source, shown, device, window, verify, names):
-    """model.load_weights fed by ckload.stream (names: only those); its loaded set."""
+def _take(model, tensors, shown):
+    """model.load_weights(tensors), a failure as ckload's one line; its loaded set."""
     import ckload
     last = [None]
 
-    def tensors():
-        for name, t in ckload.stream(source, device=device, window=window, verify=verify,
-                                     names=names):
+    def named():
+        for name, t in tensors:
             last[0] = name
             yield name, t
 
     try:
-        return model.load_weights(tensors())
+        return model.load_weights(named())
     except ckload.Error:
         raise
     except (OSError, ValueError) as e:
@@ -132,6 +130,30 @@ def _consume(model, source, shown, device, window, verify, names):
         raise _refused(shown, last[0], e) from e
     except Exception as e:  # vLLM's weight loaders assert shapes and names
         raise _refused(shown, last[0], e) from e
+
+
+def _check_filled(model, loaded, shown):
+    """ckload.Error naming the model's parameters no tensor filled, if any."""
+    import ckload
+    missing = sorted({n for n, _ in model.named_parameters()} - set(loaded))
+    if missing:
+        which = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3
+                                          else "")
+        raise ckload.Error(f"ckload: {shown}: no tensor for the model's {which}")
+
+
+def attach_into(model, socket, source=None):
+    """Fills model from the load another process serves on socket (`ckpt serve SOURCE --device
+    cuda:N --socket SOCKET`): model.load_weights takes the served tensors, already on the GPU,
+    and its weight loaders copy them device to device; nothing is read. source, when given, is
+    the location the server must have loaded, unchanged. Returns the number of tensors; errors
+    as fill's (a socket no server answers, another device, a changed source: ckload's line)."""
+    import ckload
+    tensors = ckload.attach(socket, device=device_of(model), source=source)
+    loaded = _take(model, tensors.items(), ckload.shown(os.fspath(socket)))
+    if loaded is not None:
+        _check_filled(model, loaded, ckload.shown(os.fspath(socket)))
+    return len(tensors)
 
 
 def _refused(shown, name, e):
@@ -345,8 +367,14 @@ def register():
 
         def load_weights(self, model, model_config):
             import ckload
-            source = weights_source(model_config.model, model_config.revision, self.extra)
             start = time.perf_counter()
+            if self.extra.get("attach"):
+                socket = str(self.extra["attach"])
+                n = attach_into(model, socket, self.extra.get("source"))
+                logger.info("Loading weights took %.2f seconds (ckload, attached to %s: %d "
+                            "tensors)", time.perf_counter() - start, socket, n)
+                return
+            source = weights_source(model_config.model, model_config.revision, self.extra)
             placed, read, other = fill(model, source,
                                        window=int(self.extra.get("window", 1 << 30)),
                                        verify=bool(self.extra.get("verify", True)))

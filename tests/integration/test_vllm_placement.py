@@ -149,3 +149,13 @@ def test_a_parameter_no_tensor_fills_is_refused(tmp_path):
         ckload_vllm.fill(Toy(), str(tmp_path / "short.safetensors"))
     assert str(e.value) == f"ckload: {tmp_path / 'short.safetensors'}: no tensor for the " \
                            f"model's norm"
+
+
+def test_attach_is_refused_where_no_gpu_block_can_be(tmp_path):
+    """`attach` (a ckpt serve keeper's socket): a served block is on a GPU, so a model on the
+    host is refused before any connection; the stand-in's tests (test_cuda_fake_share.py) serve
+    and attach across processes."""
+    with pytest.raises(ValueError) as e:
+        ckload_vllm.attach_into(Toy(), tmp_path / "keeper.sock")
+    assert str(e.value) == (f"ckload: {tmp_path / 'keeper.sock'}: device='cpu': an attached "
+                            f"block is on a CUDA device")
