@@ -91,13 +91,23 @@ def sharded(path, world):
 
 
 def spawn_ranks(fn, world, *args):
-    """fn(rank, world, *args, port) on world processes of one gloo group on 127.0.0.1."""
+    """fn(rank, world, *args, port) on world processes of one gloo group on 127.0.0.1. Once
+    more, on another port, where a rank dies in the group's setup: on a loaded machine gloo's
+    rendezvous sometimes aborts a rank ("terminate called without an active exception"), or
+    the free port found is taken before rank 0 listens on it. The files are written again
+    whole, under the same names."""
     import socket
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(fn, args=(world, *args, port), nprocs=world, join=True)
+    for attempt in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            mp.spawn(fn, args=(world, *args, port), nprocs=world, join=True)
+            return
+        except mp.ProcessExitedException:
+            if attempt == 2:
+                raise
 
 
 def model_rank(rank, world, path, layers, hidden, dtype, port):
