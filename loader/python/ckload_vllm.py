@@ -78,7 +78,8 @@ def fill(model, source, window=1 << 30, verify=True):
     order = ckload.entries(source, device=device)
     rank, world = tensor_parallel()
     plan = _probe(model, order, rank, world)
-    loaded = set(plan.loaded) if plan else None
+    # what load_weights says it loaded (None: a model that does not say; nothing is checked)
+    loaded = set(plan.loaded) if plan and plan.loaded is not None else None
     read = 0
     if plan and plan.placed:
         with ckload.Load(source, device=device, verify=verify, slices=plan.slices, rank=rank,
@@ -165,9 +166,14 @@ def _refused(shown, name, e):
 
 # --- where the model's weight loaders put each tensor -------------------------------------------
 
+def _storage(t):
+    """t's storage (views of one tensor share it), in torch 1.x and 2.x."""
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
 def _storage_key(t):
-    """What identifies t's storage: views of one tensor share it."""
-    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage())._cdata
+    """What identifies t's storage."""
+    return _storage(t)._cdata
 
 
 def _span(t):
@@ -245,7 +251,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         self.memory = {}  # the model's storages: data_ptr -> end
         for t in list(model.parameters()) + list(model.buffers()):
             if not t.is_meta:
-                base = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+                base = _storage(t)
                 self.memory[base.data_ptr()] = base.data_ptr() + base.nbytes()
         self.owner = {}     # storage key -> the names of the probes it holds or came from
         self.probes = {}    # name -> probe
@@ -278,7 +284,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
             placed[name] = (at, n)
             if part is not None:
                 slices.append((name, part))
-        return Plan(placed, slices, streamed, loaded if loaded is not None else ())
+        return Plan(placed, slices, streamed, loaded)
 
     @staticmethod
     def _sliceable(name, names):
@@ -331,8 +337,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
                 self._touch(dst)
             return
         start, end = _span(dst)
-        base = dst.untyped_storage().data_ptr() if hasattr(dst, "untyped_storage") \
-            else dst.storage().data_ptr()
+        base = _storage(dst).data_ptr()
         part = _part(self.probes[name], src, self.rank, self.world) \
             if _storage_key(src) == _storage_key(self.probes[name]) else False
         inside = base in self.memory and end <= self.memory[base]

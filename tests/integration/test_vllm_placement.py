@@ -159,3 +159,17 @@ def test_attach_is_refused_where_no_gpu_block_can_be(tmp_path):
         ckload_vllm.attach_into(Toy(), tmp_path / "keeper.sock")
     assert str(e.value) == (f"ckload: {tmp_path / 'keeper.sock'}: device='cpu': an attached "
                             f"block is on a CUDA device")
+
+
+class Silent(Toy):
+    """A load_weights that does not say what it loaded (returns None), as some models' do."""
+
+    def load_weights(self, weights):
+        super().load_weights(weights)
+
+
+def test_a_model_that_does_not_say_what_it_loaded_is_not_refused(tmp_path):
+    st = checkpoint(tmp_path)
+    got = Silent()
+    assert ckload_vllm.fill(got, str(st))[0] == 7
+    same(got, reference(st))
