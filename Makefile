@@ -68,7 +68,8 @@ SHAREMSG_SRC := loader/sharemsg.c
 # The cold-read policy and the io_uring read loop: the loader's, and their unit tests'.
 COLD_SRC := loader/direct.c loader/ringload.c loader/uring.c loader/backend_cpu.c
 LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/pool.c loader/mount.c loader/abi.c \
-            loader/dlpack.c loader/share.c $(SHAREMSG_SRC) \
+            loader/dlpack.c loader/share_keeper.c loader/share_client.c \
+            loader/sharesock.c $(SHAREMSG_SRC) \
             $(if $(HAVE_CUDA),loader/backend_cuda.c loader/cudart.c,loader/backend_nocuda.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
 

@@ -1,9 +1,10 @@
-/* share.c — warm attach (share.h): the server thread that hands a load's block to the processes
- * it admits, and the client that maps it as a load of its own. */
+/* share_keeper.c — warm attach's server (share.h): the thread that hands a load's block to the
+ * processes it admits. */
 #include "share.h"
 #include "backend.h"
 #include "loadview.h"
 #include "sharemsg.h"
+#include "sharesock.h"
 
 #include "../base/location.h"
 #include "../index/index.h"
@@ -20,70 +21,6 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-#define SECONDS_(n) #n
-#define SECONDS(n) SECONDS_(n)
-
-static int fail_as(int code)
-{
-    errno = code;
-    return -1;
-}
-
-/* --- the socket ----------------------------------------------------------------------------- */
-
-static int socket_address(const char *path, struct sockaddr_un *a, char *err, size_t errlen)
-{
-    *a = (struct sockaddr_un){.sun_family = AF_UNIX};
-    if (!*path || strlen(path) >= sizeof a->sun_path) {
-        snprintf(err, errlen, "%s: not a socket path (1 to %zu bytes)", path,
-                 sizeof a->sun_path - 1);
-        return fail_as(EINVAL);
-    }
-    memcpy(a->sun_path, path, strlen(path));
-    return 0;
-}
-
-/* Both ends wait at most SHARE_WAIT_S for the other. */
-static void set_timeouts(int fd)
-{
-    struct timeval tv = {.tv_sec = SHARE_WAIT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-static int send_all(int fd, const unsigned char *p, size_t n)
-{
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-/* 0, or -1 with errno (0 at end of stream). */
-static int recv_all(int fd, unsigned char *p, size_t n)
-{
-    while (n) {
-        ssize_t k = recv(fd, p, n, 0);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            errno = k == 0 ? 0 : errno;
-            return -1;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-/* --- the server ----------------------------------------------------------------------------- */
 
 struct ckl_server {
     ckl_load *l;             /* a reference of the server's own */
@@ -135,7 +72,7 @@ static void refuse(int fd, int code, const char *why)
     unsigned char *msg;
     size_t len;
     if (share_encode_refusal(code, why, &msg, &len) == 0) {
-        send_all(fd, msg, len);
+        share_send_all(fd, msg, len);
         free(msg);
     }
     close(fd);
@@ -165,7 +102,7 @@ static void accept_one(ckl_server *s)
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
         return;
-    set_timeouts(fd);
+    share_set_timeouts(fd);
     char why[SHARE_MAX_TEXT];
     long changed;
     if (!admitted(s, fd, why, sizeof why)) {
@@ -174,7 +111,7 @@ static void accept_one(ckl_server *s)
         snprintf(why, sizeof why, "changed source: %s is no longer the file loaded (device, "
                  "inode, size or mtime)", s->files[changed].path);
         refuse(fd, EIO, why);
-    } else if (send_all(fd, s->table, s->table_len) != 0) {
+    } else if (share_send_all(fd, s->table, s->table_len) != 0) {
         close(fd);
     } else {
         add_client(s, fd);
@@ -231,20 +168,20 @@ static int identify(ckl_server *s, const load_view *v, char **source, char *err,
     if (ck_location_scheme(v->path) != CK_SCHEME_PATH) {
         snprintf(err, errlen, "%s: a remote source cannot be served (its files cannot be "
                  "re-checked at each attach)", v->path);
-        return fail_as(EINVAL);
+        return share_fail(EINVAL);
     }
     s->files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *s->files);
     s->paths = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *s->paths);
     if (!s->files || !s->paths || !(*source = realpath(v->path, NULL))) {
         snprintf(err, errlen, "%s: %s", v->path,
                  s->files && s->paths ? strerror(errno) : "out of memory");
-        return fail_as(errno == ENOMEM ? ENOMEM : EIO);
+        return share_fail(errno == ENOMEM ? ENOMEM : EIO);
     }
     for (uint32_t f = 0; f < ix->nfiles; f++) {
         const ck_file *cf = &ix->files[f];
         if (!(s->paths[f] = realpath(cf->path, NULL))) {
             snprintf(err, errlen, "%s: %s: %s", v->path, cf->path, strerror(errno));
-            return fail_as(EIO);
+            return share_fail(EIO);
         }
         s->files[f] = (share_file){.path = s->paths[f], .dev = (uint64_t)cf->dev,
                                    .ino = (uint64_t)cf->ino, .size = cf->size,
@@ -256,7 +193,7 @@ static int identify(ckl_server *s, const load_view *v, char **source, char *err,
     if (changed >= 0) {
         snprintf(err, errlen, "%s: changed source: %s is no longer the file loaded", v->path,
                  s->files[changed].path);
-        return fail_as(EIO);
+        return share_fail(EIO);
     }
     return 0;
 }
@@ -272,7 +209,7 @@ static int make_table(ckl_server *s, const load_view *v, char *err, size_t errle
         if (v->plan->blobs[b].elsewhere) {
             snprintf(err, errlen, "%s: tensors placed in the caller's memory cannot be served",
                      v->path);
-            return fail_as(EINVAL);
+            return share_fail(EINVAL);
         }
     if (identify(s, v, &source, err, errlen) != 0)
         return -1;
@@ -286,14 +223,14 @@ static int make_table(ckl_server *s, const load_view *v, char *err, size_t errle
         code = ENOMEM;
     }
     free(source);
-    return code ? fail_as(code) : 0;
+    return code ? share_fail(code) : 0;
 }
 
 /* A socket bound at path and listening; a stale one (no server answers) replaced. */
 static int listen_at(const char *path, char *err, size_t errlen)
 {
     struct sockaddr_un a;
-    if (socket_address(path, &a, err, errlen) != 0)
+    if (share_socket_address(path, &a, err, errlen) != 0)
         return -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int rc = fd < 0 ? -1 : bind(fd, (struct sockaddr *)&a, sizeof a);
@@ -305,7 +242,7 @@ static int listen_at(const char *path, char *err, size_t errlen)
         if (live) {
             close(fd);
             snprintf(err, errlen, "%s: another server is serving there", path);
-            return fail_as(EINVAL);
+            return share_fail(EINVAL);
         }
         rc = unlink(path) == 0 ? bind(fd, (struct sockaddr *)&a, sizeof a) : -1;
     }
@@ -314,7 +251,7 @@ static int listen_at(const char *path, char *err, size_t errlen)
     snprintf(err, errlen, "%s: cannot serve there: %s", path, strerror(errno));
     if (fd >= 0)
         close(fd);
-    return fail_as(EIO);
+    return share_fail(EIO);
 }
 
 static void free_server(ckl_server *s)
@@ -341,7 +278,7 @@ static int prepare_server(ckl_server *s, char *err, size_t errlen)
         snprintf(err, errlen, "%s: only a load on a CUDA device can be served (%s)", v.path,
                  v.device != CKL_CUDA ? "this one is in host memory"
                                       : "this libckload was built without CUDA");
-        return fail_as(ENODEV);
+        return share_fail(ENODEV);
     }
     return make_table(s, &v, err, errlen);
 }
@@ -354,7 +291,7 @@ int ckl_serve(ckl_load *l, const char *socket_path, long gid, ckl_server **out, 
     if (!s || !(s->socket = strdup(socket_path))) {
         free(s);
         snprintf(err, errlen, "%s: out of memory", socket_path);
-        return fail_as(ENOMEM);
+        return share_fail(ENOMEM);
     }
     pthread_mutex_init(&s->lock, NULL);
     s->l = l;
@@ -366,7 +303,7 @@ int ckl_serve(ckl_load *l, const char *socket_path, long gid, ckl_server **out, 
         (s->listen_fd = listen_at(socket_path, err, errlen)) < 0) {
         int code = errno;
         free_server(s);
-        return fail_as(code);
+        return share_fail(code);
     }
     if (pipe2(s->wake, O_CLOEXEC) != 0 || pthread_create(&s->thread, NULL, serve, s) != 0) {
         snprintf(err, errlen, "%s: cannot start the server thread", socket_path);
@@ -376,7 +313,7 @@ int ckl_serve(ckl_load *l, const char *socket_path, long gid, ckl_server **out, 
         close(s->listen_fd);
         unlink(socket_path);
         free_server(s);
-        return fail_as(EIO);
+        return share_fail(EIO);
     }
     ckl_retain(l);
     *out = s;
@@ -397,7 +334,7 @@ int ckl_server_close(ckl_server *s, int force, char *err, size_t errlen)
     if (n && !force) {
         snprintf(err, errlen, "%s: %u attachment%s live: not closed (force closes it anyway)",
                  s->socket, n, n == 1 ? "" : "s");
-        return fail_as(EBUSY);
+        return share_fail(EBUSY);
     }
     while (write(s->wake[1], "x", 1) < 0 && errno == EINTR)
         ;
@@ -410,166 +347,5 @@ int ckl_server_close(ckl_server *s, int force, char *err, size_t errlen)
     unlink(s->socket);
     ckl_release(s->l);
     free_server(s);
-    return 0;
-}
-
-/* --- the client ----------------------------------------------------------------------------- */
-
-/* What an attached load keeps until its last release: the mapping and the connection. */
-typedef struct attachment {
-    const backend *be;
-    int fd, ordinal;
-    void *block;
-    char *strings;           /* the table's names and shapes, which its tensors point into */
-    int64_t *dims;
-} attachment;
-
-static void detach(void *ctx)
-{
-    attachment *a = ctx;
-    a->be->detach(a->ordinal, a->block);
-    close(a->fd);
-    free(a->strings);
-    free(a->dims);
-    free(a);
-}
-
-static int connect_to(const char *path, char *err, size_t errlen)
-{
-    struct sockaddr_un a;
-    if (socket_address(path, &a, err, errlen) != 0)
-        return -1;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-        set_timeouts(fd);
-        return fd;
-    }
-    int code = errno;
-    snprintf(err, errlen, "%s: no server is serving there (%s)", path, strerror(code));
-    if (fd >= 0)
-        close(fd);
-    return fail_as(code == EACCES ? EACCES : ENOENT);
-}
-
-/* The server's whole message into *msg (*len bytes). 0, or -1 with err set. */
-static int read_message(int fd, const char *path, unsigned char **msg, size_t *len, char *err,
-                        size_t errlen)
-{
-    unsigned char h[SHARE_HEADER];
-    ck_error e = {{0}};
-    uint64_t n = 0;
-    if (recv_all(fd, h, sizeof h) == 0 && (n = share_message_length(h, path, &e)) == 0) {
-        snprintf(err, errlen, "%s", e.msg);
-        return fail_as(EIO);
-    }
-    unsigned char *m = n ? malloc(n) : NULL;
-    if (n && !m) {
-        snprintf(err, errlen, "%s: out of memory", path);
-        return fail_as(ENOMEM);
-    }
-    if (!n || recv_all(fd, m + sizeof h, n - sizeof h) != 0) {
-        snprintf(err, errlen, "%s: the server %s", path,
-                 errno == 0 ? "closed the connection before its answer was whole"
-                 : errno == EAGAIN ? "sent nothing for " SECONDS(SHARE_WAIT_S) " seconds"
-                                   : strerror(errno));
-        free(m);
-        return fail_as(EIO);
-    }
-    memcpy(m, h, sizeof h);
-    *msg = m;
-    *len = n;
-    return 0;
-}
-
-/* Whether the table may be attached as asked: the device, and the source the caller expects. */
-static int acceptable(const share_table *t, const char *path, int cuda_device,
-                      const char *source, char *err, size_t errlen)
-{
-    if (cuda_device >= 0 && cuda_device != t->ordinal) {
-        snprintf(err, errlen, "%s: the served block is on cuda:%d, not cuda:%d", path,
-                 t->ordinal, cuda_device);
-        return fail_as(EINVAL);
-    }
-    if (!source)
-        return 0;
-    char *abs = realpath(source, NULL);
-    long changed = abs && strcmp(abs, t->source) == 0 ? share_files_changed(t->files, t->nfiles)
-                                                      : -2;
-    if (changed == -2)
-        snprintf(err, errlen, "%s: changed source: it serves %s, not %s", path, t->source,
-                 abs ? abs : source);
-    else if (changed >= 0)
-        snprintf(err, errlen, "%s: changed source: %s is no longer the file the server loaded",
-                 path, t->files[changed].path);
-    free(abs);
-    return changed == -1 ? 0 : fail_as(EIO);
-}
-
-/* The table mapped and made a load: 0, or -1 with err set (the table is the caller's still). */
-static int adopt(share_table *t, int fd, const char *path, ckl_load **out, char *err,
-                 size_t errlen)
-{
-    char why[256];
-    attachment *a = calloc(1, sizeof *a);
-    if (!a) {
-        snprintf(err, errlen, "%s: out of memory", path);
-        return fail_as(ENOMEM);
-    }
-    *a = (attachment){.be = backend_cuda, .fd = fd, .ordinal = t->ordinal};
-    if (!(a->block = a->be->attach(t->ordinal, t->handle, sizeof t->handle, why, sizeof why))) {
-        snprintf(err, errlen, "%s: %s", path, why);
-        free(a);
-        return fail_as(ENODEV);
-    }
-    load_adopted ad = {.shown = path, .ordinal = t->ordinal, .block = a->block,
-                       .plan = t->plan, .tensors = t->tensors, .drop = detach, .ctx = a};
-    if (load_adopt(&ad, out, err, errlen) != 0) {
-        a->be->detach(a->ordinal, a->block);
-        free(a);
-        return -1;
-    }
-    a->strings = t->strings;
-    a->dims = t->dims;
-    free(t->files);
-    *t = (share_table){0}; /* the load has the rest */
-    return 0;
-}
-
-int ckl_attach(const char *socket_path, int cuda_device, const char *source, ckl_load **out,
-               char *err, size_t errlen)
-{
-    *out = NULL;
-    if (!backend_cuda) {
-        snprintf(err, errlen, "%s: this libckload was built without CUDA", socket_path);
-        return fail_as(ENODEV);
-    }
-    unsigned char *msg = NULL;
-    size_t len = 0;
-    int fd = connect_to(socket_path, err, errlen);
-    if (fd < 0 || read_message(fd, socket_path, &msg, &len, err, errlen) != 0) {
-        int code = errno;
-        if (fd >= 0)
-            close(fd);
-        return fail_as(code);
-    }
-    share_reply r;
-    ck_error e = {{0}};
-    int rc = share_parse(msg, len, socket_path, &r, &e);
-    free(msg);
-    if (rc != 0) {
-        snprintf(err, errlen, "%s", e.msg);
-        rc = EIO;
-    } else if (r.refused) {
-        snprintf(err, errlen, "%s: refused by the server: %s", socket_path, r.text);
-        rc = r.code;
-    } else if (acceptable(&r.table, socket_path, cuda_device, source, err, errlen) != 0 ||
-               adopt(&r.table, fd, socket_path, out, err, errlen) != 0) {
-        rc = errno;
-        share_table_free(&r.table);
-    }
-    if (rc != 0) {
-        close(fd);
-        return fail_as(rc);
-    }
     return 0;
 }
