@@ -167,19 +167,8 @@ static int open_hub(http_remote *remote, const char *loc, ck_index **out, ck_err
     return rc;
 }
 
-/* err's message about url ("URL: what"), said of loc instead ("s3://B/K: what"). */
-static void say_as(ck_error *err, const char *url, const char *loc)
-{
-    char rest[sizeof err->msg];
-    const char *detail = ck_error_detail(err, url);
-    if (detail != err->msg) {
-        snprintf(rest, sizeof rest, "%s", detail);
-        ck_fail(err, loc, "%s", rest);
-    }
-}
-
 /* An s3:// location: the object, the shard set or the DCP checkpoint its prefix holds (s3.h),
- * opened as any URL. */
+ * each file opened by its s3:// location. */
 static int open_s3(http_remote *remote, const char *loc, ck_index **out, ck_error *err)
 {
     hub_target t;
@@ -190,8 +179,6 @@ static int open_s3(http_remote *remote, const char *loc, ck_index **out, ck_erro
              : t.nshards ? st_open_names(remote, t.url, (const char *const *)t.shards,
                                          t.nshards, out, err)
                          : open_file(remote, t.url, out, err);
-    if (rc != 0 && !t.nshards && !dcp)
-        say_as(err, t.url, loc); /* the object as the user named it, not its API URL */
     hub_target_free(&t);
     return rc;
 }

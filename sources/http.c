@@ -2,6 +2,7 @@
  * block cache, and the remote context that owns the caches. */
 #include "http.h"
 #include "../base/size.h" /* ck_parse_size: CKPTFS_CACHE_MAX */
+#include "s3.h"          /* an s3:// object's API URL */
 
 #include <errno.h>
 #include <pthread.h>
@@ -201,29 +202,26 @@ static const ck_source_ops http_ops = {
 int ck_source_open(http_remote *remote, const char *loc, const char *what, ck_file *f,
                    ck_error *err)
 {
-    if (!http_is_url(loc))
+    if (!http_is_url(loc) && !s3_is_url(loc))
         return ck_source_open_local(loc, what, f, err);
-    if (!remote) {
-        char shown[1024];
-        ck_location_shown(loc, shown, sizeof shown);
-        return ck_fail(err, shown, "a URL where only local files are opened");
-    }
+    if (!remote)
+        return ck_fail(err, loc, "a URL where only local files are opened");
     return http_open(remote, loc, what, f, err);
 }
 
-int http_open(http_remote *r, const char *url, const char *what, ck_file *f, ck_error *err)
+/* Opens url, the object named loc (http_target_open), into *f. */
+static int open_named(http_remote *r, const char *url, const char *loc, const char *what,
+                      ck_file *f, ck_error *err)
 {
     if (caches_ready(r, err))
         return -1;
     remote_file *o = calloc(1, sizeof *o);
     if (!o || !(o->head = malloc(HTTP_HEAD_BYTES))) {
         free(o);
-        char shown[1024];
-        ck_location_shown(url, shown, sizeof shown);
-        return ck_fail(err, shown, "out of memory");
+        return ck_fail(err, loc, "out of memory");
     }
-    o->target = http_target_open(&r->client, url, what, o->head, HTTP_HEAD_BYTES, &o->head_len,
-                                 err);
+    o->target = http_target_open(&r->client, url, loc, what, o->head, HTTP_HEAD_BYTES,
+                                 &o->head_len, err);
     if (!o->target) {
         free_file(o);
         return -1;
@@ -242,6 +240,19 @@ int http_open(http_remote *r, const char *url, const char *what, ck_file *f, ck_
                    .mtime = {.tv_sec = http_target_mtime(o->target)}, .ops = &http_ops,
                    .remote = o};
     return 0;
+}
+
+int http_open(http_remote *r, const char *loc, const char *what, ck_file *f, ck_error *err)
+{
+    if (!s3_is_url(loc))
+        return open_named(r, loc, loc, what, f, err);
+    s3_ref ref;
+    if (s3_parse(loc, &ref, err))
+        return -1;
+    char *url = s3_object_url(ref.bucket, ref.key);
+    int rc = url ? open_named(r, url, loc, what, f, err) : ck_fail(err, loc, "out of memory");
+    free(url);
+    return rc;
 }
 
 int http_open_fetch(http_remote *r, const char *name, uint64_t size, const char *etag,

@@ -52,9 +52,11 @@ void http_remote_free(http_remote *r);
 /* How r's requests are made (its CA certificates and tokens): for http_get. */
 const http_client *http_remote_client(const http_remote *r);
 
-/* Opens url through r into *f (see the contract); what names the file in a failure ("shard"),
- * or NULL. 0, or -1 with err set. */
-int http_open(http_remote *r, const char *url, const char *what, ck_file *f, ck_error *err);
+/* Opens loc through r into *f (see the contract): an http(s) URL, or an s3:// object (s3.h),
+ * read at its API URL and named by loc, so that every message about it (its own and a
+ * sibling's: ck_source_sibling keeps the scheme) says s3://BUCKET/KEY. what names the file in a
+ * failure ("shard"), or NULL. 0, or -1 with err set. */
+int http_open(http_remote *r, const char *loc, const char *what, ck_file *f, ck_error *err);
 
 /* An object of size bytes named name, each range read through fetch(ctx, ...) instead of HTTP:
  * r's block cache and, keyed by name and etag (a strong validator, or NULL: not cached), its

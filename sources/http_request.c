@@ -372,7 +372,7 @@ static double now_s(void)
 
 struct http_target {
     char *url;                /* as given: what a redirect target expires back to */
-    char shown[1024];         /* url as shown in messages (ck_location_shown) */
+    char shown[CK_SHOWN_MAX]; /* its location as shown in messages (ck_location_shown) */
     char *where;              /* the last redirect's target, tried first (lock) */
     char etag[256];           /* strong, "" when the server gave none */
     char since[64];           /* If-Unmodified-Since's date when there is no strong ETag */
@@ -722,11 +722,12 @@ static http_target *new_target(const http_client *c, const char *url, const char
     return o;
 }
 
-http_target *http_target_open(const http_client *c, const char *url, const char *what,
-                              unsigned char *head, size_t cap, size_t *got, ck_error *err)
+http_target *http_target_open(const http_client *c, const char *url, const char *named,
+                              const char *what, unsigned char *head, size_t cap, size_t *got,
+                              ck_error *err)
 {
-    char shown[1024];
-    ck_location_shown(url, shown, sizeof shown);
+    char shown[CK_SHOWN_MAX];
+    ck_location_shown(named, shown, sizeof shown);
     if (have_curl(shown, err))
         return NULL;
     http_target *o = new_target(c, url, shown);

@@ -74,10 +74,13 @@ typedef struct http_client {
 typedef struct http_target http_target;
 
 /* Opens url (what names it in a failure, e.g. "shard", or NULL): its first cap bytes or fewer,
- * the whole object when smaller, into head (*got of them). NULL with err set
- * ("URL: cannot open WHAT: why", the URL as location.h shows it). */
-http_target *http_target_open(const http_client *c, const char *url, const char *what,
-                              unsigned char *head, size_t cap, size_t *got, ck_error *err);
+ * the whole object when smaller, into head (*got of them). named is the location the object is
+ * known by: url itself, or the s3:// location url is the API's URL of; it is what every message
+ * about the object shows (as location.h shows it). NULL with err set ("NAMED: cannot open WHAT:
+ * why"). */
+http_target *http_target_open(const http_client *c, const char *url, const char *named,
+                              const char *what, unsigned char *head, size_t cap, size_t *got,
+                              ck_error *err);
 void http_target_close(http_target *t);
 
 /* [off, off+len) of target t into buf, one request tried at most tries times (0: as
@@ -87,7 +90,7 @@ int http_target_fetch(void *t, unsigned char *buf, size_t len, uint64_t off, uns
 uint64_t http_target_size(const http_target *t);
 /* Last-Modified, or 0 when the server gave none. */
 time_t http_target_mtime(const http_target *t);
-/* The URL as shown in messages (location.h). */
+/* The object's location (named at open) as shown in messages (location.h). */
 const char *http_target_shown(const http_target *t);
 /* Whether the object changed since the open (see the contract). */
 int http_target_changed(const http_target *t);

@@ -815,6 +815,14 @@ static int list_prefix(const http_client *c, const s3_ref *r, const char *loc, s
     return rc;
 }
 
+/* The s3:// location of key in bucket, malloc'ed, or NULL: what the target names, so that a
+ * file beside it (a shard, a rank's .distcp) is an s3:// location too, and shown as one. */
+static char *object_location(const char *bucket, const char *key)
+{
+    char *out = NULL;
+    return asprintf(&out, "s3://%s/%s", bucket, key) < 0 ? NULL : out;
+}
+
 int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck_error *err)
 {
     s3_ref r;
@@ -824,7 +832,7 @@ int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck
         return -1;
     size_t klen = strlen(r.key);
     if (klen && r.key[klen - 1] != '/') { /* one object */
-        t->url = s3_object_url(r.bucket, r.key);
+        t->url = object_location(r.bucket, r.key);
         return t->url ? 0 : ck_fail(err, loc, "out of memory");
     }
     s3_listing l = {0};
@@ -837,7 +845,7 @@ int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck
     char key[sizeof r.key + 64];
     if (rc == 0 && *dcp) {
         snprintf(key, sizeof key, "%s" DCP_METADATA_NAME, r.key);
-        t->url = s3_object_url(r.bucket, key);
+        t->url = object_location(r.bucket, key);
         m = t->url ? 1 : ck_fail(err, loc, "out of memory");
     } else if (rc == 0 && (picked = malloc((n ? n : 1) * sizeof *picked))) {
         char where[sizeof r.bucket + sizeof r.key + 8];
@@ -847,7 +855,7 @@ int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck
             m = ck_fail(err, loc, "holds no checkpoint file");
         if (m > 0) {
             snprintf(key, sizeof key, "%s%s", r.key, names[picked[0]]);
-            t->url = s3_object_url(r.bucket, key);
+            t->url = object_location(r.bucket, key);
         }
         t->shards = m > 1 ? calloc((size_t)m, sizeof *t->shards) : NULL;
         for (int i = 0; m > 1 && t->shards && i < m; i++)

@@ -104,9 +104,11 @@ int s3_ini_find(char *text, const char *section, const char *key, char *out, siz
  * (cap bytes) set. */
 int s3_container_url_allowed(const char *url, char *why, size_t cap);
 
-/* What loc resolves to, as for hf:// (hub_target): the file to open, or the first shard's URL
- * and every shard's name, or the DCP checkpoint's .metadata URL in url alone with dcp set.
- * 0, or -1 with err set and *t empty. */
+/* What loc resolves to, as for hf:// (hub_target): the file to open, or the first shard and
+ * every shard's name, or the DCP checkpoint's .metadata in url alone with dcp set; each an
+ * s3:// location (s3://BUCKET/KEY), which ck_source_open reads at its API URL, so that a
+ * message about it or a file beside it names the object as the user's location does, never
+ * the API's URL. 0, or -1 with err set and *t empty. */
 int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck_error *err);
 
 #endif

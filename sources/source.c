@@ -119,8 +119,9 @@ int ck_source_plain_name(const char *name)
 
 char *ck_source_sibling(const char *loc, const char *name, ck_error *err)
 {
-    /* In a URL, '?', '#' and '%' would change what the name means. */
-    int url = ck_location_scheme(loc) == CK_SCHEME_HTTP;
+    /* In a URL (an s3:// one too, read at its API URL), '?', '#' and '%' would change what the
+     * name means. */
+    int url = ck_location_is_url(loc);
     if (!ck_source_plain_name(name) || (url && name[strcspn(name, "?#%")]))
         return ck_fail(err, loc, "'%s' does not name a file in this directory", name), NULL;
     /* A URL's directory ends at its path's last '/', before any query. */

@@ -11,8 +11,9 @@
  *    validator (ETag or Last-Modified) captured at open, which every later request is pinned to.
  *  - A remote file has no descriptor (fd is -1): whoever reads it uses ck_file_read only, never
  *    pread, O_DIRECT, mmap or fadvise on it (ck_file_is_local tells them apart).
- *  - A source is named by a location: a path, an http:// or https:// URL, or (through hub.h)
- *    hf://. Files a checkpoint names beside it (shards, splits) are opened by
+ *  - A source is named by a location: a path, an http:// or https:// URL, an s3:// object (read
+ *    at its API URL, named by its s3:// location: s3.h), or (through hub.h) hf://. Files a
+ *    checkpoint names beside it (shards, splits) are opened by
  *    ck_source_sibling: only a plain file name is accepted, resolved in the source's own
  *    directory (a URL's directory for a URL), never a path the checkpoint chose.
  *  - A location is shown only as location.h says (ck_location_shown).

@@ -99,6 +99,42 @@ def test_a_prefix_is_its_shard_set(s3):
     assert p.returncode == 0 and p.stdout == data, p.stderr
 
 
+def test_a_file_under_a_prefix_is_named_by_its_s3_location(s3, tmp_path, monkeypatch):
+    """A shard that is not safetensors, a DCP checkpoint's .distcp that is missing: the line
+    (ckpt's, ckload's) names that file as s3://BUCKET/KEY, as the prefix is named, never by the
+    API's URL (the endpoint's address and the bucket's path on it)."""
+    import subprocess
+    import ckload
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    s3.put(BUCKET, f"badshard/{names[0]}", s3.local / names[0])
+    (tmp_path / "junk").write_bytes(b"\x10" + b"\0" * 7 + b"not a safetensors header")
+    s3.put(BUCKET, f"badshard/{names[1]}", tmp_path / "junk")
+    weight_map = {t: n for n in names for t in want(s3, n)}
+    s3.put(BUCKET, "badshard/model.safetensors.index.json",
+           json.dumps({"metadata": {}, "weight_map": weight_map}).encode())
+    torch2 = Path(__file__).parents[2] / ".deps" / "torch2" / "bin" / "python"
+    d = tmp_path / "dcp"
+    p = subprocess.run([str(torch2), str(Path(__file__).with_name("dcp_writer.py")), "save", d],
+                       capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    distcp = sorted(f.name for f in d.iterdir() if f.suffix == ".distcp")
+    for f in d.iterdir():
+        if f.name != distcp[-1]:
+            s3.put(BUCKET, f"dcp-lacking/{f.name}", f)
+    for prefix, file in (("badshard/", names[1]), ("dcp-lacking/", distcp[-1])):
+        named = f"s3://{BUCKET}/{prefix}{file}: "
+        p = ckpt(s3, "ls", f"s3://{BUCKET}/{prefix}")
+        line = p.stderr.decode()
+        assert p.returncode == 1 and line.count("\n") == 1, line
+        assert line.startswith("ckpt: " + named) and s3.endpoint not in line, line
+        for k, v in env_for(s3).items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(RuntimeError) as e:
+            ckload.load(f"s3://{BUCKET}/{prefix}", device="cpu")
+        assert str(e.value).startswith("ckload: " + named), e.value
+        assert s3.endpoint not in str(e.value)
+
+
 def test_mounted(s3, mount, monkeypatch):
     tensors, metadata = library_view(s3.local / "model.safetensors")
     for k, v in env_for(s3).items():
