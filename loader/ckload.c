@@ -45,6 +45,7 @@ struct ckl_load {
     ck_index *ix;            /* src.ix */
     mount_source src;        /* what path stands for: the index, the selection (mount.h) */
     int check_files;         /* check each source file is unchanged once a blob is read */
+    uint64_t identity;       /* ckl_source_identity, taken while the files are open */
     ckl_options opt;
     int device, ordinal;
     const backend *be;       /* the device's: owns the block and moves bytes into it */
@@ -800,6 +801,21 @@ static int options_valid(const ckl_load *l, char *err, size_t errlen)
     return 0;
 }
 
+/* ckl_source_identity of the files ix opened: each one's name and what ck_file_unchanged
+ * compares (device, inode, size, mtime; a remote file's size and Last-Modified). */
+static uint64_t source_identity(const ck_index *ix)
+{
+    uint64_t h = 0;
+    for (uint32_t f = 0; f < ix->nfiles; f++) {
+        const ck_file *cf = &ix->files[f];
+        uint64_t id[5] = {(uint64_t)cf->dev, (uint64_t)cf->ino, cf->size,
+                          (uint64_t)cf->mtime.tv_sec, (uint64_t)cf->mtime.tv_nsec};
+        h = XXH3_64bits_withSeed(cf->path, strlen(cf->path) + 1, h);
+        h = XXH3_64bits_withSeed(id, sizeof id, h);
+    }
+    return h ? h : 1;
+}
+
 /* Everything a load needs before its readers start: the source, the device, the plan, the block,
  * the ring and each tensor's address. 0, or the error's class (ckload.h) with err set. */
 static int prepare(ckl_load *l, const char *path, char *err, size_t errlen)
@@ -810,6 +826,7 @@ static int prepare(ckl_load *l, const char *path, char *err, size_t errlen)
     if (code != 0)
         return code;
     l->ix = l->src.ix;
+    l->identity = source_identity(l->ix);
     if (!l->pool)
         return out_of_memory(l, err, errlen);
     if (pick_device(l, err, errlen) != 0)
@@ -975,6 +992,11 @@ uint64_t ckl_total_bytes(const ckl_load *l)
     for (size_t b = 0; b < l->plan->nblobs; b++)
         n += l->plan->blobs[b].len;
     return n;
+}
+
+uint64_t ckl_source_identity(const ckl_load *l)
+{
+    return l->identity;
 }
 
 const char *ckl_read_path(const ckl_load *l)

@@ -202,6 +202,14 @@ uint64_t ckl_done_bytes(const ckl_load *l);
  * "attach" (nothing read: another process's block, mapped: ckl_attach). */
 const char *ckl_read_path(const ckl_load *l);
 
+/* What identifies the source files l opened, as they were when it opened them: a hash of each
+ * one's name and identity (device, inode, size, mtime; a remote object's size and
+ * Last-Modified), never 0, that two loads of one location share while its files are the same
+ * (a file replaced, rewritten or touched between them changes it); 0 for an attached load. What
+ * a caller running several loads of one source compares (the Python module's stream, at every
+ * window). */
+uint64_t ckl_source_identity(const ckl_load *l);
+
 /* Waits for tensor i / for everything. 0, or -1 with the load's error in err (errno EIO; EINVAL
  * for no tensor i). */
 int ckl_wait(ckl_load *l, size_t i, char *err, size_t errlen);

@@ -5,6 +5,7 @@
 #include "loadview.h"
 #include "sharemsg.h"
 #include "sharesock.h"
+#include "../base/location.h" /* ck_location_shown: a source named as a URL */
 
 #include <errno.h>
 #include <limits.h>
@@ -95,12 +96,12 @@ static int acceptable(const share_table *t, const char *path, int cuda_device,
     }
     if (!source)
         return 0;
-    char *abs = realpath(source, NULL);
+    char *abs = realpath(source, NULL), shown[CK_SHOWN_MAX];
     long changed = abs && strcmp(abs, t->source) == 0 ? share_files_changed(t->files, t->nfiles)
                                                       : -2;
-    if (changed == -2)
+    if (changed == -2) /* source as given may be a URL: shown without its secrets */
         snprintf(err, errlen, "%s: changed source: it serves %s, not %s", path, t->source,
-                 abs ? abs : source);
+                 abs ? abs : ck_location_shown(source, shown, sizeof shown));
     else if (changed >= 0)
         snprintf(err, errlen, "%s: changed source: %s is no longer the file the server loaded",
                  path, t->files[changed].path);

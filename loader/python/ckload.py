@@ -288,6 +288,7 @@ def library() -> ctypes.CDLL:
                                             [load_p, _c.c_size_t, _c.c_uint64]),
                 "ckl_selected": (_c.c_int, [_c.c_char_p, _c.c_char_p]),
                 "ckl_location_shown": (_c.c_char_p, [_c.c_char_p, _c.c_char_p, _c.c_size_t]),
+                "ckl_source_identity": (_c.c_uint64, [load_p]),
                 "ckl_blob_count": (_c.c_size_t, [load_p]),
                 "ckl_blob": (_c.c_int, [load_p, _c.c_size_t, _c.POINTER(_c.c_void_p),
                                         _c.POINTER(_c.c_uint64), _c.POINTER(_c.c_int),
@@ -460,10 +461,10 @@ def _c_int(path, name, v, lo, hi, default=None, within=""):
     raise _bad_argument(path, f"{within}{name}={v!r}: not {alone}an integer from {lo} to {hi}")
 
 
-def _bad_argument(path, what):
-    """The ValueError for an argument refused before libckload sees it, worded as its own
-    messages are ("ckload: FILE: what is wrong")."""
-    return ValueError(f"ckload: {os.fsdecode(path)}: {what}")
+def _bad_argument(path, what, cls=ValueError):
+    """The ValueError (or cls) for an argument refused before libckload sees it, worded as its
+    own messages are ("ckload: FILE: what is wrong", FILE as shown() shows it)."""
+    return cls(f"ckload: {shown(path)}: {what}")
 
 
 def _raise(err):
@@ -585,6 +586,10 @@ class Load:
     def pointer(self, i: int) -> int:
         """Tensor i's address in the load's block (a host or device pointer)."""
         return self._get(i).data or 0
+
+    def _identity(self):
+        """ckl_source_identity: what identifies the source files this load opened."""
+        return self._lib.ckl_source_identity(self._handle())
 
     def find(self, name: str) -> int:
         """The index of tensor name, or -1."""
@@ -737,8 +742,8 @@ class Attached(Load):
         if device is not None:
             dev, ordinal = _parse_device(device, socket)
             if dev != CKL_CUDA:
-                raise ValueError(f"ckload: {os.fsdecode(socket)}: device={device!r}: an "
-                                 f"attached block is on a CUDA device")
+                raise _bad_argument(socket, f"device={device!r}: an attached block is on a "
+                                            f"CUDA device")
         want = None if source is None else os.fsencode(source)
         err = _c.create_string_buffer(len(self._path) + (len(want) if want else 0) + 4096)
         handle = _c.c_void_p()
@@ -837,6 +842,12 @@ class Entry(NamedTuple):
 def entries(path: PathLike, device: Device = "auto", only: Optional[str] = None) -> List[Entry]:
     """The tensors a load of path selects, in pack order (natural name order; tied tensors each),
     listed without reading a byte of any. Arguments and errors as load's."""
+    return _listing(path, device, only)[0]
+
+
+def _listing(path, device, only):
+    """entries(path, device, only), and the identity of the files they were listed from
+    (Load._identity)."""
     out = []
 
     def listing(ctx, t, at):
@@ -847,8 +858,35 @@ def entries(path: PathLike, device: Device = "auto", only: Optional[str] = None)
                          tuple(c.shape[k] for k in range(c.rank)), c.nbytes))
         return DEST_SKIP
 
-    Load(path, device=device, only=only, _dest=listing).release()
-    return out
+    with Load(path, device=device, only=only, _dest=listing) as ld:
+        return out, ld._identity()
+
+
+def _chosen(path, names, order):
+    """The entries of order that names takes: all for None; else names must be an iterable of
+    str (a str itself is refused, not taken as its characters), each the name of an entry of
+    order (KeyError naming the first that is not), else TypeError."""
+    if names is None:
+        return order
+    if isinstance(names, (str, bytes)):
+        raise _bad_argument(path, f"names={names!r}: expected an iterable of tensor names, "
+                                  f"not one string", TypeError)
+    wanted = list(names)
+    for n in wanted:
+        if not isinstance(n, str):
+            raise _bad_argument(path, f"names: {n!r} is not a str (a tensor name)", TypeError)
+    known = {e.name for e in order}
+    for n in wanted:
+        if n not in known:
+            raise _bad_argument(path, f"names: no tensor '{n}' among those selected", KeyError)
+    wanted = set(wanted)
+    return [e for e in order if e.name in wanted]
+
+
+def _window(path, window):
+    """stream's window (bytes held at once), an integer from 1 to 2**62, else the ValueError
+    about path that says so (what the vLLM load format checks its `window` key with, too)."""
+    return _c_int(path, "window", window, 1, 1 << 62)
 
 
 def _windows(order, window):
@@ -874,12 +912,14 @@ def stream(path: PathLike, device: Device = "auto", window: int = 1 << 30,
     that no copy of the whole checkpoint is ever made. names, when given, takes only those of
     the selected tensors. Each window is one Load of the tensors it takes, started when the
     consumer has taken the last tensor of the one before, whose memory goes once the consumer
-    drops its tensors. Arguments and errors as load's."""
-    window = _c_int(path, "window", window, 1, 1 << 62)
-    order = entries(path, device, only)
-    if names is not None:
-        wanted = set(names)
-        order = [e for e in order if e.name in wanted]
+    drops its tensors. Each window checks the source's files are still those the tensors were
+    listed from (ckl_source_identity: device, inode, size, mtime): a file replaced or changed
+    between two windows raises Error, never yields tensors of two checkpoints. names: an
+    iterable of str (not one str), each a tensor the load selects: else TypeError, or KeyError
+    naming the first unknown. Arguments and errors otherwise as load's."""
+    window = _window(path, window)
+    order, identity = _listing(path, device, only)
+    order = _chosen(path, names, order)
     for run in _windows(order, window):
         chosen = set(run)
 
@@ -891,6 +931,9 @@ def stream(path: PathLike, device: Device = "auto", window: int = 1 << 30,
 
         with Load(path, device=device, only=only, verify=verify, threads=threads,
                   buffer_size=buffer_size, _dest=pick) as ld:
+            if ld._identity() != identity:
+                raise Error(f"ckload: {shown(path)}: changed while streamed: its files are not "
+                            f"those its tensors were listed from (device, inode, size, mtime)")
             for i in range(len(ld)):
                 ld.wait(i)
                 yield ld.name(i), ld.tensor(i)
@@ -1140,8 +1183,8 @@ def _into_from_attached(targets, device, source, strict, only, on_ready):
     a = source if isinstance(source, Attached) else Attached(source, device=device)
     try:
         if a.device != device:
-            raise ValueError(f"ckload: {os.fsdecode(a._path)}: the served block is on "
-                             f"{a.device}, the target on {device}")
+            raise _bad_argument(a._path, f"the served block is on {a.device}, the target on "
+                                         f"{device}")
         place, lib = _Placement(targets, strict, only), library()
         sel = None if only is None else os.fsencode(only)
         copies = []
@@ -1151,7 +1194,7 @@ def _into_from_attached(targets, device, source, strict, only, on_ready):
             if lib.ckl_selected(sel, tp.contents.name) and place(None, tp, at) == DEST_AT:
                 copies.append((i, at[0]))
         if place(None, None, None) != DEST_BLOCK:
-            raise Error(f"ckload: {os.fsdecode(a._path)}: cannot load into the target: " +
+            raise Error(f"ckload: {shown(a._path)}: cannot load into the target: " +
                         "; ".join(place.problems()))
         torch.cuda.synchronize(device)  # the targets' pending writes (a fill) go first
         for i, ptr in copies:
@@ -1212,7 +1255,7 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
                   buffers=buffers, on_ready=early if on_ready else None, _dest=place)
     except RuntimeError:
         if place.refused or place.wrong:
-            raise Error(f"ckload: {os.fsdecode(path)}: cannot load into the target: " +
+            raise Error(f"ckload: {shown(path)}: cannot load into the target: " +
                         "; ".join(place.problems())) from None
         raise
     with ld:

@@ -29,6 +29,22 @@ except ImportError:
 
 LOAD_FORMAT = "ckload"
 KEYS = {"source", "window", "verify", "attach"}
+WHERE = "model_loader_extra_config"  # what a message about a key names
+
+
+def checked_config(extra):
+    """model_loader_extra_config (a mapping, or None) as the load format takes it, its keys
+    checked before anything is read: unknown keys, and a `window` that is not an integer from 1
+    to 2**62 (ckload.stream's own check: "1G", null or a list), each refused with one line
+    (ValueError "ckload: model_loader_extra_config: what is wrong")."""
+    import ckload
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - KEYS)
+    if unknown:
+        raise ValueError(f"ckload: {WHERE}: unknown keys {unknown} (known: {sorted(KEYS)})")
+    if "window" in extra:
+        ckload._window(WHERE, extra["window"])
+    return extra
 
 
 def weights_source(model, revision, extra):
@@ -74,6 +90,7 @@ def fill(model, source, window=1 << 30, verify=True):
     windows, as vLLM's own loaders feed it."""
     import ckload
     shown = ckload.shown(source)
+    window = ckload._window(source, window)  # refused even where nothing is streamed
     device = device_of(model)
     order = ckload.entries(source, device=device)
     rank, world = tensor_parallel()
@@ -360,12 +377,7 @@ def register():
     class CkloadModelLoader(BaseModelLoader):
         def __init__(self, load_config):
             super().__init__(load_config)
-            extra = dict(load_config.model_loader_extra_config or {})
-            unknown = sorted(set(extra) - KEYS)
-            if unknown:
-                raise ValueError(f"ckload: model_loader_extra_config: unknown keys {unknown} "
-                                 f"(known: {sorted(KEYS)})")
-            self.extra = extra
+            self.extra = checked_config(load_config.model_loader_extra_config)
 
         def download_model(self, model_config):
             """Nothing to fetch ahead: remote sources are read in place."""
@@ -381,7 +393,7 @@ def register():
                 return
             source = weights_source(model_config.model, model_config.revision, self.extra)
             placed, read, other = fill(model, source,
-                                       window=int(self.extra.get("window", 1 << 30)),
+                                       window=self.extra.get("window", 1 << 30),
                                        verify=bool(self.extra.get("verify", True)))
             # vLLM's own loaders' words, so that a log reads the same whichever loaded
             logger.info("Loading weights took %.2f seconds (ckload, from %s: %d tensors read "
