@@ -700,9 +700,10 @@ int main(int argc, char **argv)
     }
     status = EXIT_USAGE; /* until the command line is known good */
     if (!o.source || !o.mountpoint || o.extra) {
+        char shown[CK_SHOWN_MAX]; /* the extra argument may be a URL with its secrets */
         if (o.extra)
             fprintf(stderr, "ckptfs: %s: one argument too many (usage: %s [options] SOURCE "
-                    "MOUNTPOINT)\n", o.extra, argv[0]);
+                    "MOUNTPOINT)\n", ck_location_shown(o.extra, shown, sizeof shown), argv[0]);
         else
             fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", argv[0]);
         goto out;

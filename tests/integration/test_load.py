@@ -148,6 +148,49 @@ def test_stream_refuses_a_window_of_nothing(tmp_path):
         next(ckload.stream(src, device="cpu", window=0))
 
 
+@pytest.mark.parametrize("names,error,says", [
+    ("ab", TypeError, "names='ab': expected an iterable of tensor names, not one string"),
+    (["a", 7], TypeError, "names: 7 is not a str (a tensor name)"),
+    (["nope", "a", "also.nope"], KeyError, "names: no tensor 'nope'"),
+])
+def test_stream_refuses_names_it_cannot_take(tmp_path, names, error, says):
+    """names: a str is not taken as its characters (tensors "a" and "b" exist), a non-str item
+    and an unknown name are refused, the first unknown named, before any tensor is handed out."""
+    src = tmp_path / "ab.safetensors"
+    save_file({"a": torch.ones(2), "b": torch.zeros(3)}, str(src))
+    with pytest.raises(error) as e:
+        next(ckload.stream(src, device="cpu", names=names))
+    assert e.value.args[0] == f"ckload: {src}: {says}" + \
+        (" among those selected" if error is KeyError else ""), e.value.args[0]
+    assert dict(ckload.stream(src, device="cpu", names=["b"])).keys() == {"b"}
+
+
+@pytest.mark.parametrize("verify", [False, True])
+@pytest.mark.parametrize("how", ["replaced", "rewritten"])
+def test_stream_refuses_a_source_changed_between_windows(tmp_path, verify, how):
+    """A file replaced (a new inode renamed over it) or rewritten in place between two windows
+    of one stream: the next window raises Error naming the source, never hands out tensors of
+    the other checkpoint; the tensors before it are the first checkpoint's (safetensors')."""
+    from safetensors.torch import load_file
+    src, other = tmp_path / "m.safetensors", tmp_path / "other.safetensors"
+    save_file({f"w{i}": torch.full((64,), float(i)) for i in range(4)}, str(src))
+    save_file({f"w{i}": torch.full((64,), -1.0) for i in range(4)}, str(other))
+    want = load_file(str(src))
+    it = ckload.stream(src, device="cpu", window=256, verify=verify)  # one tensor a window
+    name, t = next(it)
+    assert torch.equal(t, want[name])
+    if how == "replaced":
+        os.replace(other, src)
+    else:
+        st = src.stat()
+        src.write_bytes(other.read_bytes())
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    with pytest.raises(ckload.Error) as e:
+        next(it)
+    assert str(e.value) == (f"ckload: {src}: changed while streamed: its files are not those "
+                            f"its tensors were listed from (device, inode, size, mtime)")
+
+
 @pytest.mark.parametrize("threads,buffer_size", [(1, 4096), (3, 5000), (16, 1 << 20)])
 def test_threads_and_buffer_sizes(tmp_path, threads, buffer_size):
     g = torch.Generator().manual_seed(5)
