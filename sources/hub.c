@@ -205,6 +205,11 @@ static int revision_info(const http_client *c, const hub_ref *r, const char *loc
     }
     free(rev);
     int rc = http_get(c, url, HUB_MAX_API, &body, &len, err);
+    if (rc) { /* said of loc, as the user named it, never of the API's URL */
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", ck_error_detail(err, url));
+        ck_fail(err, loc, "the Hub's revision API: %s", why);
+    }
     free(url);
     if (rc)
         return -1;

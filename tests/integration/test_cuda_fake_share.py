@@ -255,3 +255,21 @@ def test_ckpt_serve_keeps_serving_while_attached(tmp_path, sock_dir):
     assert {x: int(got[x]) for x in LIVE} == dict.fromkeys(LIVE, 0), got
     b.p.kill()  # its block's exporter is gone: nothing it reads now is promised (share.h)
     b.p.wait()
+
+
+def test_a_changed_source_refusal_shows_no_secret(tmp_path, sock_dir):
+    """A client naming as source a URL with secrets (userinfo, a presigned query), which is not
+    what the server loaded: refused, "changed source", the URL shown without its secrets
+    (ckload.shown, the one rule), through the library and through the Python module."""
+    src = safetensors_source(tmp_path)
+    sock = sock_dir / "s"
+    server = start_server(tmp_path, src, sock)
+    for url in ("https://user:S3CR3T@127.0.0.1:9/m.safetensors",
+                "http://127.0.0.1:9/m.safetensors?X-Amz-Signature=S3CR3T&X-Amz-Credential=K"):
+        got = attach_once(tmp_path, sock, source=url)
+        assert got["line"] == (f"ckload: {sock}: changed source: it serves {src}, not "
+                               f"{ckload.shown(url)}"), got
+        assert "S3CR3T" not in got["line"]
+    server.say("close")
+    assert server.line() == "closed"
+    server.end()
