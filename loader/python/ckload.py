@@ -909,14 +909,15 @@ def stream(path: PathLike, device: Device = "auto", window: int = 1 << 30,
     """Yields (name, torch.Tensor) for the checkpoint at path in pack order, each as it lands,
     holding at most window bytes of it at a time (a tensor larger than window alone): for a
     consumer that copies each tensor into memory of its own (vLLM's model.load_weights), so
-    that no copy of the whole checkpoint is ever made. names, when given, takes only those of
-    the selected tensors. Each window is one Load of the tensors it takes, started when the
-    consumer has taken the last tensor of the one before, whose memory goes once the consumer
-    drops its tensors. Each window checks the source's files are still those the tensors were
-    listed from (ckl_source_identity: device, inode, size, mtime): a file replaced or changed
-    between two windows raises Error, never yields tensors of two checkpoints. names: an
-    iterable of str (not one str), each a tensor the load selects: else TypeError, or KeyError
-    naming the first unknown. Arguments and errors otherwise as load's."""
+    that no copy of the whole checkpoint is ever made. names, when given (an iterable of str,
+    never one str), takes only those of the selected tensors: a name that is not one raises
+    KeyError naming the first such, an item that is not a str (or names given as one str)
+    TypeError, before any tensor is handed out. Each window is one Load of the tensors it takes, started
+    when the consumer has taken the last tensor of the one before, whose memory goes once the
+    consumer drops its tensors; each checks that the source's files are still those the
+    tensors were listed from (ckl_source_identity: device, inode, size, mtime), so that a file
+    replaced or changed between two windows raises Error, never yields tensors of two
+    checkpoints. Arguments and errors otherwise as load's."""
     window = _window(path, window)
     order, identity = _listing(path, device, only)
     order = _chosen(path, names, order)
