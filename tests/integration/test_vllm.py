@@ -239,3 +239,30 @@ def test_a_changed_pack_fails_the_start(vllm_env, llama, sources, tmp_path):
     data[-100] ^= 0xFF  # a byte of the last blob's data
     bad.write_bytes(bytes(data))
     refused(vllm_env, llama, bad, str(bad))
+
+
+WINDOWS = """
+import ckload_vllm
+from vllm.config import LoadConfig
+from vllm.model_executor.model_loader import get_model_loader
+ckload_vllm.register()
+for w in ("1G", None, [1 << 20], -1, True):
+    try:
+        get_model_loader(LoadConfig(load_format="ckload", model_loader_extra_config={
+            "window": w, "source": "https://user:S3CR3T@127.0.0.1:9/m.safetensors"}))
+        print("accepted", repr(w))
+    except ValueError as e:
+        print(str(e))
+get_model_loader(LoadConfig(load_format="ckload", model_loader_extra_config={"window": 4096}))
+"""
+
+
+def test_the_registered_format_refuses_a_bad_window(vllm_env):
+    """vLLM's own get_model_loader on the registered format (no engine started): a `window`
+    that is not an integer from 1 to 2**62 is one line naming the key, as an unknown key is."""
+    p = subprocess.run([str(VLLM_PY), "-c", WINDOWS], capture_output=True, env=vllm_env,
+                       timeout=START)
+    assert p.returncode == 0, p.stderr.decode()[-4000:]
+    want = [f"ckload: model_loader_extra_config: window={w!r}: not an integer from 1 to {1 << 62}"
+            for w in ("1G", None, [1 << 20], -1, True)]
+    assert p.stdout.decode().splitlines() == want, p.stdout.decode()
