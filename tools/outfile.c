@@ -1,5 +1,6 @@
 /* outfile.c — atomic outputs of ckpt commands (see outfile.h). */
 #include "outfile.h"
+#include "../base/location.h" /* an output named as a URL: refused, shown without secrets */
 #include "../base/size.h"
 
 #include <dirent.h>
@@ -130,6 +131,18 @@ static void sweep_stale_temps(const char *out)
     free(bcopy);
 }
 
+/* Whether out is named as a URL (ck_location_is_url), which no output is: said on one line, the
+ * URL shown without its secrets, before any message that would name out as it is. */
+static int url_refused(const char *out)
+{
+    char shown[CK_SHOWN_MAX];
+    if (!ck_location_is_url(out))
+        return 0;
+    fprintf(stderr, "ckpt: %s: an output is a local path, not a URL\n",
+            ck_location_shown(out, shown, sizeof shown));
+    return 1;
+}
+
 /* Says, on one line, why out cannot be written where it is: the first of its parent directories
  * that does not exist, or one that is no directory. -1, or 0 when its directory is there. */
 static int parents_missing(const char *out)
@@ -169,6 +182,8 @@ char *ck_out_file_path(const char *out, const char *name)
     struct stat st;
     char *path = NULL;
     size_t n = strlen(out);
+    if (url_refused(out))
+        return NULL;
     if (stat(out, &st) == 0 && S_ISDIR(st.st_mode)) { /* into it, as cp puts a file */
         if (asprintf(&path, "%s%s%s", out, n && out[n - 1] == '/' ? "" : "/", name) < 0)
             path = NULL;
@@ -300,7 +315,7 @@ static void say_written(const char *out, uint64_t bytes, const ck_bar *bar)
 
 int ck_out_file(ck_synth *sy, const char *out, const char *label, int flags)
 {
-    char *tmp = parents_missing(out) == 0 ? temp_name(out) : NULL;
+    char *tmp = !url_refused(out) && parents_missing(out) == 0 ? temp_name(out) : NULL;
     if (!tmp)
         return -1;
     int fd = mkostemp(tmp, O_CLOEXEC);
@@ -354,7 +369,8 @@ int ck_out_dir_begin(ck_out_dir *d, const char *out, uint64_t total, const char 
                      int flags)
 {
     *d = (ck_out_dir){.out = out, .total = total, .dirfd = -1, .flags = flags};
-    if (dir_output_allowed(out, flags & CK_OUT_FORCE) != 0 || !(d->tmp = temp_name(out)))
+    if (url_refused(out) || dir_output_allowed(out, flags & CK_OUT_FORCE) != 0 ||
+        !(d->tmp = temp_name(out)))
         return -1;
     if (!mkdtemp(d->tmp) || chmod(d->tmp, 0755) != 0 ||
         (d->dirfd = open(d->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {

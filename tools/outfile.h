@@ -6,7 +6,8 @@
  * or Ctrl-C (progress.h), the temp file or directory is removed, one line "ckpt: OUT: why" is
  * printed, and -1 returned. A progress bar over all the bytes is drawn on a terminal. Temp
  * names are OUT.ckpt-tmp-PID-XXXXXX; one whose process is gone (killed before it could clean
- * up) is removed by the next output to OUT.
+ * up) is removed by the next output to OUT. An OUT named as a URL is refused ("ckpt: URL: an
+ * output is a local path, not a URL"), the URL shown without its secrets.
  */
 #ifndef CK_TOOLS_OUTFILE_H
 #define CK_TOOLS_OUTFILE_H

@@ -258,17 +258,22 @@ def test_ckpt_every_command(place, sample, tmp_path):
                  ["pack", loc, tmp_path / "o.pack"], ["load", loc, "--device", "cpu"]):
         p = ckpt(place, *args)
         assert p.returncode == 0, (args, p.stderr)
-    for args in (["ls", bad], ["info", bad], ["cat", bad, name], ["stats", bad],
-                 ["diff", local, bad], ["convert", bad, tmp_path / "x.safetensors"],
-                 ["pack", bad, tmp_path / "x.pack"], ["load", bad, "--device", "cpu"],
-                 ["verify", bad], ["verify", loc], ["cat", loc, "no.such.tensor"],
-                 ["serve", bad, "--device", "cuda:0", "--socket", tmp_path / "s.sock"],
-                 ["serve", loc, "--device", "cuda:0", "--socket", tmp_path / "s.sock"]):
+    sock = tmp_path / "s.sock"
+    for named, args in ((bad, ["ls", bad]), (bad, ["info", bad]), (bad, ["cat", bad, name]),
+                        (bad, ["stats", bad]), (bad, ["diff", local, bad]),
+                        (bad, ["convert", bad, tmp_path / "x.safetensors"]),
+                        (bad, ["pack", bad, tmp_path / "x.pack"]),
+                        (bad, ["load", bad, "--device", "cpu"]), (bad, ["verify", bad]),
+                        (loc, ["verify", loc]), (loc, ["cat", loc, "no.such.tensor"]),
+                        (bad, ["serve", bad, "--device", "cuda:0", "--socket", sock]),
+                        (loc, ["serve", loc, "--device", "cuda:0", "--socket", sock]),
+                        (loc, ["convert", local, loc]), (loc, ["pack", local, loc]),
+                        (loc + "/", ["convert", local, loc + "/"])):
         p = ckpt(place, *args)
         line = p.stderr.decode()
         assert p.returncode != 0 and line.count("\n") == 1 and line.startswith("ckpt: "), \
             (args, line)
-        place.check(line, names=args[2] if args[0] == "diff" else args[1])
+        place.check(line, names=named)
 
 
 def test_daemon_refused_and_its_log(place, mountpoint):
