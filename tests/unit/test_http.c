@@ -110,6 +110,15 @@ Test(http, siblings)
         cr_expect_null(ck_source_sibling("http://h/a/i.json", bad[i], &err), "'%s'", bad[i]);
     cr_expect_null(ck_source_sibling("http://h/a/i.json", "x?y", &err), "a query in a URL");
     cr_expect_null(ck_source_sibling("http://h/a/i.json", "%2e%2e", &err), "an escape in a URL");
+    /* An s3:// object's sibling is an s3:// location (opened at its API URL, named as it is);
+     * '?', '#' and '%' are refused there as in any URL. */
+    s = ck_source_sibling("s3://bkt/m/model.safetensors.index.json", "m-1.safetensors", &err);
+    cr_assert(s, "%s", err.msg);
+    cr_expect_str_eq(s, "s3://bkt/m/m-1.safetensors");
+    free(s);
+    for (size_t i = 0; i < 3; i++)
+        cr_expect_null(ck_source_sibling("s3://bkt/m/.metadata", (const char *[]){"x?y", "x#y",
+                                         "%2e%2e"}[i], &err), "in an s3:// location");
 }
 
 Test(http, hub_parse)
