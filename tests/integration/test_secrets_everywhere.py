@@ -201,14 +201,10 @@ def test_python_failing_sources(place, tmp_path):
 
 def test_python_load_into_refusal(place):
     """load_into's own line (a target whose shape the checkpoint's tensor is not)."""
-    name = next(iter(library_view_of(place)))
+    name = ckload.entries(place.loc, device="cpu")[0].name
     with pytest.raises(RuntimeError) as e:
         ckload.load_into({name: torch.zeros(1)}, place.loc)
     place.check(str(e.value), names=place.loc)
-
-
-def library_view_of(place):
-    return [e.name for e in ckload.entries(place.loc, device="cpu")]
 
 
 def test_python_attach(place, tmp_path):
