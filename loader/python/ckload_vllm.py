@@ -120,6 +120,9 @@ def _place(plan, source, device, verify, rank, world, shown):
     import ckload
     if not plan.placed:
         return 0
+    if device.startswith("cuda"):  # what torch queued into the model's memory lands before
+        import torch
+        torch.cuda.synchronize(device)
     with ckload.Load(source, device=device, verify=verify, slices=plan.slices, rank=rank,
                      world_size=world, _dest=plan.dest) as ld:
         ld.wait_all()
@@ -190,8 +193,11 @@ def _refused(shown, name, e):
 # --- where the model's weight loaders put each tensor -------------------------------------------
 
 # The byte a placed region holds from its recorded copy until ckload writes it: a change made
-# there without torch's dispatcher (numpy, ctypes) shows as another byte.
+# there without torch's dispatcher (numpy, ctypes) shows as another byte. Only so many elements
+# of a region, spread evenly, hold it: filling and checking every byte of every placed tensor
+# would cost about what reading it does.
 _UNWRITTEN = 0xA5
+_SAMPLES = 4096
 
 
 class _Diverged(Exception):
@@ -217,20 +223,29 @@ def _span(t):
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-def _bytes(t):
-    """The bytes of t (contiguous) as a uint8 tensor over the same memory."""
+def _sampled(t):
+    """The bytes of t's elements (t contiguous) that hold _UNWRITTEN, as uint8 tensors over its
+    memory, one row an element: every element up to _SAMPLES, else _SAMPLES spread evenly (a
+    change of more than 1/_SAMPLES of t in one piece covers one), and the last."""
     import torch
-    return t.detach().reshape(-1).view(torch.uint8)
+    b = t.detach().reshape(-1).view(torch.uint8).view(-1, t.element_size())
+    return b[::max(1, -(-b.shape[0] // _SAMPLES))], b[-1:]
+
+
+def _mark(t):
+    """Fills t's sampled bytes with _UNWRITTEN."""
+    for b in _sampled(t):
+        b.fill_(_UNWRITTEN)
 
 
 def _intact(t):
-    """Whether t's memory (contiguous) still holds only _UNWRITTEN bytes."""
+    """Whether t's sampled bytes still hold _UNWRITTEN (read on the host: the fills before
+    are done on a GPU too when this returns)."""
     import torch
-    b = _bytes(t)
-    if b.numel() == 0:
-        return True
-    lo, hi = torch.aminmax(b)
-    return int(lo) == int(hi) == _UNWRITTEN
+    for b in _sampled(t):
+        if b.numel() and any(int(v) != _UNWRITTEN for v in torch.aminmax(b)):
+            return False
+    return True
 
 
 def _is_view(func):
@@ -475,7 +490,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         if self._touch(dst) or where is None:
             self.streamed.add(name)
         else:
-            _bytes(dst).fill_(_UNWRITTEN)
+            _mark(dst)
         self.regions.append((start, end, name))
         self.copies.setdefault(name, []).append((where, dst))
 
@@ -492,7 +507,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         if copy:
             self.landed[name] = args[0]
             self.regions.append((*_span(args[0]), name))
-            _bytes(args[0]).fill_(_UNWRITTEN)
+            _mark(args[0])
 
 
 def register():

@@ -284,6 +284,27 @@ def test_a_change_through_numpy_after_the_copy_is_kept(tmp_path, cls):
     same(*filled(cls, pair_checkpoint(tmp_path)))
 
 
+class ScalesARowThroughNumpy(torch.nn.Module):
+    """Doubles one row (4 KiB) of a 256 KiB weight through numpy after its copy: not every
+    byte of a large tensor is watched, but a change of one row is seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = unwritten(64, 1024)
+
+    def load_weights(self, weights):
+        for _, w in weights:
+            self.big.data.copy_(w)
+            self.big.data[37].numpy()[...] *= 2
+        return {"big"}
+
+
+def test_a_change_through_numpy_to_a_row_of_a_large_tensor_is_kept(tmp_path):
+    torch.manual_seed(2)
+    save_file({"big": torch.randn(64, 1024)}, tmp_path / "big.safetensors")
+    same(*filled(ScalesARowThroughNumpy, tmp_path / "big.safetensors"))
+
+
 class TakesEachNameOnce(Pair):
     """Takes a name only the first time any call feeds it (state kept across calls): a second
     call does not do what the probes showed, and nothing is left half filled."""
