@@ -182,24 +182,41 @@ def test_a_model_that_does_not_say_what_it_loaded_is_not_refused(tmp_path):
     same(got, reference(st))
 
 
+def replaced_once_listed(monkeypatch, st, without):
+    """st replaced, once ckload has listed it, by a copy without tensor `without`."""
+    sd = load_file(st)
+    del sd[without]
+    short = st.with_name("short.safetensors")
+    save_file(sd, short)
+    listed = ckload.entries
+
+    def then_replaced(*args, **kw):
+        out = listed(*args, **kw)
+        if short.exists():
+            short.replace(st)
+        return out
+
+    monkeypatch.setattr(ckload, "entries", then_replaced)
+
+
 def test_a_placed_tensor_the_load_does_not_find_is_refused(tmp_path, monkeypatch):
     """The file is replaced between the listing the probes are made from and the load that
     reads them into place: a tensor placed but no longer there is never written, and fill says
     so rather than leave the parameter as it was."""
     st = checkpoint(tmp_path)
-    sd = load_file(st)
-    del sd["norm"]
-    save_file(sd, tmp_path / "short.safetensors")
-    listed = ckload.entries
-
-    def then_replaced(*args, **kw):
-        out = listed(*args, **kw)
-        if (tmp_path / "short.safetensors").exists():
-            (tmp_path / "short.safetensors").replace(st)
-        return out
-
-    monkeypatch.setattr(ckload, "entries", then_replaced)
+    replaced_once_listed(monkeypatch, st, "norm")
     with pytest.raises(ckload.Error) as e:
         ckload_vllm.fill(Toy(), str(st))
     assert str(e.value) == f"ckload: {st}: tensor 'norm': read into the model 0 times, not " \
                            f"once (the source changed since it was listed)"
+
+
+def test_a_streamed_tensor_the_load_does_not_find_is_refused(tmp_path, monkeypatch):
+    """As above, for a tensor streamed through load_weights (scaled): never fed, so never
+    written; fill fails with a line naming the source (here, or where ckload.stream refuses
+    a name the source lacks)."""
+    st = checkpoint(tmp_path)
+    replaced_once_listed(monkeypatch, st, "scaled")
+    with pytest.raises(ckload.Error) as e:
+        ckload_vllm.fill(Toy(), str(st))
+    assert str(e.value).startswith(f"ckload: {st}: ")
