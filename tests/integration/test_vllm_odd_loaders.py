@@ -4,7 +4,10 @@ of view torch has (lazy conjugation and negation among them), a loader that zero
 parameters at each call, one that holds a pair until both halves arrive, one that changes a
 parameter through numpy after its copy, one that takes each name once across calls. Each
 model is compared byte for byte with the same module filled by its own load_weights from the
-tensors the safetensors library reads (test_vllm_placement.py's reference and comparison)."""
+tensors the safetensors library reads (test_vllm_placement.py's reference and comparison).
+The views are those torch's documentation lists ("Tensor Views") and the lazy ones (conj, the
+negative view, dtype views), but for the sparse ones (indices, values): a checkpoint's tensor
+is strided."""
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -23,6 +26,7 @@ VIEWS = {
     "getitem_step": ((4, 6), F32, lambda w: w[::2]),
     "getitem_none": ((4, 6), F32, lambda w: w[None]),
     "getitem_ellipsis": ((4, 6), F32, lambda w: w[...]),
+    "getitem_list": ((4, 6), F32, lambda w: w[[2, 0, 1, 3]]),  # advanced indexing: a copy
     "adjoint": ((4, 6), F32, lambda w: w.adjoint()),
     "as_strided_window": ((4, 6), F32, lambda w: w.as_strided((3, 4), (4, 1), 2)),
     "as_strided_overlapping": ((4, 6), F32, lambda w: w.as_strided((4, 6), (1, 1))),
@@ -60,6 +64,7 @@ VIEWS = {
     "view_uint8": ((4, 6), F32, lambda w: w.view(torch.uint8)),
     "view_float16": ((4, 6), F32, lambda w: w.view(torch.float16)),
     "reshape": ((4, 6), F32, lambda w: w.reshape(3, 8)),
+    "reshape_as": ((4, 6), F32, lambda w: w.reshape_as(torch.empty(8, 3, device="meta"))),
     "reshape_of_transpose": ((4, 6), F32, lambda w: w.t().reshape(-1)),
     "flatten": ((2, 3, 4), F32, lambda w: w.flatten()),
     "ravel": ((2, 3, 4), F32, lambda w: w.ravel()),
@@ -75,6 +80,7 @@ VIEWS = {
     "tensor_split": ((4, 6), F32, lambda w: w.tensor_split(3)[1]),
     "neg_view": ((4, 6), F32, lambda w: torch._neg_view(w)),
     "neg_view_chunk": ((4, 6), F32, lambda w: torch._neg_view(w).chunk(2)[1]),
+    "neg_view_resolved": ((4, 6), F32, lambda w: torch._neg_view(w).resolve_neg()),
     "conj_real": ((4, 6), F32, lambda w: w.conj()),
     "complex": ((4, 6), C64, lambda w: w),
     "conj": ((4, 6), C64, lambda w: w.conj()),
@@ -108,9 +114,9 @@ COPIES = {
 # no stride but the dense one, one dtype, no lazy bit), copied whole into a parameter: read
 # straight into place (with this rank's torch.chunk parts, for a second rank of two).
 WHOLE = {"plain", "getitem_none", "getitem_ellipsis", "as_strided_whole", "detach", "alias",
-         "expand_same", "permute_size_one", "squeeze", "unsqueeze", "t_t",
-         "unflatten", "unfold_tiling", "view", "view_as", "view_flat", "reshape", "flatten", "ravel",
-         "contiguous", "conj_real", "complex", "conj_conj", "copy_non_blocking",
+         "expand_same", "permute_size_one", "squeeze", "unsqueeze", "t_t", "unflatten",
+         "unfold_tiling", "view", "view_as", "view_flat", "reshape", "reshape_as", "flatten",
+         "ravel", "contiguous", "conj_real", "complex", "conj_conj", "copy_non_blocking",
          "copy_setitem"}
 PARTS = {"split", "chunk", "chunk_columns", "hsplit", "vsplit"}
 
