@@ -108,6 +108,7 @@ COPIES = {
     "copy_converting": ((4, 6), F32, (4, 6), torch.float16, lambda p, w: p.copy_(w)),
     "copy_into_a_transpose": ((4, 6), F32, (6, 4), F32, lambda p, w: p.t().copy_(w)),
     "copy_into_a_conj": ((4, 6), C64, (4, 6), C64, lambda p, w: p.conj().copy_(w)),
+    "copy_into_a_neg_view": ((4, 6), F32, (4, 6), F32, lambda p, w: torch._neg_view(p).copy_(w)),
 }
 
 # Those whose bytes, as the checkpoint stores them, are the view's own in order (no offset,
