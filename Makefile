@@ -159,7 +159,7 @@ ONCE_TESTS := test_vllm test_wheel_root test_sidecar test_deb
 TORCH2_PYTHON := $(CURDIR)/.deps/torch2/bin/python
 TORCH2_TESTS  := test_load test_load_source test_load_mount test_load_uring test_load_into \
                  test_slices test_distributed test_libckload test_torch test_convert test_wheel \
-                 test_vllm_placement
+                 test_vllm_placement test_vllm_odd_loaders
 test-torch2: all
 	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
 	    $(TORCH2_PYTHON) -m pytest -q -p no:cacheprovider $(TORCH2_TESTS:%=tests/integration/%.py)

@@ -1070,6 +1070,8 @@ class _Placement:
                     f"{list(t.shape)}")
         if not t.is_contiguous():
             return "the target is not contiguous"
+        if t.is_conj() or t.is_neg():  # its values are not its bytes: a raw read would differ
+            return "the target is a conjugated or negated view (is_conj, is_neg)"
         return None
 
     def __call__(self, ctx, tp, at):
@@ -1223,7 +1225,8 @@ def load_into(target, path: PathLike, strict: bool = True, only: Optional[str] =
     name (read into it for the host, through the pinned staging buffers for CUDA): no second
     copy, no memory of ckload's that outlives the call, and on CUDA torch's allocator counts
     it all. Names are matched exactly; each target must have the checkpoint's dtype and shape
-    (a tensor part's shape, with slices) and be contiguous. Tied parameters (one memory under
+    (a tensor part's shape, with slices) and be contiguous, not a conjugated or negated view
+    (is_conj, is_neg). Tied parameters (one memory under
     several names) end as load_state_dict leaves them: with the bytes of the last of their
     names, in the target's order (its state_dict's, or the mapping's), that the checkpoint
     has, whatever the checkpoint holds under the others (read once, straight in, where that

@@ -83,36 +83,36 @@ def fill(model, source, window=1 << 30, verify=True):
 
     First model.load_weights is run on probes (meta tensors of the checkpoint's shapes): it
     reads no byte, and it records where the model's own weight loaders copy each tensor
-    (Recorder). A tensor copied whole, or as the tensor-parallel part
-    torch.chunk cuts for this rank, into contiguous memory of the model's, is then read by
-    one ckload load straight into that memory (no staging copy); the rest (converted, split
-    unlike torch.chunk, used in a computation) is streamed through model.load_weights in
-    windows, as vLLM's own loaders feed it."""
+    (Recorder). A tensor copied whole, or as the tensor-parallel part torch.chunk cuts for
+    this rank, byte for byte into contiguous memory of the model's and left alone there, is
+    placed: read by one ckload load straight into that memory (no staging copy). If any
+    tensor is not (converted, viewed otherwise, split unlike torch.chunk, used in a
+    computation, copied twice, its copy touched afterwards), model.load_weights runs once
+    more on the whole sequence, the streamed tensors real (read in windows, as vLLM's own
+    loaders feed them) and the placed ones as probes again, so that every loader sees what
+    one call would show it; the placed ones are read after it, as their copies would have
+    landed. Where that run does not do what the probes showed, everything is streamed
+    through one model.load_weights call instead."""
     import ckload
     shown = ckload.shown(source)
     window = ckload._window(source, window)  # refused even where nothing is streamed
     device = device_of(model)
     order = ckload.entries(source, device=device)
     rank, world = tensor_parallel()
-    plan = _probe(model, order, rank, world)
+    recorder = _probe(model, order, rank, world)
+    plan = recorder.plan if recorder else None
     # what load_weights says it loaded (None: a model that does not say; nothing is checked)
-    loaded = set(plan.loaded) if plan and plan.loaded is not None else None
-    read = 0
-    if plan and plan.placed:
-        with ckload.Load(source, device=device, verify=verify, slices=plan.slices, rank=rank,
-                         world_size=world, _dest=plan.dest) as ld:
-            ld.wait_all()
-            read = ld.done_bytes()
-        if plan.refused:
-            raise ckload.Error(f"ckload: {shown}: {plan.refused}")
-    rest = plan.streamed if plan else None
-    if rest is None or rest:
-        got = _take(model, ckload.stream(source, device=device, window=window, verify=verify,
-                                         names=rest), shown)
-        if got is not None and loaded is not None:
-            loaded |= set(got)
-        elif plan is None:
-            loaded = got
+    loaded = plan.loaded if plan else None
+    if plan and plan.streamed:
+        try:
+            loaded = recorder.replay(order, ckload.stream(
+                source, device=device, window=window, verify=verify, names=plan.streamed), shown)
+        except _Diverged:
+            plan = None
+    if plan is None:
+        loaded = _take(model, ckload.stream(source, device=device, window=window,
+                                            verify=verify), shown)
+    read = _place(plan, source, device, verify, rank, world, shown) if plan else 0
     if loaded is not None:
         _check_filled(model, loaded, shown)
     placed = len(plan.placed) if plan else 0
@@ -120,12 +120,38 @@ def fill(model, source, window=1 << 30, verify=True):
 
 
 def _probe(model, order, rank, world):
-    """The placement plan (Plan) model.load_weights shows on probes, or None where it
+    """The Recorder that ran model.load_weights on probes (its plan), or None where the model
     cannot run on them (then everything is streamed, and a refusal comes from real bytes)."""
     try:
-        return Recorder(model, rank, world).plan(order)
+        recorder = Recorder(model, rank, world)
+        recorder.record(order)
+        return recorder
     except Exception:  # noqa: BLE001: any failure on probes is retried on real tensors
         return None
+
+
+def _place(plan, source, device, verify, rank, world, shown):
+    """One ckload load of plan's placed tensors straight into the model's memory; the bytes it
+    read. ckload.Error where a tensor's bytes are not what its probe had, or a placed tensor
+    was not written exactly once (the source changed since it was listed)."""
+    import ckload
+    if not plan.placed:
+        return 0
+    if device.startswith("cuda"):  # what torch queued into the model's memory lands before
+        import torch
+        torch.cuda.synchronize(device)
+    with ckload.Load(source, device=device, verify=verify, slices=plan.slices, rank=rank,
+                     world_size=world, _dest=plan.dest) as ld:
+        ld.wait_all()
+        read = ld.done_bytes()
+    if plan.refused:
+        raise ckload.Error(f"ckload: {shown}: {plan.refused}")
+    for name in plan.placed:
+        if plan.written.get(name) != 1:
+            raise ckload.Error(f"ckload: {shown}: tensor '{name}': read into the model "
+                               f"{plan.written.get(name, 0)} times, not once (the source "
+                               f"changed since it was listed)")
+    return read
 
 
 def _take(model, tensors, shown):
@@ -140,7 +166,7 @@ def _take(model, tensors, shown):
 
     try:
         return model.load_weights(named())
-    except ckload.Error:
+    except (ckload.Error, _Diverged):
         raise
     except (OSError, ValueError) as e:
         if str(e).startswith("ckload: "):  # ckload's own line (a source that cannot be read)
@@ -183,6 +209,19 @@ def _refused(shown, name, e):
 
 # --- where the model's weight loaders put each tensor -------------------------------------------
 
+# The byte a placed region holds from its recorded copy until ckload writes it: a change made
+# there without torch's dispatcher (numpy, ctypes) shows as another byte. Only so many elements
+# of a region, spread evenly, hold it: filling and checking every byte of every placed tensor
+# would cost about what reading it does.
+_UNWRITTEN = 0xA5
+_SAMPLES = 4096
+
+
+class _Diverged(Exception):
+    """The run of model.load_weights with the streamed tensors did not do what the probes
+    showed: the placement is dropped and everything streamed."""
+
+
 def _storage(t):
     """t's storage (views of one tensor share it), in torch 1.x and 2.x."""
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
@@ -201,10 +240,53 @@ def _span(t):
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
+def _sampled(t):
+    """The bytes of t's elements (t contiguous) that hold _UNWRITTEN, as uint8 tensors over its
+    memory, one row an element: every element up to _SAMPLES, else _SAMPLES spread evenly (a
+    change of more than 1/_SAMPLES of t in one piece covers one), and the last."""
+    import torch
+    b = t.detach().reshape(-1).view(torch.uint8).view(-1, t.element_size())
+    return b[::max(1, -(-b.shape[0] // _SAMPLES))], b[-1:]
+
+
+def _mark(t):
+    """Fills t's sampled bytes with _UNWRITTEN."""
+    for b in _sampled(t):
+        b.fill_(_UNWRITTEN)
+
+
+def _intact(t):
+    """Whether t's sampled bytes still hold _UNWRITTEN (read on the host: the fills before
+    are done on a GPU too when this returns)."""
+    import torch
+    for b in _sampled(t):
+        if b.numel() and any(int(v) != _UNWRITTEN for v in torch.aminmax(b)):
+            return False
+    return True
+
+
 def _is_view(func):
     """Whether aten op func returns a view of an argument (it reads and writes no element)."""
     return any(r.alias_info is not None and not r.alias_info.is_write
                for r in func._schema.returns)
+
+
+def _plain_copy(dst, src, probe):
+    """Whether dst.copy_(src) writes the elements src views, as the probe stores them, byte for
+    byte into dst's contiguous memory: both strided with no lazy conjugation or negation, one
+    dtype (the probe's), as many elements, src's shape broadcasting to dst's (else the copy
+    fails). How src cuts the probe is _part's to say."""
+    import torch
+    for t in (dst, src):
+        if t.layout != torch.strided or t.is_conj() or t.is_neg():
+            return False
+    if not (src.dtype == dst.dtype == probe.dtype and dst.is_contiguous()
+            and src.numel() == dst.numel()):
+        return False
+    try:
+        return tuple(torch.broadcast_shapes(src.shape, dst.shape)) == tuple(dst.shape)
+    except RuntimeError:
+        return False
 
 
 def _part(probe, src, rank, world):
@@ -231,11 +313,12 @@ class Plan:
     model's memory, slices [(name, dim)] (those read as this rank's part), streamed (the names
     model.load_weights takes itself), loaded (what model.load_weights said it loaded). dest is
     ckl_options.dest for the load of the placed ones; refused, the line of a tensor whose bytes
-    were not what the probe had."""
+    were not what the probe had; written, how many times each name was read into place."""
 
     def __init__(self, placed, slices, streamed, loaded):
         self.placed, self.slices, self.streamed, self.loaded = placed, slices, streamed, loaded
         self.refused = None
+        self.written = {}
 
     def dest(self, ctx, tp, at):
         import ckload
@@ -250,17 +333,23 @@ class Plan:
             self.refused = (f"tensor '{name}': {c.nbytes} bytes, where the model's loader "
                             f"copies {where[1]}")
             return ckload.DEST_SKIP
+        self.written[name] = self.written.get(name, 0) + 1
         at[0] = where[0] if c.nbytes else None
         return ckload.DEST_AT
 
 
 class Recorder(TorchDispatchMode if TorchDispatchMode else object):
     """model.load_weights run on probes: meta tensors of the checkpoint's dtypes and shapes.
-    Every aten op its weight loaders run passes here. A copy_ from a probe (or a view of one)
-    into the model's memory is recorded and not done; an op that computes with a probe (a
-    conversion, a concatenation) marks its tensor streamed, as does any later op that touches
-    memory a recorded copy targets (the loader reads or changes what it copied: that must
-    happen to real bytes); every other op runs as it would (a loader zeroing padding rows)."""
+    Every aten op its weight loaders run passes here. record: a copy_ from a probe (or a view
+    of one) into the model's memory is recorded and not done, its target filled with
+    _UNWRITTEN; a tensor is placed only if its one copy writes its bytes unchanged (_plain_copy,
+    _part) and nothing touches that memory afterwards: any other op on a probe (a conversion, a
+    concatenation, an in-place change) marks its tensor streamed, as does any later op that
+    reads or writes memory a recorded copy targets, or a change that bypassed the dispatcher
+    (the _UNWRITTEN bytes changed); every other op runs as it would (a loader zeroing padding
+    rows). replay: the same run with the streamed tensors real; it must do what record showed
+    (each placed tensor copied once, to the same place, its memory untouched after), or
+    _Diverged."""
 
     def __init__(self, model, rank, world):
         super().__init__()
@@ -271,12 +360,17 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
                 base = _storage(t)
                 self.memory[base.data_ptr()] = base.data_ptr() + base.nbytes()
         self.owner = {}     # storage key -> the names of the probes it holds or came from
+        self.kept = []      # tensors computed from probes, kept so that no key is reused
         self.probes = {}    # name -> probe
-        self.copies = {}    # name -> [(address, bytes, part)]
-        self.regions = []   # (start, end, name) of every recorded copy
+        self.copies = {}    # name -> [(address, bytes, part) or None, target]
+        self.regions = []   # (start, end, name) of every recorded copy (replay: landed)
         self.streamed = set()
+        self.plan = None
+        self.landed = None  # replay: name -> its copy's target
+        self.diverged = False
 
-    def plan(self, order):
+    def record(self, order):
+        """Runs model.load_weights on probes of order's tensors; self.plan, what it showed."""
         import torch
         names = sorted(e.name for e in order)
         for e in order:
@@ -287,21 +381,54 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
             self.owner[_storage_key(p)] = {e.name}
         with self:
             loaded = self.model.load_weights((n, p) for n, p in self.probes.items())
-        if any(t.is_meta for t in list(self.model.parameters()) + list(self.model.buffers())):
+        if self._kept_a_probe():
             raise ValueError("a weight loader kept a probe")
         placed, slices = {}, []
         streamed = {e.name for e in order if e.torch_dtype is None} | self.streamed
         for name, copies in self.copies.items():
             if name in streamed:
                 continue
-            if len(copies) != 1 or (copies[0][2] is not None and not self._sliceable(name, names)):
+            where, target = copies[0] if len(copies) == 1 else (None, None)
+            if where is None or (where[2] is not None and not self._sliceable(name, names)) \
+                    or not _intact(target):
                 streamed.add(name)
                 continue
-            at, n, part = copies[0]
-            placed[name] = (at, n)
-            if part is not None:
-                slices.append((name, part))
-        return Plan(placed, slices, streamed, loaded)
+            placed[name] = where[:2]
+            if where[2] is not None:
+                slices.append((name, where[2]))
+        self.plan = Plan(placed, slices, streamed,
+                         None if loaded is None else set(loaded))
+
+    def replay(self, order, stream, shown):
+        """model.load_weights once more on order's whole sequence: the streamed tensors from
+        stream (ckload.stream of their names), every other one its probe again. What it says
+        it loaded; _Diverged where it did not do what record showed."""
+        import ckload
+        self.regions, self.landed, self.diverged = [], {}, False
+
+        def fed():
+            for e in order:
+                if e.name not in self.plan.streamed:
+                    yield e.name, self.probes[e.name]
+                    continue
+                name, t = next(stream, (None, None))
+                if name != e.name:
+                    raise ckload.Error(f"ckload: {shown}: the source changed since it was "
+                                       f"listed (tensor '{e.name}')")
+                yield name, t
+
+        try:
+            with self:
+                loaded = _take(self.model, fed(), shown)
+        finally:
+            stream.close()
+        if self.diverged or set(self.landed) != set(self.plan.placed) or self._kept_a_probe() \
+                or not all(_intact(t) for t in self.landed.values()):
+            raise _Diverged()
+        return None if loaded is None else set(loaded)
+
+    def _kept_a_probe(self):
+        return any(t.is_meta for t in list(self.model.parameters()) + list(self.model.buffers()))
 
     @staticmethod
     def _sliceable(name, names):
@@ -322,29 +449,51 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         for t in tensors:
             if t.is_meta:
                 names |= self.owner.get(_storage_key(t), set())
-        if func is torch.ops.aten.copy_.default and names:
-            self._copy(args[0], args[1], names)
-            return args[0]
+        copy = func is torch.ops.aten.copy_.default and bool(names)
         view = _is_view(func)
-        if not view:
+        if self.landed is not None:
+            self._check(copy, view, args, names, tensors)
+        elif copy:
+            self._copy(args[0], args[1], names)
+        elif not view:
             for t in tensors:
                 if not t.is_meta:
                     self._touch(t)
+        if copy:
+            return args[0]
         out = func(*args, **kwargs)
         if names and not view:
             self.streamed |= names
             for o in tree_flatten(out)[0]:
                 if isinstance(o, torch.Tensor) and o.is_meta:
+                    self.kept.append(o)
                     self.owner.setdefault(_storage_key(o), set()).update(names)
         return out
+
+    def _hits(self, t):
+        """The names of the copies recorded (replay: landed) into memory t overlaps."""
+        start, end = _span(t)
+        return {name for s, e, name in self.regions if s < end and start < e}
 
     def _touch(self, t):
         """t's memory is read or written: the copies recorded into it must be real. Whether
         there were any."""
-        start, end = _span(t)
-        hit = {name for s, e, name in self.regions if s < end and start < e}
+        hit = self._hits(t)
         self.streamed |= hit
         return bool(hit)
+
+    def _where(self, dst, src, name):
+        """(address, bytes, part) of dst.copy_(src), src a view of name's probe, where ckload
+        can make it (a plain copy into the model's memory, of the whole probe or this rank's
+        torch.chunk part); else None."""
+        probe = self.probes[name]
+        start, end = _span(dst)
+        base = _storage(dst).data_ptr()
+        if _storage_key(src) != _storage_key(probe) or not _plain_copy(dst, src, probe) \
+                or base not in self.memory or end > self.memory[base]:
+            return None
+        part = _part(probe, src, self.rank, self.world)
+        return None if part is False else (start, end - start, part)
 
     def _copy(self, dst, src, names):
         name = next(iter(names)) if len(names) == 1 else None
@@ -354,16 +503,28 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
                 self._touch(dst)
             return
         start, end = _span(dst)
-        base = _storage(dst).data_ptr()
-        part = _part(self.probes[name], src, self.rank, self.world) \
-            if _storage_key(src) == _storage_key(self.probes[name]) else False
-        inside = base in self.memory and end <= self.memory[base]
-        overlaps = self._touch(dst)
-        if overlaps or part is False or not inside or not dst.is_contiguous() \
-                or dst.dtype != src.dtype or dst.numel() != src.numel():
+        where = self._where(dst, src, name)
+        if self._touch(dst) or where is None:
             self.streamed.add(name)
+        else:
+            _mark(dst)
         self.regions.append((start, end, name))
-        self.copies.setdefault(name, []).append((start, end - start, part))
+        self.copies.setdefault(name, []).append((where, dst))
+
+    def _check(self, copy, view, args, names, tensors):
+        """replay's rule for one op: a probe's only op is its tensor's recorded copy, once;
+        nothing else touches that memory after it lands."""
+        name = next(iter(names)) if len(names) == 1 else None
+        touches = not view and any(self._hits(t) for t in tensors if not t.is_meta)
+        if touches or (names and not view and not copy) or (copy and (
+                name not in self.plan.placed or name in self.landed or args[0].is_meta
+                or self._where(args[0], args[1], name) != self.copies[name][0][0])):
+            self.diverged = True  # even if a loader swallows the exception
+            raise _Diverged()
+        if copy:
+            self.landed[name] = args[0]
+            self.regions.append((*_span(args[0]), name))
+            _mark(args[0])
 
 
 def register():

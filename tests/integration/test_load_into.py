@@ -164,6 +164,22 @@ def test_a_target_that_does_not_fit_is_refused_untouched(tmp_path, strict):
         assert {k: as_bytes(v) for k, v in got.state_dict().items()} == untouched
 
 
+def test_a_conjugated_or_negated_view_is_refused_untouched(tmp_path):
+    """A target whose values are not its bytes (a lazily conjugated or negated view: copy_ into
+    it writes the conjugate or negation of what it is given) cannot take the checkpoint's
+    bytes as they are: refused, as a target that is not contiguous, before a byte is read."""
+    torch.manual_seed(0)
+    save_file({"c": torch.randn(4, dtype=torch.complex64), "r": torch.randn(4)},
+              tmp_path / "m.safetensors")
+    memory = {"c": torch.zeros(4, dtype=torch.complex64), "r": torch.zeros(4)}
+    for view, says in (({"c": memory["c"].conj()}, "conjugated"),
+                       ({"r": torch._neg_view(memory["r"])}, "negated")):
+        with pytest.raises(RuntimeError, match="cannot load into the target") as e:
+            ckload.load_into(view, tmp_path / "m.safetensors", strict=False)
+        assert says in str(e.value)
+    assert all(not v.view(torch.uint8).any() for v in memory.values())
+
+
 def test_meta_then_to_empty(tmp_path):
     src = trained()
     path = sources(src, tmp_path)["pt"]

@@ -6,7 +6,8 @@ readers), compared byte for byte. The real vLLM's loaders are test_vllm.py's.
 What a probe run shows decides each tensor's path: copied whole, or as the part torch.chunk
 cuts for this rank, into contiguous memory of the module's: read straight there; converted,
 changed after its copy, split otherwise, or used by a computation: through load_weights; never
-copied: not read."""
+copied: not read. Every parameter starts with all its bits set (NaN), so that a byte nothing
+wrote never passes for one the reference wrote."""
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -14,6 +15,13 @@ from safetensors.torch import load_file, save_file
 import ckload
 import ckload_vllm
 from ckptfs_testlib import build_dir, run
+
+
+def unwritten(*shape, dtype=torch.float32):
+    """A parameter of shape and dtype with every bit set (NaN, or -1): not what a write leaves."""
+    p = torch.nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+    p.data.view(-1).view(torch.uint8).fill_(0xFF)
+    return p
 
 
 class Toy(torch.nn.Module):
@@ -26,15 +34,14 @@ class Toy(torch.nn.Module):
     def __init__(self, rank=0, world=1):
         super().__init__()
         self.rank, self.world = rank, world
-        e = torch.empty
-        self.qkv = torch.nn.Parameter(e(12, 4), requires_grad=False)
-        self.emb = torch.nn.Parameter(e(10, 4), requires_grad=False)
-        self.norm = torch.nn.Parameter(e(4), requires_grad=False)
-        self.col = torch.nn.Parameter(e(8 // world, 6), requires_grad=False)
-        self.row = torch.nn.Parameter(e(6, 8 // world), requires_grad=False)
-        self.scaled = torch.nn.Parameter(e(4, 4), requires_grad=False)
-        self.f16 = torch.nn.Parameter(e(4, 4, dtype=torch.float16), requires_grad=False)
-        self.odd = torch.nn.Parameter(e(3, 6), requires_grad=False)
+        self.qkv = unwritten(12, 4)
+        self.emb = unwritten(10, 4)
+        self.norm = unwritten(4)
+        self.col = unwritten(8 // world, 6)
+        self.row = unwritten(6, 8 // world)
+        self.scaled = unwritten(4, 4)
+        self.f16 = unwritten(4, 4, dtype=torch.float16)
+        self.odd = unwritten(3, 6)
 
     def load_weights(self, weights):
         loaded = set()
@@ -173,3 +180,43 @@ def test_a_model_that_does_not_say_what_it_loaded_is_not_refused(tmp_path):
     got = Silent()
     assert ckload_vllm.fill(got, str(st))[0] == 7
     same(got, reference(st))
+
+
+def replaced_once_listed(monkeypatch, st, without):
+    """st replaced, once ckload has listed it, by a copy without tensor `without`."""
+    sd = load_file(st)
+    del sd[without]
+    short = st.with_name("short.safetensors")
+    save_file(sd, short)
+    listed = ckload.entries
+
+    def then_replaced(*args, **kw):
+        out = listed(*args, **kw)
+        if short.exists():
+            short.replace(st)
+        return out
+
+    monkeypatch.setattr(ckload, "entries", then_replaced)
+
+
+def test_a_placed_tensor_the_load_does_not_find_is_refused(tmp_path, monkeypatch):
+    """The file is replaced between the listing the probes are made from and the load that
+    reads them into place: a tensor placed but no longer there is never written, and fill says
+    so rather than leave the parameter as it was."""
+    st = checkpoint(tmp_path)
+    replaced_once_listed(monkeypatch, st, "norm")
+    with pytest.raises(ckload.Error) as e:
+        ckload_vllm.fill(Toy(), str(st))
+    assert str(e.value) == f"ckload: {st}: tensor 'norm': read into the model 0 times, not " \
+                           f"once (the source changed since it was listed)"
+
+
+def test_a_streamed_tensor_the_load_does_not_find_is_refused(tmp_path, monkeypatch):
+    """As above, for a tensor streamed through load_weights (scaled): never fed, so never
+    written; fill fails with a line naming the source (here, or where ckload.stream refuses
+    a name the source lacks)."""
+    st = checkpoint(tmp_path)
+    replaced_once_listed(monkeypatch, st, "scaled")
+    with pytest.raises(ckload.Error) as e:
+        ckload_vllm.fill(Toy(), str(st))
+    assert str(e.value).startswith(f"ckload: {st}: ")
