@@ -25,12 +25,12 @@ import pytest
 import torch
 
 import netlab
-from ckptfs_testlib import DTYPE_NAMES, REPO, build_dir, ckpt_bin, flatten, library_view, run
+from ckptfs_testlib import (DTYPE_NAMES, TORCH2, build_dir, ckpt_bin, flatten, library_view,
+                            run)
 from test_gguf import expected as gguf_expected
 from test_install import SYSTEM_PYTHON, clean_env
 from wheelroot import TORCH2_SITE, Root, built_wheel
 
-TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
 CORPUS = Path(os.environ.get("CKPTFS_CORPUS", "/work/shared/corpus"))
 SRC = "/src"  # where the sources are, inside the root (read-only)
 OUT = "/w/out"  # what the root's commands write, read back on the host
