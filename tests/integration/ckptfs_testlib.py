@@ -36,7 +36,9 @@ TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"  # scripts/setup's torch 2
 
 def need(present, why):
     """Goes on where `present` is true; else skips the test (at a module's top, the module) with
-    `why`, which says what is missing and what provides it, or fails it under CI=true (ON_CI)."""
+    `why`, which says what is missing and what provides it, or fails it under CI=true (ON_CI).
+    Either is reported at the caller's line."""
+    __tracebackhide__ = True
     if present:
         return
     if ON_CI:
@@ -46,15 +48,18 @@ def need(present, why):
 
 
 def need_torch2():
+    __tracebackhide__ = True
     need(TORCH2.exists(), "no .deps/torch2 (scripts/setup installs it)")
 
 
 def need_module(name, why="scripts/setup installs it into .deps/python"):
     """The module `name` imported, or `need` says it is missing."""
+    __tracebackhide__ = True
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        need(False, f"no module {name} ({e}; {why})")
+        missing = e
+    need(False, f"no module {name} ({missing}; {why})")
 
 # XXH3-64 (seed 0) from the system libxxhash: the hash FORMAT.md and views/tree.h name, computed by a
 # library ckptfs does not build.

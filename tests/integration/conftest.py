@@ -24,7 +24,7 @@ def pytest_terminal_summary(terminalreporter):
     with open(log, "a") as f:
         for report in terminalreporter.stats.get("skipped", []):
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-            f.write(f"{report.nodeid}: {reason}\n")
+            f.write(f"{report.nodeid}: {str(reason).removeprefix('Skipped: ')}\n")
 
 
 @pytest.fixture(scope="session")
