@@ -283,8 +283,8 @@ def test_no_device_under_the_cuda_stand_in(tmp_path, spec, reason):
     """No device: ckload.Error, "no CUDA device is visible" with the driver's reason, under the
     CUDA stand-in in a process of its own (its library found as torch's would be)."""
     fake = fake_cudart()
-    need(fake, "no CUDA stand-in here: this libckload was built without the CUDA toolkit's "
-               "headers (CUDA_HOME)")
+    need(fake, f"no CUDA stand-in in {build_dir()}/fakecuda (`make test` builds it where the "
+               f"CUDA toolkit is)")
     path = source(tmp_path)
     env = dict(os.environ, CKLOAD_CUDART=fake, FAKECUDA=spec,
                LD_LIBRARY_PATH=str(Path(fake).parent))
