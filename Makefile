@@ -160,10 +160,10 @@ test: setup check-layers
 	    $(CUDA_FAKE_TESTS:%=--ignore=tests/integration/%.py) \
 	    $(if $(SANITIZE),$(ONCE_TESTS:%=--ignore=tests/integration/%.py))
 	$(MAKE) test-torch2
-	$(if $(HAVE_CUDA),$(MAKE) test-cuda-fake,echo "test-cuda-fake: not run: no CUDA toolkit at \
-	    $(CUDA_HOME) (under CI=true this fails)" | tee -a $(SKIP_LOG))
-	@echo "make test: $$(wc -l <$(SKIP_LOG)) skipped across its pytest runs (the reasons: each \
-	    run's summary above, and $(SKIP_LOG))"
+	$(if $(HAVE_CUDA),$(MAKE) test-cuda-fake,echo "test-cuda-fake: not run: no CUDA toolkit at" \
+	    "$(CUDA_HOME) (under CI=true this fails)" | tee -a $(SKIP_LOG))
+	@echo "make test: $$(wc -l <$(SKIP_LOG)) skipped across its pytest runs (the reasons: each" \
+	    "run's summary above, and $(SKIP_LOG))"
 
 # Suites that run once, not again under a sanitizer: what they test is built without one (the
 # wheel, the Debian package) or is a client's (vLLM), and each costs minutes.
