@@ -207,8 +207,8 @@ def load(path):
         return {"read_path": ld.read_path, "tensors": out}
 
 def load_caught(path):
-    # a load the sidecar's stop is to catch midway: its error, and the tensors the failed load
-    # still hands out (those that landed before the stop), or the load had it finished
+    # a load the sidecar's stop is to catch midway: its error and the tensors the failed load
+    # still hands out (those that landed before the stop), or, had it finished, every tensor
     with ckload.Load(path, device="cpu") as ld:
         try:
             ld.wait_all()
@@ -324,8 +324,8 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A checkpoint of several dtypes, 32 MiB: a load takes long enough that the sidecar's stop
-    may catch one midway."""
+    """A checkpoint of several dtypes, 32 MiB: what the daemon's workers can hold of it past the
+    point where the server holds the load (held_from) is far less than the rest."""
     d = tmp_path_factory.mktemp("sidecar-src")
     g = torch.Generator().manual_seed(7)
     safetensors.torch.save_file({
