@@ -6,6 +6,7 @@ torch, numpy) or from bytes a test wrote itself; nothing here knows what ckptfs 
 import contextlib
 import ctypes
 import ctypes.util
+import importlib
 import json
 import os
 import shutil
@@ -25,6 +26,40 @@ CORPUS = Path("/work/shared/corpus")
 MOUNT_TIMEOUT = 30  # seconds for ckptfs to parse SOURCE and mount (or refuse)
 
 assert sys.byteorder == "little", "these tests compare against little-endian host arrays"
+
+# CI=true (or 1), as GitHub Actions and most CIs set it and .ci/run does: a machine where
+# scripts/setup has run, with the CUDA toolkit, io_uring and O_DIRECT. There a dependency missing
+# is a broken setup that a skip would hide, so `need` fails instead.
+ON_CI = os.environ.get("CI", "").lower() in ("true", "1")
+TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"  # scripts/setup's torch 2.x
+
+
+def need(present, why):
+    """Goes on where `present` is true; else skips the test (at a module's top, the module) with
+    `why`, which says what is missing and what provides it, or fails it under CI=true (ON_CI).
+    Either is reported at the caller's line."""
+    __tracebackhide__ = True
+    if present:
+        return
+    if ON_CI:
+        pytest.fail(f"{why}: CI=true, where a missing dependency fails rather than skips",
+                    pytrace=False)
+    pytest.skip(f"{why} (under CI=true this fails)", allow_module_level=True)
+
+
+def need_torch2():
+    __tracebackhide__ = True
+    need(TORCH2.exists(), "no .deps/torch2 (scripts/setup installs it)")
+
+
+def need_module(name, why="scripts/setup installs it into .deps/python"):
+    """The module `name` imported, or `need` says it is missing."""
+    __tracebackhide__ = True
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        missing = e
+    need(False, f"no module {name} ({missing}; {why})")
 
 # XXH3-64 (seed 0) from the system libxxhash: the hash FORMAT.md and views/tree.h name, computed by a
 # library ckptfs does not build.

@@ -15,6 +15,18 @@ from ckptfs_testlib import (Mounter, build_dir, ckpt_bin, ckptfs_bin, fuse_probl
                             mount_entries, unmount)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Appends this run's skips, one line each (test: reason), to CKPTFS_SKIP_LOG when it is set:
+    `make test` counts them across its pytest runs."""
+    log = os.environ.get("CKPTFS_SKIP_LOG")
+    if not log:
+        return
+    with open(log, "a") as f:
+        for report in terminalreporter.stats.get("skipped", []):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            f.write(f"{report.nodeid}: {str(reason).removeprefix('Skipped: ')}\n")
+
+
 @pytest.fixture(scope="session")
 def build():
     """The build directory (CKPTFS_BUILD, else <repo>/build) holding ckptfs and ckpt."""

@@ -329,6 +329,10 @@ class Fault:
                     a connection reset
       truncate      after: Content-Length says the whole body, `after` bytes come, then a clean close
       stall         after, seconds (30): part of the body, then nothing for `seconds`, then a close
+      hold          at, until, reached, seconds (60): nothing of the file from byte `at` on until
+                    `until` (a threading.Event) is set: a response reaching past `at` sends the
+                    bytes before it, sets `reached` (an Event), waits, then sends the rest (a
+                    close when `seconds` pass first); one that ends before `at` is whole at once
       slow          chunk (16384), delay (0.01 s): the right bytes, slowly
       bad_range     shift (1): a 206 whose Content-Range and body are `shift` bytes off the asked range
       long_body     extra (4096): the asked range and Content-Range, then `extra` more bytes
@@ -704,6 +708,8 @@ class FileServer(_Served):
 
     def _send_body(self, req, f, start, n, length, kind, p):
         cut = p.get("after", n // 2) if kind in ("drop", "truncate", "stall") else n
+        if kind == "hold":
+            cut = max(p["at"] - start, 0)
         cut = min(cut, n)
         chunk = p.get("chunk", 16384) if kind == "slow" else 1 << 20
         pos = 0
@@ -721,6 +727,17 @@ class FileServer(_Served):
         elif kind == "stall":
             self.stopping.wait(p.get("seconds", 30))
             req.close()
+        elif kind == "hold" and cut < n:
+            p["reached"].set()
+            deadline = time.monotonic() + p.get("seconds", 60)
+            while not p["until"].wait(0.05) and not self.stopping.is_set() \
+                    and time.monotonic() < deadline:
+                pass
+            if not p["until"].is_set():
+                req.close()
+                return
+            while cut < n and req.body(os.pread(f.fileno(), min(1 << 20, n - cut), start + cut)):
+                cut += min(1 << 20, n - cut)
         elif kind == "long_body":
             req.body(b"\xee" * (length - n))
         elif kind == "wrong_total" and length > n:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptfs_testlib import REPO, ckpt_bin, header_bytes, raw_file
+from ckptfs_testlib import TORCH2, ckpt_bin, header_bytes, need_torch2, raw_file
 
 RATIO = 20  # 10x the input: at most this many times the cost (linear: ~10; quadratic: ~100)
 RUNS = 3
@@ -157,7 +157,6 @@ def test_npz_members(tmp_path):
     assert_linear(tmp_path, npz_file, 2000, ("ls", "pack"))
 
 
-TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
 DCP_WRITER = Path(__file__).with_name("dcp_writer.py")
 
 
@@ -172,11 +171,11 @@ def shared_archive(how, name):
     return make
 
 
-@pytest.mark.skipif(not TORCH2.exists(), reason="no .deps/torch2 (scripts/setup installs it)")
 @pytest.mark.parametrize("how,name", [("shared", "dcp"), ("shared_pt2", "m.pt2")])
 def test_records_naming_one_archive(tmp_path, how, name):
     """DCP chunk records, or .pt2 use_pickle weights, that all name one archive: it is parsed
     once, not once per record."""
+    need_torch2()
     assert_linear(tmp_path, shared_archive(how, name), 200, ("ls", "convert"))
 
 
@@ -292,9 +291,8 @@ STAT_CALLS = ("fstat", "newfstatat", "statx", "stat", "lstat")
 def dcp_of_files(d, n):
     """A DCP checkpoint of n tensors, each in a .distcp file of its own, written by torch 2.x
     (dcp_writer.py files: what a job of n ranks leaves, from one process)."""
-    from test_dcp import TORCH2, WRITER
-    if not TORCH2.exists():
-        pytest.skip("no .deps/torch2 (scripts/setup installs it)")
+    need_torch2()
+    from test_dcp import WRITER
     subprocess.run([str(TORCH2), str(WRITER), "files", str(d / "ckpt"), str(n)], check=True,
                    capture_output=True, timeout=600)
     return d / "ckpt"

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ckptfs_testlib import ckpt_bin, run
+from ckptfs_testlib import ckpt_bin, need_module, run
 from test_gguf import expected as gguf_expected, write_model as write_gguf
 from test_pack import limited_to_1mib, one_line
 
@@ -159,7 +159,7 @@ def test_sharded(tmp_path):
 
 
 def test_sharded_loads_with_transformers(tmp_path):
-    modeling_utils = pytest.importorskip("transformers.modeling_utils")
+    modeling_utils = need_module("transformers.modeling_utils")
     src = torch_source(tmp_path)
     out = convert(src, tmp_path / "sharded", "--max-shard-size", "64")
     single = load_file(str(convert(src, tmp_path / "one.safetensors")))

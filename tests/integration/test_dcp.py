@@ -15,13 +15,12 @@ import torch
 
 import ckload
 import netlab
-from ckptfs_testlib import REPO, assert_refused, ckpt_bin, read_index, run, torch_bytes
+from ckptfs_testlib import (TORCH2, assert_refused, ckpt_bin, need_torch2, read_index, run,
+                            torch_bytes)
 from test_slices import part
 
-TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
+need_torch2()
 WRITER = Path(__file__).with_name("dcp_writer.py")
-pytestmark = pytest.mark.skipif(not TORCH2.exists(),
-                                reason="no .deps/torch2 (scripts/setup installs it)")
 
 
 def torch2(*args, timeout=300):

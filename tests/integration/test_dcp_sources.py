@@ -18,11 +18,10 @@ import struct
 import pytest
 
 import ckload
-from ckptfs_testlib import read_index, torch_bytes
-from test_dcp import TORCH2, expected_bytes, written
+from ckptfs_testlib import need_torch2, read_index, torch_bytes
 
-pytestmark = pytest.mark.skipif(not TORCH2.exists(),
-                                reason="no .deps/torch2 (scripts/setup installs it)")
+need_torch2()
+from test_dcp import expected_bytes, written  # noqa: E402  (its own import needs torch 2.x)
 
 FAILED_READ = (errno.EIO, errno.ESTALE)
 CHANGED = "__1_0.distcp"  # rank 1's file: the second chunk of every weight

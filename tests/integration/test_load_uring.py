@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 import ckload
-from ckptfs_testlib import torch_bytes
+from ckptfs_testlib import need, torch_bytes
 from test_load import check_load, expected_tensors, flip_byte, load_error
 from test_pack import pack, pack_header, safetensors_source, sharded_source, torch_source
 
@@ -54,16 +54,17 @@ def ring_refused():
 
 
 def use_engine(monkeypatch, engine):
-    if engine == "1" and ring_refused():
-        pytest.skip(f"io_uring refused on this machine: {ring_refused()}")
+    if engine == "1":
+        refused = ring_refused()
+        need(not refused, f"io_uring refused on this machine: {refused} (a seccomp profile "
+                          f"or a kernel without it)")
     monkeypatch.setenv("CKLOAD_URING", engine)
 
 
 @pytest.fixture
 def cold(tmp_path, monkeypatch):
     """Loads from tmp_path read O_DIRECT, as a cold load does (CKLOAD_DIRECT=1)."""
-    if not direct_io_works(tmp_path):
-        pytest.skip("O_DIRECT is refused here")
+    need(direct_io_works(tmp_path), f"O_DIRECT is refused under {tmp_path} (a tmpfs?)")
     monkeypatch.setenv("CKLOAD_DIRECT", "1")
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ckptfs_testlib import ckpt_bin, read_index, run, write_safetensors
+from ckptfs_testlib import ckpt_bin, need_module, read_index, run, write_safetensors
 
 # torch dtype -> the numpy dtype np.load must give (None: raw records of the element size)
 TORCH = {
@@ -186,7 +186,7 @@ def test_safetensors_sub_byte_types(tmp_path, mount):
 
 def test_gguf_block_types(tmp_path, mount):
     """ggml's quantized blocks are '|u1' bytes of shape (nbytes,), equal to gguf-py's."""
-    gguf = pytest.importorskip("gguf")
+    gguf = need_module("gguf")
     from gguf import GGMLQuantizationType as Q
     rng = np.random.default_rng(2)
     path = tmp_path / "q.gguf"

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs_testlib import REPO, assert_refused, ckpt_bin, library_view, read_index, run
+from ckptfs_testlib import (TORCH2, assert_refused, ckpt_bin, library_view, need_torch2,
+                            read_index, run)
 
-TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
-if not TORCH2.exists():
-    pytest.skip("no .deps/torch2 (scripts/setup installs it)", allow_module_level=True)
+need_torch2()
 
 # Writes OUT/model.pt2 with torch.export.save, then what torch.export.load reads back: every
 # state_dict and constants tensor's row-major bytes as OUT/expected/N.bin and

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ckload
-from ckptfs_testlib import build_dir, ckpt_bin, run
+from ckptfs_testlib import build_dir, ckpt_bin, need, run
 from test_load import flip_byte
 from test_load_mount import plain_source as source
 from test_pack import pack, pack_header
@@ -283,8 +283,8 @@ def test_no_device_under_the_cuda_stand_in(tmp_path, spec, reason):
     """No device: ckload.Error, "no CUDA device is visible" with the driver's reason, under the
     CUDA stand-in in a process of its own (its library found as torch's would be)."""
     fake = fake_cudart()
-    if not fake:
-        pytest.skip("no CUDA stand-in here: this libckload was built without CUDA headers")
+    need(fake, f"no CUDA stand-in in {build_dir()}/fakecuda (`make test` builds it where the "
+               f"CUDA toolkit is)")
     path = source(tmp_path)
     env = dict(os.environ, CKLOAD_CUDART=fake, FAKECUDA=spec,
                LD_LIBRARY_PATH=str(Path(fake).parent))

@@ -152,9 +152,8 @@ def test_ckload_from_url(server, served, monkeypatch):
         assert t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() == tensors[n][2], n
 
 
+@pytest.mark.parametrize("server", ["https"], indirect=True)
 def test_https_refused_without_the_ca(server, mountpoint):
-    if not server.tls:
-        pytest.skip("plain http")
     p = subprocess.run([str(ckpt_bin()), "ls", server.url("model.safetensors")],
                        capture_output=True, timeout=60)
     assert p.returncode == 1

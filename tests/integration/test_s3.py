@@ -11,7 +11,8 @@ import pytest
 
 import netlab
 import s3lab
-from ckptfs_testlib import check_mount, ckpt_bin, library_view, run, write_safetensors
+from ckptfs_testlib import (TORCH2, check_mount, ckpt_bin, library_view, need_torch2, run,
+                            write_safetensors)
 
 BUCKET = "ckpt-tests"
 
@@ -547,17 +548,15 @@ def test_the_disk_cache_keeps_an_objects_blocks(s3, tmp_path, mount, monkeypatch
     assert s3.secret_key not in names and s3.access_key not in names
 
 
-@pytest.mark.skipif(not (Path(__file__).parents[2] / ".deps" / "torch2" / "bin" / "python")
-                    .exists(), reason="no .deps/torch2 (scripts/setup installs it)")
 def test_a_prefix_holding_a_dcp_checkpoint(s3, tmp_path):
     """A torch.distributed.checkpoint directory uploaded under a prefix is read as one, with the
     bytes torch itself reads back."""
     import subprocess
-    torch2 = Path(__file__).parents[2] / ".deps" / "torch2" / "bin" / "python"
+    need_torch2()
     writer = Path(__file__).with_name("dcp_writer.py")
     d, exp = tmp_path / "dcp", tmp_path / "expect"
     for args in (("save", d), ("expect", d, exp)):
-        p = subprocess.run([str(torch2), str(writer), *map(str, args)], capture_output=True,
+        p = subprocess.run([str(TORCH2), str(writer), *map(str, args)], capture_output=True,
                            timeout=300)
         assert p.returncode == 0, p.stderr.decode()[-2000:]
     for f in d.iterdir():

@@ -11,9 +11,13 @@ pod's volumes are on a node) and nothing else is: the host's own mounts never ch
 The application loads through the mount with ckload: the source is not visible to it, so the
 load reads the mount (its read_path says "mount"), and every byte is the safetensors library's
 reading the source on the host. The sidecar stopping (SIGTERM, SIGKILL) gives the application
-errors, within a bound, never a hang or a wrong byte; a restarted sidecar serves again. The
-manifests docs/CONTAINERS.md shows parse, and say what this test runs."""
+errors, within a bound, never a hang or a wrong byte; a restarted sidecar serves again. The stop
+always lands in the middle of a load: the sidecar it stops reads the source from an HTTP server
+of the test's on 127.0.0.1, which holds back every byte from early in the largest tensor on until
+the daemon has taken the signal. The manifests docs/CONTAINERS.md shows parse, and say what this
+test runs."""
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -21,7 +25,9 @@ import re
 import select
 import shlex
 import signal
+import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +36,7 @@ import torch
 import safetensors.torch
 import yaml
 
+import netlab
 import wheelroot
 from ckptfs_testlib import REPO, library_view, wait_until
 
@@ -133,6 +140,10 @@ class Container:
     def stop(self, sig=signal.SIGKILL):
         if self.proc.poll() is None:
             os.kill(self.init_pid(), sig)
+        return self.wait()
+
+    def wait(self):
+        """The container's exit status, once it has ended (within STOP_TIMEOUT)."""
         self.proc.wait(timeout=STOP_TIMEOUT)
         return self.proc.returncode
 
@@ -186,12 +197,30 @@ def mounts():
 def data(b):
     return hashlib.sha256(b).hexdigest()
 
+def tensor_data(ld, i):
+    return data(ld.tensor(i).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
 def load(path):
     with ckload.Load(path, device="cpu") as ld:
         ld.wait_all()
-        out = {ld.name(i): data(ld.tensor(i).contiguous().reshape(-1).view(torch.uint8)
-                                .numpy().tobytes()) for i in range(len(ld))}
+        out = {ld.name(i): tensor_data(ld, i) for i in range(len(ld))}
         return {"read_path": ld.read_path, "tensors": out}
+
+def load_caught(path):
+    # a load the sidecar's stop is to catch midway: its error and the tensors the failed load
+    # still hands out (those that landed before the stop), or, had it finished, every tensor
+    with ckload.Load(path, device="cpu") as ld:
+        try:
+            ld.wait_all()
+        except Exception as e:
+            handed = {}
+            for i in range(len(ld)):
+                try:
+                    handed[ld.name(i)] = tensor_data(ld, i)
+                except Exception:
+                    pass
+            return {"error": [type(e).__name__, str(e)], "handed": handed}
+        return {"finished": {ld.name(i): tensor_data(ld, i) for i in range(len(ld))}}
 
 def read(path):
     with open(path, "rb") as f:
@@ -242,8 +271,7 @@ for line in sys.stdin:
     elif op == "load":
         ans = outcome(load, MODEL)
     elif op == "start load":
-        # a load the sidecar's stop may catch midway
-        inflight = start(load, MODEL)
+        inflight = start(load_caught, req["path"])
     elif op == "hold":
         held[req["path"]] = os.open(req["path"], os.O_RDONLY)
         ans = {"ok": True}
@@ -259,7 +287,10 @@ for line in sys.stdin:
                "ckload": outcome(load, MODEL)}
     elif op == "drop":
         for fd in held.values():
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # a dead mount's file: its close may fail (ENOTCONN); it is closed all the same
         held.clear()
     print(json.dumps(ans), flush=True)
 """
@@ -270,10 +301,12 @@ class App(Container):
     HostToContainer), no /dev/fuse, no sight of the source; the driver APP answers ask()."""
 
     def __init__(self, node, root, spec, volume, log):
+        # CKLOAD_BYPASS=0: the HTTP source the first sidecar reads is on the network the
+        # containers share here, where ckload would read it itself; in a pod it reads the mount
         super().__init__(node, root, [f"{wheelroot.VENV}/bin/python", "-c", APP, MODEL],
                          volumes=volumes(spec, volume), fuse=None,
-                         env={"PROBE_TIMEOUT": str(PROBE_TIMEOUT)}, log=log,
-                         stdin=subprocess.PIPE)
+                         env={"PROBE_TIMEOUT": str(PROBE_TIMEOUT), "CKLOAD_BYPASS": "0"},
+                         log=log, stdin=subprocess.PIPE)
 
     def ask(self, op, timeout=REPLY_TIMEOUT, **kw):
         self.proc.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
@@ -291,8 +324,8 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A checkpoint of several dtypes, 32 MiB: a load takes long enough that the sidecar's stop
-    may catch one midway."""
+    """A checkpoint of several dtypes, 32 MiB: what the daemon's workers can hold of it past the
+    point where the server holds the load (held_from) is far less than the rest."""
     d = tmp_path_factory.mktemp("sidecar-src")
     g = torch.Generator().manual_seed(7)
     safetensors.torch.save_file({
@@ -302,6 +335,29 @@ def source(tmp_path_factory):
         "head.mask": torch.rand(333, generator=g) > 0.5,
         "big": torch.randn(8 << 20, generator=g)}, str(d / "model.safetensors"))
     return d / "model.safetensors"
+
+
+def held_from(source):
+    """The byte of the source from which the HTTP server holds the stopped sidecar's reads back:
+    one MiB into the largest tensor, so that a load has begun it when it waits there, and what
+    the daemon's workers have asked of the rest when the stop comes is far less than the rest."""
+    with open(source, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return 8 + n + header["big"]["data_offsets"][0] + (1 << 20)
+
+
+def has_taken(pid, sig):
+    """Whether process pid has taken the signal sig sent to it: gone, or sig no longer pending
+    (a thread has run its handler: libfuse's marks the session as ending, after which a worker
+    that answers the request it holds takes no other)."""
+    try:
+        status = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines())
+    except OSError:
+        return True
+    pending = int(status["ShdPnd"], 16) | int(status["SigPnd"], 16)
+    return status["State"].split()[0] in ("Z", "X") or not pending >> (sig - 1) & 1
 
 
 def tensor_file(name):
@@ -325,7 +381,7 @@ def no_wrong_bytes(outcome, lib, what):
     assert "hung" not in outcome, f"{what} hung"
     if "ok" in outcome and what in ("held fd", "open"):
         assert outcome["ok"] == digest(lib["enc.w"][2]), f"{what}: wrong bytes"
-    if "ok" in outcome and what in ("ckload", "in-flight load"):
+    if "ok" in outcome and what == "ckload":
         assert_exact(outcome["ok"], lib)
 
 
@@ -351,6 +407,9 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
     sidecars, app = [], None
     src_bind = [(str(source.parent), mounts_of(sidecar_spec)["models"][0], True)]
     on_node = str(volume / os.path.relpath(MODEL, mounts_of(sidecar_spec)["vol"][0]))
+    release, reached = threading.Event(), threading.Event()
+    server = netlab.FileServer(source.parent).start()
+    server.fault("hold", at=held_from(source), until=release, reached=reached)
     try:
         app = App(node, root, app_spec, volume, tmp_path / "app.log")
         # started before the mount exists: nothing at MODEL yet, and the source out of sight
@@ -358,8 +417,8 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
         assert app.ask("visible", paths=[SOURCE, str(source), "/dev/fuse"]) == {
             SOURCE: False, str(source): False, "/dev/fuse": False}
 
-        def start_sidecar():
-            c = Container(node, root, sidecar_spec["command"],
+        def start_sidecar(command=sidecar_spec["command"]):
+            c = Container(node, root, command,
                           volumes=volumes(sidecar_spec, volume), fuse="device", binds=src_bind,
                           log=tmp_path / f"sidecar{len(sidecars)}.log")
             sidecars.append((c, c.pid_ns()))
@@ -375,21 +434,44 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
             assert_exact(loaded["ok"], lib)
             return loaded
 
-        start_sidecar()
-        served()
+        # the Pod's command with the source read over HTTP, so that the server holds the
+        # load below where the stop is to catch it
+        sh, c, script = sidecar_spec["command"]
+        sidecar = start_sidecar([sh, c, script.replace(SOURCE, server.url(source.name))])
         app.ask("hold", path=tensor_file("enc.w"))
-        app.ask("start load")
+        # the mount's pack, named: a mount of a URL does not publish its sources, so ckload takes
+        # the mount's root for a plain directory
+        app.ask("start load", path=f"{MODEL}/.ckptfs/checkpoint.pack")
+        assert reached.wait(REPLY_TIMEOUT), f"the load never reached the held bytes: {app.stderr()}"
+        daemon = sidecar.init_pid()
 
         # the sidecar stops, a load of the application's under way: kubelet's SIGTERM (ckptfs
         # unmounts, the unmount propagates) or SIGKILL (the daemon and its watcher die with the
-        # PID namespace; the mount goes or stays, dead, as below)
-        status = sidecars[-1][0].stop(sig)
+        # PID namespace; the mount goes or stays, dead, as below). The held bytes go once the
+        # daemon has taken the signal: then only the reads its workers hold are answered, far
+        # less than the load still needs
+        os.kill(daemon, sig)
+        assert wait_until(lambda: has_taken(daemon, sig)), "the daemon never took the signal"
+        release.set()
+        status = sidecar.wait()
         report = app.ask("probe", path=tensor_file("enc.w"))
-        print(sig.name, status, json.dumps({k: v if k == "mounts" else v.get("error", "ok")
-                                            for k, v in report.items()}))
+        print(sig.name, status, json.dumps({k: v if k in ("mounts", "in-flight load") else
+                                            v.get("error", "ok") for k, v in report.items()}))
         assert len(node.mounts(on_node)) == len(report["mounts"])
-        for what in ("in-flight load", "held fd", "open", "stat", "listdir", "ckload"):
+        for what in ("held fd", "open", "stat", "listdir", "ckload"):
             no_wrong_bytes(report[what], lib, what)
+        # the load the stop caught fails in one line, and what it still hands out is only what
+        # landed whole before the stop, byte-exact: never the tensor it was reading
+        caught = report["in-flight load"]
+        assert "hung" not in caught and "ok" in caught, caught
+        assert "error" in caught["ok"], "the load finished before the stop"
+        kind, msg = caught["ok"]["error"]
+        assert kind == "Error" and re.fullmatch(
+            rf"ckload: {MODEL}/\.ckptfs/checkpoint\.pack: .*: ({os.strerror(errno.ENOTCONN)}|"
+            rf"{os.strerror(errno.ECONNABORTED)})", msg), msg
+        handed = caught["ok"]["handed"]
+        assert "big" not in handed, sorted(handed)
+        assert handed == {k: digest(lib[k][2]) for k in handed}
         assert "error" in report["ckload"], report["ckload"]
         # a file the application held fails with ENOTCONN, whatever happened to the mount
         assert report["held fd"]["error"][1] == "ENOTCONN", report["held fd"]
@@ -420,12 +502,14 @@ def test_sidecar(root, source, tmp_path, sig, fuse):
         sidecars[-1][0].stop(signal.SIGTERM)
         assert app.ask("wait", n=0, seconds=30) == {"mounts": [], "live": False}
     finally:
+        release.set()
         for c, _ in sidecars:
             if c.proc.poll() is None:
                 c.stop(signal.SIGKILL)
         if app:
             app.stop(signal.SIGKILL)
         node.close()
+        server.stop()
     # nothing left: no process of any sidecar (ckptfs, its watcher), no mount of the volume
     for c, ns in sidecars:
         assert processes_in(ns) == [], f"left in a sidecar: {processes_in(ns)}"

@@ -14,10 +14,10 @@ import subprocess
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate")  # device_map and low_cpu_mem_usage
+from ckptfs_testlib import ckpt_bin, need_module
 
-from ckptfs_testlib import ckpt_bin  # noqa: E402
+transformers = need_module("transformers")
+need_module("accelerate")  # device_map and low_cpu_mem_usage
 
 TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptfs_testlib import run, write_safetensors
+from ckptfs_testlib import need_torch2, run, write_safetensors
 from test_install import REPO, SONAME, SYSTEM_PYTHON, clean_env
 from wheelroot import built_wheel
 
@@ -70,8 +70,8 @@ def site_of(python):
 
 @pytest.mark.parametrize("torch", ["1.13", "2.x"])
 def test_wheel_in_a_fresh_venv(wheel, tmp_path, torch):
-    if torch == "2.x" and not TORCH2.exists():
-        pytest.skip("no .deps/torch2 (scripts/setup installs it)")
+    if torch == "2.x":
+        need_torch2()
     python = venv(tmp_path / "venv", torch)
     pip_install(python, wheel)
     check_load(python, site_of(python), tmp_path)

@@ -25,12 +25,12 @@ import pytest
 import torch
 
 import netlab
-from ckptfs_testlib import DTYPE_NAMES, REPO, build_dir, ckpt_bin, flatten, library_view, run
+from ckptfs_testlib import (DTYPE_NAMES, TORCH2, build_dir, ckpt_bin, flatten, library_view,
+                            run)
 from test_gguf import expected as gguf_expected
 from test_install import SYSTEM_PYTHON, clean_env
 from wheelroot import TORCH2_SITE, Root, built_wheel
 
-TORCH2 = REPO / ".deps" / "torch2" / "bin" / "python"
 CORPUS = Path(os.environ.get("CKPTFS_CORPUS", "/work/shared/corpus"))
 SRC = "/src"  # where the sources are, inside the root (read-only)
 OUT = "/w/out"  # what the root's commands write, read back on the host
@@ -271,8 +271,10 @@ NO_FUSERMOUNT = ("/dev/null", "/usr/bin/fusermount3", True)
 
 def test_mount_as_root_without_fusermount3(root, sources):
     src, want = sources["safetensors"]
-    p, out = in_root(root, "! command -v fusermount3 && " + MOUNT_READ, src, "/mnt/ck",
-                     binds=[NO_FUSERMOUNT])
+    # first that the bind hides it: the shell finds no fusermount3 to run
+    p, _ = in_root(root, "command -v fusermount3", binds=[NO_FUSERMOUNT])
+    assert p.returncode != 0 and p.stdout == b"", f"fusermount3 is still there: {p.stdout!r}"
+    p, out = in_root(root, MOUNT_READ, src, "/mnt/ck", binds=[NO_FUSERMOUNT])
     assert p.returncode == 0, p.stderr.decode()
     assert (out / "mounted").read_text().strip() == "1"
     check_mount_copy(out, want)

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -492,6 +493,12 @@ uint32_t tree_find(const ck_tree *t, const char *path)
         path += len + (slash != NULL);
     }
     return node;
+}
+
+int on_ci(void)
+{
+    const char *ci = getenv("CI");
+    return ci && (strcasecmp(ci, "true") == 0 || strcmp(ci, "1") == 0);
 }
 
 #ifdef __SANITIZE_ADDRESS__

@@ -132,6 +132,21 @@ ck_entry *add_contig(ck_index *ix, const char *name, enum ck_dtype dt, unsigned 
 /* An index without files holding one rank-0 U8 tensor per name (names[i] of strlen bytes). */
 ck_index *index_of_names(const char *const *names, size_t n);
 
+/* --- what a test needs of the machine ----------------------------------------------------- */
+
+/* Whether CI runs the tests (CI=true or 1 in the environment, as .ci/run sets it): that machine
+ * has what a test may find missing elsewhere (io_uring, O_DIRECT under /tmp, the corpus), so
+ * there a missing one is a failure that a skip would hide. tests/integration's `need` reads
+ * CI the same way. */
+int on_ci(void);
+/* The test cannot run here, for the reason formatted: skipped, or failed on CI (on_ci). */
+#define CANNOT_RUN_HERE(...)                                                                     \
+    do {                                                                                         \
+        if (on_ci())                                                                             \
+            cr_assert_fail(__VA_ARGS__);                                                         \
+        cr_skip_test(__VA_ARGS__);                                                               \
+    } while (0)
+
 /* --- trees ------------------------------------------------------------------------------- */
 
 /* ck_tree_build(ix, vdir, vfiles, nvirtual), asserted to succeed. */

@@ -619,7 +619,7 @@ static void corpus_like_python(const char *name, size_t entries)
 {
     const char *path = strf(CORPUS "%s", name);
     if (access(path, R_OK) != 0)
-        cr_skip_test("%s is not here", path);
+        CANNOT_RUN_HERE("%s is not here", path);
     unsigned char head[4];
     size_t flen;
     unsigned char *b = read_whole(path, &flen);
