@@ -37,6 +37,10 @@ void ck_index_free(ck_index *ix)
         return;
     for (uint32_t i = 0; i < ix->nfiles; i++)
         ck_source_close(&ix->files[i]);
+    for (size_t i = 0; i < ix->nentries; i++)
+        if (ix->entries[i].kind == CK_TENSOR && ix->entries[i].layout == CK_DEFLATED &&
+            ix->entries[i].deflated)
+            zip_inflate_close(ix->entries[i].deflated);
     if (ix->own_remote) /* after its files */
         http_remote_free(ix->remote);
     free(ix->files);

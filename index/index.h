@@ -82,7 +82,9 @@ typedef struct ck_entry {
                             * CK_CHUNKED: followed by the box's start in the whole tensor */
     union {
         const char *text;                     /* CK_VALUE: nbytes bytes */
-        const struct zip_inflated *deflated;  /* CK_DEFLATED: how to decode it (zip.h) */
+        struct zip_inflated *deflated;        /* CK_DEFLATED: how to decode it (zip.h; its
+                                               * seek points grow as it is read, under its
+                                               * own lock; the index owns it) */
         const ck_chunks *chunks;              /* CK_CHUNKED: its pieces */
     };
     ck_extent ext;         /* CK_CONTIGUOUS: the bytes; CK_STRIDED: file and first element;

@@ -257,29 +257,13 @@ Test(npy_open, corpus)
 
 /* --- seek points ------------------------------------------------------------------------- */
 
-static void *heap_alloc(void *ctx, size_t n)
-{
-    void **list = ctx; /* a chain of blocks, freed by free_chain */
-    void **b = malloc(sizeof(void *) + n);
-    *b = *list;
-    *list = b;
-    return b + 1;
-}
-
-static void free_chain(void *list)
-{
-    while (list) {
-        void *next = *(void **)list;
-        free(list);
-        list = next;
-    }
-}
-
-/* A raw deflate stream of data, as zlib writes it (level, strategy). */
-static unsigned char *deflate_raw(const unsigned char *data, size_t n, int level, size_t *out)
+/* A raw deflate stream of data, as zlib writes it (level; memLevel: 8 is zlib's default, 1 its
+ * smallest, whose blocks hold 128 symbols each). */
+static unsigned char *deflate_mem(const unsigned char *data, size_t n, int level, int mem_level,
+                                  size_t *out)
 {
     z_stream s = {0};
-    cr_assert_eq(deflateInit2(&s, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    cr_assert_eq(deflateInit2(&s, level, Z_DEFLATED, -15, mem_level, Z_DEFAULT_STRATEGY), Z_OK);
     size_t cap = deflateBound(&s, n);
     unsigned char *c = malloc(cap);
     s.next_in = (unsigned char *)data;
@@ -290,6 +274,18 @@ static unsigned char *deflate_raw(const unsigned char *data, size_t n, int level
     *out = cap - s.avail_out;
     deflateEnd(&s);
     return c;
+}
+
+static unsigned char *deflate_raw(const unsigned char *data, size_t n, int level, size_t *out)
+{
+    return deflate_mem(data, n, level, 8, out);
+}
+
+/* An entry of n output bytes (CRC-32 crc) whose stream is the whole file fd (cn bytes). */
+static zip_entry entry_of(size_t n, size_t cn, uint32_t crc)
+{
+    return (zip_entry){.name = "m", .name_len = 1, .method = 8, .size = n, .csize = cn,
+                       .crc = crc};
 }
 
 Test(npy_inflate, random_reads_through_every_point)
@@ -304,21 +300,22 @@ Test(npy_inflate, random_reads_through_every_point)
         const char *path = tmp_file(c, cn);
         int fd = open(path, O_RDONLY);
         const ck_file zf = {.path = path, .fd = fd};
-        zip_entry e = {.name = "m", .name_len = 1, .method = 8, .data_offset = 0, .size = n,
-                       .csize = cn, .crc = (uint32_t)crc32(0, data, (uInt)n)};
+        zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
         zip_inflated zi;
-        void *chain = NULL;
         unsigned char head[100];
         ck_error err;
         uint64_t span = 64 << 10;
-        cr_assert_eq(zip_inflate_index(&zf, &e, span, head, sizeof head, heap_alloc, &chain, &zi,
-                                       path, &err), 0, "%s", err.msg);
+        cr_assert_eq(zip_inflate_open(&e, span, &zi, path, &err), 0, "%s", err.msg);
+        cr_assert_eq(zip_inflate_read(&zf, &zi, head, sizeof head, 0), 0);
         cr_expect_arr_eq(head, data, sizeof head);
+        cr_expect_eq(zi.npoints, 1, "a read of the head makes no point: %zu", zi.npoints);
+        unsigned char *got = malloc(n);
+        cr_assert_eq(zip_inflate_read(&zf, &zi, got, 1, n - 1), 0, "the last byte");
+        cr_assert_eq(got[0], data[n - 1]);
         cr_expect_gt(zi.npoints, 10, "points: %zu", zi.npoints);
         cr_expect_leq(zi.npoints, n / span + 1, "points: %zu", zi.npoints);
         for (size_t k = 1; k < zi.npoints; k++)
             cr_expect_geq(zi.points[k].out - zi.points[k - 1].out, span);
-        unsigned char *got = malloc(n);
         uint32_t x = 12345;
         for (int r = 0; r < 300; r++) {
             x = x * 1103515245u + 12345u;
@@ -331,12 +328,129 @@ Test(npy_inflate, random_reads_through_every_point)
             cr_assert_arr_eq(got, data + off, len, "level %d off %zu len %zu", level, off, len);
         }
         cr_expect_eq(zip_inflate_read(&zf, &zi, got, 2, n - 1), -EIO, "past the end");
+        zip_inflate_close(&zi);
         free(got);
         close(fd);
-        free_chain(chain);
         free(c);
     }
     free(data);
+}
+
+/* Reads front to back in pieces, as a mount's reader does: each piece's bytes come from the
+ * pass as it goes (or from a point it made), and are the data. */
+Test(npy_inflate, reads_in_order_extend_the_pass)
+{
+    size_t n = 5 << 20, cn, piece = 128 << 10;
+    unsigned char *data = malloc(n), *got = malloc(piece);
+    fill_bytes(data, n, 3);
+    for (size_t i = 0; i < n; i++)
+        data[i] %= 8;
+    unsigned char *c = deflate_raw(data, n, 6, &cn);
+    const char *path = tmp_file(c, cn);
+    const ck_file zf = {.path = path, .fd = open(path, O_RDONLY)};
+    zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
+    zip_inflated zi;
+    ck_error err;
+    cr_assert_eq(zip_inflate_open(&e, 256 << 10, &zi, path, &err), 0, "%s", err.msg);
+    for (size_t off = 0; off < n; off += piece) {
+        cr_assert_eq(zip_inflate_read(&zf, &zi, got, piece, off), 0, "off %zu", off);
+        cr_assert_arr_eq(got, data + off, piece, "off %zu", off);
+        cr_assert_geq(zi.reached, off + piece);
+    }
+    cr_expect(zi.done, "the whole stream checked once its end was read");
+    cr_expect_null(zip_inflate_fault(&zi));
+    zip_inflate_close(&zi);
+    close(zf.fd);
+    free(c);
+    free(got);
+    free(data);
+}
+
+/* Zeros in small deflate blocks (memLevel 1: a block per 128 symbols, ~33 KiB of output from
+ * a few dozen bytes): a point at every span of output would hold ~1,000 times the compressed
+ * size in windows; they stay within 8 times it (plus the point at the start). */
+Test(npy_inflate, points_cost_at_most_8_times_the_compressed_size)
+{
+    size_t n = 64 << 20, cn;
+    unsigned char *data = calloc(1, n), got[64];
+    unsigned char *c = deflate_mem(data, n, 9, 1, &cn);
+    const char *path = tmp_file(c, cn);
+    const ck_file zf = {.path = path, .fd = open(path, O_RDONLY)};
+    zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
+    zip_inflated zi;
+    ck_error err;
+    cr_assert_eq(zip_inflate_open(&e, 64 << 10, &zi, path, &err), 0, "%s", err.msg);
+    cr_assert_eq(zip_inflate_read(&zf, &zi, got, sizeof got, n - sizeof got), 0);
+    cr_assert(zi.done);
+    size_t windows = (zi.npoints - 1) * (size_t)ZIP_WINDOW;
+    cr_expect_leq(windows, 8 * cn, "%zu points: %zu bytes of windows for %zu compressed",
+                  zi.npoints, windows, cn);
+    cr_expect_gt(zi.npoints, 1, "points still made: %zu", zi.npoints);
+    cr_assert_eq(zip_inflate_read(&zf, &zi, got, sizeof got, n / 2), 0);
+    cr_expect_arr_eq(got, data, sizeof got);
+    zip_inflate_close(&zi);
+    close(zf.fd);
+    free(c);
+    free(data);
+}
+
+/* A stream wrong past its head (its CRC, its end, a corrupt tail): open and a read of the head
+ * decode only the head, so they succeed; the read that reaches the fault fails, and so does
+ * every read after it, the head's too, with the fault said. */
+Test(npy_inflate, a_fault_past_the_head_is_found_by_the_read_that_reaches_it)
+{
+    size_t n = 2 << 20, cn;
+    unsigned char *data = malloc(n), *got = malloc(n);
+    fill_bytes(data, n, 5);
+    for (size_t i = 0; i < n; i++)
+        data[i] %= 4;
+    unsigned char *c = deflate_raw(data, n, 6, &cn);
+    uint32_t crc = (uint32_t)crc32(0, data, (uInt)n);
+    const struct {
+        const char *name, *fault;
+        size_t cut;      /* compressed bytes kept */
+        uint32_t crc;
+        size_t size;     /* declared */
+    } cases[] = {
+        {"crc", "CRC-32", cn, crc ^ 1, n},
+        {"truncated", "truncated", cn - 100, crc, n},
+        {"declared too long", "ends before the size", cn, crc, n + 10},
+        {"declared too short", "inflates past", cn, crc, n - 10},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const char *path = tmp_file(c, cases[k].cut);
+        const ck_file zf = {.path = path, .fd = open(path, O_RDONLY)};
+        zip_entry e = entry_of(cases[k].size, cases[k].cut, cases[k].crc);
+        zip_inflated zi;
+        ck_error err;
+        cr_assert_eq(zip_inflate_open(&e, 64 << 10, &zi, path, &err), 0, "%s", err.msg);
+        cr_assert_eq(zip_inflate_read(&zf, &zi, got, 4096, 0), 0, "%s: the head", cases[k].name);
+        cr_expect_arr_eq(got, data, 4096);
+        cr_expect_null(zip_inflate_fault(&zi));
+        size_t len = cases[k].size - 4096;
+        cr_expect_eq(zip_inflate_read(&zf, &zi, got, len, 4096), -EIO, "%s", cases[k].name);
+        const char *fault = zip_inflate_fault(&zi);
+        cr_expect(fault && strstr(fault, cases[k].fault), "%s: %s", cases[k].name,
+                  fault ? fault : "(none)");
+        cr_expect_eq(zip_inflate_read(&zf, &zi, got, 16, 0), -EIO, "%s: sticks", cases[k].name);
+        zip_inflate_close(&zi);
+        close(zf.fd);
+    }
+    free(c);
+    free(got);
+    free(data);
+}
+
+/* Declaring more output than deflate can make of the compressed bytes is refused at open,
+ * before anything is decoded. */
+Test(npy_inflate, a_bomb_is_refused_at_open)
+{
+    zip_entry e = entry_of((size_t)ZIP_MAX_RATIO * 100 + 1, 100, 0);
+    zip_inflated zi;
+    ck_error err;
+    cr_assert_eq(zip_inflate_open(&e, 1 << 20, &zi, "x.npz", &err), -1);
+    cr_expect(strstr(err.msg, "zip bomb"), "%s", err.msg);
+    zip_inflate_close(&zi); /* harmless on a refused one */
 }
 
 Test(npy_inflate, a_changed_file_reads_eio)
@@ -347,20 +461,18 @@ Test(npy_inflate, a_changed_file_reads_eio)
     const char *path = tmp_file(c, cn);
     int fd = open(path, O_RDONLY);
     ck_file zf = {.path = path, .fd = fd};
-    zip_entry e = {.name = "m", .name_len = 1, .method = 8, .size = n, .csize = cn,
-                   .crc = (uint32_t)crc32(0, data, (uInt)n)};
+    zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
     zip_inflated zi;
-    void *chain = NULL;
     ck_error err;
-    cr_assert_eq(zip_inflate_index(&zf, &e, 1 << 16, NULL, 0, heap_alloc, &chain, &zi, path,
-                                   &err), 0, "%s", err.msg);
+    cr_assert_eq(zip_inflate_open(&e, 1 << 16, &zi, path, &err), 0, "%s", err.msg);
+    cr_assert_eq(zip_inflate_read(&zf, &zi, data, n, 0), 0);
     memset(c, 0xff, cn);
     tmp_rewrite(path, c, cn / 2); /* truncated and corrupt */
     close(fd);
     zf.fd = fd = open(path, O_RDONLY);
     cr_expect_lt(zip_inflate_read(&zf, &zi, data, n, 0), 0);
+    zip_inflate_close(&zi);
     close(fd);
-    free_chain(chain);
     free(c);
     free(data);
 }
