@@ -288,50 +288,71 @@ static zip_entry entry_of(size_t n, size_t cn, uint32_t crc)
                        .crc = crc};
 }
 
+/* data (n bytes) deflated (level, memLevel) into a file of its own, opened as an entry with a
+ * point every span output bytes at most. */
+typedef struct stream {
+    unsigned char *c; /* the compressed bytes, cn of them */
+    size_t cn;
+    ck_file zf;
+    zip_inflated zi;
+} stream;
+
+static void stream_open(stream *st, const unsigned char *data, size_t n, int level,
+                        int mem_level, uint64_t span)
+{
+    st->c = deflate_mem(data, n, level, mem_level, &st->cn);
+    const char *path = tmp_file(st->c, st->cn);
+    st->zf = (ck_file){.path = path, .fd = open(path, O_RDONLY)};
+    zip_entry e = entry_of(n, st->cn, (uint32_t)crc32(0, data, (uInt)n));
+    ck_error err;
+    cr_assert_eq(zip_inflate_open(&e, span, &st->zi, path, &err), 0, "%s", err.msg);
+}
+
+static void stream_close(stream *st)
+{
+    zip_inflate_close(&st->zi);
+    close(st->zf.fd);
+    free(st->c);
+}
+
 Test(npy_inflate, random_reads_through_every_point)
 {
-    size_t n = 3 << 20, cn;
+    size_t n = 3 << 20;
     unsigned char *data = malloc(n);
     fill_bytes(data, n, 9);
     for (size_t i = 0; i < n; i++) /* compressible, with matches reaching back across points */
         data[i] = (unsigned char)(i % 4096 < 2048 ? data[i] % 16 : data[i - i % 4096 + 7]);
     for (int level = 1; level <= 9; level += 8) {
-        unsigned char *c = deflate_raw(data, n, level, &cn);
-        const char *path = tmp_file(c, cn);
-        int fd = open(path, O_RDONLY);
-        const ck_file zf = {.path = path, .fd = fd};
-        zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
-        zip_inflated zi;
-        unsigned char head[100];
-        ck_error err;
         uint64_t span = 64 << 10;
-        cr_assert_eq(zip_inflate_open(&e, span, &zi, path, &err), 0, "%s", err.msg);
-        cr_assert_eq(zip_inflate_read(&zf, &zi, head, sizeof head, 0), 0);
+        stream st;
+        stream_open(&st, data, n, level, 8, span);
+        zip_inflated *zi = &st.zi;
+        const ck_file *zf = &st.zf;
+        unsigned char head[100];
+        cr_assert_eq(zip_inflate_read(zf, zi, head, sizeof head, 0), 0);
         cr_expect_arr_eq(head, data, sizeof head);
-        cr_expect_eq(zi.npoints, 1, "a read of the head makes no point: %zu", zi.npoints);
+        cr_expect_eq(zi->npoints, 1, "a read of the head makes no point: %zu", zi->npoints);
         unsigned char *got = malloc(n);
-        cr_assert_eq(zip_inflate_read(&zf, &zi, got, 1, n - 1), 0, "the last byte");
+        cr_assert_eq(zip_inflate_read(zf, zi, got, 1, n - 1), 0, "the last byte");
         cr_assert_eq(got[0], data[n - 1]);
-        cr_expect_gt(zi.npoints, 10, "points: %zu", zi.npoints);
-        cr_expect_leq(zi.npoints, n / span + 1, "points: %zu", zi.npoints);
-        for (size_t k = 1; k < zi.npoints; k++)
-            cr_expect_geq(zi.points[k].out - zi.points[k - 1].out, span);
+        cr_expect_gt(zi->npoints, 10, "points: %zu", zi->npoints);
+        cr_expect_leq(zi->npoints, n / span + 1, "points: %zu", zi->npoints);
+        for (size_t k = 1; k < zi->npoints; k++)
+            cr_expect_geq(zi->points[k].out - zi->points[k - 1].out, span);
         uint32_t x = 12345;
         for (int r = 0; r < 300; r++) {
             x = x * 1103515245u + 12345u;
             size_t off = (x >> 4) % n, len = (x >> 8) % 200000 + 1;
-            if (r % 3 == 0 && r / 3 < (int)zi.npoints) /* exactly at a point, and just before */
-                off = zi.points[r / 3].out - (r % 2 && zi.points[r / 3].out ? 1 : 0);
+            if (r % 3 == 0 && r / 3 < (int)zi->npoints) /* exactly at a point, and just before */
+                off = zi->points[r / 3].out - (r % 2 && zi->points[r / 3].out ? 1 : 0);
             if (len > n - off)
                 len = n - off;
-            cr_assert_eq(zip_inflate_read(&zf, &zi, got, len, off), 0);
+            cr_assert_eq(zip_inflate_read(zf, zi, got, len, off), 0);
             cr_assert_arr_eq(got, data + off, len, "level %d off %zu len %zu", level, off, len);
         }
-        cr_expect_eq(zip_inflate_read(&zf, &zi, got, 2, n - 1), -EIO, "past the end");
-        zip_inflate_close(&zi);
+        cr_expect_eq(zip_inflate_read(zf, zi, got, 2, n - 1), -EIO, "past the end");
+        stream_close(&st);
         free(got);
-        close(fd);
-        free(c);
     }
     free(data);
 }
@@ -340,28 +361,21 @@ Test(npy_inflate, random_reads_through_every_point)
  * pass as it goes (or from a point it made), and are the data. */
 Test(npy_inflate, reads_in_order_extend_the_pass)
 {
-    size_t n = 5 << 20, cn, piece = 128 << 10;
+    size_t n = 5 << 20, piece = 128 << 10;
     unsigned char *data = malloc(n), *got = malloc(piece);
     fill_bytes(data, n, 3);
     for (size_t i = 0; i < n; i++)
         data[i] %= 8;
-    unsigned char *c = deflate_raw(data, n, 6, &cn);
-    const char *path = tmp_file(c, cn);
-    const ck_file zf = {.path = path, .fd = open(path, O_RDONLY)};
-    zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
-    zip_inflated zi;
-    ck_error err;
-    cr_assert_eq(zip_inflate_open(&e, 256 << 10, &zi, path, &err), 0, "%s", err.msg);
+    stream st;
+    stream_open(&st, data, n, 6, 8, 256 << 10);
     for (size_t off = 0; off < n; off += piece) {
-        cr_assert_eq(zip_inflate_read(&zf, &zi, got, piece, off), 0, "off %zu", off);
+        cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, got, piece, off), 0, "off %zu", off);
         cr_assert_arr_eq(got, data + off, piece, "off %zu", off);
-        cr_assert_geq(zi.reached, off + piece);
+        cr_assert_geq(st.zi.reached, off + piece);
     }
-    cr_expect(zi.done, "the whole stream checked once its end was read");
-    cr_expect_null(zip_inflate_fault(&zi));
-    zip_inflate_close(&zi);
-    close(zf.fd);
-    free(c);
+    cr_expect(st.zi.done, "the whole stream checked once its end was read");
+    cr_expect_null(zip_inflate_fault(&st.zi));
+    stream_close(&st);
     free(got);
     free(data);
 }
@@ -371,26 +385,19 @@ Test(npy_inflate, reads_in_order_extend_the_pass)
  * size in windows; they stay within 8 times it (plus the point at the start). */
 Test(npy_inflate, points_cost_at_most_8_times_the_compressed_size)
 {
-    size_t n = 64 << 20, cn;
+    size_t n = 64 << 20;
     unsigned char *data = calloc(1, n), got[64];
-    unsigned char *c = deflate_mem(data, n, 9, 1, &cn);
-    const char *path = tmp_file(c, cn);
-    const ck_file zf = {.path = path, .fd = open(path, O_RDONLY)};
-    zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
-    zip_inflated zi;
-    ck_error err;
-    cr_assert_eq(zip_inflate_open(&e, 64 << 10, &zi, path, &err), 0, "%s", err.msg);
-    cr_assert_eq(zip_inflate_read(&zf, &zi, got, sizeof got, n - sizeof got), 0);
-    cr_assert(zi.done);
-    size_t windows = (zi.npoints - 1) * (size_t)ZIP_WINDOW;
-    cr_expect_leq(windows, 8 * cn, "%zu points: %zu bytes of windows for %zu compressed",
-                  zi.npoints, windows, cn);
-    cr_expect_gt(zi.npoints, 1, "points still made: %zu", zi.npoints);
-    cr_assert_eq(zip_inflate_read(&zf, &zi, got, sizeof got, n / 2), 0);
+    stream st;
+    stream_open(&st, data, n, 9, 1, 64 << 10);
+    cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, got, sizeof got, n - sizeof got), 0);
+    cr_assert(st.zi.done);
+    size_t windows = (st.zi.npoints - 1) * (size_t)ZIP_WINDOW;
+    cr_expect_leq(windows, 8 * st.cn, "%zu points: %zu bytes of windows for %zu compressed",
+                  st.zi.npoints, windows, st.cn);
+    cr_expect_gt(st.zi.npoints, 1, "points still made: %zu", st.zi.npoints);
+    cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, got, sizeof got, n / 2), 0);
     cr_expect_arr_eq(got, data, sizeof got);
-    zip_inflate_close(&zi);
-    close(zf.fd);
-    free(c);
+    stream_close(&st);
     free(data);
 }
 
@@ -455,25 +462,17 @@ Test(npy_inflate, a_bomb_is_refused_at_open)
 
 Test(npy_inflate, a_changed_file_reads_eio)
 {
-    size_t n = 1 << 20, cn;
+    size_t n = 1 << 20;
     unsigned char *data = calloc(1, n);
-    unsigned char *c = deflate_raw(data, n, 6, &cn);
-    const char *path = tmp_file(c, cn);
-    int fd = open(path, O_RDONLY);
-    ck_file zf = {.path = path, .fd = fd};
-    zip_entry e = entry_of(n, cn, (uint32_t)crc32(0, data, (uInt)n));
-    zip_inflated zi;
-    ck_error err;
-    cr_assert_eq(zip_inflate_open(&e, 1 << 16, &zi, path, &err), 0, "%s", err.msg);
-    cr_assert_eq(zip_inflate_read(&zf, &zi, data, n, 0), 0);
-    memset(c, 0xff, cn);
-    tmp_rewrite(path, c, cn / 2); /* truncated and corrupt */
-    close(fd);
-    zf.fd = fd = open(path, O_RDONLY);
-    cr_expect_lt(zip_inflate_read(&zf, &zi, data, n, 0), 0);
-    zip_inflate_close(&zi);
-    close(fd);
-    free(c);
+    stream st;
+    stream_open(&st, data, n, 6, 8, 1 << 16);
+    cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, data, n, 0), 0);
+    memset(st.c, 0xff, st.cn);
+    tmp_rewrite(st.zf.path, st.c, st.cn / 2); /* truncated and corrupt */
+    close(st.zf.fd);
+    st.zf.fd = open(st.zf.path, O_RDONLY);
+    cr_expect_lt(zip_inflate_read(&st.zf, &st.zi, data, n, 0), 0);
+    stream_close(&st);
     free(data);
 }
 
