@@ -55,6 +55,11 @@ void ck_index_close_files(ck_index *ix)
 {
     for (uint32_t i = 0; i < ix->nfiles; i++) {
         ck_file *f = &ix->files[i];
+        const ck_file *origin = ck_file_origin(f);
+        if (origin && origin != f) { /* closed, it is checked as a local file: as its origin */
+            f->dev = origin->dev, f->ino = origin->ino;
+            f->size = origin->size, f->mtime = origin->mtime;
+        }
         if (f->ops) { /* a remote file's path is its connection's: kept in the arena */
             size_t n = strlen(f->path) + 1;
             char *kept = ck_arena_alloc(&ix->arena, n);

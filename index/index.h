@@ -138,8 +138,10 @@ typedef struct ck_index {
 void ck_index_free(ck_index *ix);
 
 /* Closes ix's files (descriptors, connections, caches) for a caller that has read all it will:
- * the entries stay, and each file keeps its path for messages; a read of a closed file fails.
- * Closing again, or freeing, is harmless. */
+ * the entries stay, and each file keeps its path for messages and its identity (device, inode,
+ * size, mtime) for checks by path, a file made of a local one's bytes taking that one's
+ * (ck_file_origin: a served load's source is re-checked by them); a read of a closed file
+ * fails. Closing again, or freeing, is harmless. */
 void ck_index_close_files(ck_index *ix);
 
 /* The path that messages about ix name: its first file (the source as opened, or the first
