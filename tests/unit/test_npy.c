@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -377,6 +378,56 @@ Test(npy_inflate, reads_in_order_extend_the_pass)
     cr_expect_null(zip_inflate_fault(&st.zi));
     stream_close(&st);
     free(got);
+    free(data);
+}
+
+/* Threads reading one member at once, each its own random ranges, while the pass is still
+ * being made: every read is the data (the pass and its points are shared under a lock). */
+typedef struct reader_arg {
+    stream *st;
+    const unsigned char *data;
+    size_t n;
+    unsigned seed;
+    int bad;
+} reader_arg;
+
+static void *read_randomly(void *p)
+{
+    reader_arg *a = p;
+    unsigned char *got = malloc(300000);
+    uint32_t x = a->seed;
+    for (int r = 0; r < 60 && !a->bad; r++) {
+        x = x * 1103515245u + 12345u;
+        size_t off = (x >> 4) % a->n, len = (x >> 8) % 300000 + 1;
+        if (len > a->n - off)
+            len = a->n - off;
+        a->bad = zip_inflate_read(&a->st->zf, &a->st->zi, got, len, off) != 0 ||
+                 memcmp(got, a->data + off, len) != 0;
+    }
+    free(got);
+    return NULL;
+}
+
+Test(npy_inflate, threads_share_the_pass)
+{
+    size_t n = 6 << 20;
+    unsigned char *data = malloc(n);
+    fill_bytes(data, n, 4);
+    for (size_t i = 0; i < n; i++)
+        data[i] %= 32;
+    stream st;
+    stream_open(&st, data, n, 6, 8, 128 << 10);
+    pthread_t t[4];
+    reader_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (reader_arg){.st = &st, .data = data, .n = n, .seed = 77u + (unsigned)i};
+        cr_assert_eq(pthread_create(&t[i], NULL, read_randomly, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        cr_expect_not(args[i].bad, "thread %d read wrong bytes", i);
+    }
+    stream_close(&st);
     free(data);
 }
 
