@@ -677,6 +677,12 @@ int ck_entry_unchanged(const ck_index *ix, const ck_entry *e, uint64_t off, uint
     return !ck_entry_each_file(e, off, len, file_changed, &a);
 }
 
+const char *ck_entry_fault(const ck_entry *e)
+{
+    return e->kind == CK_TENSOR && e->layout == CK_DEFLATED ? zip_inflate_fault(e->deflated)
+                                                            : NULL;
+}
+
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)
 {
     len = entry_span(e, len, off);

@@ -153,6 +153,11 @@ const char *ck_index_source(const ck_index *ix);
  * shorter than the index says gives -EIO: callers never see a short count before the end. */
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off);
 
+/* What a read of e found wrong with its bytes, where that is known beyond an errno (a deflated
+ * member's stream: "its deflate stream is corrupt", zip_inflate_fault), for a message; NULL
+ * otherwise. */
+const char *ck_entry_fault(const ck_entry *e);
+
 /* ck_entry_read without the copy, where the source can lend the bytes (ck_file_hold): *ptr
  * points at the count it returns of them, held until ck_entry_release(ix, e, *token): as many
  * as one piece of the source holds, fewer than ck_entry_read would give where they lie in

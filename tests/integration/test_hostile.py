@@ -238,6 +238,8 @@ NPZ_FOUND_WHEN_READ = {
         BIG_DEFLATED[len(BIG_DEFLATED) // 2 + 64:]))),
     "npz-deflate-bad-crc-deep": npz_case(dict(deflated_member("a.npy", BIG_NPY), crc=1234)),
 }
+FOUND_SAYS = {"npz-truncated-deflate": "truncated", "npz-corrupt-deflate": "corrupt",
+              "npz-deflate-bad-crc-deep": "CRC-32"}
 
 
 @pytest.mark.parametrize("case", sorted(NPZ_FOUND_WHEN_READ))
@@ -245,7 +247,8 @@ def test_npz_deflate_fault_found_by_the_read(tmp_path, mount, case):
     """np.load refuses the member; ckptfs and ckpt ls list it from its header alone, and every
     reader of its bytes gets an error, never the bytes decoded before the fault as the whole:
     a read of the tensor file through the mount (EIO, then on every later read, its start's
-    too: the member is known bad), ckpt cat, ckpt pack and ckload, each failing."""
+    too: the member is known bad), ckpt cat, ckpt pack and ckload, each failing (cat and ckload
+    saying what is wrong with the stream)."""
     import errno
     src = NPZ_FOUND_WHEN_READ[case](tmp_path)
     with pytest.raises(Exception):
@@ -270,13 +273,15 @@ def test_npz_deflate_fault_found_by_the_read(tmp_path, mount, case):
     cat = run([ckpt_bin(), "cat", src, "a"], timeout=TIMEOUT)
     err = cat.stderr.decode(errors="replace")
     assert cat.returncode == 1 and err.count("\n") == 1 and "cannot read tensor 'a'" in err, err
+    assert FOUND_SAYS[case] in err, err
     assert len(cat.stdout) < len(BIG_NPY) - 128, "the whole tensor was written"
     one_line(run([ckpt_bin(), "pack", src, tmp_path / "out.pack"], timeout=TIMEOUT), "ckpt: ")
     assert not (tmp_path / "out.pack").exists()
     import ckload
-    with pytest.raises(ckload.Error):
+    with pytest.raises(ckload.Error) as e:
         with ckload.Load(str(src), device="cpu") as ld:
             ld.wait_all()
+    assert "tensor 'a'" in str(e.value) and FOUND_SAYS[case] in str(e.value), e.value
 
 
 # Members that hold no tensor are left out of an .npz, the rest served: never run,
