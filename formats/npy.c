@@ -278,7 +278,7 @@ int npy_parse_header(const unsigned char *p, size_t n, npy_header *out, const ch
 /* Appends the array h describes under name. Its bytes: at file offset `data` (contiguous, or
  * gathered column-major when Fortran-ordered), or the output of zi past its header. */
 static int add_array(ck_index *ix, const char *name, size_t len, const npy_header *h,
-                     uint32_t file, uint64_t data, const zip_inflated *zi, const char *what,
+                     uint32_t file, uint64_t data, zip_inflated *zi, const char *what,
                      ck_error *err)
 {
     int64_t dims[2 * CK_MAX_RANK];
@@ -316,7 +316,7 @@ static int add_array(ck_index *ix, const char *name, size_t len, const npy_heade
  * '|S' bytes as they are; numpy drops the trailing NULs that pad both. Its itemsize bytes are
  * at file offset data, or the output of zi past its header. */
 static int add_text(ck_index *ix, const char *name, size_t len, const npy_header *h,
-                    uint32_t file, uint64_t data, const zip_inflated *zi, const char *what,
+                    uint32_t file, uint64_t data, zip_inflated *zi, const char *what,
                     ck_error *err)
 {
     const ck_file *f = &ix->files[file];
@@ -391,11 +391,6 @@ int npy_read_file(ck_index *ix, uint32_t file, ck_error *err)
 
 /* --- .npz ------------------------------------------------------------------------------ */
 
-static void *arena_alloc(void *ix, size_t n)
-{
-    return ck_index_alloc(ix, n);
-}
-
 /* --- Fortran-ordered arrays in deflated members: an inflated copy ------------------------
  *
  * Such an array is gathered column-major, from anywhere in its bytes, which a deflate stream
@@ -403,13 +398,15 @@ static void *arena_alloc(void *ix, size_t n)
  * (under $TMPDIR, else /tmp, unlinked at once): a member can be far larger than memory, and the
  * page cache keeps what is read often. The copy is one more source file of the index, as a
  * remote object is (source.h: read through ck_file_read only), whose identity is the archive's:
- * it is unchanged exactly while the archive is (ck_file_unchanged), and every read of it checks
- * the archive first, so that a .npz changed after the copy was made is an error to its readers,
- * never bytes that no longer match it. */
+ * it is unchanged exactly while the archive is (ck_file_unchanged), every read of it checks the
+ * archive first, and its origin (ck_file_origin) is the archive, so that whoever checks a source
+ * by its path (the mount) checks the archive's: a .npz changed, or renamed over, after the copy
+ * was made is an error to its readers, never bytes that no longer match it. The copy owns the
+ * member's decoder (zip_inflate_close on close). */
 typedef struct npz_copy {
     const ck_index *ix;       /* whose files hold the archive (the array moves as files are added) */
     uint32_t archive;
-    const zip_inflated *zi;   /* the member; the array's bytes start at zi->skip */
+    zip_inflated *zi;         /* the member; the array's bytes start at zi->skip */
     pthread_mutex_t lock;     /* held while the copy is made */
     int fd;                   /* the copy, once made; -1 before */
 } npz_copy;
@@ -462,11 +459,18 @@ static int copy_same(const ck_file *f)
     return ck_file_unchanged(&c->ix->files[c->archive]);
 }
 
+static const ck_file *copy_origin(const ck_file *f)
+{
+    const npz_copy *c = f->remote;
+    return ck_file_origin(&c->ix->files[c->archive]);
+}
+
 static void copy_close(ck_file *f)
 {
     npz_copy *c = f->remote;
     if (c->fd >= 0)
         close(c->fd);
+    zip_inflate_close(c->zi);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -496,18 +500,21 @@ static void copy_release(const ck_file *f, void *token)
 
 static const ck_source_ops copy_ops = {
     .pread = copy_pread, .same = copy_same, .close = copy_close, .stats = copy_stats,
-    .hint = copy_hint, .hold = copy_hold, .release = copy_release,
+    .hint = copy_hint, .hold = copy_hold, .release = copy_release, .origin = copy_origin,
 };
 
 /* Adds the copy of the array of nbytes that member zi of file `archive` holds past zi->skip, to
- * be made on its first read. Its file id, or -1 with err set. */
-static int add_copy(ck_index *ix, uint32_t archive, const zip_inflated *zi, uint64_t nbytes,
+ * be made on its first read; the copy owns zi, even when this fails. Its file id, or -1 with
+ * err set. */
+static int add_copy(ck_index *ix, uint32_t archive, zip_inflated *zi, uint64_t nbytes,
                     ck_error *err)
 {
     const ck_file *a = &ix->files[archive];
     npz_copy *c = malloc(sizeof *c);
-    if (!c)
+    if (!c) {
+        zip_inflate_close(zi);
         return ck_fail(err, a->path, "out of memory");
+    }
     *c = (npz_copy){.ix = ix, .archive = archive, .zi = zi, .fd = -1};
     pthread_mutex_init(&c->lock, NULL);
     ck_file f = {.path = a->path, .fd = -1, .size = nbytes, .mtime = a->mtime, .ops = &copy_ops,
@@ -515,34 +522,50 @@ static int add_copy(ck_index *ix, uint32_t archive, const zip_inflated *zi, uint
     return ck_index_add_opened(ix, &f, err);
 }
 
-/* A deflated member: one pass for its seek points and its header, which must describe all
- * of the member's output. */
+/* The header of deflated member ze, from the first bytes its stream inflates to (no more: the
+ * rest is decoded when read), into *h; it must describe all of the member's output. */
+static int deflated_header(const ck_file *f, const zip_entry *ze, zip_inflated *zi,
+                           npy_header *h, const char *what, int *not_a_tensor, ck_error *err)
+{
+    unsigned char head[NPY_PREAMBLE_MAX + NPY_MAX_HEADER];
+    size_t n = ze->size < sizeof head ? (size_t)ze->size : sizeof head;
+    int rc = zip_inflate_read(f, zi, head, n, 0);
+    if (rc) {
+        const char *fault = zip_inflate_fault(zi);
+        return ck_fail(err, f->path, "%scannot inflate its header: %s (offset %llu)", what,
+                       fault ? fault : strerror(-rc), (ull)ze->data_offset);
+    }
+    if (npy_parse_header(head, n, h, f->path, what, 0, err) ||
+        check_fill(h, ze->size, f->path, what, 0, err))
+        return *not_a_tensor = h->not_a_tensor, -1;
+    zi->skip = h->data_offset;
+    return 0;
+}
+
+/* A deflated member: its header now, its data decoded (and its stream checked) when read. The
+ * entry owns the member's decoder (ck_index_free closes it); a value has read what it needs. */
 static int add_deflated(ck_index *ix, uint32_t file, const zip_entry *ze, const char *what,
                         int *not_a_tensor, ck_error *err)
 {
     const ck_file *f = &ix->files[file];
-    unsigned char head[NPY_PREAMBLE_MAX + NPY_MAX_HEADER];
     zip_inflated *zi = ck_index_alloc(ix, sizeof *zi);
     if (!zi)
         return ck_fail(err, f->path, "%sout of memory", what);
-    if (zip_inflate_index(f, ze, ZIP_SEEK_SPAN, head, sizeof head, arena_alloc, ix, zi,
-                          f->path, err))
+    if (zip_inflate_open(ze, ZIP_SEEK_SPAN, zi, f->path, err))
         return -1;
     npy_header h = {0};
-    size_t n = ze->size < sizeof head ? (size_t)ze->size : sizeof head;
-    if (npy_parse_header(head, n, &h, f->path, what, 0, err) ||
-        check_fill(&h, ze->size, f->path, what, 0, err))
-        return *not_a_tensor = h.not_a_tensor, -1;
-    zi->skip = h.data_offset;
-    if (!h.text && h.fortran && h.rank > 1 && h.nbytes > 0) { /* gathered from a copy */
-        if (h.big_endian)
-            return add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err);
-        int id = add_copy(ix, file, zi, h.nbytes, err);
+    int rc = deflated_header(f, ze, zi, &h, what, not_a_tensor, err);
+    if (rc == 0 && !h.text && h.fortran && h.rank > 1 && h.nbytes > 0 && !h.big_endian) {
+        int id = add_copy(ix, file, zi, h.nbytes, err); /* gathered from a copy, which owns zi */
         return id < 0 ? -1 : add_array(ix, ze->name, ze->name_len - 4, &h, (uint32_t)id, 0,
                                        NULL, what, err);
     }
-    return h.text ? add_text(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err)
-                  : add_array(ix, ze->name, ze->name_len - 4, &h, file, 0, zi, what, err);
+    if (rc == 0)
+        rc = (h.text ? add_text : add_array)(ix, ze->name, ze->name_len - 4, &h, file, 0, zi,
+                                             what, err);
+    if (rc || h.text)
+        zip_inflate_close(zi);
+    return rc;
 }
 
 /* Adds member ze; *not_a_tensor says a failure was for what the member holds (no .npy, or

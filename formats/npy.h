@@ -16,9 +16,11 @@
  *  - The data must fill the rest of the file or member exactly: no short file, no trailing
  *    bytes.
  *  - .npz members may be stored (read in place, at the data offset the local header gives) or
- *    deflated (CK_DEFLATED: one inflate pass over each at open checks the stream and keeps seek
- *    points, zip.h; a Fortran-ordered deflated member is refused). Members must not overlap.
- *  - Only headers are read for .npy files and stored members; nothing is trusted unchecked.
+ *    deflated (CK_DEFLATED: only the first bytes the header needs are inflated at open; the
+ *    rest of the stream is decoded, checked and given seek points as reads need it, zip.h; a
+ *    Fortran-ordered deflated member is gathered from an inflated copy made on its first read,
+ *    whose origin, ck_file_origin, is the archive). Members must not overlap.
+ *  - Only headers are read for .npy files and members; nothing is trusted unchecked.
  *  - Writing (npy_header_make, for `ckptfs -o npy` and `ckpt cat --npy`): format 1.0 (the
  *    longest header, CK_MAX_RANK dimensions, is far below 1.0's 65535 bytes), padded with
  *    spaces so that the data starts at a multiple of 64 bytes, as np.save pads it. A dtype

@@ -344,8 +344,8 @@ static const char *change_why(int rc)
  * location (without its secrets: ck_file's path). */
 static const char *source_name(const ck_fs *fs, uint32_t file)
 {
-    return ck_file_is_local(&fs->ix->files[file]) ? fs->src_path[file]
-                                                   : fs->ix->files[file].path;
+    return ck_file_origin(&fs->ix->files[file]) ? fs->src_path[file]
+                                                 : fs->ix->files[file].path;
 }
 
 /* Logs the first change any check finds, once per mount: every read after it fails the same
@@ -369,17 +369,19 @@ static void tell_change(ck_fs *fs, uint32_t file, int rc)
  * another file, or none). One fstat and one stat. */
 static int source_unchanged(const ck_fs *fs, uint32_t file)
 {
-    const ck_file *f = &fs->ix->files[file];
+    const ck_file *f = &fs->ix->files[file], *local = ck_file_origin(f);
     struct stat st;
     /* The open descriptor first: a write or truncate changes its size or mtime. A remote file
      * is checked by every request it makes (source.h). */
-    if (!ck_file_unchanged(&fs->ix->files[file]))
+    if (!ck_file_unchanged(f))
         return -EIO;
-    if (!ck_file_is_local(f))
+    if (!local)
         return 0;
     /* Then the path: a file renamed over it leaves our descriptor on the old, intact inode,
-     * whose bytes are no longer what SOURCE holds (the same inode passed the check above). */
-    if (stat(fs->src_path[file], &st) != 0 || !ck_file_matches(f, &st))
+     * whose bytes are no longer what SOURCE holds (the same inode passed the check above). A
+     * file made of a local one's bytes (an .npz member's inflated copy) is checked as that
+     * one: its path is that one's. */
+    if (stat(fs->src_path[file], &st) != 0 || !ck_file_matches(local, &st))
         return -ESTALE;
     return 0;
 }

@@ -37,6 +37,10 @@ void ck_index_free(ck_index *ix)
         return;
     for (uint32_t i = 0; i < ix->nfiles; i++)
         ck_source_close(&ix->files[i]);
+    for (size_t i = 0; i < ix->nentries; i++)
+        if (ix->entries[i].kind == CK_TENSOR && ix->entries[i].layout == CK_DEFLATED &&
+            ix->entries[i].deflated)
+            zip_inflate_close(ix->entries[i].deflated);
     if (ix->own_remote) /* after its files */
         http_remote_free(ix->remote);
     free(ix->files);
@@ -51,6 +55,11 @@ void ck_index_close_files(ck_index *ix)
 {
     for (uint32_t i = 0; i < ix->nfiles; i++) {
         ck_file *f = &ix->files[i];
+        const ck_file *origin = ck_file_origin(f);
+        if (origin && origin != f) { /* closed, it is checked as a local file: as its origin */
+            f->dev = origin->dev, f->ino = origin->ino;
+            f->size = origin->size, f->mtime = origin->mtime;
+        }
         if (f->ops) { /* a remote file's path is its connection's: kept in the arena */
             size_t n = strlen(f->path) + 1;
             char *kept = ck_arena_alloc(&ix->arena, n);
@@ -666,6 +675,12 @@ int ck_entry_unchanged(const ck_index *ix, const ck_entry *e, uint64_t off, uint
 {
     changed_ask a = {.ix = ix, .changed = changed};
     return !ck_entry_each_file(e, off, len, file_changed, &a);
+}
+
+const char *ck_entry_fault(const ck_entry *e)
+{
+    return e->kind == CK_TENSOR && e->layout == CK_DEFLATED ? zip_inflate_fault(e->deflated)
+                                                            : NULL;
 }
 
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off)

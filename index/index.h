@@ -82,7 +82,9 @@ typedef struct ck_entry {
                             * CK_CHUNKED: followed by the box's start in the whole tensor */
     union {
         const char *text;                     /* CK_VALUE: nbytes bytes */
-        const struct zip_inflated *deflated;  /* CK_DEFLATED: how to decode it (zip.h) */
+        struct zip_inflated *deflated;        /* CK_DEFLATED: how to decode it (zip.h; its
+                                               * seek points grow as it is read, under its
+                                               * own lock; the index owns it) */
         const ck_chunks *chunks;              /* CK_CHUNKED: its pieces */
     };
     ck_extent ext;         /* CK_CONTIGUOUS: the bytes; CK_STRIDED: file and first element;
@@ -136,8 +138,10 @@ typedef struct ck_index {
 void ck_index_free(ck_index *ix);
 
 /* Closes ix's files (descriptors, connections, caches) for a caller that has read all it will:
- * the entries stay, and each file keeps its path for messages; a read of a closed file fails.
- * Closing again, or freeing, is harmless. */
+ * the entries stay, and each file keeps its path for messages and its identity (device, inode,
+ * size, mtime) for checks by path, a file made of a local one's bytes taking that one's
+ * (ck_file_origin: a served load's source is re-checked by them); a read of a closed file
+ * fails. Closing again, or freeing, is harmless. */
 void ck_index_close_files(ck_index *ix);
 
 /* The path that messages about ix name: its first file (the source as opened, or the first
@@ -148,6 +152,11 @@ const char *ck_index_source(const ck_index *ix);
  * Returns the number of bytes copied (0 at or past the end), or -errno. A source file that is
  * shorter than the index says gives -EIO: callers never see a short count before the end. */
 ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t len, uint64_t off);
+
+/* What a read of e found wrong with its bytes, where that is known beyond an errno (a deflated
+ * member's stream: "its deflate stream is corrupt", zip_inflate_fault), for a message; NULL
+ * otherwise. */
+const char *ck_entry_fault(const ck_entry *e);
 
 /* ck_entry_read without the copy, where the source can lend the bytes (ck_file_hold): *ptr
  * points at the count it returns of them, held until ck_entry_release(ix, e, *token): as many

@@ -631,126 +631,46 @@ static int feed(z_stream *s, zin *in)
     return 0;
 }
 
-/* A seek point at the current position of the pass: ring holds the last ZIP_WINDOW bytes of
- * output, the oldest at ring[ZIP_WINDOW - avail_out]. */
-static int add_point(zip_inflated *zi, const z_stream *s, uint64_t in, uint64_t out,
-                     const unsigned char *ring, zip_alloc_fn alloc, void *ctx)
+int zip_inflate_open(const zip_entry *e, uint64_t span, zip_inflated *zi, const char *path,
+                     ck_error *err)
 {
-    unsigned char *w = alloc(ctx, ZIP_WINDOW);
-    if (!w)
-        return -1;
-    size_t old = s->avail_out, young = ZIP_WINDOW - old;
-    memcpy(w, ring + young, old);
-    memcpy(w + old, ring, young);
-    zi->points[zi->npoints++] = (zip_point){.out = out, .in = in, .window = w,
-                                            .bits = (uint8_t)(s->data_type & 7)};
-    return 0;
-}
-
-/* Whether inflate(Z_BLOCK) stopped at the end of a block that is not the stream's last: the
- * only places a seek point can be (zlib.h, inflate: data_type bits 7 and 6). */
-static int at_block_end(const z_stream *s)
-{
-    return (s->data_type & 128) && !(s->data_type & 64);
-}
-
-/* The pass itself (see zip.h); s is initialized, ring is ZIP_WINDOW zeroed bytes. */
-static int index_pass(z_stream *s, zin *in, const zip_entry *e, uint64_t span,
-                      unsigned char *head, size_t head_cap, unsigned char *ring,
-                      zip_alloc_fn alloc, void *ctx, zip_inflated *zi, const char *path,
-                      ck_error *err)
-{
-    uint64_t in_total = 0, out = 0, last = 0;
-    uLong crc = crc32(0, NULL, 0);
-    int ret = Z_OK;
-    while (ret != Z_STREAM_END) {
-        int dry = feed(s, in); /* dry: no input left, but inflate may hold some output */
-        if (dry < 0)
-            return ck_fail(err, path, "entry '%s': cannot read its compressed data: %s (offset "
-                           "%llu)", e->name, strerror(-dry), (ull)(e->data_offset + in->next));
-        if (s->avail_out == 0) {
-            s->next_out = ring;
-            s->avail_out = ZIP_WINDOW;
-        }
-        unsigned char *from = s->next_out;
-        uInt avail_in = s->avail_in;
-        ret = inflate(s, Z_BLOCK);
-        if (ret == Z_BUF_ERROR && dry)
-            return ck_fail(err, path, "entry '%s': deflate stream is truncated: its %llu "
-                           "compressed bytes end after %llu of %llu output bytes (offset %llu)",
-                           e->name, (ull)e->csize, (ull)out, (ull)e->size,
-                           (ull)e->data_offset);
-        if (ret != Z_OK && ret != Z_STREAM_END) /* Z_BUF_ERROR with input: no progress */
-            return ck_fail(err, path, "entry '%s': deflate stream is corrupt: %s (compressed "
-                           "byte %llu, output byte %llu)", e->name,
-                           ret == Z_MEM_ERROR ? "out of memory" : s->msg ? s->msg : "bad data",
-                           (ull)in_total, (ull)out);
-        size_t made = (size_t)(s->next_out - from);
-        in_total += avail_in - s->avail_in;
-        if (made > e->size - out)
-            return ck_fail(err, path, "entry '%s': deflate stream inflates past the %llu bytes "
-                           "the central directory declares (offset %llu)", e->name,
-                           (ull)e->size, (ull)e->data_offset);
-        if (out < head_cap)
-            memcpy(head + out, from, made < head_cap - out ? made : (size_t)(head_cap - out));
-        crc = crc32(crc, from, (uInt)made);
-        out += made;
-        if (ret != Z_STREAM_END && at_block_end(s) && out - last >= span) {
-            if (add_point(zi, s, in_total, out, ring, alloc, ctx))
-                return ck_fail(err, path, "entry '%s': out of memory for its seek points",
-                               e->name);
-            last = out;
-        }
-    }
-    if (out != e->size)
-        return ck_fail(err, path, "entry '%s': deflate stream ends after %llu bytes, the central "
-                       "directory declares %llu (offset %llu)", e->name, (ull)out, (ull)e->size,
-                       (ull)e->data_offset);
-    if (in_total != e->csize)
-        return ck_fail(err, path, "entry '%s': deflate stream ends after %llu of its %llu "
-                       "compressed bytes (offset %llu)", e->name, (ull)in_total, (ull)e->csize,
-                       (ull)e->data_offset);
-    if ((uint32_t)crc != e->crc)
-        return ck_fail(err, path, "entry '%s': CRC-32 of the inflated bytes is 0x%08x, the "
-                       "central directory says 0x%08x (offset %llu)", e->name, (unsigned)crc,
-                       (unsigned)e->crc, (ull)e->data_offset);
-    return 0;
-}
-
-int zip_inflate_index(const ck_file *f, const zip_entry *e, uint64_t span, unsigned char *head,
-                      size_t head_cap, zip_alloc_fn alloc, void *ctx, zip_inflated *zi,
-                      const char *path, ck_error *err)
-{
+    *zi = (zip_inflated){0};
     uint64_t most;
     if (!__builtin_mul_overflow(e->csize, (uint64_t)ZIP_MAX_RATIO, &most) && e->size > most)
         return ck_fail(err, path, "entry '%s' declares %llu bytes from %llu compressed, more "
                        "than deflate can produce (%u to 1): a zip bomb, or a lie (offset %llu)",
                        e->name, (ull)e->size, (ull)e->csize, ZIP_MAX_RATIO,
                        (ull)e->data_offset);
-    /* Points lie at least span output bytes apart, so this many always have room. */
-    size_t room = (size_t)(e->size / (span ? span : 1) + 1);
+    zip_point *start = calloc(1, sizeof *start);
+    if (!start)
+        return ck_fail(err, path, "entry '%s': out of memory to inflate it", e->name);
     *zi = (zip_inflated){.data_offset = e->data_offset, .csize = e->csize, .size = e->size,
-                         .points = alloc(ctx, room * sizeof *zi->points)};
-    zin *in = malloc(sizeof *in);
-    unsigned char *ring = calloc(1, ZIP_WINDOW);
-    z_stream s = {0};
-    int zrc = in && ring && zi->points ? inflateInit2(&s, -15) : Z_MEM_ERROR;
-    int rc;
-    if (zrc != Z_OK) {
-        rc = ck_fail(err, path, "entry '%s': out of memory to inflate it", e->name);
-    } else {
-        *in = (zin){.f = f, .zi = zi};
-        zi->points[zi->npoints++] = (zip_point){0};
-        rc = index_pass(&s, in, e, span ? span : 1, head, head_cap, ring, alloc, ctx, zi, path,
-                        err);
-        inflateEnd(&s);
-    }
-    free(in);
-    free(ring);
-    return rc;
+                         .crc = e->crc, .span = span ? span : 1, .points = start, .npoints = 1,
+                         .cap = 1};
+    pthread_mutex_init(&zi->lock, NULL);
+    return 0;
 }
 
-/* The last seek point at or before output offset off. */
+void zip_inflate_close(zip_inflated *zi)
+{
+    if (!zi->points)
+        return;
+    for (size_t i = 0; i < zi->npoints; i++)
+        free((void *)zi->points[i].window);
+    free(zi->points);
+    pthread_mutex_destroy(&zi->lock);
+    *zi = (zip_inflated){0};
+}
+
+const char *zip_inflate_fault(zip_inflated *zi)
+{
+    pthread_mutex_lock(&zi->lock);
+    const char *fault = zi->fault;
+    pthread_mutex_unlock(&zi->lock);
+    return fault;
+}
+
+/* The last seek point at or before output offset off. Under zi->lock. */
 static const zip_point *point_before(const zip_inflated *zi, uint64_t off)
 {
     size_t lo = 0, hi = zi->npoints; /* points[0].out == 0 <= off */
@@ -764,22 +684,46 @@ static const zip_point *point_before(const zip_inflated *zi, uint64_t off)
     return &zi->points[lo];
 }
 
-/* Positions s at point p: the partial byte's bits primed, the window as dictionary. */
-static int start_at(z_stream *s, zin *in, const zip_point *p)
+/* A decoder of the entry zi describes, started at a seek point. In place: zlib's state points
+ * back at s. */
+typedef struct zip_cursor {
+    z_stream s;
+    zin *in;
+    unsigned char *scratch; /* ZIP_WINDOW bytes: what is thrown away, or the pass's ring */
+} zip_cursor;
+
+static void cursor_close(zip_cursor *c)
 {
-    in->next = p->in - (p->bits ? 1 : 0);
-    if (p->bits) {
-        unsigned char c;
-        int rc = ck_file_read(in->f, &c, 1, in->zi->data_offset + in->next);
-        if (rc)
-            return rc;
-        in->next++;
-        if (inflatePrime(s, p->bits, c >> (8 - p->bits)) != Z_OK)
-            return -EIO;
+    inflateEnd(&c->s);
+    free(c->in);
+    free(c->scratch);
+}
+
+/* Positions a new decoder at point p (a copy: the points may move): the partial byte's bits
+ * primed, the window as dictionary. 0 (cursor_close then), or -errno with nothing held. */
+static int cursor_open(zip_cursor *c, const ck_file *f, const zip_inflated *zi,
+                       const zip_point *p)
+{
+    *c = (zip_cursor){.in = malloc(sizeof *c->in), .scratch = malloc(ZIP_WINDOW)};
+    if (!c->in || !c->scratch || inflateInit2(&c->s, -15) != Z_OK) {
+        free(c->in);
+        free(c->scratch);
+        return -ENOMEM;
     }
-    if (p->window && inflateSetDictionary(s, p->window, ZIP_WINDOW) != Z_OK)
-        return -EIO;
-    return 0;
+    *c->in = (zin){.f = f, .zi = zi, .next = p->in - (p->bits ? 1 : 0)};
+    int rc = 0;
+    if (p->bits) {
+        unsigned char b;
+        rc = ck_file_read(f, &b, 1, zi->data_offset + c->in->next);
+        c->in->next++;
+        if (rc == 0 && inflatePrime(&c->s, p->bits, b >> (8 - p->bits)) != Z_OK)
+            rc = -EIO;
+    }
+    if (rc == 0 && p->window && inflateSetDictionary(&c->s, p->window, ZIP_WINDOW) != Z_OK)
+        rc = -EIO;
+    if (rc)
+        cursor_close(c);
+    return rc;
 }
 
 /* Decodes len bytes into out (NULL: thrown away, through scratch). 0 or -errno. */
@@ -806,73 +750,211 @@ static int inflate_into(z_stream *s, zin *in, unsigned char *out, uint64_t len,
     return 0;
 }
 
-/* A decoder of the entry zi describes, at output offset off: started at the seek point before
- * off, the bytes up to off decoded and thrown away. In place: zlib's state points back at s. */
-typedef struct zip_cursor {
-    z_stream s;
-    zin *in;
-    unsigned char *scratch; /* ZIP_WINDOW bytes for what is thrown away */
-} zip_cursor;
+/* Where a decode hands its output: the bytes at output offsets [from, to), to put, in order. */
+typedef struct zip_sink {
+    uint64_t from, to;
+    zip_put_fn put;
+    void *ctx;
+} zip_sink;
 
-static void cursor_close(zip_cursor *c)
+/* The part of out[0..n) (output offsets at..at+n) that k wants, handed to it. */
+static int give(const zip_sink *k, const unsigned char *out, size_t n, uint64_t at)
 {
-    inflateEnd(&c->s);
-    free(c->in);
-    free(c->scratch);
+    uint64_t lo = at > k->from ? at : k->from, hi = at + n < k->to ? at + n : k->to;
+    return lo < hi ? k->put(k->ctx, out + (lo - at), (size_t)(hi - lo)) : 0;
 }
 
-/* 0 (cursor_close then), or -errno with nothing held. */
-static int cursor_open(zip_cursor *c, const ck_file *f, const zip_inflated *zi, uint64_t off)
+/* The pass finds the stream wrong: every read of the entry fails from now on. */
+static int fault(zip_inflated *zi, const char *what)
 {
-    const zip_point *p = point_before(zi, off);
-    *c = (zip_cursor){.in = malloc(sizeof *c->in), .scratch = malloc(ZIP_WINDOW)};
-    if (!c->in || !c->scratch || inflateInit2(&c->s, -15) != Z_OK) {
-        free(c->in);
-        free(c->scratch);
+    zi->fault = what;
+    return -EIO;
+}
+
+/* A seek point at the pass's position: ring holds the last ZIP_WINDOW bytes of output, the
+ * oldest at ring[ZIP_WINDOW - avail_out]. 0, or -ENOMEM. */
+static int add_point(zip_inflated *zi, const z_stream *s, uint64_t in, uint64_t out,
+                     uint32_t crc, const unsigned char *ring)
+{
+    if (zi->npoints == zi->cap) {
+        zip_point *more = realloc(zi->points, 2 * zi->cap * sizeof *more);
+        if (!more)
+            return -ENOMEM;
+        zi->points = more;
+        zi->cap *= 2;
+    }
+    unsigned char *w = malloc(ZIP_WINDOW);
+    if (!w)
         return -ENOMEM;
+    size_t old = s->avail_out, young = ZIP_WINDOW - old;
+    memcpy(w, ring + young, old);
+    memcpy(w + old, ring, young);
+    zi->points[zi->npoints++] = (zip_point){.out = out, .in = in, .window = w, .crc = crc,
+                                            .bits = (uint8_t)(s->data_type & 7)};
+    return 0;
+}
+
+/* Whether inflate(Z_BLOCK) stopped at the end of a block that is not the stream's last: the
+ * only places a seek point can be (zlib.h, inflate: data_type bits 7 and 6). */
+static int at_block_end(const z_stream *s)
+{
+    return (s->data_type & 128) && !(s->data_type & 64);
+}
+
+/* The stream has ended after out bytes of output, in compressed bytes, of CRC-32 crc: the
+ * pass's last checks. */
+static int check_end(zip_inflated *zi, uint64_t out, uint64_t in, uint32_t crc)
+{
+    if (out != zi->size)
+        return fault(zi, "its deflate stream ends before the size the central directory "
+                     "declares");
+    if (in != zi->csize)
+        return fault(zi, "its deflate stream ends before its compressed bytes do");
+    if (crc != zi->crc)
+        return fault(zi, "the CRC-32 of its inflated bytes is not the central directory's");
+    return 0;
+}
+
+/* One step of the pass: inflate(Z_BLOCK) on c, its output in the ring. Z_OK or Z_STREAM_END
+ * with *made bytes made from *used compressed ones, else -errno (a fault set). */
+static int pass_step(zip_inflated *zi, zip_cursor *c, size_t *made, uint64_t *used)
+{
+    int dry = feed(&c->s, c->in); /* dry: no input left, but inflate may hold some output */
+    if (dry < 0)
+        return dry;
+    if (c->s.avail_out == 0) {
+        c->s.next_out = c->scratch;
+        c->s.avail_out = ZIP_WINDOW;
     }
-    *c->in = (zin){.f = f, .zi = zi};
-    int rc = start_at(&c->s, c->in, p);
-    if (rc == 0)
-        rc = inflate_into(&c->s, c->in, NULL, off - p->out, c->scratch);
+    uInt avail_in = c->s.avail_in, avail_out = c->s.avail_out;
+    int ret = inflate(&c->s, Z_BLOCK);
+    if (ret == Z_BUF_ERROR && dry)
+        return fault(zi, "its deflate stream is truncated");
+    if (ret == Z_MEM_ERROR)
+        return -ENOMEM;
+    if (ret != Z_OK && ret != Z_STREAM_END) /* Z_BUF_ERROR with input: no progress */
+        return fault(zi, "its deflate stream is corrupt");
+    *made = avail_out - c->s.avail_out;
+    *used = avail_in - c->s.avail_in;
+    return ret;
+}
+
+/* The pass, from its last point on, until it has decoded `end` output bytes (and, when end is
+ * the entry's size, checked the stream's end), its output handed to k (NULL: to none) on the
+ * way. 0, or -errno (-EIO with zi->fault set where the stream is wrong). Under zi->lock. */
+static int pass_to(const ck_file *f, zip_inflated *zi, uint64_t end, const zip_sink *k)
+{
+    zip_point p = zi->points[zi->npoints - 1];
+    zip_cursor c;
+    int rc = cursor_open(&c, f, zi, &p);
     if (rc)
-        cursor_close(c);
-    return rc;
-}
-
-int zip_inflate_read(const ck_file *f, const zip_inflated *zi, void *buf, size_t len, uint64_t off)
-{
-    if (off > zi->size || len > zi->size - off)
-        return -EIO;
-    if (len == 0)
-        return 0;
-    zip_cursor c;
-    int rc = cursor_open(&c, f, zi, off);
-    if (rc == 0) {
-        rc = inflate_into(&c.s, c.in, buf, len, c.scratch);
-        cursor_close(&c);
+        return rc;
+    /* The ring starts as the point's window, so that a point made within ZIP_WINDOW bytes of
+     * it still gets the ZIP_WINDOW bytes before it. */
+    if (p.window)
+        memcpy(c.scratch, p.window, ZIP_WINDOW);
+    else
+        memset(c.scratch, 0, ZIP_WINDOW);
+    c.s.next_out = c.scratch;
+    c.s.avail_out = ZIP_WINDOW;
+    uint64_t in = p.in, out = p.out, last_in = p.in, last_out = p.out;
+    uint32_t crc = p.crc;
+    int ret = Z_OK;
+    while (rc == 0 && ret != Z_STREAM_END && (out < end || end == zi->size)) {
+        size_t made = 0;
+        uint64_t used = 0;
+        unsigned char *from = c.s.avail_out ? c.s.next_out : c.scratch;
+        ret = pass_step(zi, &c, &made, &used);
+        if (ret < 0) {
+            rc = ret;
+            break;
+        }
+        in += used;
+        if (made > zi->size - out) {
+            rc = fault(zi, "its deflate stream inflates past the size the central directory "
+                       "declares");
+            break;
+        }
+        crc = (uint32_t)crc32(crc, from, (uInt)made);
+        rc = k ? give(k, from, made, out) : 0;
+        out += made;
+        if (rc == 0 && ret != Z_STREAM_END && at_block_end(&c.s) && out - last_out >= zi->span &&
+            in - last_in >= ZIP_POINT_IN) {
+            rc = add_point(zi, &c.s, in, out, crc, c.scratch);
+            last_in = in, last_out = out;
+        }
     }
+    if (rc == 0 && ret == Z_STREAM_END && (rc = check_end(zi, out, in, crc)) == 0)
+        zi->done = 1;
+    if (rc == 0 && out > zi->reached)
+        zi->reached = out;
+    cursor_close(&c);
     return rc;
 }
 
-int zip_inflate_each(const ck_file *f, const zip_inflated *zi, uint64_t off, zip_put_fn put,
-                     void *ctx)
+/* Output [k->from, k->to) decoded again from point p (a copy). */
+static int decode_from(const ck_file *f, const zip_inflated *zi, const zip_point *p,
+                       const zip_sink *k)
 {
-    if (off > zi->size)
-        return -EIO;
-    unsigned char *piece = malloc(ZIP_SEEK_SPAN);
+    uint64_t left = k->to - k->from;
+    size_t cap = left < ZIP_SEEK_SPAN ? (size_t)left : ZIP_SEEK_SPAN;
+    unsigned char *piece = malloc(cap);
     zip_cursor c;
-    int rc = piece ? cursor_open(&c, f, zi, off) : -ENOMEM;
+    int rc = piece ? cursor_open(&c, f, zi, p) : -ENOMEM;
     if (rc == 0) {
-        for (uint64_t left = zi->size - off; rc == 0 && left;) {
-            size_t n = left < ZIP_SEEK_SPAN ? (size_t)left : ZIP_SEEK_SPAN;
+        rc = inflate_into(&c.s, c.in, NULL, k->from - p->out, c.scratch);
+        while (rc == 0 && left) {
+            size_t n = left < cap ? (size_t)left : cap;
             rc = inflate_into(&c.s, c.in, piece, n, c.scratch);
             if (rc == 0)
-                rc = put(ctx, piece, n);
+                rc = k->put(k->ctx, piece, n);
             left -= n;
         }
         cursor_close(&c);
     }
     free(piece);
     return rc;
+}
+
+/* Hands output [k->from, k->to) to k: the pass runs first where it has not got that far (and
+ * hands the bytes over itself when its last point is at or before them); what it has passed
+ * is decoded again from the point before k->from. */
+static int inflate_range(const ck_file *f, zip_inflated *zi, const zip_sink *k)
+{
+    pthread_mutex_lock(&zi->lock);
+    int rc = zi->fault ? -EIO : 0, served = 0;
+    if (rc == 0 && !zi->done && (zi->reached < k->to || k->to == zi->size)) {
+        served = zi->points[zi->npoints - 1].out <= k->from;
+        rc = pass_to(f, zi, k->to, served ? k : NULL);
+    }
+    zip_point p = *point_before(zi, k->from);
+    pthread_mutex_unlock(&zi->lock);
+    return rc || served ? rc : decode_from(f, zi, &p, k);
+}
+
+static int put_copy(void *at, const void *buf, size_t len)
+{
+    memcpy(*(unsigned char **)at, buf, len);
+    *(unsigned char **)at += len;
+    return 0;
+}
+
+int zip_inflate_read(const ck_file *f, zip_inflated *zi, void *buf, size_t len, uint64_t off)
+{
+    if (off > zi->size || len > zi->size - off)
+        return -EIO;
+    if (len == 0)
+        return 0;
+    unsigned char *at = buf;
+    zip_sink k = {.from = off, .to = off + len, .put = put_copy, .ctx = &at};
+    return inflate_range(f, zi, &k);
+}
+
+int zip_inflate_each(const ck_file *f, zip_inflated *zi, uint64_t off, zip_put_fn put,
+                     void *ctx)
+{
+    if (off > zi->size)
+        return -EIO;
+    zip_sink k = {.from = off, .to = zi->size, .put = put, .ctx = ctx};
+    return inflate_range(f, zi, &k);
 }

@@ -156,8 +156,9 @@ static int gather_chunk(ckl_load *l, const ck_plan_blob *bl, uint64_t at, size_t
 
 static void read_failed(ckl_load *l, const ck_plan_blob *bl, uint64_t off, int rc)
 {
+    const char *fault = bl->gather ? ck_entry_fault(bl->gather) : NULL;
     set_error(l, "cannot read tensor '%s' (byte %llu): %s", bl->name, (unsigned long long)off,
-              strerror(-rc));
+              fault ? fault : strerror(-rc));
 }
 
 /* Reads blob bytes [at, at+n) into buf and returns where they are, or NULL (error set). With

@@ -162,6 +162,11 @@ int ck_file_is_local(const ck_file *f)
     return !f->ops;
 }
 
+const ck_file *ck_file_origin(const ck_file *f)
+{
+    return !f->ops ? f : f->ops->origin ? f->ops->origin(f) : NULL;
+}
+
 int ck_file_matches(const ck_file *f, const struct stat *st)
 {
     return st->st_dev == f->dev && st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&

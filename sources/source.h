@@ -55,6 +55,9 @@ typedef struct ck_source_ops {
     void (*hint)(ck_file *f, const uint64_t *bounds, size_t n);
     ssize_t (*hold)(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
     void (*release)(const ck_file *f, void *token);
+    /* The local file whose bytes these are made from (see ck_file_origin); NULL, or no such
+     * function: none (a remote object). */
+    const ck_file *(*origin)(const ck_file *f);
 } ck_source_ops;
 
 struct ck_file {
@@ -123,6 +126,13 @@ void ck_window_init(ck_window *w, const ck_file *parent, uint64_t base, uint64_t
 
 /* Whether f is a local file, with a descriptor that pread, O_DIRECT and mmap may use. */
 int ck_file_is_local(const ck_file *f);
+
+/* The local file f's bytes come from, whose identity (device, inode, size, mtime) and path are
+ * f's as far as any check by path goes: f itself for a local file; the archive's for a file a
+ * reader made of another's bytes (an .npz member's inflated copy, npy.c); NULL for a remote
+ * object (and a window, only ever read while its parent is parsed). What the mount checks a
+ * source's path against. */
+const ck_file *ck_file_origin(const ck_file *f);
 
 /* Whether f is still the file that was opened (see the contract): the one test of it. */
 int ck_file_unchanged(const ck_file *f);

@@ -191,9 +191,10 @@ static int write_entry(const ck_index *ix, const ck_entry *e, const char *source
         ssize_t n = ck_entry_read(ix, e, buf, CHUNK, off);
         if (n <= 0) {
             char shown[CK_SHOWN_MAX];
+            const char *fault = ck_entry_fault(e);
             fprintf(stderr, "ckpt: %s: cannot read tensor '%s': %s\n",
                     ck_location_shown(source, shown, sizeof shown), e->name,
-                    strerror(n < 0 ? (int)-n : EIO));
+                    fault ? fault : strerror(n < 0 ? (int)-n : EIO));
             rc = -1;
         }
         if (rc == 0)

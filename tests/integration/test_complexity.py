@@ -10,6 +10,7 @@ of three runs, the sizes measured in the same test; 10x the input may cost at mo
 as much. A quadratic path costs ~100x; process start-up only lowers a ratio, so the bound holds
 on a busy machine. No wall-clock threshold anywhere."""
 import json
+import os
 import resource
 import statistics
 import struct
@@ -443,3 +444,104 @@ def test_gguf_metadata_memory_of_info_and_convert(tmp_path, unsanitized):
     assert info["metadata"]["test.flags"] == {"type": "ARRAY", "item_type": "BOOL", "value": flags}
     with safe_open(str(tmp_path / "m.safetensors"), "np") as f:
         assert json.loads(f.metadata()["test.flags"])["value"] == flags
+
+
+
+# --- deflated .npz members: what opening one costs ---------------------------------------------
+
+SAME_INPUT_RATIO = 3  # the same compressed input, 128x its output: at most this many times the cost
+EMPTY_STORED = b"\x00\x00\x00\xff\xff"  # an empty stored block, from a byte boundary: 5 bytes
+EMPTY_FIXED_THEN_STORED = b"\x02\x00\x00\x00\xff\xff"  # an empty fixed-code block, then one
+EMPTY_FINAL = b"\x03\x00"  # an empty fixed-code block that ends the stream
+
+
+def zero_head(nbytes):
+    """The .npy header of nbytes zeros, float32 (the data not included)."""
+    from test_hostile import npy_bytes
+    return npy_bytes(f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({nbytes // 4},), }}",
+                     b"")
+
+
+def zero_stream(head, nzeros):
+    """head then nzeros zero bytes, deflated raw by zlib and flushed to a byte boundary."""
+    import zlib
+    c = zlib.compressobj(6, zlib.DEFLATED, -15)
+    out, chunk, left = [c.compress(head)], bytes(1 << 20), nzeros
+    while left:
+        out.append(c.compress(chunk[:min(left, len(chunk))]))
+        left -= min(left, len(chunk))
+    return b"".join(out) + c.flush(zlib.Z_SYNC_FLUSH)
+
+
+def npz_of_zeros(d, members, nbytes, csize):
+    """An .npz of `members` members, each an .npy of nbytes zeros deflated into exactly csize
+    bytes, through test_hostile's zip writer: zero_stream, then empty blocks (no output: 5 or 6
+    bytes each) and an empty last block. Two such archives of different output sizes differ
+    only in their streams' ends, past every header."""
+    import zlib
+    from test_hostile import zip_of
+    head = zero_head(nbytes)
+    crc, left, chunk = zlib.crc32(head), nbytes, bytes(1 << 24)
+    while left:
+        crc = zlib.crc32(chunk[:min(left, len(chunk))], crc)
+        left -= min(left, len(chunk))
+    body = zero_stream(head, nbytes)
+    pad = csize - len(body) - len(EMPTY_FINAL)
+    sixes = next(b for b in range(5) if pad - 6 * b >= 0 and (pad - 6 * b) % 5 == 0)
+    raw = body + EMPTY_FIXED_THEN_STORED * sixes + EMPTY_STORED * ((pad - 6 * sixes) // 5) + \
+        EMPTY_FINAL
+    assert len(raw) == csize
+    p = d / "m.npz"
+    p.write_bytes(zip_of([dict(name=f"w{i}.npy", raw=raw, method=8, size=len(head) + nbytes,
+                               crc=crc) for i in range(members)]))
+    return p
+
+
+def daemon_costs(src, mnt):
+    """(CPU seconds, peak resident KiB) of a foreground daemon that mounts src on mnt, serves
+    index.json and a stat of every tensor file, and unmounts: its own rusage (wait4) and its
+    VmHWM (ru_maxrss would count the test's memory, which the child had before its exec)."""
+    from ckptfs_testlib import ckptfs_bin, is_mounted, unmount, wait_until
+    p = subprocess.Popen([str(ckptfs_bin()), "-f", str(src), str(mnt)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: is_mounted(mnt) or p.poll() is not None, timeout=300)
+        index = json.loads((mnt / ".ckptfs" / "index.json").read_bytes())
+        for t in index["tensors"]:
+            (mnt / t["path"]).stat()
+        status = Path(f"/proc/{p.pid}/status").read_text()
+        peak = next(int(line.split()[1]) for line in status.splitlines()
+                    if line.startswith("VmHWM:"))
+    finally:
+        unmount(mnt)
+    _, rc, ru = os.wait4(p.pid, 0)
+    assert rc == 0, p.stderr.read().decode(errors="replace")
+    return ru.ru_utime + ru.ru_stime, peak
+
+
+def test_npz_deflated_members_cost_their_input_not_their_output(tmp_path, mountpoint):
+    """Opening an .npz reads each deflated member's header, not its whole stream: two archives
+    of the same compressed size, whose members inflate to 2 MiB and to 256 MiB of zeros (the
+    second 128x the first), cost the same to list (`ckpt ls --json`, `ckpt info`) and to
+    mount (the daemon's CPU time and peak memory: no seek point made before a read needs it).
+    A pass over every stream at open costs ~128x, and its seek points ~1 MiB a member."""
+    small, big = 2 << 20, 256 << 20
+    csize = len(zero_stream(zero_head(big), big)) + 64  # room for either stream
+    srcs = []
+    for n in (small, big):
+        d = tmp_path / str(n)
+        d.mkdir()
+        srcs.append(npz_of_zeros(d, 4, n, csize))
+    assert srcs[0].stat().st_size == srcs[1].stat().st_size
+    with np.load(srcs[0]) as z:  # the builder writes what numpy reads
+        assert all(not z[k].any() and z[k].nbytes == small for k in z.files)
+    for args in (["ls", "--json"], ["info"]):
+        costs = [cpu_seconds([args[0], src, *args[1:]]) for src in srcs]
+        ratio = costs[1] / max(costs[0], 1e-3)
+        assert ratio <= SAME_INPUT_RATIO, f"ckpt {args[0]}: {costs}: {ratio:.1f}x"
+    mounted = [[daemon_costs(src, mountpoint) for _ in range(RUNS)] for src in srcs]
+    cpu = [statistics.median(c for c, _ in runs) for runs in mounted]
+    peak = [statistics.median(k for _, k in runs) for runs in mounted]
+    print(f"daemon CPU {cpu} s, peak {peak} KiB")
+    assert cpu[1] / max(cpu[0], 1e-3) <= SAME_INPUT_RATIO, cpu
+    assert peak[1] - peak[0] <= 1024, f"peak KiB {peak}: seek points made at open?"

@@ -116,6 +116,22 @@ def test_attached_bytes_are_the_sources(tmp_path, sock_dir):
     assert not sock.exists()
 
 
+def test_an_npz_of_inflated_copies_is_served(tmp_path, sock_dir):
+    """An .npz whose Fortran-ordered compressed arrays are gathered from inflated copies (files
+    of the index with no identity of their own: their archive's, ck_file_origin) is served, and
+    an attached client reads np.load's bytes."""
+    from test_numpy import expected, fortran_npz
+    src = fortran_npz(tmp_path)
+    sock = sock_dir / "s"
+    server = start_server(tmp_path, src, sock)
+    got = attach_once(tmp_path, sock, "cuda:0", src)
+    assert got.get("read_path") == "attach", got
+    assert got["tensors"] == hexed(expected(src))
+    server.say("close")
+    assert server.line() == "closed"
+    server.end()
+
+
 def attach_once(tmp_path, sock, device="-", source="-", fake=""):
     c = Proc(tmp_path, "c", "attach", sock, device, source, "-", fake=fake)
     got = c.json()

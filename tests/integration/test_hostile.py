@@ -210,11 +210,6 @@ NPY_CASES = {
     "npy-fortran-maybe": npy_case("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2, 3), }"),
     "npy-descr-unterminated": npy_case("{'descr': '<f4, 'fortran_order': False, 'shape': (6,), }"),
     "npy-nul-in-header": npy_case("{'descr': '<f4', 'fortran_order': False,\0'shape': (6,), }"),
-    "npz-truncated-deflate": npz_case(dict(deflated_member("a.npy", BIG_NPY),
-                                           raw=BIG_DEFLATED[:len(BIG_DEFLATED) // 2])),
-    "npz-corrupt-deflate": npz_case(dict(deflated_member("a.npy", BIG_NPY), raw=(
-        BIG_DEFLATED[:len(BIG_DEFLATED) // 2] + b"\xff" * 64 +
-        BIG_DEFLATED[len(BIG_DEFLATED) // 2 + 64:]))),
     "npz-bomb-declares-beyond-ratio": npz_case(dict(deflated_member("a.npy", npy_bytes()),
                                                     size=0xFFFFFFF0)),
     "npz-bomb-inflates-past-size": npz_case(dict(
@@ -232,6 +227,62 @@ NPY_CASES = {
                                         dict(name="b.npy", raw=npy_bytes(), at=0)),
     "npz-method-bzip2": npz_case(dict(name="a.npy", raw=npy_bytes(), method=12)),
 }
+
+# A deflated member is decoded, and its stream checked, as far as reads need it (zip.h): one
+# whose fault lies past its .npy header lists, and the read that reaches the fault fails.
+NPZ_FOUND_WHEN_READ = {
+    "npz-truncated-deflate": npz_case(dict(deflated_member("a.npy", BIG_NPY),
+                                           raw=BIG_DEFLATED[:len(BIG_DEFLATED) // 2])),
+    "npz-corrupt-deflate": npz_case(dict(deflated_member("a.npy", BIG_NPY), raw=(
+        BIG_DEFLATED[:len(BIG_DEFLATED) // 2] + b"\xff" * 64 +
+        BIG_DEFLATED[len(BIG_DEFLATED) // 2 + 64:]))),
+    "npz-deflate-bad-crc-deep": npz_case(dict(deflated_member("a.npy", BIG_NPY), crc=1234)),
+}
+FOUND_SAYS = {"npz-truncated-deflate": "truncated", "npz-corrupt-deflate": "corrupt",
+              "npz-deflate-bad-crc-deep": "CRC-32"}
+
+
+@pytest.mark.parametrize("case", sorted(NPZ_FOUND_WHEN_READ))
+def test_npz_deflate_fault_found_by_the_read(tmp_path, mount, case):
+    """np.load refuses the member; ckptfs and ckpt ls list it from its header alone, and every
+    reader of its bytes gets an error, never the bytes decoded before the fault as the whole:
+    a read of the tensor file through the mount (EIO, then on every later read, its start's
+    too: the member is known bad), ckpt cat, ckpt pack and ckload, each failing (cat and ckload
+    saying what is wrong with the stream)."""
+    import errno
+    src = NPZ_FOUND_WHEN_READ[case](tmp_path)
+    with pytest.raises(Exception):
+        with np.load(src) as z:
+            z["a"]
+    ls = run([ckpt_bin(), "ls", src], timeout=TIMEOUT)
+    assert ls.returncode == 0 and b"a" in ls.stdout, ls.stderr
+    with mount(src) as m:
+        assert [t["name"] for t in read_index(m)["tensors"]] == ["a"]
+        for _ in range(2):
+            with pytest.raises(OSError) as e:
+                (m / "a").read_bytes()
+            assert e.value.errno == errno.EIO, e.value
+        import mmap
+        fd = os.open(m / "a", os.O_RDONLY | os.O_DIRECT)  # past the page cache: the daemon's
+        try:
+            with pytest.raises(OSError) as e:
+                os.preadv(fd, [mmap.mmap(-1, 4096)], 0)  # the start, which decoded
+            assert e.value.errno == errno.EIO, e.value
+        finally:
+            os.close(fd)
+    cat = run([ckpt_bin(), "cat", src, "a"], timeout=TIMEOUT)
+    err = cat.stderr.decode(errors="replace")
+    assert cat.returncode == 1 and err.count("\n") == 1 and "cannot read tensor 'a'" in err, err
+    assert FOUND_SAYS[case] in err, err
+    assert len(cat.stdout) < len(BIG_NPY) - 128, "the whole tensor was written"
+    one_line(run([ckpt_bin(), "pack", src, tmp_path / "out.pack"], timeout=TIMEOUT), "ckpt: ")
+    assert not (tmp_path / "out.pack").exists()
+    import ckload
+    with pytest.raises(ckload.Error) as e:
+        with ckload.Load(str(src), device="cpu") as ld:
+            ld.wait_all()
+    assert "tensor 'a'" in str(e.value) and FOUND_SAYS[case] in str(e.value), e.value
+
 
 # Members that hold no tensor are left out of an .npz, the rest served: never run,
 # never followed, listed with their reason in index.json.

@@ -255,11 +255,12 @@ def read_direct(fd, n, off):
     return buf[:os.preadv(fd, [buf], off)]
 
 
-@pytest.mark.parametrize("change", ["rewritten", "appended"])
+@pytest.mark.parametrize("change", ["rewritten", "appended", "renamed over"])
 def test_npz_compressed_fortran_copy_checks_its_archive(tmp_path, mount, change):
     """The inflated copy is the archive's bytes only while the archive is unchanged: after the
-    first read made it, a .npz rewritten in place (same size, other bytes) or grown fails every
-    read of the array, the copied one as well as one never read, and never serves the copy."""
+    first read made it, a .npz rewritten in place (same size, other bytes), grown, or replaced
+    by another file renamed over its path fails every read of the array, the copied one as well
+    as one never read, and never serves the copy (nor the old archive's bytes)."""
     import errno
     src = fortran_npz(tmp_path)
     want = expected(src)
@@ -278,9 +279,11 @@ def test_npz_compressed_fortran_copy_checks_its_archive(tmp_path, mount, change)
                 with open(src, "r+b") as f:
                     f.write(data)
                 os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
-            else:
+            elif change == "appended":
                 with open(src, "ab") as f:
                     f.write(b"\0" * 64)
+            else:
+                os.rename(other, src)
             for fd, read in ((fa, lambda: read_direct(fa, 4096, 0)),
                              (fb, lambda: os.pread(fb, 4096, 0))):
                 with pytest.raises(OSError) as e:

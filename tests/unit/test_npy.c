@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,29 +258,13 @@ Test(npy_open, corpus)
 
 /* --- seek points ------------------------------------------------------------------------- */
 
-static void *heap_alloc(void *ctx, size_t n)
-{
-    void **list = ctx; /* a chain of blocks, freed by free_chain */
-    void **b = malloc(sizeof(void *) + n);
-    *b = *list;
-    *list = b;
-    return b + 1;
-}
-
-static void free_chain(void *list)
-{
-    while (list) {
-        void *next = *(void **)list;
-        free(list);
-        list = next;
-    }
-}
-
-/* A raw deflate stream of data, as zlib writes it (level, strategy). */
-static unsigned char *deflate_raw(const unsigned char *data, size_t n, int level, size_t *out)
+/* A raw deflate stream of data, as zlib writes it (level; memLevel: 8 is zlib's default, 1 its
+ * smallest, whose blocks hold 128 symbols each). */
+static unsigned char *deflate_mem(const unsigned char *data, size_t n, int level, int mem_level,
+                                  size_t *out)
 {
     z_stream s = {0};
-    cr_assert_eq(deflateInit2(&s, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    cr_assert_eq(deflateInit2(&s, level, Z_DEFLATED, -15, mem_level, Z_DEFAULT_STRATEGY), Z_OK);
     size_t cap = deflateBound(&s, n);
     unsigned char *c = malloc(cap);
     s.next_in = (unsigned char *)data;
@@ -292,76 +277,253 @@ static unsigned char *deflate_raw(const unsigned char *data, size_t n, int level
     return c;
 }
 
+static unsigned char *deflate_raw(const unsigned char *data, size_t n, int level, size_t *out)
+{
+    return deflate_mem(data, n, level, 8, out);
+}
+
+/* An entry of n output bytes (CRC-32 crc) whose stream is the whole file fd (cn bytes). */
+static zip_entry entry_of(size_t n, size_t cn, uint32_t crc)
+{
+    return (zip_entry){.name = "m", .name_len = 1, .method = 8, .size = n, .csize = cn,
+                       .crc = crc};
+}
+
+/* data (n bytes) deflated (level, memLevel) into a file of its own, opened as an entry with a
+ * point every span output bytes at most. */
+typedef struct stream {
+    unsigned char *c; /* the compressed bytes, cn of them */
+    size_t cn;
+    ck_file zf;
+    zip_inflated zi;
+} stream;
+
+static void stream_open(stream *st, const unsigned char *data, size_t n, int level,
+                        int mem_level, uint64_t span)
+{
+    st->c = deflate_mem(data, n, level, mem_level, &st->cn);
+    const char *path = tmp_file(st->c, st->cn);
+    st->zf = (ck_file){.path = path, .fd = open(path, O_RDONLY)};
+    zip_entry e = entry_of(n, st->cn, (uint32_t)crc32(0, data, (uInt)n));
+    ck_error err;
+    cr_assert_eq(zip_inflate_open(&e, span, &st->zi, path, &err), 0, "%s", err.msg);
+}
+
+static void stream_close(stream *st)
+{
+    zip_inflate_close(&st->zi);
+    close(st->zf.fd);
+    free(st->c);
+}
+
 Test(npy_inflate, random_reads_through_every_point)
 {
-    size_t n = 3 << 20, cn;
+    size_t n = 3 << 20;
     unsigned char *data = malloc(n);
     fill_bytes(data, n, 9);
     for (size_t i = 0; i < n; i++) /* compressible, with matches reaching back across points */
         data[i] = (unsigned char)(i % 4096 < 2048 ? data[i] % 16 : data[i - i % 4096 + 7]);
     for (int level = 1; level <= 9; level += 8) {
-        unsigned char *c = deflate_raw(data, n, level, &cn);
-        const char *path = tmp_file(c, cn);
-        int fd = open(path, O_RDONLY);
-        const ck_file zf = {.path = path, .fd = fd};
-        zip_entry e = {.name = "m", .name_len = 1, .method = 8, .data_offset = 0, .size = n,
-                       .csize = cn, .crc = (uint32_t)crc32(0, data, (uInt)n)};
-        zip_inflated zi;
-        void *chain = NULL;
-        unsigned char head[100];
-        ck_error err;
         uint64_t span = 64 << 10;
-        cr_assert_eq(zip_inflate_index(&zf, &e, span, head, sizeof head, heap_alloc, &chain, &zi,
-                                       path, &err), 0, "%s", err.msg);
+        stream st;
+        stream_open(&st, data, n, level, 8, span);
+        zip_inflated *zi = &st.zi;
+        const ck_file *zf = &st.zf;
+        unsigned char head[100];
+        cr_assert_eq(zip_inflate_read(zf, zi, head, sizeof head, 0), 0);
         cr_expect_arr_eq(head, data, sizeof head);
-        cr_expect_gt(zi.npoints, 10, "points: %zu", zi.npoints);
-        cr_expect_leq(zi.npoints, n / span + 1, "points: %zu", zi.npoints);
-        for (size_t k = 1; k < zi.npoints; k++)
-            cr_expect_geq(zi.points[k].out - zi.points[k - 1].out, span);
+        cr_expect_eq(zi->npoints, 1, "a read of the head makes no point: %zu", zi->npoints);
         unsigned char *got = malloc(n);
+        cr_assert_eq(zip_inflate_read(zf, zi, got, 1, n - 1), 0, "the last byte");
+        cr_assert_eq(got[0], data[n - 1]);
+        cr_expect_gt(zi->npoints, 10, "points: %zu", zi->npoints);
+        cr_expect_leq(zi->npoints, n / span + 1, "points: %zu", zi->npoints);
+        for (size_t k = 1; k < zi->npoints; k++)
+            cr_expect_geq(zi->points[k].out - zi->points[k - 1].out, span);
         uint32_t x = 12345;
         for (int r = 0; r < 300; r++) {
             x = x * 1103515245u + 12345u;
             size_t off = (x >> 4) % n, len = (x >> 8) % 200000 + 1;
-            if (r % 3 == 0 && r / 3 < (int)zi.npoints) /* exactly at a point, and just before */
-                off = zi.points[r / 3].out - (r % 2 && zi.points[r / 3].out ? 1 : 0);
+            if (r % 3 == 0 && r / 3 < (int)zi->npoints) /* exactly at a point, and just before */
+                off = zi->points[r / 3].out - (r % 2 && zi->points[r / 3].out ? 1 : 0);
             if (len > n - off)
                 len = n - off;
-            cr_assert_eq(zip_inflate_read(&zf, &zi, got, len, off), 0);
+            cr_assert_eq(zip_inflate_read(zf, zi, got, len, off), 0);
             cr_assert_arr_eq(got, data + off, len, "level %d off %zu len %zu", level, off, len);
         }
-        cr_expect_eq(zip_inflate_read(&zf, &zi, got, 2, n - 1), -EIO, "past the end");
+        cr_expect_eq(zip_inflate_read(zf, zi, got, 2, n - 1), -EIO, "past the end");
+        stream_close(&st);
         free(got);
-        close(fd);
-        free_chain(chain);
-        free(c);
     }
     free(data);
 }
 
+/* Reads front to back in pieces, as a mount's reader does: each piece's bytes come from the
+ * pass as it goes (or from a point it made), and are the data. */
+Test(npy_inflate, reads_in_order_extend_the_pass)
+{
+    size_t n = 5 << 20, piece = 128 << 10;
+    unsigned char *data = malloc(n), *got = malloc(piece);
+    fill_bytes(data, n, 3);
+    for (size_t i = 0; i < n; i++)
+        data[i] %= 8;
+    stream st;
+    stream_open(&st, data, n, 6, 8, 256 << 10);
+    for (size_t off = 0; off < n; off += piece) {
+        cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, got, piece, off), 0, "off %zu", off);
+        cr_assert_arr_eq(got, data + off, piece, "off %zu", off);
+        cr_assert_geq(st.zi.reached, off + piece);
+    }
+    cr_expect(st.zi.done, "the whole stream checked once its end was read");
+    cr_expect_null(zip_inflate_fault(&st.zi));
+    stream_close(&st);
+    free(got);
+    free(data);
+}
+
+/* Threads reading one member at once, each its own random ranges, while the pass is still
+ * being made: every read is the data (the pass and its points are shared under a lock). */
+typedef struct reader_arg {
+    stream *st;
+    const unsigned char *data;
+    size_t n;
+    unsigned seed;
+    int bad;
+} reader_arg;
+
+static void *read_randomly(void *p)
+{
+    reader_arg *a = p;
+    unsigned char *got = malloc(300000);
+    uint32_t x = a->seed;
+    for (int r = 0; r < 60 && !a->bad; r++) {
+        x = x * 1103515245u + 12345u;
+        size_t off = (x >> 4) % a->n, len = (x >> 8) % 300000 + 1;
+        if (len > a->n - off)
+            len = a->n - off;
+        a->bad = zip_inflate_read(&a->st->zf, &a->st->zi, got, len, off) != 0 ||
+                 memcmp(got, a->data + off, len) != 0;
+    }
+    free(got);
+    return NULL;
+}
+
+Test(npy_inflate, threads_share_the_pass)
+{
+    size_t n = 6 << 20;
+    unsigned char *data = malloc(n);
+    fill_bytes(data, n, 4);
+    for (size_t i = 0; i < n; i++)
+        data[i] %= 32;
+    stream st;
+    stream_open(&st, data, n, 6, 8, 128 << 10);
+    pthread_t t[4];
+    reader_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (reader_arg){.st = &st, .data = data, .n = n, .seed = 77u + (unsigned)i};
+        cr_assert_eq(pthread_create(&t[i], NULL, read_randomly, &args[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        cr_expect_not(args[i].bad, "thread %d read wrong bytes", i);
+    }
+    stream_close(&st);
+    free(data);
+}
+
+/* Zeros in small deflate blocks (memLevel 1: a block per 128 symbols, ~33 KiB of output from
+ * a few dozen bytes): a point at every span of output would hold ~1,000 times the compressed
+ * size in windows; they stay within 8 times it (plus the point at the start). */
+Test(npy_inflate, points_cost_at_most_8_times_the_compressed_size)
+{
+    size_t n = 64 << 20;
+    unsigned char *data = calloc(1, n), got[64];
+    stream st;
+    stream_open(&st, data, n, 9, 1, 64 << 10);
+    cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, got, sizeof got, n - sizeof got), 0);
+    cr_assert(st.zi.done);
+    size_t windows = (st.zi.npoints - 1) * (size_t)ZIP_WINDOW;
+    cr_expect_leq(windows, 8 * st.cn, "%zu points: %zu bytes of windows for %zu compressed",
+                  st.zi.npoints, windows, st.cn);
+    cr_expect_gt(st.zi.npoints, 1, "points still made: %zu", st.zi.npoints);
+    cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, got, sizeof got, n / 2), 0);
+    cr_expect_arr_eq(got, data, sizeof got);
+    stream_close(&st);
+    free(data);
+}
+
+/* A stream wrong past its head (its CRC, its end, a corrupt tail): open and a read of the head
+ * decode only the head, so they succeed; the read that reaches the fault fails, and so does
+ * every read after it, the head's too, with the fault said. */
+Test(npy_inflate, a_fault_past_the_head_is_found_by_the_read_that_reaches_it)
+{
+    size_t n = 2 << 20, cn;
+    unsigned char *data = malloc(n), *got = malloc(n);
+    fill_bytes(data, n, 5);
+    for (size_t i = 0; i < n; i++)
+        data[i] %= 4;
+    unsigned char *c = deflate_raw(data, n, 6, &cn);
+    uint32_t crc = (uint32_t)crc32(0, data, (uInt)n);
+    const struct {
+        const char *name, *fault;
+        size_t cut;      /* compressed bytes kept */
+        uint32_t crc;
+        size_t size;     /* declared */
+    } cases[] = {
+        {"crc", "CRC-32", cn, crc ^ 1, n},
+        {"truncated", "truncated", cn - 100, crc, n},
+        {"declared too long", "ends before the size", cn, crc, n + 10},
+        {"declared too short", "inflates past", cn, crc, n - 10},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const char *path = tmp_file(c, cases[k].cut);
+        const ck_file zf = {.path = path, .fd = open(path, O_RDONLY)};
+        zip_entry e = entry_of(cases[k].size, cases[k].cut, cases[k].crc);
+        zip_inflated zi;
+        ck_error err;
+        cr_assert_eq(zip_inflate_open(&e, 64 << 10, &zi, path, &err), 0, "%s", err.msg);
+        cr_assert_eq(zip_inflate_read(&zf, &zi, got, 4096, 0), 0, "%s: the head", cases[k].name);
+        cr_expect_arr_eq(got, data, 4096);
+        cr_expect_null(zip_inflate_fault(&zi));
+        size_t len = cases[k].size - 4096;
+        cr_expect_eq(zip_inflate_read(&zf, &zi, got, len, 4096), -EIO, "%s", cases[k].name);
+        const char *fault = zip_inflate_fault(&zi);
+        cr_expect(fault && strstr(fault, cases[k].fault), "%s: %s", cases[k].name,
+                  fault ? fault : "(none)");
+        cr_expect_eq(zip_inflate_read(&zf, &zi, got, 16, 0), -EIO, "%s: sticks", cases[k].name);
+        zip_inflate_close(&zi);
+        close(zf.fd);
+    }
+    free(c);
+    free(got);
+    free(data);
+}
+
+/* Declaring more output than deflate can make of the compressed bytes is refused at open,
+ * before anything is decoded. */
+Test(npy_inflate, a_bomb_is_refused_at_open)
+{
+    zip_entry e = entry_of((size_t)ZIP_MAX_RATIO * 100 + 1, 100, 0);
+    zip_inflated zi;
+    ck_error err;
+    cr_assert_eq(zip_inflate_open(&e, 1 << 20, &zi, "x.npz", &err), -1);
+    cr_expect(strstr(err.msg, "zip bomb"), "%s", err.msg);
+    zip_inflate_close(&zi); /* harmless on a refused one */
+}
+
 Test(npy_inflate, a_changed_file_reads_eio)
 {
-    size_t n = 1 << 20, cn;
+    size_t n = 1 << 20;
     unsigned char *data = calloc(1, n);
-    unsigned char *c = deflate_raw(data, n, 6, &cn);
-    const char *path = tmp_file(c, cn);
-    int fd = open(path, O_RDONLY);
-    ck_file zf = {.path = path, .fd = fd};
-    zip_entry e = {.name = "m", .name_len = 1, .method = 8, .size = n, .csize = cn,
-                   .crc = (uint32_t)crc32(0, data, (uInt)n)};
-    zip_inflated zi;
-    void *chain = NULL;
-    ck_error err;
-    cr_assert_eq(zip_inflate_index(&zf, &e, 1 << 16, NULL, 0, heap_alloc, &chain, &zi, path,
-                                   &err), 0, "%s", err.msg);
-    memset(c, 0xff, cn);
-    tmp_rewrite(path, c, cn / 2); /* truncated and corrupt */
-    close(fd);
-    zf.fd = fd = open(path, O_RDONLY);
-    cr_expect_lt(zip_inflate_read(&zf, &zi, data, n, 0), 0);
-    close(fd);
-    free_chain(chain);
-    free(c);
+    stream st;
+    stream_open(&st, data, n, 6, 8, 1 << 16);
+    cr_assert_eq(zip_inflate_read(&st.zf, &st.zi, data, n, 0), 0);
+    memset(st.c, 0xff, st.cn);
+    tmp_rewrite(st.zf.path, st.c, st.cn / 2); /* truncated and corrupt */
+    close(st.zf.fd);
+    st.zf.fd = open(st.zf.path, O_RDONLY);
+    cr_expect_lt(zip_inflate_read(&st.zf, &st.zi, data, n, 0), 0);
+    stream_close(&st);
     free(data);
 }
 
