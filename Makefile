@@ -281,7 +281,8 @@ test-cuda-fake: all $(FAKECUDA)
 	    CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_cuda_fake.py \
 	        tests/integration/test_cuda_fake_dist.py \
-	        tests/integration/test_cuda_fake_share.py
+	        tests/integration/test_cuda_fake_share.py \
+	        tests/integration/test_cuda_fake_keeper.py
 cuda-fake-soak:
 	$(MAKE) test-cuda-fake FAKECUDA_RUNS=$(or $(RUNS),200) PYTEST_ADDOPTS="-k seeded_pipeline"
 # Line coverage of loader/ (gcov) by the tests under the stand-in, in build/cov.
