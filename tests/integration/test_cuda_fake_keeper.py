@@ -9,11 +9,13 @@ from its first byte). The second uid is 65534 (nobody). Runs under `make test-cu
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import stat
 import struct
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,11 +33,21 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 import ckload  # noqa: E402  (after the skip: it needs the stand-in's environment)
-from test_cuda_fake_share import LIVE, Proc, count, hexed, refused_uid, sock_dir, \
-    start_server, wait_count  # noqa: E402,F401  (sock_dir: a fixture)
+from test_cuda_fake_share import LIVE, Proc, count, hexed, refused_uid, start_server, \
+    wait_count  # noqa: E402
 
 NOBODY = 65534
 HEADER = struct.Struct("<8sIIQ")  # sharemsg.h: magic, version, kind, whole length
+
+
+@pytest.fixture
+def sock_dir():
+    """A directory any uid can reach (the refused uid must hear the keeper), removed with
+    whatever a test leaves in it."""
+    d = Path(tempfile.mkdtemp(prefix="ckkeeper-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d)
 
 
 def big_source(tmp_path):
@@ -108,6 +120,20 @@ def read_message(c):
     return kind, length, got
 
 
+def honest_attach(tmp_path, sock, src):
+    """An honest client attaches to sock and reads src's bytes back."""
+    a = Proc(tmp_path, "a", "attach", sock, "-", src, "-")
+    assert a.json()["tensors"] == hexed(expected_tensors(src))
+    a.end()
+
+
+def attach_then_close(tmp_path, server, sock, src):
+    honest_attach(tmp_path, sock, src)
+    server.say("close")
+    assert server.line() == "closed"
+    server.end()
+
+
 def cpu_ticks(pid):
     """utime + stime of every thread of pid, in clock ticks (proc(5))."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -147,9 +173,7 @@ def test_nothing_but_a_stale_socket_of_ours_is_replaced(tmp_path, sock_dir):
     assert refused(src, ours) == f"ckpt: {ours}: another server is serving there"
     stop(p)
     assert not ours.exists()
-    for f in (sock_dir / "d", theirs):
-        f.rmdir() if f.is_dir() else f.unlink()
-    assert sorted(x.name for x in sock_dir.iterdir()) == ["link", "notes.txt"]  # no leftovers
+    assert sorted(x.name for x in sock_dir.iterdir()) == ["d", "link", "notes.txt", "theirs"]
 
 
 def test_a_directory_others_can_write_is_refused(tmp_path):
@@ -201,8 +225,7 @@ def test_the_default_socket_is_in_a_directory_of_ours_alone(tmp_path):
     env = dict(os.environ, XDG_RUNTIME_DIR=str(run))
     p, line = ckpt_serve(src, env=env)
     assert line.endswith(f"served on {run}/ckload.sock\n"), line
-    got = Proc(tmp_path, "a", "attach", run / "ckload.sock", "-", src, "-").json()
-    assert got["tensors"] == hexed(expected_tensors(src))
+    honest_attach(tmp_path, run / "ckload.sock", src)
     stop(p)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -287,12 +310,7 @@ def test_an_exchange_has_a_whole_deadline(tmp_path, sock_dir, monkeypatch):
     assert len(got) < length, "the keeper gave a slow reader all the time it took"
     wait_count(server, 0)
     slow.close()
-    a = Proc(tmp_path, "a", "attach", sock, "-", src, "-")
-    assert a.json()["tensors"] == hexed(expected_tensors(src))
-    a.end()
-    server.say("close")
-    assert server.line() == "closed"
-    server.end()
+    attach_then_close(tmp_path, server, sock, src)
 
 
 def test_a_flood_past_the_descriptor_limit_does_not_spin(tmp_path, sock_dir):
@@ -328,12 +346,7 @@ def test_a_flood_past_the_descriptor_limit_does_not_spin(tmp_path, sock_dir):
     for c in flood:
         c.close()
     wait_count(server, 0)
-    a = Proc(tmp_path, "a", "attach", sock, "-", src, "-")
-    assert a.json()["tensors"] == hexed(expected_tensors(src))
-    a.end()
-    server.say("close")
-    assert server.line() == "closed"
-    server.end()
+    attach_then_close(tmp_path, server, sock, src)
 
 
 def test_a_signal_while_a_table_is_sent(tmp_path, sock_dir):
@@ -352,9 +365,7 @@ def test_a_signal_while_a_table_is_sent(tmp_path, sock_dir):
                                   f"or a second signal\n"
     kind, length, got = read_message(c)
     assert kind == 0 and len(got) == length
-    a = Proc(tmp_path, "a", "attach", sock, "-", src, "-")  # still served
-    assert a.json()["tensors"] == hexed(expected_tensors(src))
-    a.end()
+    honest_attach(tmp_path, sock, src)  # still served
     assert k.poll() is None
     c.close()
     assert k.wait(timeout=60) == 0 and not sock.exists()
