@@ -26,10 +26,11 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Answers being sent at once, and connections the kernel holds before the keeper takes them:
- * a flood waits there, bounded, rather than in the keeper's memory. */
-#define SHARE_MAX_EXCHANGES 16
-#define SHARE_BACKLOG 16
+/* Answers being sent at once (each holds only a descriptor and an offset: the table is shared),
+ * and connections the kernel holds before the keeper takes them: a flood waits there, bounded,
+ * rather than in the keeper's memory. */
+#define SHARE_MAX_EXCHANGES 256
+#define SHARE_BACKLOG 64
 /* How long new connections wait when the keeper has no descriptor for one (EMFILE, ENFILE):
  * it tries again then, or as soon as a connection closes, never in a loop that spins. */
 #define SHARE_BACKOFF_MS 100
@@ -574,8 +575,9 @@ int ckl_server_close(ckl_server *s, int force, char *err, size_t errlen)
     while (write(s->wake[1], "x", 1) < 0 && errno == EINTR)
         ;
     pthread_join(s->thread, NULL);
+    ckl_load *l = s->l;
     remove_socket(s);
-    ckl_release(s->l);
-    free_server(s);
+    free_server(s); /* every connection closed before the block may go */
+    ckl_release(l);
     return 0;
 }
