@@ -430,6 +430,7 @@ static int bind_socket(ckl_server *s, char *err, size_t errlen)
     char priv[32];
     struct stat st;
     struct sockaddr_un a = {.sun_family = AF_UNIX};
+    *err = 0; /* set only where stale() says what is at the path */
     int pfd = private_dir(s, priv);
     int fd = pfd < 0 ? -1 : socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d/s", pfd);
@@ -438,7 +439,6 @@ static int bind_socket(ckl_server *s, char *err, size_t errlen)
                      fstatat(pfd, "s", &st, AT_SYMLINK_NOFOLLOW) != 0 ||
                      listen(fd, SHARE_BACKLOG) != 0 ? -1 : 0;
     if (rc == 0 && renameat2(pfd, "s", s->dir_fd, s->name, RENAME_NOREPLACE) != 0) {
-        *err = 0;
         rc = errno == EEXIST && stale(s, err, errlen) == 0
                      ? renameat2(pfd, "s", s->dir_fd, s->name, RENAME_NOREPLACE)
                      : -1;
