@@ -61,9 +61,10 @@ static int own_dir(const char *dir, char *err, size_t errlen)
 {
     struct stat st;
     if ((mkdir(dir, 0700) != 0 && errno != EEXIST) || lstat(dir, &st) != 0) {
+        int code = errno;
         snprintf(err, errlen, "%s: cannot make the socket's directory: %s", dir,
-                 strerror(errno));
-        return share_fail(errno == EACCES ? EACCES : EIO);
+                 strerror(code));
+        return share_fail(code == EACCES ? EACCES : EIO);
     }
     if (S_ISDIR(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077))
         return 0;
