@@ -280,9 +280,10 @@ static int identify(ckl_server *s, const load_view *v, char **source, char *err,
     s->files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *s->files);
     s->paths = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *s->paths);
     if (!s->files || !s->paths || !(*source = realpath(v->path, NULL))) {
+        int code = s->files && s->paths ? errno : ENOMEM;
         snprintf(err, errlen, "%s: %s", v->path,
-                 s->files && s->paths ? strerror(errno) : "out of memory");
-        return share_fail(errno == ENOMEM ? ENOMEM : EIO);
+                 s->files && s->paths ? strerror(code) : "out of memory");
+        return share_fail(code == ENOMEM ? ENOMEM : EIO);
     }
     for (uint32_t f = 0; f < ix->nfiles; f++) {
         const ck_file *cf = &ix->files[f];
@@ -353,8 +354,8 @@ static int open_parent(ckl_server *s, char *err, size_t errlen)
         code = ENOMEM;
     } else if ((s->dir_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0 ||
                fstat(s->dir_fd, &st) != 0) {
+        code = errno == EACCES || errno == ENOENT ? errno : EIO;
         snprintf(err, errlen, "%s: cannot serve there: %s: %s", path, dir, strerror(errno));
-        code = errno == EACCES ? EACCES : errno == ENOENT ? ENOENT : EIO;
     } else if (st.st_uid != geteuid() && st.st_uid != 0) {
         snprintf(err, errlen, "%s: its directory %s belongs to uid %u, who could swap the "
                  "socket: serve in a directory of yours (the default: $XDG_RUNTIME_DIR)", path,
