@@ -257,11 +257,12 @@ def test_the_default_socket_is_in_a_directory_of_ours_alone(tmp_path):
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
-def test_a_client_that_reads_nothing_holds_no_one_up(tmp_path, sock_dir):
+def test_a_client_that_reads_nothing_holds_no_one_up(tmp_path, sock_dir, monkeypatch):
     """A client connects and reads nothing of a table far larger than the socket buffers: the
     keeper counts it (from its first byte), and meanwhile an honest client attaches and a
     refused uid hears why. Closing is refused while it counts; once it reads, it gets the whole
-    table."""
+    table (its deadline is set far beyond what the test takes, however slow the machine)."""
+    monkeypatch.setenv("CKLOAD_SHARE_WAIT", "600")
     src = big_source(tmp_path)
     sock = sock_dir / "s"
     server = start_server(tmp_path, src, sock)
@@ -349,10 +350,11 @@ def test_a_flood_past_the_descriptor_limit_does_not_spin(tmp_path, sock_dir):
     attach_then_close(tmp_path, server, sock, src)
 
 
-def test_a_signal_while_a_table_is_sent(tmp_path, sock_dir):
+def test_a_signal_while_a_table_is_sent(tmp_path, sock_dir, monkeypatch):
     """SIGTERM to `ckpt serve` while a client is still receiving a table of 6,000 tensors: the
     client counts as attached (one line says so), gets its whole table, and the keeper serves
     on until it lets go; never a whole table from a keeper that then exits."""
+    monkeypatch.setenv("CKLOAD_SHARE_WAIT", "600")
     src = big_source(tmp_path)
     sock = sock_dir / "s"
     stats = tmp_path / "ckpt.stats"
