@@ -72,8 +72,8 @@
 #include "ckload.h"
 
 /* Seconds a client waits for the server's next byte, and the most a server gives a client to
- * take its whole answer, before giving up on it: a stalled peer never hangs the other.
- * CKLOAD_SHARE_WAIT overrides it (sharesock.h: share_wait_ms). */
+ * take its whole answer, before giving up on it: a stalled peer never hangs the other. The
+ * server takes it through share_wait_ms (sharesock.h), which CKLOAD_SHARE_WAIT overrides. */
 #define SHARE_WAIT_S 30
 
 #endif
