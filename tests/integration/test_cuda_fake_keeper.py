@@ -127,11 +127,17 @@ def honest_attach(tmp_path, sock, src):
     a.end()
 
 
-def attach_then_close(tmp_path, server, sock, src):
-    honest_attach(tmp_path, sock, src)
+def close_when_idle(server):
+    """The keeper closed once nothing is attached, leaving nothing of the stand-in live."""
+    wait_count(server, 0)
     server.say("close")
     assert server.line() == "closed"
     server.end()
+
+
+def attach_then_close(tmp_path, server, sock, src):
+    honest_attach(tmp_path, sock, src)
+    close_when_idle(server)
 
 
 def cpu_ticks(pid):
@@ -257,17 +263,24 @@ def test_the_default_socket_is_in_a_directory_of_ours_alone(tmp_path):
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
+def keeper_with_a_reader(tmp_path, sock_dir, monkeypatch, wait):
+    """A keeper (share_proc.py serve) of big_source whose exchanges may take wait seconds, and
+    a raw client it has begun to answer: (src, sock, server, client)."""
+    monkeypatch.setenv("CKLOAD_SHARE_WAIT", str(wait))
+    src = big_source(tmp_path)
+    sock = sock_dir / "s"
+    server = start_server(tmp_path, src, sock)
+    c = connected(sock)
+    started(c)
+    return src, sock, server, c
+
+
 def test_a_client_that_reads_nothing_holds_no_one_up(tmp_path, sock_dir, monkeypatch):
     """A client connects and reads nothing of a table far larger than the socket buffers: the
     keeper counts it (from its first byte), and meanwhile an honest client attaches and a
     refused uid hears why. Closing is refused while it counts; once it reads, it gets the whole
     table (its deadline is set far beyond what the test takes, however slow the machine)."""
-    monkeypatch.setenv("CKLOAD_SHARE_WAIT", "600")
-    src = big_source(tmp_path)
-    sock = sock_dir / "s"
-    server = start_server(tmp_path, src, sock)
-    staller = connected(sock)
-    started(staller)
+    src, sock, server, staller = keeper_with_a_reader(tmp_path, sock_dir, monkeypatch, 600)
     assert count(server) == 1
     a = Proc(tmp_path, "a", "attach", sock, "cuda:0", src, "hold")
     got = a.json()
@@ -282,24 +295,16 @@ def test_a_client_that_reads_nothing_holds_no_one_up(tmp_path, sock_dir, monkeyp
     assert kind == 0 and len(got) == length > 1 << 20
     staller.close()
     a.say("again")
-    a.json()
+    assert a.json()["tensors"] == hexed(expected_tensors(src))
     a.end()
-    wait_count(server, 0)
-    server.say("close")
-    assert server.line() == "closed"
-    server.end()
+    close_when_idle(server)
 
 
 def test_an_exchange_has_a_whole_deadline(tmp_path, sock_dir, monkeypatch):
     """A client that reads its table 8 KiB every 0.1 s would take about 15 s; the keeper ends
     the exchange at its deadline (2 s here), not at a wait per byte: the client gets less than
     the table, then the end. An honest client attaches afterwards."""
-    monkeypatch.setenv("CKLOAD_SHARE_WAIT", "2")
-    src = big_source(tmp_path)
-    sock = sock_dir / "s"
-    server = start_server(tmp_path, src, sock)
-    slow = connected(sock)
-    started(slow)
+    src, sock, server, slow = keeper_with_a_reader(tmp_path, sock_dir, monkeypatch, 2)
     got = slow.recv(HEADER.size, socket.MSG_WAITALL)
     length = HEADER.unpack(got)[3]
     while len(got) < length:
