@@ -282,7 +282,7 @@ clean:
 # toolkit is a RUNPATH, which LD_LIBRARY_PATH overrides; the tests check which one was loaded).
 # FAKECUDA_RUNS seeded runs of the pipeline test (more with `make cuda-fake-soak`); each run's
 # seed is printed when it fails, FAKECUDA_SEED=N replays it. The main run leaves these out.
-CUDA_FAKE_TESTS := test_cuda_fake test_cuda_fake_dist test_cuda_fake_share
+CUDA_FAKE_TESTS := test_cuda_fake test_cuda_fake_dist test_cuda_fake_share test_cuda_fake_keeper
 ifneq ($(HAVE_CUDA),)
 CUDART_SONAME := $(shell objdump -p $(CUDA_LIBDIR)/libcudart.so 2>/dev/null | \
                    sed -n 's/^ *SONAME *//p')

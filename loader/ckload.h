@@ -269,15 +269,21 @@ struct DLManagedTensorVersioned *ckl_to_dlpack_versioned(ckl_load *l, size_t i, 
  * rather than loaded again.
  * ckl_serve waits for l to land, then serves it from a thread of its own, holding a reference
  * on l: a client is admitted if its uid is the server's or it is in group gid (-1: none), and
- * while the files l was read from are still those it read. 0, or -1 with err and errno set.
- * ckl_server_attached: the attachments live now (one per connected client, until its
- * connection closes, however its process ends). ckl_server_close: stops serving and removes
- * the socket; refused (EBUSY) while attachments live unless force. */
+ * while the files l was read from are still those it read. The socket's directory must be one
+ * no other user can swap names in (EACCES); nothing but a stale socket of this user's is
+ * replaced (EINVAL). 0, or -1 with err and errno set.
+ * ckl_server_attached: the attachments live now (one per client given the table, from its
+ * first byte until its connection closes, however its process ends). ckl_server_close: stops
+ * serving and removes the socket; refused (EBUSY) while attachments live unless force.
+ * ckl_default_socket: the socket path to use when none is given, into buf (len bytes):
+ * $XDG_RUNTIME_DIR/ckload.sock, else $TMPDIR/ckload-UID/ckload.sock in a directory of this
+ * user's alone (made if missing). 0, or -1 with err and errno set. */
 typedef struct ckl_server ckl_server;
 int ckl_serve(ckl_load *l, const char *socket_path, long gid, ckl_server **out, char *err,
               size_t errlen);
 unsigned ckl_server_attached(ckl_server *s);
 int ckl_server_close(ckl_server *s, int force, char *err, size_t errlen);
+int ckl_default_socket(char *buf, size_t len, char *err, size_t errlen);
 /* Attaches to the load served at socket_path: an ordinary load (ckl_read_path "attach") whose
  * tensors are the server's block mapped on this process's device cuda_device (-1: whichever the
  * block is on; another is refused, EINVAL). source: NULL, or the location the caller expects

@@ -10,18 +10,38 @@
  *    absolute path and each of its source files' identity: device, inode, size, mtime, as the
  *    load opened them) and serves it from a thread of its own until closed. A load in host
  *    memory, one with tensors placed in the caller's memory (ckl_options.dest), or one read
- *    from a URL (no identity to re-check) is refused. The socket is created (a stale one, that
- *    no server answers, is replaced; a live one is refused) with mode 0666: the server, not the
- *    file's mode, decides who attaches, so that a refused client hears why.
+ *    from a URL (no identity to re-check) is refused.
+ *  - The socket. Its directory must be the server's euid's or root's, and writable by no one
+ *    else unless sticky (EACCES): anyone who may rename names there could swap the socket for
+ *    a link to a file (that a mode change would follow) or for a socket of their own. It is
+ *    bound in a fresh 0700 directory made there (through the directory's open descriptor, so
+ *    that no path another user can change is followed), given mode 0666 there, and renamed to
+ *    its name without replacing anything (renameat2 RENAME_NOREPLACE): a file, a symlink, a
+ *    directory, another uid's socket or a live server's stays, and the serve is refused
+ *    (EINVAL, one line saying which); only a socket of the server's euid that no server
+ *    answers is removed first. Mode 0666: the server, not the file's mode, decides who
+ *    attaches, so that a refused client hears why. ckl_server_close removes the name only
+ *    while it is still the socket made. ckl_default_socket (sharesock.h) is the path when
+ *    none is given.
  *  - Each connection: the peer's credentials (SO_PEERCRED, SO_PEERGROUPS) must be the server's
  *    uid, or carry the group given; the source files must still be those loaded (stat, the
  *    identity above). Else the client gets a refusal, one line, and the connection closes.
- *    Else it gets the table, and the connection stays open: it IS the attachment. The server
- *    counts open connections (ckl_server_attached); one that closes, however its process ended,
- *    no longer counts.
- *  - ckl_server_close refuses (EBUSY) while attachments live, unless forced; then, or forced,
- *    it stops the thread, closes every connection, removes the socket and drops the server's
- *    reference on the load (the block is freed with the load's last reference).
+ *    Else it gets the table, and the connection stays open: it IS the attachment. Nothing the
+ *    client sends is read but its end, and nothing of it reaches a message. The server counts
+ *    an attachment from the table's first byte (ckl_server_attached) until its connection
+ *    closes, however its process ended: a client never holds a table the server did not
+ *    count.
+ *  - Every connection at its own pace: one thread polls them all, sends never wait (each
+ *    answer goes out as its socket takes it), and each answer has a whole deadline
+ *    (share_wait_ms from its accept): a client that reads slowly or not at all loses only its
+ *    own exchange. At most SHARE_MAX_EXCHANGES answers are under way and SHARE_BACKLOG
+ *    connections wait in the kernel; out of descriptors (EMFILE, ENFILE) the server stops
+ *    accepting for a moment, or until a connection closes, rather than spin. Attachments are
+ *    bounded by the descriptors only.
+ *  - ckl_server_close refuses (EBUSY) while attachments live, unless forced, deciding under the
+ *    lock that counts them, so no table starts after it decided; then, or forced, it stops the
+ *    thread, closes every connection, removes the socket and drops the server's reference on
+ *    the load (the block is freed with the load's last reference).
  *  - ckl_attach(SOCKET) connects, reads the message (at most SHARE_MAX_MESSAGE bytes, 30 s at
  *    most without a byte), parses it with every bound checked, refuses a block on another
  *    device than the one asked for, and, given the source it expects, one whose served location
@@ -41,7 +61,8 @@
  *    the driver may have torn down: the one case ckload cannot guard, which is why the server
  *    refuses to end first.
  *  - Errors are one line "SOCKET: what is wrong", errno as ckload.h says: ENOENT (no server),
- *    EACCES (refused: not the server's uid or group), EINVAL (another device, a bad argument),
+ *    EACCES (refused: not the server's uid or group; a socket directory others may write),
+ *    EINVAL (another device, a bad argument, something at the socket's path that stays),
  *    ENODEV (no CUDA, or a host load), EBUSY (close while attached), EIO (changed source, a
  *    message refused, anything else).
  */
@@ -50,8 +71,9 @@
 
 #include "ckload.h"
 
-/* Seconds a client waits for the server's next byte, and a server for a client to take its
- * table, before giving up on it: a stalled peer never hangs the other. */
+/* Seconds a client waits for the server's next byte, and the most a server gives a client to
+ * take its whole answer, before giving up on it: a stalled peer never hangs the other. The
+ * server takes it through share_wait_ms (sharesock.h), which CKLOAD_SHARE_WAIT overrides. */
 #define SHARE_WAIT_S 30
 
 #endif

@@ -682,7 +682,8 @@ static int cmd_load(int argc, char **argv, http_remote *remote)
 enum { SERVE_DEVICE, SERVE_SOCKET, SERVE_GROUP, SERVE_ONLY, SERVE_VERIFY };
 static const ck_option serve_options[] = {
     {"device", "D", "cuda or cuda:N (default cuda: cuda:0)", 0},
-    {"socket", "PATH", "the Unix socket clients attach to (required)", 0},
+    {"socket", "PATH", "the Unix socket clients attach to (default $XDG_RUNTIME_DIR/ckload.sock, "
+                       "else $TMPDIR/ckload-UID/ckload.sock)", 0},
     {"group", "G", "a group (name or gid) whose members may attach too", 0},
     {"only", "P", CK_ONLY_HELP, 0},
     {"verify", NULL, "as ckpt load --verify", 0},
@@ -738,16 +739,18 @@ static int serve_parse(int argc, char **argv, serve_args *a)
         else if (k == CK_OPT_OPERAND)
             a->path = val;
     }
-    if (rc == 0 && (!a->path || !a->socket))
-        rc = ck_usage_error("serve", a->path ? "missing --socket PATH" : "missing SOURCE");
+    if (rc == 0 && !a->path)
+        rc = ck_usage_error("serve", "missing SOURCE");
     return rc;
 }
 
 /* Serves until SIGTERM, SIGINT or SIGHUP (blocked in every thread, taken here): with nothing
- * attached it closes at once; while attached it says so and keeps serving until the last
- * attachment closes, and a second signal closes anyway (the attached processes' block is then
- * the driver's to tear down: share.h). 0, or 1 when closing failed. */
-static int serve_until_told(ckl_server *s, const char *socket, const sigset_t *stop)
+ * attached it closes at once; while attached (a client still receiving its table counts) it
+ * says so and keeps serving until the last attachment closes, and a second signal closes
+ * anyway (the attached processes' block is then the driver's to tear down: share.h). The
+ * close itself decides whether anything is attached (EBUSY), so that no client slips in
+ * between a count and the close. */
+static void serve_until_told(ckl_server *s, const char *socket, const sigset_t *stop)
 {
     char err[PATH_MAX + 512];
     int told = 0;
@@ -758,21 +761,18 @@ static int serve_until_told(ckl_server *s, const char *socket, const sigset_t *s
         if (sig > 0 && told) {
             fprintf(stderr, "ckpt: %s: told twice: closing with %u attachment%s live\n", socket,
                     n, n == 1 ? "" : "s");
-            break;
+            ckl_server_close(s, 1, err, sizeof err);
+            return;
         }
-        if (sig > 0 && n) {
+        if (sig <= 0 && !told)
+            continue;
+        if (ckl_server_close(s, 0, err, sizeof err) == 0)
+            return;
+        if (!told)
             fprintf(stderr, "ckpt: %s: %u attachment%s live: serving until %s, or a second "
                     "signal\n", socket, n, n == 1 ? "" : "s", n == 1 ? "it ends" : "they end");
-            told = 1;
-        }
-        if ((sig > 0 || told) && !n)
-            break;
+        told = 1;
     }
-    if (ckl_server_close(s, told, err, sizeof err) != 0) {
-        fprintf(stderr, "ckpt: %s\n", err);
-        return 1;
-    }
-    return 0;
 }
 
 static int cmd_serve(int argc, char **argv, http_remote *remote)
@@ -782,9 +782,14 @@ static int cmd_serve(int argc, char **argv, http_remote *remote)
     int rc = serve_parse(argc, argv, &a);
     if (rc != 0)
         return rc;
-    char err[2 * PATH_MAX + 512];
+    char err[2 * PATH_MAX + 512], socket[PATH_MAX];
     ckl_load *l;
     ckl_server *s = NULL;
+    if (!a.socket && ckl_default_socket(socket, sizeof socket, err, sizeof err) != 0) {
+        fprintf(stderr, "ckpt: %s\n", err);
+        return 1;
+    }
+    a.socket = a.socket ? a.socket : socket;
     if (ckl_load_start(a.path, &a.o, &l, err, sizeof err) != 0) {
         fprintf(stderr, "ckpt: %s\n", err);
         return 1;
@@ -812,7 +817,10 @@ static int cmd_serve(int argc, char **argv, http_remote *remote)
         fprintf(stderr, "ckpt: %s\n", err);
     }
     ckl_release(l); /* the server holds its own reference */
-    return rc == 0 ? serve_until_told(s, a.socket, &stop) : 1;
+    if (rc != 0)
+        return 1;
+    serve_until_told(s, a.socket, &stop);
+    return 0;
 }
 
 static int cmd_help(int argc, char **argv, http_remote *remote);
@@ -862,17 +870,21 @@ static const ck_command commands[] = {
      "GLOB selects (as --only), cut along DIM into W parts as torch.chunk cuts it (DIM -1:\n"
      "whole; the first --slice that selects a name decides), read straight from the source.",
      load_options, cmd_load},
-    {"serve", "ckpt serve SOURCE --socket PATH [--device cuda:N] [--group G] [--only P] "
+    {"serve", "ckpt serve SOURCE [--socket PATH] [--device cuda:N] [--group G] [--only P] "
               "[--verify]",
      "Loads SOURCE onto a CUDA device (as ckpt load) and keeps it there, served on the Unix\n"
      "socket PATH to the processes of this machine that attach to it (ckload.attach in\n"
      "Python, ckl_attach in C): they map the same device memory through CUDA IPC instead of\n"
-     "loading it again. A process attaches if its uid is this one's or it is in group G (a\n"
-     "name or gid), and while SOURCE's files are still those loaded; others are refused with\n"
-     "one line. Prints one line once serving. SIGTERM, SIGINT or SIGHUP: with nothing\n"
-     "attached it exits 0 and removes the socket; while attached it says how many and keeps\n"
-     "serving until the last attachment ends (then exits 0), and a second signal exits anyway\n"
-     "(the attached processes' tensors are then no longer safe to use).",
+     "loading it again. PATH by default: $XDG_RUNTIME_DIR/ckload.sock, else\n"
+     "$TMPDIR/ckload-UID/ckload.sock (/tmp without TMPDIR; the directory made 0700). PATH's\n"
+     "directory must be yours or root's and writable by no one else unless sticky; nothing\n"
+     "there is replaced but a stale socket of yours. A process attaches if its uid is this\n"
+     "one's or it is in group G (a name or gid), and while SOURCE's files are still those\n"
+     "loaded; others are refused with one line. Prints one line once serving. SIGTERM, SIGINT\n"
+     "or SIGHUP: with nothing attached it exits 0 and removes the socket; while attached (a\n"
+     "client still receiving counts) it says how many and keeps serving until the last\n"
+     "attachment ends (then exits 0), and a second signal exits anyway (the attached\n"
+     "processes' tensors are then no longer safe to use).",
      serve_options, cmd_serve},
     {"diff", "ckpt diff A B [--json] [--only PREFIX_OR_GLOB]",
      "Compares the tensors of two sources (formats may differ: a .bin and its safetensors):\n"

@@ -372,9 +372,15 @@ int ck_out_dir_begin(ck_out_dir *d, const char *out, uint64_t total, const char 
     if (url_refused(out) || dir_output_allowed(out, flags & CK_OUT_FORCE) != 0 ||
         !(d->tmp = temp_name(out)))
         return -1;
-    if (!mkdtemp(d->tmp) || chmod(d->tmp, 0755) != 0 ||
-        (d->dirfd = open(d->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+    /* Its mode set through the descriptor: a name in OUT's directory may be swapped (for a
+     * link to a file a chmod would then change) by whoever else may write there. */
+    if (!mkdtemp(d->tmp) ||
+        (d->dirfd = open(d->tmp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+        fchmod(d->dirfd, 0755) != 0) {
         fprintf(stderr, "ckpt: %s: cannot create: %s\n", out, strerror(errno));
+        if (d->dirfd >= 0)
+            close(d->dirfd);
+        d->dirfd = -1;
         rmdir(d->tmp);
         free(d->tmp);
         return -1;

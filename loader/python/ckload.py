@@ -64,7 +64,8 @@ except ImportError as e:  # the wheel does not declare torch: the user's own bui
 
 __all__ = ["load", "stream", "entries", "Entry", "shown", "load_into", "Load", "Export",
            "IncompatibleKeys", "load_distributed", "DistributedLoad", "attach", "Attached",
-           "serve", "Server", "Error", "cuda_available", "cuda_built", "library"]
+           "serve", "Server", "default_socket", "Error", "cuda_available", "cuda_built",
+           "library"]
 
 ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
@@ -303,6 +304,8 @@ def library() -> ctypes.CDLL:
                                                 _c.c_size_t]),
                 "ckl_attach": (_c.c_int, [_c.c_char_p, _c.c_int, _c.c_char_p,
                                           _c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_size_t]),
+                "ckl_default_socket": (_c.c_int, [_c.c_char_p, _c.c_size_t, _c.c_char_p,
+                                                  _c.c_size_t]),
             }
             for name, (res, args) in sigs.items():
                 f = getattr(lib, name)
@@ -768,16 +771,33 @@ def attach(socket: PathLike, device: Optional[Device] = None, source: Optional[P
         return a.tensors(read_only)
 
 
+def default_socket() -> str:
+    """The socket serve() and `ckpt serve` use when given none: $XDG_RUNTIME_DIR/ckload.sock,
+    else $TMPDIR/ckload-UID/ckload.sock (/tmp without TMPDIR) in a directory of this user's
+    alone, made if missing (PermissionError when it is not that)."""
+    lib = library()
+    buf, err = _c.create_string_buffer(4096 + 64), _c.create_string_buffer(4096 + ERR_ROOM)
+    if lib.ckl_default_socket(buf, len(buf), err, len(err)) != 0:
+        _raise(err)
+    return os.fsdecode(buf.value)
+
+
 class Server:
     """A load served to the processes of this machine on the Unix socket `socket` (ckl_serve,
-    share.h): serve(path, socket, device="cuda:N", group=None) loads path (any source load
-    takes) and serves it from a thread of libckload's; processes of this uid, or in group
-    (a gid), attach to it (attach()). attached(): the attachments live now. close(force=False):
-    stops serving and removes the socket; refused (Error) while attachments live unless
-    force."""
+    share.h; None: default_socket()): serve(path, socket, device="cuda:N", group=None) loads
+    path (any source load takes) and serves it from a thread of libckload's; processes of this
+    uid, or in group (a gid), attach to it (attach()). The socket's directory must be this
+    user's or root's and writable by no other user unless sticky (PermissionError); nothing
+    but a stale socket of this user's is replaced (ValueError). socket: the path served on.
+    attached(): the attachments live now (a client still receiving its table counts).
+    close(force=False): stops serving and removes the socket; refused (Error) while
+    attachments live unless force."""
 
-    def __init__(self, load: Load, socket: PathLike, group: Optional[int] = None) -> None:
+    def __init__(self, load: Load, socket: Optional[PathLike] = None,
+                 group: Optional[int] = None) -> None:
         lib = library()
+        socket = default_socket() if socket is None else socket
+        self.socket = os.fsdecode(socket)
         self._load, self._path, self._s = load, os.fsencode(socket), None
         gid = -1 if group is None else _c_int(socket, "group", group, 0, _C_MAX[_c.c_uint])
         err = _c.create_string_buffer(len(self._path) + len(load._path) + 2 * ERR_ROOM)
@@ -805,9 +825,10 @@ class Server:
         self.close()
 
 
-def serve(path: PathLike, socket: PathLike, device: Device = "cuda", group: Optional[int] = None,
-          verify: bool = False) -> Server:
-    """Loads path onto device (a CUDA one) and serves it on socket (Server)."""
+def serve(path: PathLike, socket: Optional[PathLike] = None, device: Device = "cuda",
+          group: Optional[int] = None, verify: bool = False) -> Server:
+    """Loads path onto device (a CUDA one) and serves it on socket (Server; None:
+    default_socket())."""
     ld = Load(path, device=device, verify=verify)
     try:
         return Server(ld, socket, group)
