@@ -1,17 +1,25 @@
-/* sharesock.h — the Unix socket under warm attach (share.h): its address, and the sends and
- * receives both ends make, each bounded by SHARE_WAIT_S (a stalled peer never hangs the other).
+/* sharesock.h — the Unix socket under warm attach (share.h): its address, who is at the other
+ * end, and the sends and receives both ends make, each bounded (a stalled peer never hangs the
+ * other).
  *
  * Contract:
  *  - share_socket_address fills *a for path, or is -1 (EINVAL) with err "PATH: not a socket path".
  *  - share_send_all / share_recv_all move all n bytes or return -1 with errno (0 when the peer
  *    closed first, EAGAIN when it stalled past the socket's timeouts); EINTR is retried.
+ *  - A deadline is a time on CLOCK_MONOTONIC (share_deadline): share_connect_by and
+ *    share_recv_by end by it however the peer behaves (ETIMEDOUT), a byte a second or none:
+ *    the bound is on the whole exchange, not on each wait.
+ *  - share_peer_is reads the peer's credentials from the kernel (SO_PEERCRED: as they were when
+ *    it connected, or listened: a server's), never from anything the peer sends.
  */
 #ifndef CKL_SHARESOCK_H
 #define CKL_SHARESOCK_H
 
 #include <errno.h>
 #include <stddef.h>
+#include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 
 /* -1 with errno set to code: the error returns of the keeper and the client. */
 static inline int share_fail(int code)
@@ -24,5 +32,19 @@ int share_socket_address(const char *path, struct sockaddr_un *a, char *err, siz
 void share_set_timeouts(int fd);
 int share_send_all(int fd, const unsigned char *p, size_t n);
 int share_recv_all(int fd, unsigned char *p, size_t n);
+
+/* The peer on fd (its SO_PEERCRED) into *who; 1 when it runs as uid or is in group gid (its
+ * primary group, or one of SO_PEERGROUPS; gid -1: none), else 0; -1 with errno when the kernel
+ * does not say. */
+int share_peer_is(int fd, uid_t uid, long gid, struct ucred *who);
+
+/* secs seconds from now, on CLOCK_MONOTONIC. */
+struct timespec share_deadline(unsigned secs);
+/* connect(fd, a) by deadline: 0, or -1 with errno (ETIMEDOUT: the server took no connection). */
+int share_connect_by(int fd, const struct sockaddr_un *a, const struct timespec *deadline);
+/* All n bytes into p by deadline: 0, or -1 with errno (0 when the peer closed first, ETIMEDOUT
+ * at the deadline); *got counts the bytes received either way. */
+int share_recv_by(int fd, unsigned char *p, size_t n, const struct timespec *deadline,
+                  size_t *got);
 
 #endif
