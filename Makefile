@@ -284,6 +284,7 @@ test-cuda-fake: all $(FAKECUDA)
 	    CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration/test_cuda_fake.py \
 	        tests/integration/test_cuda_fake_dist.py \
+	        tests/integration/test_cuda_fake_client.py \
 	        tests/integration/test_cuda_fake_share.py
 cuda-fake-soak:
 	$(MAKE) test-cuda-fake FAKECUDA_RUNS=$(or $(RUNS),200) PYTEST_ADDOPTS="-k seeded_pipeline"
