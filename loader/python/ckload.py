@@ -728,9 +728,10 @@ class Attached(Load):
     a byte of its table is read; a table that claims more than the mapping holds, or an answer
     not whole within CKLOAD_ATTACH_WAIT seconds (default 30), is refused (Error). Raises
     FileNotFoundError (no server there), PermissionError (the server refused this uid, or is
-    not trusted) or Error, each one line "ckload: SOCKET: what is wrong". It is a Load (read_path "attach"): tensor(i), find, info, export. The
-    mapping and the connection (the attachment the server counts) last while this object or
-    any tensor handed out lives; the server refuses to exit while they do (share.h)."""
+    not trusted) or Error, each one line "ckload: SOCKET: what is wrong". It is a Load
+    (read_path "attach"): tensor(i), find, info, export. The mapping and the connection (the
+    attachment the server counts) last while this object or any tensor handed out lives; the
+    server refuses to exit while they do (share.h)."""
 
     def __init__(self, socket: PathLike, device: Optional[Device] = None,
                  source: Optional[PathLike] = None, group: Optional[int] = None) -> None:
@@ -758,12 +759,12 @@ class Attached(Load):
 
 def attach(socket: PathLike, device: Optional[Device] = None, source: Optional[PathLike] = None,
            read_only: bool = True, group: Optional[int] = None) -> Dict[str, torch.Tensor]:
-    """{name: torch.Tensor} of the load served on `socket` (Attached: the arguments, the
-    refusals; group: the gid whose server is trusted besides this uid's and root's), in
-    milliseconds: no byte is read or copied. The tensors keep the attachment:
-    the block stays mapped, and the server counts this process, until the last of them is
-    deleted. read_only (the default) marks them so through DLPack 1.0 where torch takes it
-    (Load.tensor); writing them writes every attached process's weights."""
+    """{name: torch.Tensor} of the load served on `socket` (Attached: the arguments, group
+    among them, and the refusals), in milliseconds: no byte is read or copied. The tensors
+    keep the attachment: the block stays mapped, and the server counts this process, until
+    the last of them is deleted. read_only (the default) marks them so through DLPack 1.0
+    where torch takes it (Load.tensor); writing them writes every attached process's
+    weights."""
     with Attached(socket, device=device, source=source, group=group) as a:
         return a.tensors(read_only)
 
