@@ -65,9 +65,9 @@ int cudart_open(char *why, size_t len)
     return -1;
 }
 
-/* cuMemGetAddressRange's version 2 (the one cuda.h names) came with CUDA 3.2; any driver a
- * runtime of 12 or 13 runs on has it. */
-enum { ADDRESS_RANGE_SINCE = 3020 };
+/* The driver function as CUDA 12.0 has it (cuMemGetAddressRange_v2, the one cuda.h names):
+ * 12.0 is the oldest runtime this opens, so any driver under it knows that version. */
+enum { ADDRESS_RANGE_AS_OF = 12000 };
 
 int cudart_address_range(const void *p, uintptr_t *base, size_t *size, char *why, size_t len)
 {
@@ -76,7 +76,7 @@ int cudart_address_range(const void *p, uintptr_t *base, size_t *size, char *why
     cudaError_t e = cudaErrorNotSupported;
     if (cudart.GetDriverEntryPointByVersion)
         e = cudart.GetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&range,
-                                                ADDRESS_RANGE_SINCE, cudaEnableDefault, &found);
+                                                ADDRESS_RANGE_AS_OF, cudaEnableDefault, &found);
     else if (cudart.GetDriverEntryPoint)
         e = cudart.GetDriverEntryPoint("cuMemGetAddressRange", (void **)&range,
                                        cudaEnableDefault, &found);

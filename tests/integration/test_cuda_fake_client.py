@@ -76,9 +76,9 @@ def keepers():
         k.end()
 
 
-def attach(tmp_path, sock, source="-", group="-", timeout=None):
+def attach(tmp_path, sock, source="-", group="-", timeout=None, fake=""):
     """One client process (share_proc.py attach, on cuda:0): its JSON answer."""
-    c = Proc(tmp_path, "c", "attach", sock, "cuda:0", source, "-", group)
+    c = Proc(tmp_path, "c", "attach", sock, "cuda:0", source, "-", group, fake=fake)
     try:
         c.p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -130,6 +130,19 @@ def test_a_table_beyond_the_mapping_is_refused(tmp_path, sock_dir, keepers):
     assert got == {"error": "Error",
                    "line": f"ckload: {sock}: the server's table claims a block of 1048576 "
                            f"bytes, more than its mapping holds (64 bytes)"}
+
+
+def test_a_mapping_the_driver_cannot_size_is_refused(tmp_path, sock_dir, keepers):
+    """The driver's word is the proof: without it, no table is believed (and the mapping made
+    is closed again: the client's stand-in ends with no import live)."""
+    src = safetensors_source(tmp_path)
+    sock = sock_dir / "s"
+    keepers(sock, **honest_table(src))
+    got = attach(tmp_path, sock, fake="fail=cudaGetDriverEntryPointByVersion:1")
+    assert got == {"error": "Error",
+                   "line": f"ckload: {sock}: cannot ask the driver how large the mapping is "
+                           f"(cuMemGetAddressRange through cudaGetDriverEntryPoint: invalid "
+                           f"argument)"}
 
 
 def test_a_slow_keeper_meets_the_total_deadline(tmp_path, sock_dir, keepers, monkeypatch):
