@@ -119,6 +119,7 @@ static struct call_count {
     {"cudaFreeHost", cudaErrorInvalidValue, 0},
     {"cudaGetDevice", cudaErrorNoDevice, 0},
     {"cudaGetDeviceCount", cudaErrorNoDevice, 0},
+    {"cudaGetDriverEntryPoint", cudaErrorInvalidValue, 0},
     {"cudaGetDriverEntryPointByVersion", cudaErrorInvalidValue, 0},
     {"cudaHostAlloc", cudaErrorMemoryAllocation, 0},
     {"cudaIpcCloseMemHandle", cudaErrorInvalidValue, 0},
@@ -653,11 +654,11 @@ static CUresult fake_mem_get_address_range(CUdeviceptr *pbase, size_t *psize, CU
     return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
-cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
-                                             unsigned int cudaVersion, unsigned long long flags,
-                                             enum cudaDriverEntryPointQueryResult *driverStatus)
+static cudaError_t entry_point(const char *fn, const char *symbol, void **funcPtr,
+                               unsigned int cudaVersion, unsigned long long flags,
+                               enum cudaDriverEntryPointQueryResult *driverStatus)
 {
-    cudaError_t e = enter("cudaGetDriverEntryPointByVersion");
+    cudaError_t e = enter(fn);
     if (e)
         return e;
     if (!symbol || !funcPtr || flags > cudaEnablePerThreadDefaultStream || cudaVersion < 1000 ||
@@ -672,6 +673,22 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
                         : recent ? cudaDriverEntryPointSuccess
                                  : cudaDriverEntryPointVersionNotSufficent;
     return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point("cudaGetDriverEntryPointByVersion", symbol, funcPtr, cudaVersion, flags,
+                       driverStatus);
+}
+
+/* The deprecated door, as of the runtime's own version. */
+cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
+                                    enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point("cudaGetDriverEntryPoint", symbol, funcPtr, CUDART_VERSION, flags,
+                       driverStatus);
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)

@@ -7,8 +7,9 @@
  *  - It implements the CUDA runtime functions libckload calls (their signatures are the
  *    toolkit's: fakecuda.c includes cuda_runtime_api.h), plus cudaMemcpy, cudaMemGetInfo and
  *    cudaGetDevice for the tests and the device bookkeeping, and nothing else. Of the driver,
- *    reached through cudaGetDriverEntryPointByVersion as libckload reaches it, only
- *    cuMemGetAddressRange (the allocation holding a device address of the current device).
+ *    reached through cudaGetDriverEntryPointByVersion (or the deprecated
+ *    cudaGetDriverEntryPoint) as libckload reaches it, only cuMemGetAddressRange (the
+ *    allocation holding a device address of the current device).
  *  - IPC across processes: cudaIpcGetMemHandle (the base of a cudaMalloc'ed allocation only)
  *    names the allocation's memfd as /proc/PID/fd/FD with its device and inode;
  *    cudaIpcOpenMemHandle (flags cudaIpcMemLazyEnablePeerAccess, on the handle's own device:
