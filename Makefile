@@ -65,11 +65,13 @@ TOOL_SRC := $(wildcard tools/*.c)
 PLAN_SRC := loader/plan.c loader/slice.c
 # The warm-attach message (no CUDA, no sockets): the loader's, its unit tests' and its fuzzer's.
 SHAREMSG_SRC := loader/sharemsg.c
+# Warm attach's client up to the mapping, and the socket under it (no CUDA): the same.
+SHARECLIENT_SRC := loader/share_client.c loader/sharesock.c
 # The cold-read policy and the io_uring read loop: the loader's, and their unit tests'.
 COLD_SRC := loader/direct.c loader/ringload.c loader/uring.c loader/backend_cpu.c
 LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/pool.c loader/mount.c loader/abi.c \
-            loader/dlpack.c loader/share_keeper.c loader/share_client.c \
-            loader/sharesock.c $(SHAREMSG_SRC) \
+            loader/dlpack.c loader/share_keeper.c loader/share_attach.c $(SHARECLIENT_SRC) \
+            $(SHAREMSG_SRC) \
             $(if $(HAVE_CUDA),loader/backend_cuda.c loader/cudart.c,loader/backend_nocuda.c)
 UNIT_SRC := $(wildcard tests/unit/*.c)
 
@@ -124,7 +126,8 @@ $(BUILD)/python/%.py: loader/python/%.py
 	@mkdir -p $(dir $@)
 	cp $< $@
 
-$(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(SHAREMSG_SRC) $(COLD_SRC) loader/pool.c \
+$(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(SHAREMSG_SRC) $(SHARECLIENT_SRC) \
+                             $(COLD_SRC) loader/pool.c \
                              $(VIEW_SRC)) \
                    $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -luring -lcriterion -o $@
@@ -282,7 +285,8 @@ clean:
 # toolkit is a RUNPATH, which LD_LIBRARY_PATH overrides; the tests check which one was loaded).
 # FAKECUDA_RUNS seeded runs of the pipeline test (more with `make cuda-fake-soak`); each run's
 # seed is printed when it fails, FAKECUDA_SEED=N replays it. The main run leaves these out.
-CUDA_FAKE_TESTS := test_cuda_fake test_cuda_fake_dist test_cuda_fake_share test_cuda_fake_keeper
+CUDA_FAKE_TESTS := test_cuda_fake test_cuda_fake_dist test_cuda_fake_share test_cuda_fake_keeper \
+                   test_cuda_fake_client
 ifneq ($(HAVE_CUDA),)
 CUDART_SONAME := $(shell objdump -p $(CUDA_LIBDIR)/libcudart.so 2>/dev/null | \
                    sed -n 's/^ *SONAME *//p')

@@ -41,10 +41,16 @@ int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
     vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
     va_end(ap);
     /* Names quoted into messages come from the checkpoint: keep the message one line. */
-    for (char *p = err->msg; *p; p++)
+    ck_one_line(err->msg);
+    return -1;
+}
+
+char *ck_one_line(char *msg)
+{
+    for (char *p = msg; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             *p = '?';
-    return -1;
+    return msg;
 }
 
 const char *ck_error_detail(const ck_error *err, const char *file)

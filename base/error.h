@@ -15,6 +15,10 @@ typedef struct ck_error {
 int ck_fail(ck_error *err, const char *file, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* msg (a message made apart from ck_fail, quoting another process's text) with each control
+ * character replaced by '?', as ck_fail does: one line whatever the text held. Returns msg. */
+char *ck_one_line(char *msg);
+
 /* err's message without the "FILE: " ck_fail put in front of it for file: what is wrong alone
  * (a pointer into err->msg), or the whole message when it does not start so. */
 const char *ck_error_detail(const ck_error *err, const char *file);

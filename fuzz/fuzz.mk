@@ -10,7 +10,7 @@
 #       the sanitizers when SANITIZE is set); `make test` runs it.
 
 FUZZ_TARGETS ?= safetensors sharded zip pickle torch_zip torch_legacy packfile source plan npy gguf \
-                pt2 dcp s3_list s3_creds sharemsg
+                pt2 dcp s3_list s3_creds sharemsg shareclient
 FUZZ_SECONDS ?= 60
 FUZZ_MAX_LEN ?= 262144
 FUZZ_CC      ?= clang
@@ -19,7 +19,7 @@ FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit
 FUZZ_CFLAGS  := -g -O1 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wvla \
                 -fno-strict-aliasing $(FUZZ_SAN) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 # Only the core is instrumented for coverage; libFuzzer's main comes at link time.
-FUZZ_LIB_SRC := $(CORE_SRC) $(PLAN_SRC) $(SHAREMSG_SRC) fuzz/common.c
+FUZZ_LIB_SRC := $(CORE_SRC) $(PLAN_SRC) $(SHAREMSG_SRC) $(SHARECLIENT_SRC) fuzz/common.c
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_LIB_SRC))
 FUZZ_OPTS    := -rss_limit_mb=2048 -timeout=10 -max_len=$(FUZZ_MAX_LEN) -print_final_stats=1
 
@@ -56,7 +56,8 @@ fuzz: setup fuzz-build $(FUZZ_DIR)/seeds/.done
 FUZZ_REPLAY := $(FUZZ_TARGETS:%=$(BUILD)/replay/fuzz_%)
 
 $(BUILD)/replay/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(BUILD)/obj/fuzz/common.o \
-                        $(BUILD)/obj/fuzz/replay.o $(call obj,$(PLAN_SRC) $(SHAREMSG_SRC)) \
+                        $(BUILD)/obj/fuzz/replay.o \
+                        $(call obj,$(PLAN_SRC) $(SHAREMSG_SRC) $(SHARECLIENT_SRC)) \
                         $(BUILD)/libckpt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@

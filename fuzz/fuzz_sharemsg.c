@@ -5,8 +5,9 @@
  * and checksum are fixed up first (as fuzz_packfile fixes a pack's index checksum), so that the
  * fuzzer reaches the table behind them. A message the parser accepts must keep sharemsg.h's
  * promises: every blob inside the block and with a tensor, each tensor's blob holding its bytes,
- * the blobs' tensors listed once, ascending; and written again (share_encode_table), it must
- * be the very bytes parsed. A refusal must name a class and a line. */
+ * the blobs' tensors listed once, ascending, no name twice; and written again
+ * (share_encode_table), it must be the very bytes parsed. A refusal must name a class and a
+ * line. */
 #include "../base/bytes.h"
 #include "../loader/sharemsg.h"
 #include "fuzz.h"
@@ -15,9 +16,22 @@
 #include <string.h>
 #include <xxhash.h>
 
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static void check_table(const share_table *t, const uint8_t *msg, size_t len)
 {
     const ck_plan *p = t->plan;
+    const char **names = malloc((p->ntensors ? p->ntensors : 1) * sizeof *names);
+    FUZZ_REQUIRE(names != NULL);
+    for (size_t i = 0; i < p->ntensors; i++)
+        names[i] = t->tensors[i].name;
+    qsort(names, p->ntensors, sizeof *names, by_name);
+    for (size_t i = 1; i < p->ntensors; i++)
+        FUZZ_REQUIRE(strcmp(names[i - 1], names[i]) != 0);
+    free(names);
     for (size_t b = 0; b < p->nblobs; b++) {
         const ck_plan_blob *bl = &p->blobs[b];
         FUZZ_REQUIRE(bl->len <= t->block_size && bl->dest_off <= t->block_size - bl->len);

@@ -26,7 +26,8 @@ from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_dir_files (common.c) splits an input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan", "npy", "gguf", "pt2", "dcp", "s3_list", "s3_creds", "sharemsg"]
+           "source", "plan", "npy", "gguf", "pt2", "dcp", "s3_list", "s3_creds", "sharemsg",
+           "shareclient"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH2 = os.path.join(REPO, ".deps", "torch2", "bin", "python")
 DCP_WRITER = os.path.join(REPO, "tests", "integration", "dcp_writer.py")
@@ -281,18 +282,19 @@ def s3_seeds():
 
 def share_seeds():
     """Warm-attach messages (loader/sharemsg.h) behind selector byte 1, which has fuzz_sharemsg.c
-    fix up their length and checksum (left 0 here): tables of a few tensors (tied, empty,
-    each dtype code of a few), and a refusal."""
+    and fuzz_shareclient.c fix up their length and checksum (left 0 here): tables of a few
+    tensors (tied, empty, each dtype code of a few), and a refusal; one table serves "/" with
+    its identity on this machine, which fuzz_shareclient.c's selector 4 expects."""
     def s(b):
         return struct.pack("<I", len(b)) + b
 
     def message(kind, body):
         return b"\x01" + b"CKLSHARE" + struct.pack("<IIQ", 1, kind, 0) + body + bytes(8)
 
-    def table(tensors, blobs, block):
-        body = bytes(range(64)) + struct.pack("<IQ", 0, block) + s(b"/models/m.safetensors")
-        body += struct.pack("<I", 1) + s(b"/models/m.safetensors") + struct.pack(
-            "<QQQqI", 2049, 77, 4096, 1700000000, 5)
+    def table(tensors, blobs, block, source=b"/models/m.safetensors",
+              identity=(2049, 77, 4096, 1700000000, 5)):
+        body = bytes(range(64)) + struct.pack("<IQ", 0, block) + s(source)
+        body += struct.pack("<I", 1) + s(source) + struct.pack("<QQQqI", *identity)
         body += struct.pack("<I", len(blobs)) + b"".join(struct.pack("<QQ", *b) for b in blobs)
         body += struct.pack("<I", len(tensors))
         for name, code, shape, nbytes, blob in tensors:
@@ -306,6 +308,10 @@ def share_seeds():
                          [(0, 32), (256, 6)], 262)
     yield "scalar", table([(b"s", 13, [], 8, 0)], [(0, 8)], 8)
     yield "refusal", message(1, struct.pack("<I", 13) + s(b"uid 65534 is not the server's"))
+    root = os.stat("/")
+    yield "root", table([(b"s", 13, [], 8, 0)], [(0, 8)], 8, b"/",
+                        (root.st_dev, root.st_ino, root.st_size, root.st_mtime_ns // 10**9,
+                         root.st_mtime_ns % 10**9))
 
 
 def write(dirpath, name, data):
@@ -441,6 +447,8 @@ def main():
 
     for name, data in share_seeds():
         add(["sharemsg"], name, data)
+        for sel in (1, 3, 5, 7):  # fuzz_shareclient.c: fixed up; cuda:0; source "/"
+            add(["shareclient"], f"{name}.{sel}", bytes([sel]) + data[1:])
     if os.path.isdir(a.out):
         shutil.rmtree(a.out)
     for target, files in seeds.items():

@@ -63,11 +63,12 @@ typedef struct backend {
     void (*close)(reader *r);
     /* Memory shared with other processes on this machine (share.h); NULL where the block is
      * this process's alone (the host's). share: the IPC handle (handle_size bytes at handle) of a
-     * block alloc() gave. attach: the block another process shared, mapped on device ordinal.
-     * detach: unmaps what attach mapped. */
+     * block alloc() gave. attach: the block another process shared, mapped on device ordinal,
+     * and in *room the bytes the mapping holds from there on, as the driver says (the other
+     * process's word on the block's size is no proof). detach: unmaps what attach mapped. */
     int (*share)(void *block, unsigned char *handle, size_t handle_size, char *why, size_t len);
-    void *(*attach)(int ordinal, const unsigned char *handle, size_t handle_size, char *why,
-                    size_t len);
+    void *(*attach)(int ordinal, const unsigned char *handle, size_t handle_size, size_t *room,
+                    char *why, size_t len);
     void (*detach)(int ordinal, void *block);
 } backend;
 

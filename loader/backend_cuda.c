@@ -17,6 +17,7 @@
 #include "pool.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,23 +256,43 @@ static int cuda_share(void *block, unsigned char *handle, size_t handle_size, ch
     return 0;
 }
 
+/* The bytes of the allocation holding p from p on, as the driver says: 0, or -1 with why set. */
+static int room_from(const void *p, size_t *room, char *why, size_t len)
+{
+    uintptr_t base;
+    size_t size;
+    if (cudart_address_range(p, &base, &size, why, len) != 0)
+        return -1;
+    if ((uintptr_t)p < base || (uintptr_t)p - base > size) {
+        snprintf(why, len, "the driver places the mapping at %p outside its allocation", p);
+        return -1;
+    }
+    *room = size - ((uintptr_t)p - base);
+    return 0;
+}
+
 /* Maps on ordinal (made current for the call, the caller's put back: cuda_alloc says why). */
 static void *cuda_attach(int ordinal, const unsigned char *handle, size_t handle_size,
-                         char *why, size_t len)
+                         size_t *room, char *why, size_t len)
 {
     cudaIpcMemHandle_t h;
     void *p = NULL;
-    int was = 0;
+    int was = 0, sized = -1;
     if (handle_size != sizeof h.reserved || cuda_check(ordinal, why, len) != 0)
         return NULL;
     memcpy(h.reserved, handle, sizeof h.reserved);
     cudaError_t e = cudart.GetDevice(&was);
     if (e == cudaSuccess && (e = cudart.SetDevice(ordinal)) == cudaSuccess) {
         e = cudart.IpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+        sized = e == cudaSuccess ? room_from(p, room, why, len) : -1;
+        if (e == cudaSuccess && sized != 0)
+            cudart.IpcCloseMemHandle(p);
         cudart.SetDevice(was);
     }
-    if (e == cudaSuccess)
+    if (sized == 0)
         return p;
+    if (e == cudaSuccess) /* mapped, but its size unknown: why says so */
+        return NULL;
     cudart.GetLastError();
     snprintf(why, len, "cannot map the served block on cuda:%d (cudaIpcOpenMemHandle: %s)",
              ordinal, cudart.GetErrorString(e));

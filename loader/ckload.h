@@ -86,7 +86,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CKL_ABI_VERSION 4
+#define CKL_ABI_VERSION 5
 
 enum ckl_device { CKL_CPU = 0, CKL_CUDA = 1, CKL_AUTO = 2 };
 
@@ -286,11 +286,15 @@ int ckl_server_close(ckl_server *s, int force, char *err, size_t errlen);
 int ckl_default_socket(char *buf, size_t len, char *err, size_t errlen);
 /* Attaches to the load served at socket_path: an ordinary load (ckl_read_path "attach") whose
  * tensors are the server's block mapped on this process's device cuda_device (-1: whichever the
- * block is on; another is refused, EINVAL). source: NULL, or the location the caller expects
- * the server to have loaded: another, or one whose files changed since, is refused ("changed
- * source", EIO). No server: ENOENT; refused by it: EACCES. The last release unmaps the block
+ * block is on; another is refused, EINVAL). The server is trusted if it runs as this
+ * process's uid, as root, or in group gid (-1: none); another is refused (EACCES) before a byte
+ * of its table is read. source: NULL, or the location the caller expects the server to have
+ * loaded: another, or one whose files changed since, is refused ("changed source", EIO). A
+ * table that claims more than the mapping the driver made holds is refused (EIO). The whole
+ * exchange ends within CKLOAD_ATTACH_WAIT seconds (default 30), however slowly the server
+ * answers (EIO). No server: ENOENT; refused by it: EACCES. The last release unmaps the block
  * and closes the connection (the attachment). */
-int ckl_attach(const char *socket_path, int cuda_device, const char *source, ckl_load **out,
-               char *err, size_t errlen);
+int ckl_attach(const char *socket_path, int cuda_device, const char *source, long gid,
+               ckl_load **out, char *err, size_t errlen);
 
 #endif

@@ -1,6 +1,7 @@
 /* cudart.c — the CUDA runtime, found and opened at the first CUDA use (cudart.h). */
 #include "cudart.h"
 
+#include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -27,6 +28,8 @@ static int bind(void *so, const char *from)
              SYM(IpcGetMemHandle) || SYM(IpcOpenMemHandle) || SYM(IpcCloseMemHandle) ||
              SYM(GetLastError) || SYM(GetErrorString);
 #undef SYM
+    *(void **)&cudart.GetDriverEntryPointByVersion = dlsym(so, "cudaGetDriverEntryPointByVersion");
+    *(void **)&cudart.GetDriverEntryPoint = dlsym(so, "cudaGetDriverEntryPoint");
     if (rc)
         snprintf(failure, sizeof failure, "%s has no %s", from, bad);
     return rc ? -1 : 0;
@@ -60,4 +63,37 @@ int cudart_open(char *why, size_t len)
         return 0;
     snprintf(why, len, "%s", failure);
     return -1;
+}
+
+/* The driver function as CUDA 12.0 has it (cuMemGetAddressRange_v2, the one cuda.h names):
+ * 12.0 is the oldest runtime this opens, so any driver under it knows that version. */
+enum { ADDRESS_RANGE_AS_OF = 12000 };
+
+int cudart_address_range(const void *p, uintptr_t *base, size_t *size, char *why, size_t len)
+{
+    CUresult (*range)(CUdeviceptr *, size_t *, CUdeviceptr) = NULL;
+    enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cudaErrorNotSupported;
+    if (cudart.GetDriverEntryPointByVersion)
+        e = cudart.GetDriverEntryPointByVersion("cuMemGetAddressRange", (void **)&range,
+                                                ADDRESS_RANGE_AS_OF, cudaEnableDefault, &found);
+    else if (cudart.GetDriverEntryPoint)
+        e = cudart.GetDriverEntryPoint("cuMemGetAddressRange", (void **)&range,
+                                       cudaEnableDefault, &found);
+    if (e != cudaSuccess || !range || found != cudaDriverEntryPointSuccess) {
+        cudart.GetLastError();
+        snprintf(why, len, "cannot ask the driver how large the mapping is (cuMemGetAddressRange "
+                 "through cudaGetDriverEntryPoint: %s)",
+                 e != cudaSuccess ? cudart.GetErrorString(e) : "not found");
+        return -1;
+    }
+    CUdeviceptr b = 0;
+    CUresult r = range(&b, size, (CUdeviceptr)(uintptr_t)p);
+    if (r != CUDA_SUCCESS) {
+        snprintf(why, len, "cannot ask the driver how large the mapping is "
+                 "(cuMemGetAddressRange: CUresult %d)", (int)r);
+        return -1;
+    }
+    *base = (uintptr_t)b;
+    return 0;
 }

@@ -11,11 +11,16 @@
  *  - Where none is found (or one lacks a function), it fails with one line naming what was
  *    looked for and CKLOAD_CUDART; nothing is retried later in the process.
  *  - After a successful open, `cudart` holds the functions, never changed again.
+ *  - cudart_address_range asks the driver, through the runtime's documented door to it
+ *    (cudaGetDriverEntryPointByVersion from CUDA 12.5, cudaGetDriverEntryPoint before), for
+ *    cuMemGetAddressRange: the allocation that holds a device address, an imported one too.
+ *    A runtime with neither, or a driver without it, is an error, never a guess.
  */
 #ifndef CKL_CUDART_H
 #define CKL_CUDART_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cuda_runtime_api.h>
 
@@ -42,11 +47,21 @@ typedef struct cudart_api {
     cudaError_t (*IpcCloseMemHandle)(void *);
     cudaError_t (*GetLastError)(void);
     const char *(*GetErrorString)(cudaError_t);
+    /* Either may be NULL: the first is CUDA 12.5's, the second deprecated since. */
+    cudaError_t (*GetDriverEntryPointByVersion)(const char *, void **, unsigned int,
+                                                unsigned long long,
+                                                enum cudaDriverEntryPointQueryResult *);
+    cudaError_t (*GetDriverEntryPoint)(const char *, void **, unsigned long long,
+                                       enum cudaDriverEntryPointQueryResult *);
 } cudart_api;
 
 extern cudart_api cudart;
 
 /* Opens the runtime (see the contract). 0, or -1 with why (len bytes) set. */
 int cudart_open(char *why, size_t len);
+
+/* The base and size of the device allocation holding p (cuMemGetAddressRange, on the calling
+ * thread's current device): 0, or -1 with why set. After a successful cudart_open. */
+int cudart_address_range(const void *p, uintptr_t *base, size_t *size, char *why, size_t len);
 
 #endif

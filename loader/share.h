@@ -33,7 +33,7 @@
  *    count.
  *  - Every connection at its own pace: one thread polls them all, sends never wait (each
  *    answer goes out as its socket takes it), and each answer has a whole deadline
- *    (share_wait_ms from its accept): a client that reads slowly or not at all loses only its
+ *    (share_wait_s from its accept): a client that reads slowly or not at all loses only its
  *    own exchange. At most SHARE_MAX_EXCHANGES answers are under way and SHARE_BACKLOG
  *    connections wait in the kernel; out of descriptors (EMFILE, ENFILE) the server stops
  *    accepting for a moment, or until a connection closes, rather than spin. Attachments are
@@ -42,12 +42,20 @@
  *    lock that counts them, so no table starts after it decided; then, or forced, it stops the
  *    thread, closes every connection, removes the socket and drops the server's reference on
  *    the load (the block is freed with the load's last reference).
- *  - ckl_attach(SOCKET) connects, reads the message (at most SHARE_MAX_MESSAGE bytes, 30 s at
- *    most without a byte), parses it with every bound checked, refuses a block on another
- *    device than the one asked for, and, given the source it expects, one whose served location
- *    is another path or whose files are no longer those the server loaded ("changed source").
- *    It maps the block on its device (cudaIpcOpenMemHandle) and returns an ordinary load
- *    (ckl_read_path "attach"): ckl_get, ckl_find, ckl_to_dlpack(_versioned) work unchanged.
+ *  - ckl_attach(SOCKET) connects and, before it reads a byte, checks who serves there
+ *    (SO_PEERCRED of the listening process): this process's effective uid, root, or the group
+ *    the caller names (gid: primary or supplementary, SO_PEERGROUPS); another is refused
+ *    (EACCES). It reads the message (at most SHARE_MAX_MESSAGE bytes; the connect and the whole
+ *    message within one deadline, CKLOAD_ATTACH_WAIT seconds, else SHARE_WAIT_S, however the
+ *    server sends), parses it with every bound checked (no tensor name twice), refuses a block
+ *    on another device than the one asked for, and, given the source it expects, one whose
+ *    served location is another path or whose files are no longer those the server loaded
+ *    ("changed source"). Any text of the server's (a refusal, a path) reaches the error with
+ *    each control byte shown as '?'. It maps the block on its device (cudaIpcOpenMemHandle),
+ *    asks the driver how large the mapped allocation is (cuMemGetAddressRange) and refuses a
+ *    table whose block does not fit in it (EIO). It returns an ordinary load (ckl_read_path
+ *    "attach"): ckl_get, ckl_find, ckl_to_dlpack(_versioned) work unchanged. share_client.h
+ *    is the exchange up to the mapping (no CUDA), share_attach.c the mapping and the load.
  *    Its last release (the caller's and every DLPack export's) unmaps the block
  *    (cudaIpcCloseMemHandle) and closes the connection.
  *  - Lifetimes. The CUDA runtime says that freeing an exported allocation before its importers
@@ -61,19 +69,20 @@
  *    the driver may have torn down: the one case ckload cannot guard, which is why the server
  *    refuses to end first.
  *  - Errors are one line "SOCKET: what is wrong", errno as ckload.h says: ENOENT (no server),
- *    EACCES (refused: not the server's uid or group; a socket directory others may write),
- *    EINVAL (another device, a bad argument, something at the socket's path that stays),
- *    ENODEV (no CUDA, or a host load), EBUSY (close while attached), EIO (changed source, a
- *    message refused, anything else).
+ *    EACCES (refused: not the server's uid or group; a socket directory others may write; a
+ *    server the client does not trust), EINVAL (another device, a bad argument, something at
+ *    the socket's path that stays), ENODEV (no CUDA, or a host load), EBUSY (close while
+ *    attached), EIO (changed source, a message refused, a table beyond the mapping, the
+ *    deadline, anything else).
  */
 #ifndef CKL_SHARE_H
 #define CKL_SHARE_H
 
 #include "ckload.h"
 
-/* Seconds a client waits for the server's next byte, and the most a server gives a client to
- * take its whole answer, before giving up on it: a stalled peer never hangs the other. The
- * server takes it through share_wait_ms (sharesock.h), which CKLOAD_SHARE_WAIT overrides. */
+/* Seconds one exchange may take in all: a client's connect and message (CKLOAD_ATTACH_WAIT may
+ * say otherwise), a server's whole answer to a client (CKLOAD_SHARE_WAIT), before giving up on
+ * it: a stalled peer never hangs the other. Both read through share_wait_s (sharesock.h). */
 #define SHARE_WAIT_S 30
 
 #endif

@@ -1,14 +1,11 @@
-/* share_client.c — warm attach's client (share.h): connects to a server, checks its table and
- * maps the block as a load of its own. */
+/* share_client.c — warm attach's client up to the mapping (share_client.h): whom it trusts, the
+ * keeper's message read within one deadline, parsed, and checked against what was asked. */
+#include "share_client.h"
 #include "share.h"
-#include "backend.h"
-#include "loadview.h"
-#include "sharemsg.h"
 #include "sharesock.h"
 #include "../base/location.h" /* ck_location_shown: a source named as a URL */
 
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,53 +13,65 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define SECONDS_(n) #n
-#define SECONDS(n) SECONDS_(n)
-
-/* What an attached load keeps until its last release: the mapping and the connection. */
-typedef struct attachment {
-    const backend *be;
-    int fd, ordinal;
-    void *block;
-    char *strings;           /* the table's names and shapes, which its tensors point into */
-    int64_t *dims;
-} attachment;
-
-static void detach(void *ctx)
+share_ask share_ask_make(int cuda_device, const char *source, long gid)
 {
-    attachment *a = ctx;
-    a->be->detach(a->ordinal, a->block);
-    close(a->fd);
-    free(a->strings);
-    free(a->dims);
-    free(a);
+    unsigned wait_s = share_wait_s("CKLOAD_ATTACH_WAIT");
+    return (share_ask){.cuda_device = cuda_device, .source = source, .gid = gid < 0 ? -1 : gid,
+                       .wait_s = wait_s, .deadline = share_deadline(wait_s)};
 }
 
-static int connect_to(const char *path, char *err, size_t errlen)
+int share_client_connect(const char *path, const share_ask *ask, char *err, size_t errlen)
 {
     struct sockaddr_un a;
     if (share_socket_address(path, &a, err, errlen) != 0)
         return -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-        share_set_timeouts(fd);
+    if (fd >= 0 && share_connect_by(fd, &a, &ask->deadline) == 0)
         return fd;
-    }
     int code = errno;
-    snprintf(err, errlen, "%s: no server is serving there (%s)", path, strerror(code));
+    if (code == ETIMEDOUT)
+        snprintf(err, errlen, "%s: the server did not take the connection within %u seconds",
+                 path, ask->wait_s);
+    else
+        snprintf(err, errlen, "%s: no server is serving there (%s)", path, strerror(code));
     if (fd >= 0)
         close(fd);
-    return share_fail(code == EACCES ? EACCES : ENOENT);
+    return share_fail(code == ETIMEDOUT ? EIO : code == EACCES ? EACCES : ENOENT);
 }
 
-/* The server's whole message into *msg (*len bytes). 0, or -1 with err set. */
-static int read_message(int fd, const char *path, unsigned char **msg, size_t *len, char *err,
-                        size_t errlen)
+/* Whether the keeper is one this process may take a table from: the process that listens on
+ * the socket, as the kernel saw it then, runs as this uid, as root, or in the group asked. A
+ * table is code in all but name (it says where this process's tensors are): another user
+ * serving on the path given must not be believed. */
+static int trusted(int fd, const char *path, const share_ask *ask, char *err, size_t errlen)
+{
+    struct ucred who;
+    int is = share_peer_is(fd, geteuid(), ask->gid, &who);
+    if (is < 0) {
+        snprintf(err, errlen, "%s: cannot tell who serves there (SO_PEERCRED: %s)", path,
+                 strerror(errno));
+        return share_fail(EACCES);
+    }
+    if (is || who.uid == 0)
+        return 0;
+    char group[48] = "";
+    if (ask->gid >= 0)
+        snprintf(group, sizeof group, ", and is not in group %ld", ask->gid);
+    snprintf(err, errlen, "%s: the server there runs as uid %u, neither this process's uid (%u) "
+             "nor root%s: not trusted", path, (unsigned)who.uid, (unsigned)geteuid(), group);
+    return share_fail(EACCES);
+}
+
+/* The keeper's whole message into *msg (*len bytes), by the deadline. 0, or -1 with err set. */
+static int read_message(int fd, const char *path, const share_ask *ask, unsigned char **msg,
+                        size_t *len, char *err, size_t errlen)
 {
     unsigned char h[SHARE_HEADER];
     ck_error e = {{0}};
     uint64_t n = 0;
-    if (share_recv_all(fd, h, sizeof h) == 0 && (n = share_message_length(h, path, &e)) == 0) {
+    size_t got = 0, more = 0;
+    if (share_recv_by(fd, h, sizeof h, &ask->deadline, &got) == 0 &&
+        (n = share_message_length(h, path, &e)) == 0) {
         snprintf(err, errlen, "%s", e.msg);
         return share_fail(EIO);
     }
@@ -71,11 +80,13 @@ static int read_message(int fd, const char *path, unsigned char **msg, size_t *l
         snprintf(err, errlen, "%s: out of memory", path);
         return share_fail(ENOMEM);
     }
-    if (!n || share_recv_all(fd, m + sizeof h, n - sizeof h) != 0) {
-        snprintf(err, errlen, "%s: the server %s", path,
-                 errno == 0 ? "closed the connection before its answer was whole"
-                 : errno == EAGAIN ? "sent nothing for " SECONDS(SHARE_WAIT_S) " seconds"
-                                   : strerror(errno));
+    if (!n || share_recv_by(fd, m + sizeof h, n - sizeof h, &ask->deadline, &more) != 0) {
+        if (errno == ETIMEDOUT)
+            snprintf(err, errlen, "%s: the server's answer was not whole within %u seconds "
+                     "(%zu bytes came)", path, ask->wait_s, got + more);
+        else
+            snprintf(err, errlen, "%s: the server %s", path, errno == 0
+                     ? "closed the connection before its answer was whole" : strerror(errno));
         free(m);
         return share_fail(EIO);
     }
@@ -109,71 +120,53 @@ static int acceptable(const share_table *t, const char *path, int cuda_device,
     return changed == -1 ? 0 : share_fail(EIO);
 }
 
-/* The table mapped and made a load: 0, or -1 with err set (the table is the caller's still). */
-static int adopt(share_table *t, int fd, const char *path, ckl_load **out, char *err,
-                 size_t errlen)
+/* The message parsed and checked: 0 with *t the table, or -1 with err and errno set. */
+static int take_reply(const unsigned char *msg, size_t len, const char *path,
+                      const share_ask *ask, share_table *t, char *err, size_t errlen)
 {
-    char why[256];
-    attachment *a = calloc(1, sizeof *a);
-    if (!a) {
-        snprintf(err, errlen, "%s: out of memory", path);
-        return share_fail(ENOMEM);
+    share_reply r;
+    ck_error e = {{0}};
+    if (share_parse(msg, len, path, &r, &e) != 0) {
+        snprintf(err, errlen, "%s", e.msg);
+        return share_fail(EIO);
     }
-    *a = (attachment){.be = backend_cuda, .fd = fd, .ordinal = t->ordinal};
-    if (!(a->block = a->be->attach(t->ordinal, t->handle, sizeof t->handle, why, sizeof why))) {
-        snprintf(err, errlen, "%s: %s", path, why);
-        free(a);
-        return share_fail(ENODEV);
+    if (r.refused) {
+        ck_fail(&e, path, "refused by the server: %s", r.text);
+        snprintf(err, errlen, "%s", e.msg);
+        return share_fail(r.code);
     }
-    load_adopted ad = {.shown = path, .ordinal = t->ordinal, .block = a->block,
-                       .plan = t->plan, .tensors = t->tensors, .drop = detach, .ctx = a};
-    if (load_adopt(&ad, out, err, errlen) != 0) {
-        a->be->detach(a->ordinal, a->block);
-        free(a);
-        return -1;
+    if (acceptable(&r.table, path, ask->cuda_device, ask->source, err, errlen) != 0) {
+        int code = errno;
+        share_table_free(&r.table);
+        return share_fail(code);
     }
-    a->strings = t->strings;
-    a->dims = t->dims;
-    free(t->files);
-    *t = (share_table){0}; /* the load has the rest */
+    *t = r.table;
     return 0;
 }
 
-int ckl_attach(const char *socket_path, int cuda_device, const char *source, ckl_load **out,
-               char *err, size_t errlen)
+int share_client_receive(int fd, const char *path, const share_ask *ask, share_table *t,
+                         char *err, size_t errlen)
 {
-    *out = NULL;
-    if (!backend_cuda) {
-        snprintf(err, errlen, "%s: this libckload was built without CUDA", socket_path);
-        return share_fail(ENODEV);
-    }
+    *t = (share_table){0};
     unsigned char *msg = NULL;
     size_t len = 0;
-    int fd = connect_to(socket_path, err, errlen);
-    if (fd < 0 || read_message(fd, socket_path, &msg, &len, err, errlen) != 0) {
-        int code = errno;
-        if (fd >= 0)
-            close(fd);
-        return share_fail(code);
-    }
-    share_reply r;
-    ck_error e = {{0}};
-    int rc = share_parse(msg, len, socket_path, &r, &e);
+    if (trusted(fd, path, ask, err, errlen) != 0 ||
+        read_message(fd, path, ask, &msg, &len, err, errlen) != 0)
+        return -1;
+    int rc = take_reply(msg, len, path, ask, t, err, errlen);
+    int code = errno;
     free(msg);
-    if (rc != 0) {
-        snprintf(err, errlen, "%s", e.msg);
-        rc = EIO;
-    } else if (r.refused) {
-        snprintf(err, errlen, "%s: refused by the server: %s", socket_path, r.text);
-        rc = r.code;
-    } else if (acceptable(&r.table, socket_path, cuda_device, source, err, errlen) != 0 ||
-               adopt(&r.table, fd, socket_path, out, err, errlen) != 0) {
-        rc = errno;
-        share_table_free(&r.table);
-    }
-    if (rc != 0) {
-        close(fd);
-        return share_fail(rc);
-    }
-    return 0;
+    if (rc != 0)
+        ck_one_line(err); /* acceptable() quotes the keeper's paths */
+    return rc ? share_fail(code) : 0;
+}
+
+int share_client_fits(const share_table *t, size_t room, const char *path, char *err,
+                      size_t errlen)
+{
+    if (t->block_size <= room)
+        return 0;
+    snprintf(err, errlen, "%s: the server's table claims a block of %llu bytes, more than its "
+             "mapping holds (%zu bytes)", path, (unsigned long long)t->block_size, room);
+    return share_fail(EIO);
 }

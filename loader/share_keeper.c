@@ -62,7 +62,7 @@ struct ckl_server {
     share_file *files;       /* the source's identity, re-checked at each attach */
     uint32_t nfiles;
     char **paths;            /* files[].path, absolute, owned */
-    int64_t wait_ms;         /* an exchange's whole time (share_wait_ms) */
+    int64_t wait_ms;         /* an exchange's whole time (share_wait_s) */
     pthread_t thread;
     pthread_mutex_t lock;    /* attached, closing */
     unsigned attached;       /* conns counted */
@@ -85,26 +85,16 @@ static int64_t now_ms(void)
 static int admitted(const ckl_server *s, int fd, char *why, size_t len)
 {
     struct ucred cred;
-    socklen_t n = sizeof cred;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &n) != 0) {
+    int is = share_peer_is(fd, s->uid, s->gid, &cred);
+    if (is < 0)
         snprintf(why, len, "cannot tell who connected (SO_PEERCRED: %s)", strerror(errno));
-        return 0;
-    }
-    if (cred.uid == s->uid || (s->gid >= 0 && cred.gid == (gid_t)s->gid))
-        return 1;
-    gid_t groups[256];
-    socklen_t glen = sizeof groups;
-    if (s->gid >= 0 && getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0)
-        for (size_t k = 0; k < glen / sizeof *groups; k++)
-            if (groups[k] == (gid_t)s->gid)
-                return 1;
-    if (s->gid >= 0)
+    else if (!is && s->gid >= 0)
         snprintf(why, len, "uid %u is not the server's (uid %u) and not in group %ld",
                  (unsigned)cred.uid, (unsigned)s->uid, s->gid);
-    else
+    else if (!is)
         snprintf(why, len, "uid %u is not the server's (uid %u)", (unsigned)cred.uid,
                  (unsigned)s->uid);
-    return 0;
+    return is > 0;
 }
 
 /* Why the peer on fd is refused (its errno class, why set), or 0: it gets the table. */
@@ -542,7 +532,7 @@ int ckl_serve(ckl_load *l, const char *socket_path, long gid, ckl_server **out, 
     s->be = ckl_device_of(l) == CKL_CUDA ? backend_cuda : NULL;
     s->uid = getuid();
     s->gid = gid < 0 ? -1 : gid;
-    s->wait_ms = share_wait_ms();
+    s->wait_ms = (int64_t)share_wait_s("CKLOAD_SHARE_WAIT") * 1000;
     s->listen_fd = s->wake[0] = s->wake[1] = s->dir_fd = -1;
     if (start_server(s, err, errlen) != 0) {
         int code = errno;

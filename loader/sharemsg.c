@@ -5,6 +5,7 @@
 #include "../base/bytes.h"
 #include "../base/cursor.h"
 #include "../base/dtype.h"
+#include "../base/seed.h"
 #include "../index/index.h"
 #include "../sources/source.h"
 
@@ -176,6 +177,9 @@ typedef struct parse {
     share_table *t;
     char *next_str;          /* the next free byte of t->strings */
     int64_t *next_dim;       /* of t->dims */
+    uint32_t *names;         /* the tensors' names so far: a set, each slot a tensor + 1 */
+    size_t mask;             /* its slots - 1 */
+    uint64_t seed;           /* of its hash (ck_hash_seed): the names come from the peer */
 } parse;
 
 static int truncated(parse *ps, const char *what)
@@ -274,6 +278,23 @@ static int take_blobs(parse *ps)
     return 0;
 }
 
+/* Adds tensor i's name to the set of names: a name the table holds twice is refused (a lookup
+ * by name would find only one of them). */
+static int name_once(parse *ps, size_t i, uint64_t at)
+{
+    const char *name = ps->t->tensors[i].name;
+    size_t k = XXH3_64bits_withSeed(name, strlen(name), ps->seed) & ps->mask;
+    for (;; k = (k + 1) & ps->mask) {
+        if (!ps->names[k]) {
+            ps->names[k] = (uint32_t)i + 1;
+            return 0;
+        }
+        if (strcmp(ps->t->tensors[ps->names[k] - 1].name, name) == 0)
+            return ck_fail(ps->err, ps->where, "the server's table names tensor '%s' twice "
+                           "(byte %llu)", name, (unsigned long long)at);
+    }
+}
+
 static int take_tensor(parse *ps, size_t i)
 {
     share_table *t = ps->t;
@@ -281,7 +302,7 @@ static int take_tensor(parse *ps, size_t i)
     uint8_t code, rank;
     uint64_t at = ck_cursor_at(&ps->c), nbytes, want;
     uint32_t blob;
-    if (!(x->name = take_str(ps, SHARE_MAX_NAME, "tensor name")))
+    if (!(x->name = take_str(ps, SHARE_MAX_NAME, "tensor name")) || name_once(ps, i, at))
         return -1;
     if (ck_take_u8(&ps->c, &code) || ck_take_u8(&ps->c, &rank))
         return truncated(ps, "a tensor");
@@ -349,7 +370,13 @@ static int take_tensors(parse *ps)
     ck_plan *p = t->plan;
     p->tensors = calloc(n ? n : 1, sizeof *p->tensors);
     t->tensors = calloc(n ? n : 1, sizeof *t->tensors);
-    if (!p->tensors || !t->tensors)
+    size_t slots = 2;
+    while (slots < 2 * (size_t)n) /* at most half full */
+        slots *= 2;
+    ps->names = calloc(slots, sizeof *ps->names);
+    ps->mask = slots - 1;
+    ps->seed = ck_hash_seed();
+    if (!p->tensors || !t->tensors || !ps->names)
         return ck_fail(ps->err, ps->where, "out of memory");
     p->ntensors = n;
     for (uint32_t i = 0; i < n; i++)
@@ -421,6 +448,7 @@ int share_parse(const unsigned char *msg, size_t len, const char *where, share_r
     if (rc == 0 && ck_cursor_left(&ps.c))
         rc = ck_fail(err, where, "the server's message has %zu bytes past its end (byte %llu)",
                      ck_cursor_left(&ps.c), (unsigned long long)ck_cursor_at(&ps.c));
+    free(ps.names);
     if (rc || out->refused)
         share_table_free(t);
     return rc;

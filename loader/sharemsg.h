@@ -15,9 +15,9 @@
  *  - share_parse trusts nothing: a message is data, never code. The whole length is at most
  *    SHARE_MAX_MESSAGE; every count is checked against the bytes left before anything is sized
  *    by it; every blob lies inside the block, every tensor's bytes are its dtype's for its shape
- *    (ck_tensor_nbytes) and fit its blob, every blob has a tensor; nothing is left over. Time
- *    and memory are linear in the message. A refusal is one line "WHERE: what is wrong
- *    (byte N)".
+ *    (ck_tensor_nbytes) and fit its blob, every blob has a tensor; no two tensors share a name
+ *    (a set whose hash is seeded, ck_hash_seed); nothing is left over. Time and memory are
+ *    linear in the message. A refusal is one line "WHERE: what is wrong (byte N)".
  *  - The parsed table builds a plan (plan.h: blobs with their places, tensors with their blobs,
  *    blob_tensors) and ckl_tensors whose names and shapes live in the table's own strings; data
  *    is left NULL for the caller (the block's address is the importer's).

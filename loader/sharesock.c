@@ -3,6 +3,7 @@
 #include "share.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,37 +23,26 @@ int share_socket_address(const char *path, struct sockaddr_un *a, char *err, siz
     return 0;
 }
 
-/* Both ends wait at most SHARE_WAIT_S for the other. */
-void share_set_timeouts(int fd)
-{
-    struct timeval tv = {.tv_sec = SHARE_WAIT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
-/* 0, or -1 with errno (0 at end of stream). */
-int share_recv_all(int fd, unsigned char *p, size_t n)
+int share_send_all(int fd, const unsigned char *p, size_t n)
 {
     while (n) {
-        ssize_t k = recv(fd, p, n, 0);
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
         if (k < 0 && errno == EINTR)
             continue;
-        if (k <= 0) {
-            errno = k == 0 ? 0 : errno;
+        if (k <= 0)
             return -1;
-        }
         p += k;
         n -= (size_t)k;
     }
     return 0;
 }
 
-int64_t share_wait_ms(void)
+unsigned share_wait_s(const char *var)
 {
-    const char *v = getenv("CKLOAD_SHARE_WAIT");
+    const char *v = getenv(var);
     char *end;
     long n = v ? strtol(v, &end, 10) : 0;
-    return (v && *v && !*end && n >= 1 && n <= 3600 ? n : SHARE_WAIT_S) * (int64_t)1000;
+    return v && *v && !*end && n >= 1 && n <= 3600 ? (unsigned)n : SHARE_WAIT_S;
 }
 
 /* $TMPDIR/ckload-UID made if missing, and refused unless it is a directory of this user's
@@ -87,4 +77,85 @@ int ckl_default_socket(char *buf, size_t len, char *err, size_t errlen)
         return share_fail(EINVAL);
     }
     return xdg && *xdg == '/' ? 0 : own_dir(dir, err, errlen);
+}
+
+/* Whether group g is among the peer's supplementary groups (as many as it has). */
+static int in_peer_groups(int fd, gid_t g)
+{
+    gid_t some[64], *groups = some;
+    socklen_t len = sizeof some;
+    int rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+    if (rc != 0 && errno == ERANGE && (groups = malloc(len)) != NULL)
+        rc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+    int found = 0;
+    for (size_t k = 0; rc == 0 && k < len / sizeof *groups; k++)
+        found |= groups[k] == g;
+    if (groups != some)
+        free(groups);
+    return found;
+}
+
+int share_peer_is(int fd, uid_t uid, long gid, struct ucred *who)
+{
+    socklen_t n = sizeof *who;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, who, &n) != 0)
+        return -1;
+    return who->uid == uid ||
+           (gid >= 0 && (who->gid == (gid_t)gid || in_peer_groups(fd, (gid_t)gid)));
+}
+
+struct timespec share_deadline(unsigned secs)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += secs;
+    return t;
+}
+
+/* Milliseconds until deadline, 0 once it passed. */
+static long ms_left(const struct timespec *deadline)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long ms = (long long)(deadline->tv_sec - now.tv_sec) * 1000 +
+                   (deadline->tv_nsec - now.tv_nsec) / 1000000;
+    return ms > 0 ? (long)ms : 0;
+}
+
+/* A Unix socket's connect waits while the server's backlog is full, for SO_SNDTIMEO at most
+ * (then EAGAIN): the time left is that timeout, set again after each interruption. */
+int share_connect_by(int fd, const struct sockaddr_un *a, const struct timespec *deadline)
+{
+    for (;;) {
+        long ms = ms_left(deadline);
+        struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = ms % 1000 * 1000};
+        if (ms == 0)
+            return share_fail(ETIMEDOUT);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(fd, (const struct sockaddr *)a, sizeof *a) == 0)
+            return 0;
+        if (errno == EAGAIN)
+            return share_fail(ETIMEDOUT);
+        if (errno != EINTR)
+            return -1;
+    }
+}
+
+int share_recv_by(int fd, unsigned char *p, size_t n, const struct timespec *deadline,
+                  size_t *got)
+{
+    *got = 0;
+    while (*got < n) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int ready = poll(&pf, 1, (int)ms_left(deadline));
+        if (ready == 0)
+            return share_fail(ETIMEDOUT);
+        ssize_t k = ready < 0 ? -1 : recv(fd, p + *got, n - *got, MSG_DONTWAIT);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (k <= 0)
+            return share_fail(k == 0 ? 0 : errno);
+        *got += (size_t)k;
+    }
+    return 0;
 }

@@ -67,7 +67,7 @@ __all__ = ["load", "stream", "entries", "Entry", "shown", "load_into", "Load", "
            "serve", "Server", "default_socket", "Error", "cuda_available", "cuda_built",
            "library"]
 
-ABI_VERSION = 4  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
+ABI_VERSION = 5  # CKL_ABI_VERSION in ckload.h, which the structs below mirror
 ERR_ROOM = 512   # libckload's message about a path fits in its length + ERR_ROOM (ckload.h)
 CKL_CPU, CKL_CUDA, CKL_AUTO = 0, 1, 2
 READ_ALL, READ_BALANCED, READ_RANK0, READ_PARTS = 0, 1, 2, 3  # enum ckl_read
@@ -302,7 +302,7 @@ def library() -> ctypes.CDLL:
                 "ckl_server_attached": (_c.c_uint, [_c.c_void_p]),
                 "ckl_server_close": (_c.c_int, [_c.c_void_p, _c.c_int, _c.c_char_p,
                                                 _c.c_size_t]),
-                "ckl_attach": (_c.c_int, [_c.c_char_p, _c.c_int, _c.c_char_p,
+                "ckl_attach": (_c.c_int, [_c.c_char_p, _c.c_int, _c.c_char_p, _c.c_long,
                                           _c.POINTER(_c.c_void_p), _c.c_char_p, _c.c_size_t]),
                 "ckl_default_socket": (_c.c_int, [_c.c_char_p, _c.c_size_t, _c.c_char_p,
                                                   _c.c_size_t]),
@@ -445,7 +445,7 @@ def _parse_device(device, path):
 
 # The largest value of each C integer type this module hands libckload.
 _C_MAX = {t: (1 << (8 * _c.sizeof(t) - (t(-1).value < 0))) - 1
-          for t in (_c.c_int, _c.c_size_t)}
+          for t in (_c.c_int, _c.c_uint, _c.c_size_t)}
 
 
 def _c_int(path, name, v, lo, hi, default=None, within=""):
@@ -731,17 +731,22 @@ class Attached(Load):
     block. device: "cuda:N", the device this process expects the block on (None: whichever it
     is on; another is refused, ValueError). source: None, or the location this process expects
     the server to have loaded: another path, or one whose files changed since the server loaded
-    them, is refused (Error, "changed source"). Raises FileNotFoundError (no server there),
-    PermissionError (the server refused this uid) or Error, each one line "ckload: SOCKET:
-    what is wrong". It is a Load (read_path "attach"): tensor(i), find, info, export. The
-    mapping and the connection (the attachment the server counts) last while this object or
-    any tensor handed out lives; the server refuses to exit while they do (share.h)."""
+    them, is refused (Error, "changed source"). The server itself must run as this process's
+    uid, as root, or in group (a gid, None: none), else it is refused (PermissionError) before
+    a byte of its table is read; a table that claims more than the mapping holds, or an answer
+    not whole within CKLOAD_ATTACH_WAIT seconds (default 30), is refused (Error). Raises
+    FileNotFoundError (no server there), PermissionError (the server refused this uid, or is
+    not trusted) or Error, each one line "ckload: SOCKET: what is wrong". It is a Load
+    (read_path "attach"): tensor(i), find, info, export. The mapping and the connection (the
+    attachment the server counts) last while this object or any tensor handed out lives; the
+    server refuses to exit while they do (share.h)."""
 
     def __init__(self, socket: PathLike, device: Optional[Device] = None,
-                 source: Optional[PathLike] = None) -> None:
+                 source: Optional[PathLike] = None, group: Optional[int] = None) -> None:
         lib = library()
         self._path, self._ctx, self._h = os.fsencode(socket), None, None
         ordinal = -1
+        gid = -1 if group is None else _c_int(socket, "group", group, 0, _C_MAX[_c.c_uint])
         if device is not None:
             dev, ordinal = _parse_device(device, socket)
             if dev != CKL_CUDA:
@@ -750,7 +755,7 @@ class Attached(Load):
         want = None if source is None else os.fsencode(source)
         err = _c.create_string_buffer(len(self._path) + (len(want) if want else 0) + 4096)
         handle = _c.c_void_p()
-        if lib.ckl_attach(self._path, ordinal, want, _c.byref(handle), err, len(err)) != 0:
+        if lib.ckl_attach(self._path, ordinal, want, gid, _c.byref(handle), err, len(err)) != 0:
             _raise(err)
         self._h, self._lib = handle, lib
 
@@ -761,13 +766,14 @@ class Attached(Load):
 
 
 def attach(socket: PathLike, device: Optional[Device] = None, source: Optional[PathLike] = None,
-           read_only: bool = True) -> Dict[str, torch.Tensor]:
-    """{name: torch.Tensor} of the load served on `socket` (Attached: the arguments, the
-    refusals), in milliseconds: no byte is read or copied. The tensors keep the attachment:
-    the block stays mapped, and the server counts this process, until the last of them is
-    deleted. read_only (the default) marks them so through DLPack 1.0 where torch takes it
-    (Load.tensor); writing them writes every attached process's weights."""
-    with Attached(socket, device=device, source=source) as a:
+           read_only: bool = True, group: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    """{name: torch.Tensor} of the load served on `socket` (Attached: the arguments, group
+    among them, and the refusals), in milliseconds: no byte is read or copied. The tensors
+    keep the attachment: the block stays mapped, and the server counts this process, until
+    the last of them is deleted. read_only (the default) marks them so through DLPack 1.0
+    where torch takes it (Load.tensor); writing them writes every attached process's
+    weights."""
+    with Attached(socket, device=device, source=source, group=group) as a:
         return a.tensors(read_only)
 
 

@@ -11,6 +11,7 @@
  */
 #include "fakecuda.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -118,6 +119,8 @@ static struct call_count {
     {"cudaFreeHost", cudaErrorInvalidValue, 0},
     {"cudaGetDevice", cudaErrorNoDevice, 0},
     {"cudaGetDeviceCount", cudaErrorNoDevice, 0},
+    {"cudaGetDriverEntryPoint", cudaErrorInvalidValue, 0},
+    {"cudaGetDriverEntryPointByVersion", cudaErrorInvalidValue, 0},
     {"cudaHostAlloc", cudaErrorMemoryAllocation, 0},
     {"cudaIpcCloseMemHandle", cudaErrorInvalidValue, 0},
     {"cudaIpcGetMemHandle", cudaErrorMapBufferObjectFailed, 0},
@@ -559,16 +562,19 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
     return fail(e);
 }
 
-/* The memfd that h names, opened read-write; -1 with *e set when it names nothing live. */
-static int ipc_open_fd(const ipc_handle *h, cudaError_t *e)
+/* The memfd that h names, opened read-write, and its size; -1 with *e set when it names nothing
+ * live. */
+static int ipc_open_fd(const ipc_handle *h, size_t *size, cudaError_t *e)
 {
     char proc[64];
     snprintf(proc, sizeof proc, "/proc/%d/fd/%d", (int)h->pid, (int)h->fd);
     int fd = h->magic == IPC_MAGIC ? open(proc, O_RDWR | O_CLOEXEC) : -1;
     struct stat sb;
     if (fd >= 0 && fstat(fd, &sb) == 0 && (uint64_t)sb.st_dev == h->dev &&
-        (uint64_t)sb.st_ino == h->ino && (uint64_t)sb.st_size >= h->size)
+        (uint64_t)sb.st_ino == h->ino && (uint64_t)sb.st_size >= h->size) {
+        *size = (size_t)sb.st_size;
         return fd;
+    }
     if (fd >= 0)
         close(fd);
     *e = cudaErrorInvalidResourceHandle;
@@ -587,17 +593,19 @@ cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsig
         return fail(cudaErrorInvalidValue);
     if (h.magic == IPC_MAGIC && h.pid == (int32_t)getpid())
         return fail(cudaErrorDeviceUninitialized); /* the runtime's, for its own handle */
-    int fd = ipc_open_fd(&h, &e);
+    size_t size = 0;
+    int fd = ipc_open_fd(&h, &size, &e);
     if (fd < 0)
         return fail(e);
     if (h.device != current_device) {
         close(fd);
         return fail(cudaErrorInvalidDevice);
     }
+    /* The whole allocation the handle names, whatever else the handle says: the memfd. */
     alloc *a = calloc(1, sizeof *a);
     if (a)
-        *a = (alloc){.size = h.size, .maplen = page_round(h.size ? h.size : 1),
-                     .device = h.device, .fd = fd, .imported = 1};
+        *a = (alloc){.size = size, .maplen = page_round(size ? size : 1), .device = h.device,
+                     .fd = fd, .imported = 1};
     if (!a || map_both(a) != 0) {
         close(fd);
         free(a);
@@ -628,6 +636,59 @@ cudaError_t cudaIpcCloseMemHandle(void *devPtr)
     }
     pthread_mutex_unlock(&mu);
     return mine ? e : fail(cudaErrorInvalidValue);
+}
+
+/* --- the driver, through the runtime's door to it (cudaGetDriverEntryPointByVersion) ----------
+ * Only cuMemGetAddressRange, the driver function libckload asks for: the allocation holding a
+ * device address of the current device, the caller's own or an import (whose size is its
+ * memfd's, cudaIpcOpenMemHandle). */
+static CUresult fake_mem_get_address_range(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    pthread_mutex_lock(&mu);
+    const alloc *a = find_alloc((const void *)(uintptr_t)dptr, 1, current_device);
+    if (a && pbase)
+        *pbase = (CUdeviceptr)(uintptr_t)a->addr;
+    if (a && psize)
+        *psize = a->size;
+    pthread_mutex_unlock(&mu);
+    return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+static cudaError_t entry_point(const char *fn, const char *symbol, void **funcPtr,
+                               unsigned int cudaVersion, unsigned long long flags,
+                               enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    cudaError_t e = enter(fn);
+    if (e)
+        return e;
+    if (!symbol || !funcPtr || flags > cudaEnablePerThreadDefaultStream || cudaVersion < 1000 ||
+        cudaVersion > CUDART_VERSION)
+        return fail(cudaErrorInvalidValue);
+    /* cuMemGetAddressRange_v2, the one cuda.h names, came with CUDA 3.2 */
+    int known = strcmp(symbol, "cuMemGetAddressRange") == 0;
+    int recent = cudaVersion >= 3020;
+    *funcPtr = known && recent ? (void *)fake_mem_get_address_range : NULL;
+    if (driverStatus)
+        *driverStatus = !known ? cudaDriverEntryPointSymbolNotFound
+                        : recent ? cudaDriverEntryPointSuccess
+                                 : cudaDriverEntryPointVersionNotSufficent;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point("cudaGetDriverEntryPointByVersion", symbol, funcPtr, cudaVersion, flags,
+                       driverStatus);
+}
+
+/* The deprecated door, as of the runtime's own version. */
+cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
+                                    enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point("cudaGetDriverEntryPoint", symbol, funcPtr, CUDART_VERSION, flags,
+                       driverStatus);
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total)

@@ -6,14 +6,17 @@
  * Contract:
  *  - It implements the CUDA runtime functions libckload calls (their signatures are the
  *    toolkit's: fakecuda.c includes cuda_runtime_api.h), plus cudaMemcpy, cudaMemGetInfo and
- *    cudaGetDevice for the tests and the device bookkeeping, and nothing else.
+ *    cudaGetDevice for the tests and the device bookkeeping, and nothing else. Of the driver,
+ *    reached through cudaGetDriverEntryPointByVersion (or the deprecated
+ *    cudaGetDriverEntryPoint) as libckload reaches it, only cuMemGetAddressRange (the
+ *    allocation holding a device address of the current device).
  *  - IPC across processes: cudaIpcGetMemHandle (the base of a cudaMalloc'ed allocation only)
  *    names the allocation's memfd as /proc/PID/fd/FD with its device and inode;
  *    cudaIpcOpenMemHandle (flags cudaIpcMemLazyEnablePeerAccess, on the handle's own device:
  *    no peer access is modelled, cudaErrorInvalidDevice otherwise) opens and checks it and maps
- *    it as an allocation of the importer's (its copies see it, the host cannot touch it); a
- *    handle whose process or memfd is gone is cudaErrorInvalidResourceHandle, one of this very
- *    process cudaErrorDeviceUninitialized. cudaIpcCloseMemHandle unmaps it; cudaFree of it is
+ *    it, the whole memfd (its size, not the handle's word), as an allocation of the importer's
+ *    (its copies see it, the host cannot touch it); a handle whose process or memfd is gone is
+ *    cudaErrorInvalidResourceHandle, one of this very process cudaErrorDeviceUninitialized. cudaIpcCloseMemHandle unmaps it; cudaFree of it is
  *    a violation.
  *  - It is stricter than hardware (docs/TESTING.md says how); a misuse it can see without failing
  *    the call is counted as a "violation" and described on stderr.

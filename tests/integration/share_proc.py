@@ -1,10 +1,11 @@
-"""The processes of test_cuda_fake_share.py, each under the CUDA stand-in (the caller's
-LD_LIBRARY_PATH): `serve SRC SOCKET [DEVICE]`, a server that takes commands on stdin (count,
-close, force) and answers each with one line; `attach SOCKET DEVICE SOURCE HOLD`, a client that
-attaches (DEVICE and SOURCE "-" for none), prints its tensors as one JSON line {name: [dtype,
-shape, hex of the bytes read back through cudaMemcpy]} or the error's class and line, then,
-with HOLD, waits for a line on stdin (holding the attachment) before it reads again and exits.
-Both leave their stand-in's counters in the file FAKECUDA's stats= names."""
+"""The processes of test_cuda_fake_share.py and test_cuda_fake_client.py, each under the CUDA
+stand-in (the caller's LD_LIBRARY_PATH): `serve SRC SOCKET [DEVICE]`, a server that takes
+commands on stdin (count, close, force) and answers each with one line; `attach SOCKET DEVICE
+SOURCE HOLD [GROUP]`, a client that attaches (DEVICE, SOURCE and GROUP "-" for none; GROUP a
+gid it trusts), prints its tensors as one JSON line {name: [dtype, shape, hex of the bytes read
+back through cudaMemcpy]} or the error's class and line, then, with HOLD, waits for a line on
+stdin (holding the attachment) before it reads again and exits. Both leave their stand-in's
+counters in the file FAKECUDA's stats= names."""
 import ctypes
 import json
 import os
@@ -50,10 +51,11 @@ def serve(src, sock, device="cuda"):
             print(f"error {e}", flush=True)
 
 
-def attach(sock, device, source, hold):
+def attach(sock, device, source, hold, group="-"):
     try:
         a = ckload.Attached(sock, device=None if device == "-" else device,
-                            source=None if source == "-" else source)
+                            source=None if source == "-" else source,
+                            **({} if group == "-" else {"group": int(group)}))
     except Exception as e:
         print(json.dumps({"error": type(e).__name__, "line": str(e)}), flush=True)
         return

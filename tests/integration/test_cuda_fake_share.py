@@ -152,7 +152,7 @@ def refused_uid(sock):
             os.setresuid(65534, 65534, 65534)
             err = ckload._c.create_string_buffer(4096)
             h = ckload._c.c_void_p()
-            lib.ckl_attach(os.fsencode(sock), -1, None, ckload._c.byref(h), err, len(err))
+            lib.ckl_attach(os.fsencode(sock), -1, None, -1, ckload._c.byref(h), err, len(err))
             os.write(w, err.value)
             code = 0
         finally:
@@ -261,9 +261,10 @@ def test_ckpt_serve_keeps_serving_while_attached(tmp_path, sock_dir):
     assert k.wait(timeout=30) == 0 and not sock.exists()
     k = keeper()
     b = Proc(tmp_path, "b", "attach", sock, "-", "-", "hold")
-    b.json()
+    assert b.json()["tensors"] == hexed(expected_tensors(src))
     k.send_signal(signal.SIGINT)
-    k.stderr.readline()
+    assert k.stderr.readline() == f"ckpt: {sock}: 1 attachment live: serving until it ends, " \
+                                  f"or a second signal\n"
     k.send_signal(signal.SIGINT)
     assert k.stderr.readline() == f"ckpt: {sock}: told twice: closing with 1 attachment live\n"
     assert k.wait(timeout=30) == 0 and not sock.exists()

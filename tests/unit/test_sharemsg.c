@@ -174,3 +174,109 @@ Test(sharemsg, bytes_not_the_shapes)
     refused(msg, len);
     free(msg);
 }
+
+/* A message written out field by field here, as sharemsg.h lays it out, not by the encoder:
+ * one file, one blob, one float32 tensor "t" of 2 elements; the checksum is libxxhash's. */
+#define LE32(v) (v) & 0xff, ((v) >> 8) & 0xff, ((v) >> 16) & 0xff, ((v) >> 24) & 0xff
+#define LE64(v) LE32((v) & 0xffffffffu), LE32((uint64_t)(v) >> 32)
+#define HANDLE8 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11
+static unsigned char reference[] = {
+    'C', 'K', 'L', 'S', 'H', 'A', 'R', 'E', LE32(1), LE32(0), LE64(211), /* header: table */
+    HANDLE8, HANDLE8, HANDLE8, HANDLE8, HANDLE8, HANDLE8, HANDLE8, HANDLE8, /* the IPC handle */
+    LE32(0), LE64(8),                                  /* device 0, a block of 8 bytes */
+    LE32(2), '/', 's',                                 /* the source */
+    LE32(1), LE32(2), '/', 's', LE64(1), LE64(2), LE64(3), LE64(-4), LE32(5), /* its file */
+    LE32(1), LE64(0), LE64(8),                         /* one blob: 8 bytes at 0 */
+    LE32(1), LE32(1), 't', 12, 1, LE64(2), LE64(8), LE32(0), /* "t": F32, [2], 8 bytes, blob 0 */
+    LE64(0),                                           /* the XXH3, written by reference_fixed */
+};
+
+static void reference_fixed(void)
+{
+    cr_assert_eq(sizeof reference, 211);
+    put_le64(reference + 203, XXH3_64bits(reference, 203));
+}
+
+Test(sharemsg, reference_bytes)
+{
+    reference_fixed();
+    share_reply r;
+    ck_error err = {{0}};
+    cr_assert_eq(share_parse(reference, sizeof reference, "S", &r, &err), 0, "%s", err.msg);
+    share_table *t = &r.table;
+    cr_assert_eq(r.refused, 0);
+    cr_assert_eq(t->handle[0], 0x11);
+    cr_assert_eq(t->handle[63], 0x11);
+    cr_assert_eq(t->ordinal, 0);
+    cr_assert_eq(t->block_size, 8);
+    cr_assert_str_eq(t->source, "/s");
+    cr_assert_eq(t->nfiles, 1);
+    cr_assert_str_eq(t->files[0].path, "/s");
+    cr_assert_eq(t->files[0].dev, 1);
+    cr_assert_eq(t->files[0].ino, 2);
+    cr_assert_eq(t->files[0].size, 3);
+    cr_assert_eq(t->files[0].mtime_sec, -4);
+    cr_assert_eq(t->files[0].mtime_nsec, 5);
+    cr_assert_eq(t->plan->nblobs, 1);
+    cr_assert_eq(t->plan->blobs[0].dest_off, 0);
+    cr_assert_eq(t->plan->blobs[0].len, 8);
+    cr_assert_eq(t->plan->ntensors, 1);
+    cr_assert_str_eq(t->tensors[0].name, "t");
+    cr_assert_str_eq(t->tensors[0].dtype, "F32");
+    cr_assert_eq(t->tensors[0].rank, 1);
+    cr_assert_eq(t->tensors[0].shape[0], 2);
+    cr_assert_eq(t->tensors[0].nbytes, 8);
+    cr_assert_eq(t->plan->tensors[0].blob, 0);
+    unsigned char *again; /* and the encoder writes those very bytes */
+    size_t len;
+    cr_assert_eq(share_encode_table(t, &again, &len), 0);
+    cr_assert_eq(len, sizeof reference);
+    cr_assert_arr_eq(again, reference, len);
+    free(again);
+    share_table_free(t);
+}
+
+Test(sharemsg, reference_refusal)
+{
+    static unsigned char msg[] = {
+        'C', 'K', 'L', 'S', 'H', 'A', 'R', 'E', LE32(1), LE32(1), LE64(42), /* a refusal */
+        LE32(13), LE32(2), 'n', 'o', LE64(0),            /* EACCES, "no", the XXH3 */
+    };
+    put_le64(msg + 34, XXH3_64bits(msg, 34));
+    share_reply r;
+    ck_error err = {{0}};
+    cr_assert_eq(share_parse(msg, sizeof msg, "S", &r, &err), 0, "%s", err.msg);
+    cr_assert_eq(r.refused, 1);
+    cr_assert_eq(r.code, 13);
+    cr_assert_str_eq(r.text, "no");
+    unsigned char *again;
+    size_t len;
+    cr_assert_eq(share_encode_refusal(13, "no", &again, &len), 0);
+    cr_assert_eq(len, sizeof msg);
+    cr_assert_arr_eq(again, msg, len);
+    free(again);
+}
+
+Test(sharemsg, a_name_twice)
+{
+    reference_fixed();
+    /* "t" again, as a second tensor of the one blob: a table two tensors share a blob in is
+     * fine (tied), one naming two tensors alike is not */
+    static const unsigned char again[] = {LE32(1), 't', 12, 1, LE64(2), LE64(8), LE32(0)};
+    size_t len = sizeof reference + sizeof again;
+    unsigned char *msg = malloc(len);
+    memcpy(msg, reference, 172);
+    put_le32(msg + 172, 2);                                   /* two tensors */
+    memcpy(msg + 176, reference + 176, 27);
+    memcpy(msg + 203, again, sizeof again);
+    fix(msg, len);
+    cr_assert_str_eq(refused(msg, len), "S: the server's table names tensor 't' twice (byte 203)");
+    msg[207] = 'u';                                           /* tied, named apart: a table */
+    fix(msg, len);
+    share_reply r;
+    ck_error err = {{0}};
+    cr_assert_eq(share_parse(msg, len, "S", &r, &err), 0, "%s", err.msg);
+    cr_assert_eq(r.table.plan->blobs[0].count, 2);
+    share_table_free(&r.table);
+    free(msg);
+}
