@@ -464,6 +464,18 @@ def _c_int(path, name, v, lo, hi, default=None, within=""):
     raise _bad_argument(path, f"{within}{name}={v!r}: not {alone}an integer from {lo} to {hi}")
 
 
+def _one_line(text: str) -> str:
+    """text with each control character shown as '?': the rule of ck_one_line (base/error.h)
+    for every name libckload prints, since a name comes from the checkpoint and a message stays
+    one line."""
+    return "".join("?" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in text)
+
+
+def _quoted(name: str) -> str:
+    """A tensor's name as ckload's messages quote it: 'name', one line (_one_line)."""
+    return f"'{_one_line(name)}'"
+
+
 def _bad_argument(path, what, cls=ValueError):
     """The ValueError (or cls) for an argument refused before libckload sees it, worded as its
     own messages are ("ckload: FILE: what is wrong", FILE as shown() shows it)."""
@@ -657,7 +669,7 @@ class Load:
              else self._lib.ckl_to_dlpack(h, i))
         if not m:
             self.wait(i)  # raises the load's error
-            raise Error(f"ckload: tensor '{name}': cannot export it (out of memory)")
+            raise Error(f"ckload: tensor {_quoted(name)}: cannot export it (out of memory)")
         return m
 
     def tensor(self, i: int, read_only: bool = False) -> torch.Tensor:
@@ -726,8 +738,8 @@ def load(path: PathLike, device: Device = "auto", only: Optional[str] = None,
 # --- warm attach: one process's block, mapped by others (share.h) --------------------------------
 
 class Attached(Load):
-    """The load another process serves on the Unix socket `socket` (`ckpt serve`, or serve()),
-    mapped into this one through CUDA IPC: nothing is read, the tensors are the server's
+    """The load another process serves on the Unix socket `socket` (`ckpt serve`, or serve();
+    None: default_socket(), where they serve when given none), mapped into this one through CUDA IPC: nothing is read, the tensors are the server's
     block. device: "cuda:N", the device this process expects the block on (None: whichever it
     is on; another is refused, ValueError). source: None, or the location this process expects
     the server to have loaded: another path, or one whose files changed since the server loaded
@@ -741,9 +753,10 @@ class Attached(Load):
     attachment the server counts) last while this object or any tensor handed out lives; the
     server refuses to exit while they do (share.h)."""
 
-    def __init__(self, socket: PathLike, device: Optional[Device] = None,
+    def __init__(self, socket: Optional[PathLike] = None, device: Optional[Device] = None,
                  source: Optional[PathLike] = None, group: Optional[int] = None) -> None:
         lib = library()
+        socket = default_socket() if socket is None else socket
         self._path, self._ctx, self._h = os.fsencode(socket), None, None
         ordinal = -1
         gid = -1 if group is None else _c_int(socket, "group", group, 0, _C_MAX[_c.c_uint])
@@ -765,8 +778,8 @@ class Attached(Load):
         return {self.name(i): self.tensor(i, read_only) for i in range(len(self))}
 
 
-def attach(socket: PathLike, device: Optional[Device] = None, source: Optional[PathLike] = None,
-           read_only: bool = True, group: Optional[int] = None) -> Dict[str, torch.Tensor]:
+def attach(socket: Optional[PathLike] = None, device: Optional[Device] = None,
+           source: Optional[PathLike] = None, read_only: bool = True, group: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """{name: torch.Tensor} of the load served on `socket` (Attached: the arguments, group
     among them, and the refusals), in milliseconds: no byte is read or copied. The tensors
     keep the attachment: the block stays mapped, and the server counts this process, until
@@ -905,7 +918,7 @@ def _chosen(path, names, order):
     known = {e.name for e in order}
     for n in wanted:
         if n not in known:
-            raise _bad_argument(path, f"names: no tensor '{n}' among those selected", KeyError)
+            raise _bad_argument(path, f"names: no tensor {_quoted(n)} among those selected", KeyError)
     wanted = set(wanted)
     return [e for e in order if e.name in wanted]
 
@@ -1034,7 +1047,7 @@ def _targets_of(target):
     out = {}
     for k, v in dict(target).items():
         if not isinstance(v, torch.Tensor):
-            raise TypeError(f"ckload: target '{k}' is {type(v).__name__}, not a torch.Tensor")
+            raise TypeError(f"ckload: target {_quoted(k)} is {type(v).__name__}, not a torch.Tensor")
         out[k] = v
     return out
 
@@ -1044,7 +1057,7 @@ def _device_of(targets):
     devices = set()
     for name, t in targets.items():
         if t.device.type == "meta":
-            raise ValueError(f"ckload: target '{name}' is on the meta device: materialize the "
+            raise ValueError(f"ckload: target {_quoted(name)} is on the meta device: materialize the "
                              f"module first (module.to_empty(device=...))")
         devices.add(str(t.device) if t.device.type != "cuda"
                     else f"cuda:{t.device.index if t.device.index is not None else 0}")
@@ -1114,7 +1127,7 @@ class _Placement:
             shape = tuple(c.shape[k] for k in range(c.rank))
             why = self._fits(t, c.dtype.decode(), shape, c.nbytes)
             if why:
-                self.wrong.append(f"{name}: {why}")
+                self.wrong.append(f"{_one_line(name)}: {why}")
                 return DEST_SKIP
             key = _memory(t)
             self.loaded.add(name)
@@ -1159,9 +1172,9 @@ class _Placement:
         """The lines of load_state_dict's error message that apply, or []."""
         out, missing = [], self.missing() if self.strict else []
         if missing:
-            out.append("missing key(s): " + ", ".join(missing))
+            out.append("missing key(s): " + _one_line(", ".join(missing)))
         if self.strict and self.unexpected:
-            out.append("unexpected key(s): " + ", ".join(self.unexpected))
+            out.append("unexpected key(s): " + _one_line(", ".join(self.unexpected)))
         out += [f"cannot load {w}" for w in self.wrong]
         return out
 

@@ -148,7 +148,7 @@ def _place(plan, source, device, verify, rank, world, shown):
         raise ckload.Error(f"ckload: {shown}: {plan.refused}")
     for name in plan.placed:
         if plan.written.get(name) != 1:
-            raise ckload.Error(f"ckload: {shown}: tensor '{name}': read into the model "
+            raise ckload.Error(f"ckload: {shown}: tensor {ckload._quoted(name)}: read into the model "
                                f"{plan.written.get(name, 0)} times, not once (the source "
                                f"changed since it was listed)")
     return read
@@ -203,7 +203,7 @@ def attach_into(model, socket, source=None):
 def _refused(shown, name, e):
     import ckload
     why = str(e).splitlines()[0] if str(e) else type(e).__name__
-    where = f"tensor '{name}'" if name else "the checkpoint"
+    where = f"tensor {ckload._quoted(name)}" if name else "the checkpoint"
     return ckload.Error(f"ckload: {shown}: {where}: refused by the model: {why}")
 
 
@@ -330,7 +330,7 @@ class Plan:
         if where is None:
             return ckload.DEST_SKIP
         if c.nbytes != where[1]:
-            self.refused = (f"tensor '{name}': {c.nbytes} bytes, where the model's loader "
+            self.refused = (f"tensor {ckload._quoted(name)}: {c.nbytes} bytes, where the model's loader "
                             f"copies {where[1]}")
             return ckload.DEST_SKIP
         self.written[name] = self.written.get(name, 0) + 1
@@ -414,7 +414,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
                 name, t = next(stream, (None, None))
                 if name != e.name:
                     raise ckload.Error(f"ckload: {shown}: the source changed since it was "
-                                       f"listed (tensor '{e.name}')")
+                                       f"listed (tensor {ckload._quoted(e.name)})")
                 yield name, t
 
         try:

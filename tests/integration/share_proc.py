@@ -1,8 +1,8 @@
 """The processes of test_cuda_fake_share.py and test_cuda_fake_client.py, each under the CUDA
 stand-in (the caller's LD_LIBRARY_PATH): `serve SRC SOCKET [DEVICE]`, a server that takes
 commands on stdin (count, close, force) and answers each with one line; `attach SOCKET DEVICE
-SOURCE HOLD [GROUP]`, a client that attaches (DEVICE, SOURCE and GROUP "-" for none; GROUP a
-gid it trusts), prints its tensors as one JSON line {name: [dtype, shape, hex of the bytes read
+SOURCE HOLD [GROUP]`, a client that attaches (SOCKET, DEVICE, SOURCE and GROUP "-" for none, a
+socket of none being ckload's default; GROUP a gid it trusts), prints its tensors as one JSON line {name: [dtype, shape, hex of the bytes read
 back through cudaMemcpy]} or the error's class and line, then, with HOLD, waits for a line on
 stdin (holding the attachment) before it reads again and exits. Both leave their stand-in's
 counters in the file FAKECUDA's stats= names."""
@@ -53,7 +53,7 @@ def serve(src, sock, device="cuda"):
 
 def attach(sock, device, source, hold, group="-"):
     try:
-        a = ckload.Attached(sock, device=None if device == "-" else device,
+        a = ckload.Attached(None if sock == "-" else sock, device=None if device == "-" else device,
                             source=None if source == "-" else source,
                             **({} if group == "-" else {"group": int(group)}))
     except Exception as e:

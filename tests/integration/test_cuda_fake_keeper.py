@@ -232,6 +232,13 @@ def test_the_default_socket_is_in_a_directory_of_ours_alone(tmp_path):
     p, line = ckpt_serve(src, env=env)
     assert line.endswith(f"served on {run}/ckload.sock\n"), line
     honest_attach(tmp_path, run / "ckload.sock", src)
+    old_run = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(run)
+    try:  # a client given no socket finds the keeper given none
+        honest_attach(tmp_path, "-", src)
+    finally:
+        os.environ.pop("XDG_RUNTIME_DIR") if old_run is None else \
+            os.environ.__setitem__("XDG_RUNTIME_DIR", old_run)
     stop(p)
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -118,6 +118,23 @@ def test_dict_target_and_untied_module_from_tied_checkpoint(tmp_path):
         assert as_bytes(target[k]) == as_bytes(v), k
 
 
+def test_a_name_from_the_checkpoint_stays_one_line(tmp_path):
+    """A checkpoint's names are data: one with a newline and an ESC sequence (safetensors takes
+    any string) reaches load_into's refusal and stream's KeyError as one line, each control
+    character shown as '?', as libckload's own messages show names."""
+    path = tmp_path / "m.safetensors"
+    evil = "x\x1b[31m\nlooks like another line"
+    save_file({evil: torch.ones(2), "w": torch.zeros(2)}, str(path))
+    with pytest.raises(RuntimeError) as e:
+        ckload.load_into(torch.nn.Module(), path)
+    msg = str(e.value)
+    assert "x?[31m?looks like another line" in msg, msg
+    assert "\n" not in msg and "\x1b" not in msg
+    with pytest.raises(KeyError) as k:
+        list(ckload.stream(path, device="cpu", names=["w", "\x1bnope\n"]))
+    assert "'?nope?'" in str(k.value) and "\x1b" not in str(k.value)
+
+
 def test_strict_and_not_as_load_state_dict(tmp_path):
     """Missing and unexpected names: strict refuses before reading a byte, naming them; strict=False
     reports the names torch's load_state_dict(strict=False) reports for the same state dict."""
