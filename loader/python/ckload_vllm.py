@@ -19,6 +19,7 @@ Any failure - a source that cannot be read or changed while read, a tensor vLLM 
 parameter no tensor filled - raises ckload.Error with one line naming the source, so vLLM's
 start fails with it and no partly loaded model serves.
 """
+import bisect
 import os
 import time
 
@@ -363,7 +364,8 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         self.kept = []      # tensors computed from probes, kept so that no key is reused
         self.probes = {}    # name -> probe
         self.copies = {}    # name -> [(address, bytes, part) or None, target]
-        self.regions = []   # (start, end, name) of every recorded copy (replay: landed)
+        self.regions = []   # (start, end, name) of every recorded copy (replay: landed), sorted
+        self.longest = 0    # the longest region's bytes: how far below a span one may start
         self.streamed = set()
         self.plan = None
         self.landed = None  # replay: name -> its copy's target
@@ -404,7 +406,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         stream (ckload.stream of their names), every other one its probe again. What it says
         it loaded; _Diverged where it did not do what record showed."""
         import ckload
-        self.regions, self.landed, self.diverged = [], {}, False
+        self.regions, self.longest, self.landed, self.diverged = [], 0, {}, False
 
         def fed():
             for e in order:
@@ -434,7 +436,6 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
     def _sliceable(name, names):
         """Whether a slice rule naming name selects it alone (ckl_selected: a glob, or the name
         and those continuing it with '.')."""
-        import bisect
         if any(ch in name for ch in "*?["):
             return False
         i = bisect.bisect_left(names, name + ".")
@@ -470,10 +471,20 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
                     self.owner.setdefault(_storage_key(o), set()).update(names)
         return out
 
-    def _hits(self, t):
-        """The names of the copies recorded (replay: landed) into memory t overlaps."""
+    def _region(self, t, name):
+        """A copy of name's recorded (replay: landed) into t's memory."""
         start, end = _span(t)
-        return {name for s, e, name in self.regions if s < end and start < e}
+        bisect.insort(self.regions, (start, end, name))
+        self.longest = max(self.longest, end - start)
+
+    def _hits(self, t):
+        """The names of the copies recorded (replay: landed) into memory t overlaps: only the
+        regions that start less than the longest one's bytes below t are looked at, so that an
+        op costs the regions near it, not every one (a model of 92k tensors)."""
+        start, end = _span(t)
+        lo = bisect.bisect_left(self.regions, (start - self.longest,))
+        hi = bisect.bisect_left(self.regions, (end,))
+        return {name for s, e, name in self.regions[lo:hi] if s < end and start < e}
 
     def _touch(self, t):
         """t's memory is read or written: the copies recorded into it must be real. Whether
@@ -508,7 +519,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
             self.streamed.add(name)
         else:
             _mark(dst)
-        self.regions.append((start, end, name))
+        self._region(dst, name)
         self.copies.setdefault(name, []).append((where, dst))
 
     def _check(self, copy, view, args, names, tensors):
@@ -523,7 +534,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
             raise _Diverged()
         if copy:
             self.landed[name] = args[0]
-            self.regions.append((*_span(args[0]), name))
+            self._region(args[0], name)
             _mark(args[0])
 
 
