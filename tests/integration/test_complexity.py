@@ -15,6 +15,7 @@ import resource
 import statistics
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from ckptfs_testlib import TORCH2, ckpt_bin, header_bytes, need_torch2, raw_file
 
 RATIO = 20  # 10x the input: at most this many times the cost (linear: ~10; quadratic: ~100)
 RUNS = 3
+SMALL_FILL = 2000  # tensors of the smaller model in test_vllm_placement_of_many_tensors
 
 
 def cpu_seconds(args, timeout=300):
@@ -545,3 +547,53 @@ def test_npz_deflated_members_cost_their_input_not_their_output(tmp_path, mountp
     print(f"daemon CPU {cpu} s, peak {peak} KiB")
     assert cpu[1] / max(cpu[0], 1e-3) <= SAME_INPUT_RATIO, cpu
     assert peak[1] - peak[0] <= 1024, f"peak KiB {peak}: seek points made at open?"
+
+
+FILL_CHILD = r"""
+import sys
+import time
+import torch
+import ckload_vllm
+n, path = int(sys.argv[1]), sys.argv[2]
+
+class Flat(torch.nn.Module):
+    # n parameters, each copied whole from its tensor: every one is placed, and each copy asks
+    # the recorder which copies before it the target overlaps
+    def __init__(self):
+        super().__init__()
+        self.ps = torch.nn.ParameterList(torch.nn.Parameter(torch.empty(16)) for _ in range(n))
+
+    def load_weights(self, weights):
+        done = set()
+        for name, w in weights:
+            self.ps[int(name[1:])].data.copy_(w)
+            done.add(f"ps.{name[1:]}")
+        return done
+
+m = Flat()
+t = time.process_time()
+placed, _, streamed = ckload_vllm.fill(m, path)
+assert (placed, streamed) == (n, 0), (placed, streamed)
+print(time.process_time() - t)
+"""
+
+
+def test_vllm_placement_of_many_tensors(tmp_path):
+    """The vLLM format's recorder (ckload_vllm.fill) on a model of n parameters, each copied
+    whole: 10x the tensors costs at most RATIO times the CPU time of the fill (measured in the
+    child, after its imports). A scan of every recorded copy at each op is quadratic (a
+    DeepSeek-V3-sized model has 92k tensors)."""
+    from safetensors.torch import save_file
+    import torch
+    cost = {}
+    for n in (SMALL_FILL, 10 * SMALL_FILL):
+        path = tmp_path / f"m{n}.safetensors"
+        save_file({f"w{i}": torch.full((16,), float(i)) for i in range(n)}, str(path))
+        times = []
+        for _ in range(RUNS):
+            p = subprocess.run([sys.executable, "-c", FILL_CHILD, str(n), str(path)],
+                               capture_output=True, text=True, timeout=600)
+            assert p.returncode == 0, p.stderr
+            times.append(float(p.stdout.split()[-1]))
+        cost[n] = statistics.median(times)
+    assert cost[10 * SMALL_FILL] <= RATIO * cost[SMALL_FILL], cost
