@@ -35,9 +35,11 @@ WHERE = "model_loader_extra_config"  # what a message about a key names
 
 def checked_config(extra):
     """model_loader_extra_config (a mapping, or None) as the load format takes it, its keys
-    checked before anything is read: unknown keys, and a `window` that is not an integer from 1
-    to 2**62 (ckload.stream's own check: "1G", null or a list), each refused with one line
-    (ValueError "ckload: model_loader_extra_config: what is wrong")."""
+    checked before anything is read: unknown keys, a `window` that is not an integer from 1
+    to 2**62 (ckload.stream's own check: "1G", null or a list), a `verify` that is not true or
+    false, a `source` or `attach` that is not a non-empty string, each refused with one line
+    (ValueError "ckload: model_loader_extra_config: what is wrong"); null is no source or
+    attach."""
     import ckload
     extra = dict(extra or {})
     unknown = sorted(set(extra) - KEYS)
@@ -45,6 +47,13 @@ def checked_config(extra):
         raise ValueError(f"ckload: {WHERE}: unknown keys {unknown} (known: {sorted(KEYS)})")
     if "window" in extra:
         ckload._window(WHERE, extra["window"])
+    if not isinstance(extra.get("verify", True), bool):
+        raise ValueError(f"ckload: {WHERE}: verify={extra['verify']!r}: expected true or false")
+    for key in ("source", "attach"):
+        v = extra.get(key)
+        if v is not None and not (isinstance(v, str) and v):
+            # a string here is empty: nothing of a location (or its secrets) is shown
+            raise ValueError(f"ckload: {WHERE}: {key}={v!r}: expected a path or URL")
     return extra
 
 
@@ -566,7 +575,7 @@ def register():
             source = weights_source(model_config.model, model_config.revision, self.extra)
             placed, read, other = fill(model, source,
                                        window=self.extra.get("window", 1 << 30),
-                                       verify=bool(self.extra.get("verify", True)))
+                                       verify=self.extra.get("verify", True))
             # vLLM's own loaders' words, so that a log reads the same whichever loaded
             logger.info("Loading weights took %.2f seconds (ckload, from %s: %d tensors read "
                         "into place, %d bytes; %d through load_weights or not taken)",

@@ -220,3 +220,21 @@ def test_a_streamed_tensor_the_load_does_not_find_is_refused(tmp_path, monkeypat
     with pytest.raises(ckload.Error) as e:
         ckload_vllm.fill(Toy(), str(st))
     assert str(e.value).startswith(f"ckload: {st}: ")
+
+
+@pytest.mark.parametrize("extra, line", [
+    ({"verify": "no"}, "verify='no': expected true or false"),
+    ({"verify": 0}, "verify=0: expected true or false"),
+    ({"verify": None}, "verify=None: expected true or false"),
+    ({"source": ""}, "source='': expected a path or URL"),
+    ({"source": ["a"]}, "source=['a']: expected a path or URL"),
+    ({"attach": 3}, "attach=3: expected a path or URL"),
+])
+def test_each_extra_config_key_is_checked_with_one_line(extra, line):
+    """model_loader_extra_config's verify, source and attach, refused as window is, before a
+    byte is read: a verify of "no" was taken as true (bool("no"))."""
+    with pytest.raises(ValueError) as e:
+        ckload_vllm.checked_config(extra)
+    assert str(e.value) == f"ckload: model_loader_extra_config: {line}"
+    ok = {"verify": False, "source": "/m", "attach": None}
+    assert ckload_vllm.checked_config(ok) == ok
