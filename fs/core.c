@@ -56,14 +56,18 @@ static int absolute_paths(ck_fs *fs, const char *src, ck_error *err)
 int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err)
 {
     const char *src = ck_index_source(fs->ix);
-    char *abs = absolute(source, src, err), *v = NULL;
+    /* A URL goes to ck_sources_encode as given: it has no path to make absolute, and the
+     * encoding shows it without its secrets. */
+    int url = ck_location_is_url(source);
+    char *abs = url ? NULL : absolute(source, src, err), *v = NULL;
     size_t len = 0;
-    int bad = !abs || ck_sources_encode(abs, fs->ix, (const char *const *)fs->src_path, &v, &len);
+    if (!url && !abs)
+        return -1;
+    int bad = ck_sources_encode(url ? source : abs, fs->ix, (const char *const *)fs->src_path,
+                                &v, &len);
     free(abs);
-    if (bad) {
-        free(v);
-        return abs ? ck_fail(err, src, "out of memory") : -1;
-    }
+    if (bad)
+        return ck_fail(err, src, "out of memory");
     free(fs->sources);
     fs->sources = v;
     fs->sources_len = len;

@@ -87,7 +87,8 @@ int ck_fs_init(ck_fs *fs, ck_index *ix, uid_t uid, gid_t gid, ck_fs_log log, ck_
 void ck_fs_prepare(ck_fs *fs);
 /* Publishes SOURCE (as mounted) and each source file's identity on the root, as the xattr
  * CK_SOURCES_XATTR (mountinfo.h), so that a loader can read the sources itself rather than
- * through FUSE. 0, or -1 with err set. */
+ * through FUSE; for a URL, the URL without its secrets and no file: a loader reads that mount
+ * through its pack, but still knows it for a mount. 0, or -1 with err set. */
 int ck_fs_publish_sources(ck_fs *fs, const char *source, ck_error *err);
 
 /* Frees everything, the index included, once ck_fs_prepare's thread is done. A zeroed ck_fs is

@@ -420,8 +420,7 @@ static int build_view(ck_mount *m, http_remote *remote, const char *source,
     if (ck_open_through(remote, source, &ix, &err) != 0 ||
         ck_fs_init(&m->fs, ix, o->uid_set ? o->uid : getuid(), o->gid_set ? o->gid : getgid(),
                    ck_ll_log, &err) != 0 ||
-        /* A URL's mount has no sources to bypass it with: loads read it through the mount. */
-        (!ck_location_is_url(source) && ck_fs_publish_sources(&m->fs, source, &err) != 0)) {
+        ck_fs_publish_sources(&m->fs, source, &err) != 0) {
         fprintf(stderr, "ckptfs: %s\n", err.msg);
         return -1;
     }

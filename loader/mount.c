@@ -28,8 +28,9 @@ void mount_source_close(mount_source *s)
 
 /* The root of the ckptfs mount that holds abs (an absolute path without links), malloc'ed, or
  * NULL when abs is in none: the nearest directory up from abs, on the same FUSE file system,
- * whose user.ckptfs.sources the mount publishes. Only FUSE is asked: anyone may set a user.
- * xattr on a directory of their own, but only a mount can serve it from a FUSE file system. */
+ * whose user.ckptfs.sources the mount publishes (every mount does, a remote source's too).
+ * Only FUSE is asked: anyone may set a user. xattr on a directory of their own, but only a
+ * mount can serve it from a FUSE file system. */
 static char *mount_root(const char *abs)
 {
     struct statfs sf;
@@ -75,7 +76,8 @@ static int same_file(const ck_file *f, const ck_source_file *m)
 }
 
 /* The mount's sources, opened here with the caller's credentials, or NULL when they cannot be
- * (hidden, unreadable, malformed xattr) or are not the files the mount parsed. */
+ * (hidden, unreadable, malformed xattr, remote) or are not the files the mount parsed. A remote
+ * source is never opened: its credentials are the mount's, not the caller's. */
 static ck_index *open_bypass(const char *root)
 {
     size_t len = 0, n;
@@ -85,7 +87,7 @@ static ck_index *open_bypass(const char *root)
     ck_index *ix = NULL;
     ck_error e;
     if (v && ck_sources_parse(v, len, &source, &files, &n) == 0 &&
-        ck_open(source, &ix, &e) == 0) {
+        !ck_location_is_url(source) && ck_open(source, &ix, &e) == 0) {
         int same = ix->nfiles == n;
         for (uint32_t i = 0; same && i < n; i++)
             same = same_file(&ix->files[i], &files[i]);

@@ -1,5 +1,6 @@
 /* mountinfo.c — what a mount tells a loader about itself (mountinfo.h). */
 #include "mountinfo.h"
+#include "../base/location.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -15,8 +16,10 @@ int ck_sources_encode(const char *source, const ck_index *ix, const char *const 
     FILE *f = open_memstream(v, len);
     if (!f)
         return -1;
-    fprintf(f, "%s%c", source, 0);
-    for (uint32_t i = 0; i < ix->nfiles; i++) {
+    char shown[CK_SHOWN_MAX];
+    int remote = ck_location_is_url(source);
+    fprintf(f, "%s%c", remote ? ck_location_shown(source, shown, sizeof shown) : source, 0);
+    for (uint32_t i = 0; !remote && i < ix->nfiles; i++) {
         const ck_file *cf = &ix->files[i];
         fprintf(f, "%llu %llu %llu %lld.%09ld %s%c", (unsigned long long)cf->dev,
                 (unsigned long long)cf->ino, (unsigned long long)cf->size,
@@ -46,17 +49,29 @@ static int parse_source_file(char *s, ck_source_file *f)
     return 0;
 }
 
+/* Whether v (len bytes, NUL-terminated) is a remote source's value: its URL as shown, and no
+ * record after it. */
+static int remote_value(const char *v, size_t len)
+{
+    char shown[CK_SHOWN_MAX];
+    return strlen(v) + 1 == len && strcmp(ck_location_shown(v, shown, sizeof shown), v) == 0;
+}
+
 int ck_sources_parse(char *v, size_t len, const char **source, ck_source_file **files,
                      size_t *nfiles)
 {
     *files = NULL;
     *nfiles = 0;
-    if (len == 0 || v[len - 1] != 0 || v[0] != '/')
+    if (len == 0 || v[len - 1] != 0)
+        return -1;
+    *source = v;
+    if (ck_location_is_url(v))
+        return remote_value(v, len) ? 0 : -1;
+    if (v[0] != '/')
         return -1;
     size_t n = 0;
     for (size_t i = 0; i < len; i++)
         n += v[i] == 0;
-    *source = v;
     if (!(*files = calloc(n, sizeof **files)))
         return -1;
     for (char *s = v + strlen(v) + 1; s < v + len; s += strlen(s) + 1)

@@ -1,11 +1,15 @@
 /* mountinfo.h — what a mount tells a loader about itself: where its virtual files are, and
  * which source files it parsed; and what the kernel's mount table says is mounted where.
  *
- * Contract: the root of a mount carries the xattr CK_SOURCES_XATTR: a list of NUL-terminated
- * strings, the SOURCE as mounted (made absolute), then one per file of the index, in its order,
- * "DEV INO SIZE SEC.NSEC PATH" (decimal; the device, inode, size and mtime recorded when the
- * file was parsed; PATH absolute). The mount writes it (ck_sources_encode), a loader reads it
- * (ck_sources_parse) and opens the files itself only when they are still these very files.
+ * Contract: the root of every mount carries the xattr CK_SOURCES_XATTR: a list of
+ * NUL-terminated strings. For a local SOURCE: SOURCE as mounted (made absolute), then one per
+ * file of the index, in its order, "DEV INO SIZE SEC.NSEC PATH" (decimal; the device, inode,
+ * size and mtime recorded when the file was parsed; PATH absolute). For a remote SOURCE (a URL,
+ * base/location.h): the URL as ck_location_shown shows it (no userinfo, query or fragment: no
+ * secret) and nothing else. The mount writes it (ck_sources_encode), a loader reads it
+ * (ck_sources_parse) and opens the files itself only when they are still these very files; a
+ * remote source it never opens (the credentials are the mount's, and not in the value): it
+ * reads such a mount through its pack.
  * The virtual files live in CK_VDIR at the root: the pack is CK_VFILE_PACK_NAME there.
  */
 #ifndef CK_MOUNTINFO_H
@@ -23,7 +27,8 @@
 #define CK_SOURCES_XATTR "user.ckptfs.sources"
 
 /* The xattr's value for source (absolute) and ix's files, opened as paths[i] (absolute), into
- * *v (malloc'ed, *len bytes). 0, or -1 when memory runs out. */
+ * *v (malloc'ed, *len bytes); for a source that is a URL, the URL as shown, and ix and paths
+ * are not read. 0, or -1 when memory runs out. */
 int ck_sources_encode(const char *source, const ck_index *ix, const char *const *paths,
                       char **v, size_t *len);
 
@@ -35,8 +40,9 @@ typedef struct ck_source_file {
 } ck_source_file;
 
 /* Parses a value of len bytes in place: *source and the paths of (*files)[0 .. *nfiles)
- * (malloc'ed; the caller frees it) point into v. 0, or -1 when the value is malformed or
- * memory runs out. */
+ * (malloc'ed; the caller frees it) point into v; a remote source's *source is its URL (as
+ * shown), with *files NULL and *nfiles 0. 0, or -1 when the value is malformed (a URL not as
+ * shown, or followed by records, among others) or memory runs out. */
 int ck_sources_parse(char *v, size_t len, const char **source, ck_source_file **files,
                      size_t *nfiles);
 

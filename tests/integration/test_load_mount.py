@@ -3,7 +3,8 @@ directly when it may (the bypass), and through the mount when it may not — the
 a mount namespace, unreadable to the loading user, or replaced or changed since mounting — or
 when CKLOAD_BYPASS=0; the root, .ckptfs/checkpoint.pack, a directory and a tensor file stand for
 the tensors under them. Byte-exact against torch.load and the safetensors library; a changed
-source never yields its new bytes."""
+source never yields its new bytes. A mount of a remote source has no sources a loader could
+open: it is read through the mount, and its root names the URL without its secrets."""
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import ckload
+import netlab
 from ckptfs_testlib import ckptfs_bin, library_view, run, unmount
 from test_containers import NOBODY, open_dir  # noqa: F401 (a fixture)
 from test_load import SOURCES, check_load, ckpt_load, expected_tensors, load_error
@@ -187,3 +189,49 @@ def test_source_unreadable_to_the_loading_user(open_dir):
         assert load(mnt)[0] == "bypass"  # root may read the source
     finally:
         unmount(mnt)
+
+
+# --- a remote source: nothing to bypass the mount with ------------------------------------------
+
+SECRET = "S3CR3T"
+
+
+@pytest.fixture
+def served(tmp_path):
+    """(server, file): a safetensors file written by the safetensors library, served by netlab's
+    nginx on 127.0.0.1."""
+    d = tmp_path / "served"
+    d.mkdir()
+    g = torch.Generator().manual_seed(12)
+    save_file({"enc.w": torch.randn(300, generator=g), "enc.b": torch.arange(7, dtype=torch.int16),
+               "dec.w": torch.randn(4, 5, generator=g).to(torch.bfloat16)},
+              str(d / "m.safetensors"))
+    with netlab.Nginx(d) as srv:
+        yield srv, d / "m.safetensors"
+
+
+def test_remote_source_loads_through_the_mount(served, mount, bypass):
+    """A mount of an http:// source whose URL carries userinfo (what a sidecar mounting a remote
+    checkpoint beside a loader gives it): the root, the pack, a directory and `ckpt load` read
+    through the mount, byte-exact against the safetensors library, whatever CKLOAD_BYPASS says;
+    the root's user.ckptfs.sources names the URL without its userinfo."""
+    srv, src = served
+    url = srv.url("m.safetensors").replace("://", f"://user:{SECRET}@", 1)
+    expected = expected_tensors(src)
+    with mount(url) as mnt:
+        for path in (mnt, mnt / ".ckptfs" / "checkpoint.pack"):
+            how, sd = load(path, verify=True)
+            assert how == "mount", path
+            check_load(sd, expected)
+        how, sd = load(mnt / "enc")
+        assert how == "mount"
+        check_load(sd, {n: expected[n] for n in ("enc.w", "enc.b")})
+        assert set(ckload.load(mnt, device="cpu")) == set(expected)
+        p = ckpt_load(mnt / "dec", "--device", "cpu")
+        assert p.returncode == 0, p.stderr
+        assert " 1 tensors, " in p.stdout.decode(), p.stdout
+        assert "read through the mount" in p.stdout.decode(), p.stdout
+        assert SECRET.encode() not in p.stdout + p.stderr
+        sources = os.getxattr(mnt, "user.ckptfs.sources")
+        assert SECRET.encode() not in sources and b"user" not in sources, sources
+        assert sources == srv.url("m.safetensors").encode() + b"\0", sources  # no file records

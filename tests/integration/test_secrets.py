@@ -5,6 +5,7 @@ for `ckptfs`, every `ckpt` command that takes a source, and ckload.load, on thei
 error paths. Each check also looks at what still works: bytes are compared with what the
 safetensors library reads from the served file."""
 import hashlib
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -47,8 +48,8 @@ def ckpt(*args, ok=True):
 
 def test_mount_line_and_daemon_command_line(url, sample, mount):
     """The mount works (every tensor's bytes are the library's); its /proc/mounts line, the
-    daemon's command line and the mount's index.json hold no secret, but still name the
-    object."""
+    daemon's command line, the mount's index.json and its root's user.ckptfs.sources (what a
+    loader reads) hold no secret, but still name the object."""
     _, _, want = sample
     with mount(url) as mnt:
         got = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in tensor_paths(mnt).items()}
@@ -57,9 +58,11 @@ def test_mount_line_and_daemon_command_line(url, sample, mount):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
         (line,) = [e for e in mount_entries() if e[1] == str(mnt)]
+        sources = os.getxattr(mnt, "user.ckptfs.sources")
         assert_no_secret(cmdline, *line, Path("/proc/self/mountinfo").read_text(),
-                         (mnt / ".ckptfs" / "index.json").read_bytes())
+                         (mnt / ".ckptfs" / "index.json").read_bytes(), sources)
         assert line[0].endswith("/" + NAME), line
+        assert sources.endswith(f"/{NAME}\0".encode()), sources
         assert f"/{NAME}".encode() in cmdline, cmdline
 
 

@@ -274,8 +274,9 @@ def test_ckpt_every_command(place, sample, tmp_path):
 
 def test_daemon_refused_and_its_log(place, mountpoint):
     """ckptfs refusing a failing location (its stderr); then, in the foreground (its log on
-    stderr), a mount whose object changes under it (not for hf://, pinned to a commit): a read
-    fails and the log says so, naming the object without its secrets."""
+    stderr), a mount (its root's user.ckptfs.sources, what a loader reads, names the object
+    without its secrets) whose object changes under it (not for hf://, pinned to a commit): a
+    read fails and the log says so, naming the object without its secrets."""
     place.check(assert_refused(place.bad, mountpoint, prefix=""), names=place.bad)
     loc, change = place.changing() if place.changing else (place.loc, None)
     d = subprocess.Popen([str(ckptfs_bin()), "-f", loc, str(mountpoint)],
@@ -287,6 +288,7 @@ def test_daemon_refused_and_its_log(place, mountpoint):
         assert is_mounted(mountpoint), "not mounted"
         with open(f"/proc/{d.pid}/cmdline", "rb") as f:
             place.check(f.read())
+        place.check(os.getxattr(mountpoint, "user.ckptfs.sources"), names=loc)
         if change:
             change()
             with pytest.raises(OSError):

@@ -1013,6 +1013,22 @@ Test(core, sources_xattr)
     ck_fs_free(fs);
 }
 
+/* A URL's mount publishes the URL as shown (not made absolute, no secret) and no file: a loader
+ * knows the mount, and reads it through its pack. */
+Test(core, sources_xattr_of_a_url)
+{
+    ck_fs *fs = sample_fs();
+    ck_error err = {""};
+    cr_assert_eq(ck_fs_publish_sources(fs, "http://user:S3CR3T@h:8/m.safetensors?sig=S3CR3T",
+                                       &err), 0, "%s", err.msg);
+    char buf[256];
+    static const char want[] = "http://h:8/m.safetensors";
+    cr_assert_eq(ck_fs_getxattr(fs, CK_ROOT_INO, CK_SOURCES_XATTR, buf, sizeof buf),
+                 (ssize_t)sizeof want);
+    cr_assert_eq(memcmp(buf, want, sizeof want), 0, "%s", buf);
+    ck_fs_free(fs);
+}
+
 Test(core, sources_xattr_malformed)
 {
     static const struct {

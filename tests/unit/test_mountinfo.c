@@ -89,3 +89,50 @@ Test(mountinfo, listed_by_mount_id)
     cr_assert_eq(ck_mount_listed(t, 1), 0, "nor another field");
     cr_assert_eq(ck_mount_listed("/nonexistent/mountinfo", 22), -1);
 }
+
+/* --- the root's user.ckptfs.sources of a remote source -------------------------------------- */
+
+Test(mountinfo, a_remote_source_shown_without_secrets_or_records)
+{
+    /* ix and paths are not read for a URL: there are no files a loader could open. */
+    static const char url[] = "HTTPS://user:S3CR3T@h:8/d/m.safetensors?X-Amz-Signature=S3CR3T#f";
+    char *v;
+    size_t len;
+    cr_assert_eq(ck_sources_encode(url, NULL, NULL, &v, &len), 0);
+    static const char want[] = "HTTPS://h:8/d/m.safetensors";
+    cr_assert_eq(len, sizeof want);
+    cr_assert_eq(memcmp(v, want, sizeof want), 0, "%.*s", (int)len, v);
+    cr_assert_null(memmem(v, len, "S3CR3T", 6));
+    const char *source;
+    ck_source_file *files = (ck_source_file *)v;
+    size_t nfiles = 7;
+    cr_assert_eq(ck_sources_parse(v, len, &source, &files, &nfiles), 0);
+    cr_assert_str_eq(source, want);
+    cr_assert_null(files);
+    cr_assert_eq(nfiles, 0);
+    free(v);
+    char hub[] = "hf://org/model", s3[] = "s3://bkt/m/x.safetensors";
+    cr_assert_eq(ck_sources_parse(hub, sizeof hub, &source, &files, &nfiles), 0);
+    cr_assert_str_eq(source, "hf://org/model");
+    cr_assert_eq(ck_sources_parse(s3, sizeof s3, &source, &files, &nfiles), 0);
+    cr_assert_str_eq(source, "s3://bkt/m/x.safetensors");
+    /* A URL not as shown, or with records after it, is malformed. */
+    static const struct {
+        const char *v;
+        size_t len;
+    } bad[] = {
+        {"http://h/m\0" "1 2 3 4.5 /f\0", 24},  /* a URL has no file records */
+        {"http://u:pw@h/m\0", 16},              /* not as shown: userinfo */
+        {"http://h/m?sig=x\0", 17},             /* not as shown: a query */
+        {"http://h/m", 10},                     /* not NUL-terminated */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char b[64];
+        memcpy(b, bad[i].v, bad[i].len);
+        files = (ck_source_file *)b;
+        nfiles = 7;
+        cr_assert_eq(ck_sources_parse(b, bad[i].len, &source, &files, &nfiles), -1, "%zu", i);
+        cr_assert_null(files);
+        cr_assert_eq(nfiles, 0);
+    }
+}
