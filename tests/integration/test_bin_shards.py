@@ -193,6 +193,47 @@ def test_mounts_every_shard_byte_exact(saved, mount, name):
             check_mount(mnt, shards_of(d), fmt)
 
 
+def test_shards_without_their_index_and_in_the_legacy_format(saved, tmp_path, mount):
+    """The same shards without pytorch_model.bin.index.json (every *.bin, as vLLM takes them),
+    and with one shard in torch's legacy (pre-zip) format: a PyTorch file too."""
+    _, src, _ = saved["qwen2-tied"]
+    d = tmp_path / "noindex"
+    shutil.copytree(src, d)
+    shards = shards_of(d)
+    (d / INDEX).unlink()
+    with mount(d) as mnt:
+        check_mount(mnt, shards, "pytorch-sharded")
+    d = tmp_path / "legacy"
+    shutil.copytree(src, d)
+    legacy = shard_names(d)[1]
+    torch.save(torch_load(d / legacy), d / legacy, _use_new_zipfile_serialization=False)
+    shards = shards_of(d)
+    with mount(d) as mnt:
+        check_mount(mnt, shards, "pytorch-sharded")
+    check_bytes(ckload.load(d, device="cpu"), shards)
+
+
+def test_a_hub_cache_snapshot_of_symlinks(saved, tmp_path, mount):
+    """huggingface_hub's cache: snapshots/REV/ holds symlinks to blobs/SHA256 (names that say
+    nothing of a format); the shards are read through them."""
+    _, src, _ = saved["qwen2-tied"]
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / ("c" * 40)
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    for f in src.iterdir():
+        blob = blobs / netlab.sha256(f.read_bytes())
+        shutil.copy(f, blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    shards = shards_of(src)
+    with mount(snap) as mnt:
+        check_mount(mnt, shards, "pytorch-sharded")
+    check_bytes(ckload.load(snap, device="cpu"), shards)
+    ref, _ = pretrained(src, "qwen2-tied")
+    model = build("qwen2-tied", seed=1)
+    assert ckload.load_into(model, snap) == ([], [])
+    assert_same_model(model, ref)
+
+
 def test_a_tie_within_a_shard_is_an_alias(saved):
     """What the alias checks stand on: transformers put Qwen2's tied lm_head and embeddings in
     one shard, one storage under two names."""
@@ -269,6 +310,23 @@ def test_ckpt_ls_the_directory_and_its_index(saved, name):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_ckpt_info_counts_as_transformers(saved, name):
+    """`ckpt info DIR`: every shard file, each storage's parameters once (transformers'
+    num_parameters()), the ties as aliases."""
+    model, d, _ = saved[name]
+    shards = shards_of(d)
+    p = ckpt("info", "--json", d)
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout)
+    assert info["format"] == "pytorch-sharded"
+    assert sorted(info["files"]) == sorted(str(d / f) for f in shards)
+    assert info["tensors"] == len(tensors_of(shards))
+    assert info["aliases"] == len(aliases_of(shards))
+    assert info["parameters"] == model.num_parameters()
+    assert info["bytes"] == unique_bytes(shards)
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_ckpt_cat_every_tensor(saved, name):
     for d, _ in layouts(saved, name):
         for n, (_, t) in tensors_of(shards_of(d)).items():
@@ -316,6 +374,9 @@ def test_ckpt_convert_to_safetensors(saved, tmp_path, name, how):
     assert p.returncode == 0, p.stderr
     shards = shards_of(d)
     check_converted(out if how == "shards" else out / "model.safetensors", shards)
+    if how == "one-file":  # what a conversion drops is a recorded alias: the same checkpoint
+        p = ckpt("diff", d, out / "model.safetensors")
+        assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
     shutil.copy(d / "config.json", out)
     model, info = pretrained(out, name)
     ref, ref_info = pretrained(d, name)
