@@ -492,8 +492,20 @@ def shard_is_npy(d):
     return [s]
 
 
+def shard_is_safetensors(d):
+    """Shard 2 holds its tensors as safetensors, under its .bin name: opened by content, it is
+    no PyTorch file, and a set is of one family."""
+    s = shard_names(d)[1]
+    tensors = torch_load(d / s)
+    safetensors_torch.save_file({k: v.clone().contiguous() for k, v in tensors.items()},
+                                str(d / s), metadata={"format": "pt"})
+    return [s]
+
+
 def mixes_safetensors(d):
-    """Shard 2 converted to safetensors (same tensors, weight_map updated), the rest .bin."""
+    """Shard 2 converted to model-...safetensors (same tensors, weight_map updated), the rest
+    .bin. Tried through the index file only: in the directory, the rule takes the one
+    *.safetensors before it reaches pytorch_model.bin.index.json (as vLLM does)."""
     s = shard_names(d)[1]
     st = s[:-len(".bin")] + ".safetensors"
     tensors = torch_load(d / s)
@@ -511,41 +523,43 @@ REFUSED = {
     "a_name_in_two_shards_without_index": lambda d: in_two_shards(d, keep_index=False),
     "weight_map_names_a_file_that_does_not_exist": names_missing_file,
     "a_shard_that_is_a_numpy_file": shard_is_npy,
+    "a_bin_shard_that_is_safetensors": shard_is_safetensors,
     "an_index_mixing_safetensors_and_bin_shards": mixes_safetensors,
 }
+INDEX_ONLY = {"an_index_mixing_safetensors_and_bin_shards"}
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_refused_in_one_line_everywhere(saved, tmp_path, mountpoint, case):
     """ckptfs (nothing mounted), ckpt ls and ckload.load each refuse in one line that names
-    what is wrong: the tensor or the file (the rest of the wording is the core's)."""
+    what is wrong: the tensor or the file (the rest of the wording is the core's); so for the
+    directory and for its index file named."""
     _, src, _ = saved["qwen2-tied"]
     d = tmp_path / "bad"
     shutil.copytree(src, d)
     says = REFUSED[case](d)
-    for line in (assert_refused(d, mountpoint, prefix=d),
-                 ckpt_refusal(d),
-                 ckload_refusal(d)):
-        for s in says:
-            assert s in line, (case, line)
-    if (d / INDEX).exists():
-        line = ckpt_refusal(d / INDEX, prefix=d)
-        assert all(s in line for s in says), line
+    locs = [d / INDEX] if case in INDEX_ONLY else [d] + [d / INDEX] * (d / INDEX).exists()
+    for loc in locs:
+        for line in (assert_refused(loc, mountpoint, prefix=d),
+                     ckpt_refusal(loc, prefix=d),
+                     ckload_refusal(loc, prefix=d)):
+            for s in says:
+                assert s in line, (case, line)
 
 
-def ckpt_refusal(loc, prefix=None):
+def ckpt_refusal(loc, prefix):
     p = ckpt("ls", loc)
     err = p.stderr.decode()
     assert p.returncode == 1 and p.stdout == b"", (p.returncode, err)
-    assert err.count("\n") == 1 and err.startswith(f"ckpt: {prefix or loc}"), err
+    assert err.count("\n") == 1 and err.startswith(f"ckpt: {prefix}"), err
     return err
 
 
-def ckload_refusal(loc):
+def ckload_refusal(loc, prefix):
     with pytest.raises(RuntimeError) as e:
         ckload.load(loc, device="cpu")
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith(f"ckload: {loc}"), msg
+    assert "\n" not in msg and msg.startswith(f"ckload: {prefix}"), msg
     return msg
 
 
