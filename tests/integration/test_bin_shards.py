@@ -191,6 +191,9 @@ def test_mounts_every_shard_byte_exact(saved, mount, name):
     for d, fmt in layouts(saved, name):
         with mount(d) as mnt:
             check_mount(mnt, shards_of(d), fmt)
+    _, d, _ = saved[name]
+    with mount(d / INDEX) as mnt:  # the index file named: its shards beside it, by content
+        check_mount(mnt, shards_of(d), "pytorch-sharded")
 
 
 def test_shards_without_their_index_and_in_the_legacy_format(saved, tmp_path, mount):
@@ -417,6 +420,8 @@ def test_ckload_load_entries_stream(saved, name):
         shards = shards_of(d)
         want = tensors_of(shards)
         check_bytes(ckload.load(d, device="cpu"), shards)
+        if (d / INDEX).exists():
+            check_bytes(ckload.load(d / INDEX, device="cpu"), shards)
         entries = ckload.entries(d, device="cpu")
         assert {e.name: (e.dtype, list(e.shape), e.nbytes) for e in entries} == \
             {n: (DTYPE_NAMES[t.dtype], list(t.shape), nbytes(t)) for n, (_, t) in want.items()}
@@ -693,6 +698,8 @@ def test_hub_repo_of_bin_shards_mounts(hub_env, mount):
     assert listed["format"] == "pytorch-sharded"
     assert {e["name"] for e in listed["tensors"]} == set(tensors_of(shards))
     check_bytes(ckload.load("hf://org/binshards", device="cpu"), shards)
+    with mount(f"hf://org/binshards/{INDEX}") as mnt:
+        check_remote_mount(mnt, shards, "pytorch-sharded")
     single = hub_env.local["org/bin-with-training-files"]
     with mount("hf://org/bin-with-training-files") as mnt:
         check_remote_mount(mnt, shards_of(single), "pytorch-zip")
