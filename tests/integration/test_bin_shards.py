@@ -153,12 +153,21 @@ def check_bytes(got, shards):
 
 # --- the mount -------------------------------------------------------------------------------
 
-def check_mount(mnt, shards, fmt):
+def index_metadata(d):
+    """The metadata a mount of d reports: its index file's (as strings), else none (a .bin has
+    no metadata of its own)."""
+    if not (d / INDEX).exists():
+        return {}
+    return {k: str(v) for k, v in json.loads((d / INDEX).read_text())["metadata"].items()}
+
+
+def check_mount(mnt, shards, fmt, metadata):
     """index.json, every tensor file's bytes, size and xattrs against torch.load of each shard;
     an alias is marked (user.ckptfs.alias_of) and owns no blocks."""
     want, owner = tensors_of(shards), aliases_of(shards)
     index = read_index(mnt)
     assert index["format"] == fmt
+    assert index["metadata"] == metadata
     got = {e["name"]: e for e in index["tensors"]}
     assert len(got) == len(index["tensors"]) and set(got) == set(want)
     for name, (_, t) in want.items():
@@ -190,10 +199,11 @@ def layouts(saved, name):
 def test_mounts_every_shard_byte_exact(saved, mount, name):
     for d, fmt in layouts(saved, name):
         with mount(d) as mnt:
-            check_mount(mnt, shards_of(d), fmt)
+            check_mount(mnt, shards_of(d), fmt, index_metadata(d))
     _, d, _ = saved[name]
+    assert index_metadata(d)["total_size"]  # transformers wrote it
     with mount(d / INDEX) as mnt:  # the index file named: its shards beside it, by content
-        check_mount(mnt, shards_of(d), "pytorch-sharded")
+        check_mount(mnt, shards_of(d), "pytorch-sharded", index_metadata(d))
 
 
 def test_shards_without_their_index_and_in_the_legacy_format(saved, tmp_path, mount):
@@ -205,14 +215,14 @@ def test_shards_without_their_index_and_in_the_legacy_format(saved, tmp_path, mo
     shards = shards_of(d)
     (d / INDEX).unlink()
     with mount(d) as mnt:
-        check_mount(mnt, shards, "pytorch-sharded")
+        check_mount(mnt, shards, "pytorch-sharded", {})
     d = tmp_path / "legacy"
     shutil.copytree(src, d)
     legacy = shard_names(d)[1]
     torch.save(torch_load(d / legacy), d / legacy, _use_new_zipfile_serialization=False)
     shards = shards_of(d)
     with mount(d) as mnt:
-        check_mount(mnt, shards, "pytorch-sharded")
+        check_mount(mnt, shards, "pytorch-sharded", index_metadata(d))
     check_bytes(ckload.load(d, device="cpu"), shards)
 
 
@@ -229,7 +239,7 @@ def test_a_hub_cache_snapshot_of_symlinks(saved, tmp_path, mount):
         (snap / f.name).symlink_to(os.path.relpath(blob, snap))
     shards = shards_of(src)
     with mount(snap) as mnt:
-        check_mount(mnt, shards, "pytorch-sharded")
+        check_mount(mnt, shards, "pytorch-sharded", index_metadata(src))
     check_bytes(ckload.load(snap, device="cpu"), shards)
     ref, _ = pretrained(src, "qwen2-tied")
     model = build("qwen2-tied", seed=1)
@@ -606,7 +616,7 @@ def test_training_files_beside_pytorch_model_bin_are_left_out(saved, tmp_path, m
                d / "optimizer.bin")
     shards = shards_of(d)
     with mount(d) as mnt:
-        check_mount(mnt, shards, "pytorch-zip")
+        check_mount(mnt, shards, "pytorch-zip", {})
     assert json.loads(ckpt("ls", "--json", d).stdout)["format"] == "pytorch-zip"
     check_bytes(ckload.load(d, device="cpu"), shards)
 
@@ -622,7 +632,7 @@ def test_a_directory_of_pt_files(saved, tmp_path, mount):
     for extra in ("optimizer.pt", "scheduler.pt", "scaler.pt"):
         torch.save({"state": {}, "step": torch.tensor(3)}, d / extra)
     with mount(d) as mnt:
-        check_mount(mnt, {"model.pt": torch_load(d / "model.pt")}, "pytorch-zip")
+        check_mount(mnt, {"model.pt": torch_load(d / "model.pt")}, "pytorch-zip", {})
     d = tmp_path / "two"
     d.mkdir()
     names = sorted(sd)
@@ -633,7 +643,7 @@ def test_a_directory_of_pt_files(saved, tmp_path, mount):
                _use_new_zipfile_serialization=False)
     shards = {f: torch_load(d / f) for f in ("part-a.pt", "part-b.pt")}
     with mount(d) as mnt:
-        check_mount(mnt, shards, "pytorch-sharded")
+        check_mount(mnt, shards, "pytorch-sharded", {})
     check_bytes(ckload.load(d, device="cpu"), shards)
 
 
