@@ -719,6 +719,23 @@ def test_hub_repo_of_bin_shards_mounts(hub_env, mount):
             {n: ("ok", netlab.sha256(data)) for n, (_, _, data) in tensors.items()}
 
 
+def test_an_index_url_opens_its_bin_shards_beside_it(saved, mount):
+    """An http:// URL of pytorch_model.bin.index.json: a JSON object, so an index, whose shards
+    are opened beside it by their content (their name once decided they were safetensors)."""
+    _, d, _ = saved["qwen2-tied"]
+    shards = shards_of(d)
+    with netlab.FileServer(d) as srv:
+        url = srv.url(INDEX)
+        p = ckpt("ls", "--json", url)
+        assert p.returncode == 0, p.stderr
+        listed = json.loads(p.stdout)
+        assert listed["format"] == "pytorch-sharded"
+        assert {e["name"] for e in listed["tensors"]} == set(tensors_of(shards))
+        with mount(url) as mnt:
+            check_remote_mount(mnt, shards, "pytorch-sharded")
+        check_bytes(ckload.load(url, device="cpu"), shards)
+
+
 S3_BUCKET = "binshards"
 
 
