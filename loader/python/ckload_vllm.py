@@ -20,6 +20,7 @@ parameter no tensor filled - raises ckload.Error with one line naming the source
 start fails with it and no partly loaded model serves.
 """
 import bisect
+import mmap
 import os
 import time
 
@@ -222,10 +223,14 @@ def _refused(shown, name, e):
 # The byte a placed region holds from its recorded copy until ckload writes it: a change made
 # there without torch's dispatcher (numpy, ctypes) shows as another byte. Only so many elements
 # of a region, spread evenly, hold it: filling and checking every byte of every placed tensor
-# would cost about what reading it does.
+# would cost about what reading it does. A page of the host's anonymous memory wholly inside a
+# region that nothing backs yet (never written) holds none of them: any write to it backs it,
+# which mincore shows. So the probes leave the parameters' fresh pages alone and the read is
+# their first touch: the kernel zeroes each page just before ckload's copy fills it, where a
+# probe's fill would have zeroed every page in a pass of its own.
 _UNWRITTEN = 0xA5
 _SAMPLES = 4096
-
+_PAGE = mmap.PAGESIZE
 
 class _Diverged(Exception):
     """The run of model.load_weights with the streamed tensors did not do what the probes
@@ -250,29 +255,82 @@ def _span(t):
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-def _sampled(t):
-    """The bytes of t's elements (t contiguous) that hold _UNWRITTEN, as uint8 tensors over its
-    memory, one row an element: every element up to _SAMPLES, else _SAMPLES spread evenly (a
-    change of more than 1/_SAMPLES of t in one piece covers one), and the last."""
+def _anonymous_memory():
+    """[(start, end)] of this process's private mappings of no file (the heap, what torch's
+    host allocator maps), sorted: where a page nothing backs reads as absent to mincore until
+    a write backs it."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            path = fields[5] if len(fields) > 5 else ""
+            if fields[1][3] == "p" and fields[4] == "0" and path in ("", "[heap]"):
+                start, end = fields[0].split("-")
+                spans.append((int(start, 16), int(end, 16)))
+    return spans
+
+
+_LIBC = []  # the C library, with mincore's signature, once looked up
+
+
+def _unbacked(first, n):
+    """Per page of the n from address first (page aligned), whether nothing backs it (a bool
+    tensor); None where mincore cannot say."""
+    import ctypes
     import torch
-    b = t.detach().reshape(-1).view(torch.uint8).view(-1, t.element_size())
-    return b[::max(1, -(-b.shape[0] // _SAMPLES))], b[-1:]
+    if not _LIBC:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        _LIBC.append(libc)
+    vec = (ctypes.c_ubyte * n)()
+    if _LIBC[0].mincore(first, n * _PAGE, vec) != 0:
+        return None
+    return (torch.frombuffer(vec, dtype=torch.uint8) & 1) == 0
 
 
-def _mark(t):
-    """Fills t's sampled bytes with _UNWRITTEN."""
-    for b in _sampled(t):
-        b.fill_(_UNWRITTEN)
+class _Watch:
+    """What shows a change made to t's memory (t contiguous) after it is marked: the bytes of
+    t's elements that hold _UNWRITTEN (every element up to _SAMPLES, else _SAMPLES spread evenly,
+    and the last: a change of more than 1/_SAMPLES of t in one piece covers one), but for those
+    in pages wholly inside t that nothing backed, in anonymous host memory (the mappings
+    anonymous lists, as _anonymous_memory): a write anywhere in such a page backs it."""
 
+    def __init__(self, t, anonymous):
+        import torch
+        rows = t.detach().reshape(-1).view(torch.uint8).view(-1, t.element_size())
+        n, size, step = rows.shape[0], t.element_size(), max(1, -(-rows.shape[0] // _SAMPLES))
+        self.rows, self.idx, self.unbacked = rows, None, None
+        self.views = [rows[::step], rows[-1:]]
+        start, end = _span(t)
+        self.first = -(-start // _PAGE) * _PAGE
+        pages = (end // _PAGE * _PAGE - self.first) // _PAGE
+        i = bisect.bisect_right(anonymous, (start, float("inf"))) - 1
+        if t.device.type == "cpu" and pages > 0 and i >= 0 and end <= anonymous[i][1]:
+            unbacked = _unbacked(self.first, pages)
+            if unbacked is not None and bool(unbacked.any()):
+                idx = torch.cat([torch.arange(0, n, step), torch.tensor([n - 1])])
+                at = [start + idx * size, start + idx * size + size - 1]  # an element's ends
+                page = [(a - self.first).div(_PAGE, rounding_mode="floor") for a in at]
+                left = torch.zeros_like(idx, dtype=torch.bool)
+                for p in page:
+                    left |= (p < 0) | (p >= pages) | ~unbacked[p.clamp(0, pages - 1)]
+                self.idx, self.unbacked, self.views = idx[left], unbacked, []
+                rows.index_fill_(0, self.idx, _UNWRITTEN)
+        for v in self.views:
+            v.fill_(_UNWRITTEN)
 
-def _intact(t):
-    """Whether t's sampled bytes still hold _UNWRITTEN (read on the host: the fills before
-    are done on a GPU too when this returns)."""
-    import torch
-    for b in _sampled(t):
-        if b.numel() and any(int(v) != _UNWRITTEN for v in torch.aminmax(b)):
-            return False
-    return True
+    def intact(self):
+        """Whether the marked bytes still hold _UNWRITTEN (read on the host: the fills before
+        are done on a GPU too when this returns) and the unbacked pages are still unbacked."""
+        import torch
+        marked = self.views if self.idx is None else [self.rows.index_select(0, self.idx)]
+        for b in marked:
+            if b.numel() and any(int(v) != _UNWRITTEN for v in torch.aminmax(b)):
+                return False
+        if self.unbacked is None:
+            return True
+        now = _unbacked(self.first, len(self.unbacked))
+        return now is not None and not bool((self.unbacked & ~now).any())
 
 
 def _is_view(func):
@@ -351,12 +409,12 @@ class Plan:
 class Recorder(TorchDispatchMode if TorchDispatchMode else object):
     """model.load_weights run on probes: meta tensors of the checkpoint's dtypes and shapes.
     Every aten op its weight loaders run passes here. record: a copy_ from a probe (or a view
-    of one) into the model's memory is recorded and not done, its target filled with
-    _UNWRITTEN; a tensor is placed only if its one copy writes its bytes unchanged (_plain_copy,
+    of one) into the model's memory is recorded and not done, its target watched (_Watch:
+    sampled bytes filled with _UNWRITTEN, fresh pages left unbacked); a tensor is placed only if its one copy writes its bytes unchanged (_plain_copy,
     _part) and nothing touches that memory afterwards: any other op on a probe (a conversion, a
     concatenation, an in-place change) marks its tensor streamed, as does any later op that
     reads or writes memory a recorded copy targets, or a change that bypassed the dispatcher
-    (the _UNWRITTEN bytes changed); every other op runs as it would (a loader zeroing padding
+    (the watch saw it); every other op runs as it would (a loader zeroing padding
     rows). replay: the same run with the streamed tensors real; it must do what record showed
     (each placed tensor copied once, to the same place, its memory untouched after), or
     _Diverged."""
@@ -372,12 +430,13 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         self.owner = {}     # storage key -> the names of the probes it holds or came from
         self.kept = []      # tensors computed from probes, kept so that no key is reused
         self.probes = {}    # name -> probe
-        self.copies = {}    # name -> [(address, bytes, part) or None, target]
+        self.copies = {}    # name -> [(address, bytes, part) or None, its target's _Watch]
         self.regions = []   # (start, end, name) of every recorded copy (replay: landed), sorted
         self.longest = 0    # the longest region's bytes: how far below a span one may start
         self.streamed = set()
         self.plan = None
-        self.landed = None  # replay: name -> its copy's target
+        self.landed = None  # replay: name -> its copy's target's _Watch
+        self.anonymous = _anonymous_memory()
         self.diverged = False
 
     def record(self, order):
@@ -399,9 +458,9 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         for name, copies in self.copies.items():
             if name in streamed:
                 continue
-            where, target = copies[0] if len(copies) == 1 else (None, None)
+            where, watch = copies[0] if len(copies) == 1 else (None, None)
             if where is None or (where[2] is not None and not self._sliceable(name, names)) \
-                    or not _intact(target):
+                    or not watch.intact():
                 streamed.add(name)
                 continue
             placed[name] = where[:2]
@@ -434,7 +493,7 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
         finally:
             stream.close()
         if self.diverged or set(self.landed) != set(self.plan.placed) or self._kept_a_probe() \
-                or not all(_intact(t) for t in self.landed.values()):
+                or not all(w.intact() for w in self.landed.values()):
             raise _Diverged()
         return None if loaded is None else set(loaded)
 
@@ -522,14 +581,13 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
             if not dst.is_meta:
                 self._touch(dst)
             return
-        start, end = _span(dst)
-        where = self._where(dst, src, name)
+        where, watch = self._where(dst, src, name), None
         if self._touch(dst) or where is None:
             self.streamed.add(name)
         else:
-            _mark(dst)
+            watch = _Watch(dst, self.anonymous)
         self._region(dst, name)
-        self.copies.setdefault(name, []).append((where, dst))
+        self.copies.setdefault(name, []).append((where, watch))
 
     def _check(self, copy, view, args, names, tensors):
         """replay's rule for one op: a probe's only op is its tensor's recorded copy, once;
@@ -542,9 +600,8 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
             self.diverged = True  # even if a loader swallows the exception
             raise _Diverged()
         if copy:
-            self.landed[name] = args[0]
             self._region(args[0], name)
-            _mark(args[0])
+            self.landed[name] = _Watch(args[0], self.anonymous)
 
 
 def register():

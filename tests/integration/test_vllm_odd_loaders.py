@@ -2,7 +2,8 @@
 that do what the placement could take for a plain copy and is not: a copy through every kind
 of view torch has (lazy conjugation and negation among them), a loader that zeroes its
 parameters at each call, one that holds a pair until both halves arrive, one that changes a
-parameter through numpy after its copy, one that takes each name once across calls. Each
+parameter through numpy after its copy (a row of a large one, an element of one in fresh
+memory), one that takes each name once across calls. Each
 model is compared byte for byte with the same module filled by its own load_weights from the
 tensors the safetensors library reads (test_vllm_placement.py's reference and comparison).
 The views are those torch's documentation lists ("Tensor Views") and the lazy ones (conj, the
@@ -14,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import ckload
 import ckload_vllm
-from test_vllm_placement import same, unwritten
+from test_vllm_placement import fresh, same, unwritten
 
 F32, C64 = torch.float32, torch.complex64
 
@@ -310,6 +311,27 @@ def test_a_change_through_numpy_to_a_row_of_a_large_tensor_is_kept(tmp_path):
     torch.manual_seed(2)
     save_file({"big": torch.randn(64, 1024)}, tmp_path / "big.safetensors")
     same(*filled(ScalesARowThroughNumpy, tmp_path / "big.safetensors"))
+
+
+class ScalesAnElementThroughNumpy(torch.nn.Module):
+    """Doubles one element of a 4 MiB weight in fresh memory through numpy after its copy,
+    one that no sampled element is (every 256th): the page it is in was backed by nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = fresh(1024, 1024)
+
+    def load_weights(self, weights):
+        for _, w in weights:
+            self.big.data.copy_(w)
+            self.big.data.view(-1)[5000:5001].numpy()[...] *= 2
+        return {"big"}
+
+
+def test_a_change_through_numpy_to_one_element_of_fresh_memory_is_kept(tmp_path):
+    torch.manual_seed(3)
+    save_file({"big": torch.randn(1024, 1024)}, tmp_path / "big.safetensors")
+    same(*filled(ScalesAnElementThroughNumpy, tmp_path / "big.safetensors"))
 
 
 class TakesEachNameOnce(Pair):

@@ -8,6 +8,10 @@ cuts for this rank, into contiguous memory of the module's: read straight there;
 changed after its copy, split otherwise, or used by a computation: through load_weights; never
 copied: not read. Every parameter starts with all its bits set (NaN), so that a byte nothing
 wrote never passes for one the reference wrote."""
+import ctypes
+import math
+import mmap
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -22,6 +26,15 @@ def unwritten(*shape, dtype=torch.float32):
     p = torch.nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
     p.data.view(-1).view(torch.uint8).fill_(0xFF)
     return p
+
+
+def fresh(*shape):
+    """A float32 parameter of shape in memory nothing has written yet (a private anonymous
+    mapping of its own, as a large allocation of torch's gets), kept alive by the tensor."""
+    mem = mmap.mmap(-1, 4 * math.prod(shape), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    t = torch.frombuffer(mem, dtype=torch.float32).view(*shape)
+    t._mem = mem
+    return torch.nn.Parameter(t, requires_grad=False)
 
 
 class Toy(torch.nn.Module):
@@ -238,3 +251,44 @@ def test_each_extra_config_key_is_checked_with_one_line(extra, line):
     assert str(e.value) == f"ckload: model_loader_extra_config: {line}"
     ok = {"verify": False, "source": "/m", "attach": None}
     assert ckload_vllm.checked_config(ok) == ok
+
+
+def backed_pages(t):
+    """How many of the pages t covers hold memory (mincore: the kernel's own count)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    n = -(-t.numel() * t.element_size() // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * n)()
+    assert t.data_ptr() % mmap.PAGESIZE == 0
+    assert libc.mincore(t.data_ptr(), n * mmap.PAGESIZE, vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec)
+
+
+class Fresh(torch.nn.Module):
+    """One weight of 4 MiB in memory nothing has written, copied whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = fresh(1024, 1024)
+
+    def load_weights(self, weights):
+        for _, w in weights:
+            self.big.data.copy_(w)
+        return {"big"}
+
+
+def test_the_probes_leave_fresh_parameter_memory_to_the_read(tmp_path):
+    """The probe run touches none of a placed parameter's fresh pages (the read is their first
+    touch, each zeroed by the kernel just before ckload fills it); the load fills them all."""
+    torch.manual_seed(4)
+    save_file({"big": torch.randn(1024, 1024)}, tmp_path / "big.safetensors")
+    st = str(tmp_path / "big.safetensors")
+    got = Fresh()
+    recorder = ckload_vllm.Recorder(got, 0, 1)
+    recorder.record(ckload.entries(st, device="cpu"))
+    assert list(recorder.plan.placed) == ["big"] and backed_pages(got.big) == 0
+    assert ckload_vllm.fill(got, st) == (1, 4 << 20, 0)
+    assert backed_pages(got.big) == 1024
+    want = Fresh()
+    want.load_weights(load_file(st).items())
+    same(got, want)
