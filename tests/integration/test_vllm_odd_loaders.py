@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import ckload
 import ckload_vllm
-from test_vllm_placement import fresh, same, unwritten
+from test_vllm_placement import Fresh, same, unwritten
 
 F32, C64 = torch.float32, torch.complex64
 
@@ -313,19 +313,14 @@ def test_a_change_through_numpy_to_a_row_of_a_large_tensor_is_kept(tmp_path):
     same(*filled(ScalesARowThroughNumpy, tmp_path / "big.safetensors"))
 
 
-class ScalesAnElementThroughNumpy(torch.nn.Module):
+class ScalesAnElementThroughNumpy(Fresh):
     """Doubles one element of a 4 MiB weight in fresh memory through numpy after its copy,
     one that no sampled element is (every 256th): the page it is in was backed by nothing."""
 
-    def __init__(self):
-        super().__init__()
-        self.big = fresh(1024, 1024)
-
     def load_weights(self, weights):
-        for _, w in weights:
-            self.big.data.copy_(w)
-            self.big.data.view(-1)[5000:5001].numpy()[...] *= 2
-        return {"big"}
+        loaded = super().load_weights(weights)
+        self.big.data.view(-1)[5000:5001].numpy()[...] *= 2
+        return loaded
 
 
 def test_a_change_through_numpy_to_one_element_of_fresh_memory_is_kept(tmp_path):
