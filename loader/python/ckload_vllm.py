@@ -410,12 +410,12 @@ class Recorder(TorchDispatchMode if TorchDispatchMode else object):
     """model.load_weights run on probes: meta tensors of the checkpoint's dtypes and shapes.
     Every aten op its weight loaders run passes here. record: a copy_ from a probe (or a view
     of one) into the model's memory is recorded and not done, its target watched (_Watch:
-    sampled bytes filled with _UNWRITTEN, fresh pages left unbacked); a tensor is placed only if its one copy writes its bytes unchanged (_plain_copy,
-    _part) and nothing touches that memory afterwards: any other op on a probe (a conversion, a
-    concatenation, an in-place change) marks its tensor streamed, as does any later op that
-    reads or writes memory a recorded copy targets, or a change that bypassed the dispatcher
-    (the watch saw it); every other op runs as it would (a loader zeroing padding
-    rows). replay: the same run with the streamed tensors real; it must do what record showed
+    sampled bytes filled with _UNWRITTEN, fresh pages left unbacked); a tensor is placed only
+    if its one copy writes its bytes unchanged (_plain_copy, _part) and nothing touches that
+    memory afterwards: any other op on a probe (a conversion, a concatenation, an in-place
+    change) marks its tensor streamed, as does any later op that reads or writes memory a
+    recorded copy targets, or a change that bypassed the dispatcher (the watch saw it); every
+    other op runs as it would (a loader zeroing padding rows). replay: the same run with the streamed tensors real; it must do what record showed
     (each placed tensor copied once, to the same place, its memory untouched after), or
     _Diverged."""
 
