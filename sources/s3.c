@@ -1,6 +1,5 @@
 /* s3.c — s3:// sources (s3.h). */
 #include "s3.h"
-#include "../base/location.h"
 
 #include <arpa/inet.h>
 #include <pthread.h>
@@ -17,9 +16,11 @@
 #define S3_MAX_CREDENTIALS (64u << 10) /* a credential endpoint's answer */
 #define REFRESH_MARGIN_S 300            /* temporary credentials are renewed this early */
 
+#define PREFIX_LEN 5 /* "s3://" */
+
 int s3_is_url(const char *loc)
 {
-    return ck_location_scheme(loc) == CK_SCHEME_S3;
+    return strncmp(loc, "s3://", PREFIX_LEN) == 0;
 }
 
 /* Whether key (len bytes) has a segment that is "", "." or ".." before its end (a prefix's
@@ -41,7 +42,7 @@ static int bad_segments(const char *key, size_t len)
 
 int s3_parse(const char *loc, s3_ref *r, ck_error *err)
 {
-    const char *b = loc + CK_S3_SCHEME_LEN;
+    const char *b = loc + PREFIX_LEN;
     size_t blen = strcspn(b, "/");
     const char *key = b[blen] == '/' ? b + blen + 1 : b + blen;
     *r = (s3_ref){0};
@@ -822,10 +823,10 @@ static char *object_location(const char *bucket, const char *key)
     return asprintf(&out, "s3://%s/%s", bucket, key) < 0 ? NULL : out;
 }
 
-int s3_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err)
+int s3_locate(const http_client *c, const char *loc, ck_located *t, ck_error *err)
 {
     s3_ref r;
-    *t = (hub_target){0};
+    *t = (ck_located){0};
     if (s3_parse(loc, &r, err))
         return -1;
     size_t klen = strlen(r.key);
@@ -838,10 +839,68 @@ int s3_locate(const http_client *c, const char *loc, hub_target *t, ck_error *er
     s3_listing l = {0};
     if (list_prefix(c, &r, loc, &l, err)) {
         s3_listing_free(&l);
-        hub_target_free(t);
+        ck_located_free(t);
         return -1;
     }
     t->names = l.names; /* the target takes them */
     t->n = l.n;
     return 0;
 }
+
+/* The API URL an s3:// object location is read at. */
+static char *object_url(const http_client *c, const char *loc, ck_error *err)
+{
+    (void)c;
+    s3_ref r;
+    if (s3_parse(loc, &r, err))
+        return NULL;
+    char *url = s3_object_url(r.bucket, r.key);
+    if (!url)
+        ck_fail(err, loc, "out of memory");
+    return url;
+}
+
+static int authorize(const char *url, http_auth *out)
+{
+    int rc = s3_sign_for(url, &out->sig);
+    out->sigv4 = rc == 1;
+    if (rc < 0)
+        snprintf(out->error, sizeof out->error, "%s", out->sig.error);
+    return rc;
+}
+
+/* What to check after an S3 error code a user can fix (what follows "check "); NULL for the
+ * others. */
+static const char *error_cause(const char *code, size_t n)
+{
+    static const struct { const char *code, *cause; } causes[] = {
+        {"SignatureDoesNotMatch", "the secret key, the region and this machine's clock"},
+        {"RequestTimeTooSkewed", "this machine's clock"},
+        {"AuthorizationHeaderMalformed", "the region (AWS_REGION): it is not the bucket's"},
+        {"InvalidAccessKeyId", "the access key: this endpoint has no such key"},
+        {"ExpiredToken", "the credentials: their session token has expired"}};
+    for (size_t i = 0; i < sizeof causes / sizeof *causes; i++)
+        if (strlen(causes[i].code) == n && strncmp(causes[i].code, code, n) == 0)
+            return causes[i].cause;
+    return NULL;
+}
+
+/* An S3 error document's <Code> (its characters checked), and what fixes it where that is
+ * likely ("SignatureDoesNotMatch: check the secret key, ..."). */
+static int explain(const char *body, char *out, size_t cap)
+{
+    const char *code = strstr(body, "<Code>");
+    if (!code)
+        return 0;
+    code += 6;
+    size_t n = strspn(code, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.");
+    if (!n || n >= 64 || strncmp(code + n, "</Code>", 7) != 0)
+        return 0;
+    const char *cause = error_cause(code, n);
+    snprintf(out, cap, "%.*s%s%s", (int)n, code, cause ? ": check " : "", cause ? cause : "");
+    return 1;
+}
+
+const ck_scheme s3_scheme = {.name = "s3", .is = s3_is_url, .object_url = object_url,
+                             .locate = s3_locate, .authorize = authorize,
+                             .anonymous_unsigned = 1, .explain = explain};

@@ -8,12 +8,16 @@
 
 Test(location, schemes)
 {
-    cr_expect_eq(ck_location_scheme("http://h/m"), CK_SCHEME_HTTP);
-    cr_expect_eq(ck_location_scheme("HTTPS://h/m"), CK_SCHEME_HTTP);
-    cr_expect_eq(ck_location_scheme("hf://org/repo"), CK_SCHEME_HUB);
-    cr_expect_eq(ck_location_scheme("HF://org/repo"), CK_SCHEME_PATH);
-    cr_expect_eq(ck_location_scheme("http:/h"), CK_SCHEME_PATH);
-    cr_expect_eq(ck_location_scheme("./http://x"), CK_SCHEME_PATH);
+    cr_expect(ck_location_is_http("http://h/m"));
+    cr_expect(ck_location_is_http("HTTPS://h/m"));
+    cr_expect(!ck_location_is_http("hf://org/repo"));
+    cr_expect(ck_location_is_url("hf://org/repo"));
+    cr_expect(ck_location_is_url("s3://b/k"));
+    cr_expect(ck_location_is_url("gs://b/k"));
+    cr_expect(!ck_location_is_url("HF://org/repo"));
+    cr_expect(!ck_location_is_url("http:/h"));
+    cr_expect(!ck_location_is_url("./http://x"));
+    cr_expect(!ck_location_is_url("://x"));
     cr_expect(ck_location_is_url("https://h/m"));
     cr_expect(!ck_location_is_url("model.safetensors"));
 }
