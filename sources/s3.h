@@ -67,23 +67,13 @@ char *s3_object_url(const char *bucket, const char *key);
  * url is on the S3 endpoint's origin and credentials are found; 1 then, else 0. */
 int s3_sign_for(const char *url, http_sigv4 *out);
 
-/* What a listing gathered, page by page. */
-typedef struct s3_listing {
-    char **names;      /* directly under the prefix, the prefix cut off (malloc'ed) */
-    size_t n, cap;
-    size_t keys;       /* every object listed so far (S3_MAX_KEYS) */
-    size_t name_bytes; /* of names (S3_MAX_NAME_BYTES) */
-} s3_listing;
-
-void s3_listing_free(s3_listing *l);
-
 /* --- the parsers of what a server sends, for tests and fuzzers ----------------------------- */
 
 /* The object names directly under prefix in xml (a ListObjectsV2 page of len bytes) added to
  * l, and whether the listing goes on (*token, the NextContinuationToken, malloc'ed, else NULL).
  * Linear in len; the bounds above checked as each key arrives. 0, or -1 with err set (what:
  * the location the user gave). */
-int s3_parse_listing(const char *xml, size_t len, const char *prefix, s3_listing *l,
+int s3_parse_listing(const char *xml, size_t len, const char *prefix, ck_listing *l,
                      char **token, const char *what, ck_error *err);
 
 /* Credentials in the JSON the container endpoint and instance metadata answer with
