@@ -26,7 +26,7 @@ int ck_location_is_url(const char *loc)
 static void userinfo(const char *loc, size_t *from, size_t *len)
 {
     *from = *len = 0;
-    if (!ck_location_is_http(loc)) /* the others have none (hf://'s '@' names a revision) */
+    if (!ck_location_is_url(loc)) /* any scheme's: hf://'s '@' (a revision) follows a '/' */
         return;
     *from = (size_t)(strstr(loc, "://") - loc) + 3;
     size_t auth = *from + strcspn(loc + *from, "/?#");

@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 
-/* Whether loc is an http:// or https:// URL, the only ones with userinfo. */
+/* Whether loc is an http:// or https:// URL. */
 int ck_location_is_http(const char *loc);
 
 /* Whether loc is a URL (above) rather than a path. */

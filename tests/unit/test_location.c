@@ -33,6 +33,8 @@ Test(location, shown_source_has_no_secrets)
         {"http://h/a@b/m#x", "http://h/a@b/m"},       /* an '@' in the path is no userinfo */
         {"http://h?u:p@x/y", "http://h"},             /* nor one in the query */
         {"hf://org/repo@v1.0/m.safetensors", "hf://org/repo@v1.0/m.safetensors"},
+        {"ftp://u:pw@h/m?x", "ftp://h/m"}, /* any scheme's userinfo, a scheme unread too */
+        {"gs://bkt/o/m.safetensors#f", "gs://bkt/o/m.safetensors"},
         {"dir/m@1.safetensors?x#y", "dir/m@1.safetensors?x#y"}, /* a path is shown as is */
     };
     char out[128];
