@@ -7,7 +7,7 @@ BUILD   ?= $(if $(SANITIZE),build/san,$(if $(COVERAGE),build/cov,build))
 PYTHON  ?= /usr/bin/python3
 PYDEPS  := $(CURDIR)/.deps/python
 
-PKGS    := fuse3 libcjson libxxhash zlib
+PKGS    := fuse3 libcjson libxxhash zlib libcrypto
 CFLAGS  ?= -O2 -g
 # -fPIC (the core also goes into libckload.so) would otherwise keep a file's calls of its own
 # global functions from being inlined, in case another object interposed them: nothing does

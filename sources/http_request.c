@@ -299,15 +299,20 @@ static void error_status(const http_client *c, const reply *r, char *out, size_t
         snprintf(out, cap, "%ld", r->status);
 }
 
-/* Performs one request on h for url, with headers hs, signed with sig when not NULL; the reply
- * in *r. */
-static CURLcode perform(CURL *h, const char *url, const char *method, struct curl_slist *hs,
-                        reply *r, double left, const char *cacert, const http_sigv4 *sig)
+/* Performs one request on h for url (a POST of form when not NULL), with headers hs, signed
+ * with sig when not NULL; the reply in *r. */
+static CURLcode perform(CURL *h, const char *url, const char *method, const char *form,
+                        struct curl_slist *hs, reply *r, double left, const char *cacert,
+                        const http_sigv4 *sig)
 {
     cu.easy_reset(h);
     cu.easy_setopt(h, CURLOPT_URL, url);
     if (method)
         cu.easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (form) {
+        cu.easy_setopt(h, CURLOPT_POSTFIELDS, form);
+        cu.easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(form));
+    }
     cu.easy_setopt(h, CURLOPT_HTTPHEADER, hs);
     cu.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L); /* followed here, without Authorization */
     cu.easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -394,7 +399,8 @@ typedef struct request {
     const http_client *client;
     http_target *o;
     const char *url;          /* the object's URL */
-    const char *method;       /* NULL: GET */
+    const char *method;       /* NULL: GET (or POST with form) */
+    const char *form;         /* a POST's urlencoded body, or NULL */
     const char *const *extra; /* more headers, NULL-terminated, or NULL */
     double budget_s;          /* 0: CKPTFS_HTTP_BUDGET or HTTP_BUDGET_S */
     uint64_t first, last;     /* the range; last < first: the whole document */
@@ -553,7 +559,7 @@ static enum outcome attempt(request *q, CURL *h, double left)
             break;
         }
         q->r = (reply){.dst = q->r.dst, .cap = q->r.cap, .grow = q->r.grow};
-        CURLcode c = perform(h, url, q->method, hs, &q->r, left, q->client->cacert,
+        CURLcode c = perform(h, url, q->method, q->form, hs, &q->r, left, q->client->cacert,
                              auth.sigv4 ? &auth.sig : NULL);
         wipe_headers(hs);
         wipe_auth(&auth);
@@ -785,7 +791,8 @@ int http_request_doc(const http_client *c, const char *url, const http_doc_reque
     *body = NULL;
     if (have_curl(shown, err))
         return -1;
-    request q = {.client = c, .url = url, .method = how->method, .extra = how->headers,
+    request q = {.client = c, .url = url, .method = how->method, .form = how->form,
+                 .extra = how->headers,
                  .tries = how->tries, .budget_s = how->budget_s, .first = 1, .last = 0,
                  .no_redirects = how->no_redirects,
                  .r = {.grow = body, .cap = max}};

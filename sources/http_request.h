@@ -114,9 +114,10 @@ void http_target_stats(const http_target *t, uint64_t *requests, uint64_t *bytes
  * *body (malloc'ed, NUL-terminated, *len bytes). 0, or -1 with err set. */
 int http_get(const http_client *c, const char *url, size_t max, char **body, size_t *len,
              ck_error *err);
-/* How http_request_doc asks: the credential endpoints' ways (s3.c). */
+/* How http_request_doc asks: the credential endpoints' ways (s3.c, gcs.c). */
 typedef struct http_doc_request {
-    const char *method;         /* NULL: GET; "PUT": without a body */
+    const char *method;         /* NULL: GET (POST with form); "PUT": without a body */
+    const char *form;           /* a POST's application/x-www-form-urlencoded body, or NULL */
     const char *const *headers; /* "Name: value" lines, NULL-terminated, or NULL */
     unsigned tries;             /* 0: as configured (HTTP_TRIES) */
     double budget_s;            /* 0: as configured (HTTP_BUDGET_S); also bounds the connect */

@@ -1,5 +1,6 @@
 /* schemes.c — the table of remote schemes (schemes.h). */
 #include "schemes.h"
+#include "gcs.h"
 #include "hub.h"
 #include "s3.h"
 
@@ -9,7 +10,7 @@
 /* A URL of http(s): read as it is, with no credential of ours. */
 static const ck_scheme http_scheme = {.name = "http(s)", .is = http_is_url};
 
-static const ck_scheme *const rows[] = {&http_scheme, &hub_scheme, &s3_scheme};
+static const ck_scheme *const rows[] = {&http_scheme, &hub_scheme, &s3_scheme, &gcs_scheme};
 
 enum { NROWS = sizeof rows / sizeof *rows };
 

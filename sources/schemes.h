@@ -1,9 +1,9 @@
 /* schemes.h — the remote schemes ckptfs reads: one table, one row each (scheme.h).
  *
  * Contract:
- *  - http:// and https:// (a URL read as it is), hf:// (hub.h), s3:// (s3.h). A location of
- *    none of them is a path, or a URL of a scheme ckptfs does not read (location.h), which
- *    ck_source_open refuses by name.
+ *  - http:// and https:// (a URL read as it is), hf:// (hub.h), s3:// (s3.h), gs:// (gcs.h).
+ *    A location of none of them is a path, or a URL of a scheme ckptfs does not read
+ *    (location.h), which ck_source_open refuses by name.
  *  - The transport asks the table through the hooks the opener hands it (http_config's
  *    authorize and explain): a request is authorised by the row whose endpoint it goes to.
  */
