@@ -281,27 +281,41 @@ class Server:
         self.httpd.server_close()
 
 
-def storage_route(data, cdn=None):
-    """A JSON API of one object, gs://bkt/m.safetensors (generation 7), wanting TOKEN; media
-    reads sent on to cdn when given (a redirect to another origin)."""
+def storage_route(data, cdn=None, objects=None, pages=None):
+    """A JSON API wanting TOKEN: the object gs://bkt/m.safetensors (data, generation 7) and any
+    of objects ({name: bytes}); media reads sent on to cdn when given (a redirect to another
+    origin); a listing of pages ({prefix: [names of page 1, names of page 2, ...]}), page n+1
+    asked with pageToken "page-n+1"."""
+    objects = dict(objects or {}, **{"m.safetensors": data})
+
     def route(srv, h):
         if h.headers.get("Authorization") != f"Bearer {TOKEN}" and srv is not cdn:
             return h.answer(401, json.dumps({"error": {"code": 401, "message": "Invalid",
                                                        "errors": [{"reason": "authError"}]}}
                                             ).encode())
-        if h.req["path"] != "/storage/v1/b/bkt/o/m.safetensors":
+        q, path = h.req["query"], h.req["path"]
+        if path == "/storage/v1/b/bkt/o" and q.get("prefix") in (pages or {}):
+            listed = pages[q["prefix"]]
+            n = int(q.get("pageToken", "page-0").split("-")[1])
+            body = {"kind": "storage#objects",
+                    "items": [{"name": q["prefix"] + x, "generation": "7"} for x in listed[n]]}
+            if n + 1 < len(listed):
+                body["nextPageToken"] = f"page-{n + 1}"
+            return h.answer(200, json.dumps(body).encode())
+        name = path[len("/storage/v1/b/bkt/o/"):]
+        if not path.startswith("/storage/v1/b/bkt/o/") or name not in objects:
             return h.answer(404)
-        q = h.req["query"]
+        obj = objects[name]
         if q.get("alt") != "media":
-            return h.answer(200, json.dumps({"name": "m.safetensors", "generation": "7",
-                                             "size": str(len(data))}).encode())
+            return h.answer(200, json.dumps({"name": name, "generation": "7",
+                                             "size": str(len(obj))}).encode())
         if q.get("ifGenerationMatch") != "7":
             return h.answer(412)
         if cdn and srv is not cdn:
             return h.answer(302, headers=[("Location", cdn.url + h.path)])
-        first, last = netlab.parse_range(h.headers["Range"], len(data))
-        h.answer(206, data[first:last + 1],
-                 [("Content-Range", f"bytes {first}-{last}/{len(data)}")])
+        first, last = netlab.parse_range(h.headers["Range"], len(obj))
+        h.answer(206, obj[first:last + 1],
+                 [("Content-Range", f"bytes {first}-{last}/{len(obj)}")])
     return route
 
 
@@ -471,4 +485,32 @@ def test_without_credentials_a_refusal_says_the_reason_and_no_secret(stored, tmp
         assert "401 (authError)" in line and line.startswith("ckpt: gs://bkt/m.safetensors: "), line
         assert all("Authorization" not in r["headers"] for r in store.requests)
     finally:
+        store.close()
+
+
+def test_a_listing_over_pages_with_the_token(gcs, tmp_path):
+    """A prefix listed over three pages (pageToken), every page and shard asked with the token
+    the metadata server gave."""
+    local = gcs.local
+    objects = {f"p/{n}": (local / n).read_bytes() for n in SHARDS}
+    tensors = {}
+    for n in SHARDS:
+        tensors.update(library_view(local / n)[0])
+    md = Server(lambda srv, h: h.answer(200, json.dumps({"access_token": TOKEN,
+                                                         "expires_in": 3599}).encode()))
+    store = Server(storage_route(b"", objects=objects,
+                                 pages={"p/": [[SHARDS[0]], ["README.md"], [SHARDS[1]]]}))
+    try:
+        env = google_env(tmp_path, store.url, GCE_METADATA_HOST=md.url[len("http://"):])
+        p = ckpt(env, "ls", "--json", "gs://bkt/p/")
+        assert p.returncode == 0, p.stderr
+        listed = json.loads(p.stdout)
+        assert listed["format"] == "safetensors-sharded"
+        assert {t["name"] for t in listed["tensors"]} == set(tensors)
+        lists = [r["query"].get("pageToken") for r in store.requests
+                 if r["path"] == "/storage/v1/b/bkt/o"]
+        assert lists == [None, "page-1", "page-2"], lists
+        only_storage_saw_the_token(store, md)
+    finally:
+        md.close()
         store.close()
