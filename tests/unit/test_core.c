@@ -90,6 +90,17 @@ static char *given(void *arg, size_t size)
     return arg;
 }
 
+/* p's pieces, one after the other, into out: how many bytes. */
+static size_t gather(const ck_pieces *p, void *out)
+{
+    size_t at = 0;
+    for (unsigned i = 0; i < p->n; i++) {
+        memcpy((char *)out + at, p->iov[i].iov_base, p->iov[i].iov_len);
+        at += p->iov[i].iov_len;
+    }
+    return at;
+}
+
 /* ck_fs_read's pieces gathered into buf, as a reply gathers them, and released: the count or
  * -errno. (No assertion: racing threads call it.) */
 static ssize_t read_at(ck_fs *fs, uint64_t ino, void *buf, size_t size, off_t off)
@@ -97,11 +108,7 @@ static ssize_t read_at(ck_fs *fs, uint64_t ino, void *buf, size_t size, off_t of
     char *scratch = malloc(size ? size : 1);
     ck_pieces p;
     ssize_t n = scratch ? ck_fs_read(fs, ino, size, off, given, scratch, &p) : -ENOMEM;
-    size_t at = 0;
-    for (unsigned i = 0; n >= 0 && i < p.n; i++) {
-        memcpy((char *)buf + at, p.iov[i].iov_base, p.iov[i].iov_len);
-        at += p.iov[i].iov_len;
-    }
+    size_t at = n >= 0 ? gather(&p, buf) : 0;
     if (n >= 0)
         ck_fs_read_release(fs, ino, &p);
     free(scratch);
@@ -486,148 +493,144 @@ static const ck_source_ops lending_ops = {
     .hold = cs_hold, .release = cs_release,
 };
 
-/* The sample's tensors (w.a, w.b, n) over a counted source c read through ops. */
-static void counted_fs(ck_fs *fs, const ck_source_ops *ops, counted_src *c)
+/* One test's mount of the sample's tensors (w.a, w.b, n) over a counted source, the buffer its
+ * copies go to, and a read's pieces. */
+typedef struct counted {
+    counted_src c;
+    ck_fs fs;
+    counted_buf b;
+    ck_pieces p;
+} counted;
+
+/* t's mount over a source read through ops, in pieces of `piece` bytes; w.a's inode. */
+static uint64_t counted_mount(counted *t, const ck_source_ops *ops, size_t piece)
 {
+    *t = (counted){.c = {.piece = piece}};
     fill_bytes(src, sizeof src, 7);
     ck_index *ix = ck_index_new("test");
     cr_assert_not_null(ix);
     ck_error err = {""};
-    ck_file f = {.path = "counted", .fd = -1, .size = SRC_LEN, .ops = ops, .remote = c};
+    ck_file f = {.path = "counted", .fd = -1, .size = SRC_LEN, .ops = ops, .remote = &t->c};
     cr_assert_eq(ck_index_add_opened(ix, &f, &err), 0, "%s", err.msg);
     add_contig(ix, "w.a", CK_F32, 1, (int64_t[]){4}, 0, 16);
     add_contig(ix, "w.b", CK_U8, 2, (int64_t[]){2, 3}, 16, 6);
     add_contig(ix, "n", CK_I16, 0, NULL, 22, 2);
-    init_ok(fs, ix);
+    init_ok(&t->fs, ix);
+    return ino_at(&t->fs, "w/a");
+}
+
+/* What a read asked for: the source's holds and preads, and buffers. */
+static void assert_asked(const counted_src *c, const counted_buf *b, unsigned holds,
+                         unsigned preads, unsigned buffers)
+{
+    cr_assert_eq(c->holds, holds, "holds");
+    cr_assert_eq(c->preads, preads, "preads");
+    cr_assert_eq(b->calls, buffers, "buffers");
+}
+
+/* A read's bytes, len of them as at want, are one piece: the copy in t's buffer. */
+static void assert_copied(const counted *t, const void *want, size_t len)
+{
+    cr_assert_eq(t->p.n, 1);
+    cr_assert_eq(t->p.lent, 0);
+    cr_assert_eq(t->p.iov[0].iov_base, t->b.mem, "the bytes are in the caller's buffer");
+    cr_assert_eq(t->p.iov[0].iov_len, len);
+    cr_assert_arr_eq(t->b.mem, want, len);
 }
 
 Test(core, read_of_a_file_that_cannot_lend_copies_in_one_pass)
 {
     /* Each read asks the source once, for all its bytes, into the one buffer: it never asks it
      * to lend first. */
-    counted_src c = {0};
-    ck_fs fs;
-    counted_fs(&fs, &copying_ops, &c);
-    uint64_t a = ino_at(&fs, "w/a");
-    counted_buf b = {0};
-    ck_pieces p;
-    cr_assert_eq(ck_fs_read(&fs, a, 12, 2, counted_buffer, &b, &p), 12);
-    cr_assert_eq(c.preads, 1);
-    cr_assert_eq(b.calls, 1);
-    cr_assert_eq(p.n, 1);
-    cr_assert_eq(p.lent, 0);
-    cr_assert_eq(p.iov[0].iov_base, b.mem, "the bytes are in the caller's buffer");
-    cr_assert_arr_eq(b.mem, src + 2, 12);
-    ck_fs_read_release(&fs, a, &p);
+    counted t;
+    uint64_t a = counted_mount(&t, &copying_ops, 0);
+    cr_assert_eq(ck_fs_read(&t.fs, a, 12, 2, counted_buffer, &t.b, &t.p), 12);
+    assert_asked(&t.c, &t.b, 0, 1, 1);
+    assert_copied(&t, src + 2, 12);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    ck_fs_free(&t.fs);
     /* A local file is read the same way: one copy into the buffer. */
     ck_fs *local = sample_fs();
+    uint64_t b = ino_at(local, "w/b");
     cr_assert_not(ck_file_lends(&local->ix->files[0]));
-    b.calls = 0;
-    cr_assert_eq(ck_fs_read(local, ino_at(local, "w/b"), 64, 0, counted_buffer, &b, &p), 6);
-    cr_assert_eq(b.calls, 1);
-    cr_assert_eq(p.n, 1);
-    cr_assert_eq(p.iov[0].iov_base, b.mem);
-    cr_assert_arr_eq(b.mem, src + 16, 6);
-    ck_fs_read_release(local, ino_at(local, "w/b"), &p);
+    t.b.calls = 0;
+    cr_assert_eq(ck_fs_read(local, b, 64, 0, counted_buffer, &t.b, &t.p), 6);
+    cr_assert_eq(t.b.calls, 1);
+    assert_copied(&t, src + 16, 6);
+    ck_fs_read_release(local, b, &t.p);
     ck_fs_free(local);
-    ck_fs_free(&fs);
 }
 
 Test(core, read_of_a_file_that_lends_lends_and_releases)
 {
     /* The source's own bytes, in its pieces, never copied; each piece released once. */
-    counted_src c = {.piece = 8};
-    ck_fs fs;
-    counted_fs(&fs, &lending_ops, &c);
-    uint64_t a = ino_at(&fs, "w/a");
-    counted_buf b = {0};
-    ck_pieces p;
-    cr_assert_eq(ck_fs_read(&fs, a, 64, 2, counted_buffer, &b, &p), 14);
-    cr_assert_eq(c.holds, 2);
-    cr_assert_eq(c.preads, 0);
-    cr_assert_eq(b.calls, 0);
-    cr_assert_eq(p.n, 2);
-    cr_assert_eq(p.lent, 2);
-    cr_assert_eq(p.iov[0].iov_base, src + 2);
-    cr_assert_eq(p.iov[0].iov_len, 6);
-    cr_assert_eq(p.iov[1].iov_base, src + 8);
-    cr_assert_eq(p.iov[1].iov_len, 8);
-    ck_fs_read_release(&fs, a, &p);
-    cr_assert_eq(c.releases, 2);
+    counted t;
+    uint64_t a = counted_mount(&t, &lending_ops, 8);
+    cr_assert_eq(ck_fs_read(&t.fs, a, 64, 2, counted_buffer, &t.b, &t.p), 14);
+    assert_asked(&t.c, &t.b, 2, 0, 0);
+    cr_assert_eq(t.p.n, 2);
+    cr_assert_eq(t.p.lent, 2);
+    cr_assert_eq(t.p.iov[0].iov_base, src + 2);
+    cr_assert_eq(t.p.iov[0].iov_len, 6);
+    cr_assert_eq(t.p.iov[1].iov_base, src + 8);
+    cr_assert_eq(t.p.iov[1].iov_len, 8);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    cr_assert_eq(t.c.releases, 2);
     /* At or past the end: nothing held, nothing to release. */
-    cr_assert_eq(ck_fs_read(&fs, a, 8, 16, counted_buffer, &b, &p), 0);
-    cr_assert_eq(p.n, 0);
-    ck_fs_read_release(&fs, a, &p);
-    cr_assert_eq(c.releases, 2);
-    ck_fs_free(&fs);
+    cr_assert_eq(ck_fs_read(&t.fs, a, 8, 16, counted_buffer, &t.b, &t.p), 0);
+    cr_assert_eq(t.p.n, 0);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    cr_assert_eq(t.c.releases, 2);
+    ck_fs_free(&t.fs);
 }
 
 Test(core, read_that_needs_more_pieces_than_lent_copies_the_rest)
 {
     /* 2-byte pieces: w.a's 16 bytes would take 8. The first CK_PIECES_MAX - 1 are lent, the
      * rest copied in one read into the buffer, and the whole comes out in order. */
-    counted_src c = {.piece = 2};
-    ck_fs fs;
-    counted_fs(&fs, &lending_ops, &c);
-    uint64_t a = ino_at(&fs, "w/a");
-    counted_buf b = {0};
-    ck_pieces p;
-    cr_assert_eq(ck_fs_read(&fs, a, 16, 0, counted_buffer, &b, &p), 16);
-    cr_assert_eq(c.holds, CK_PIECES_MAX - 1);
-    cr_assert_eq(c.preads, 1);
-    cr_assert_eq(b.calls, 1);
-    cr_assert_eq(p.n, CK_PIECES_MAX);
-    cr_assert_eq(p.lent, CK_PIECES_MAX - 1);
-    cr_assert_eq(p.iov[p.n - 1].iov_base, b.mem);
+    counted t;
+    uint64_t a = counted_mount(&t, &lending_ops, 2);
+    cr_assert_eq(ck_fs_read(&t.fs, a, 16, 0, counted_buffer, &t.b, &t.p), 16);
+    assert_asked(&t.c, &t.b, CK_PIECES_MAX - 1, 1, 1);
+    cr_assert_eq(t.p.n, CK_PIECES_MAX);
+    cr_assert_eq(t.p.lent, CK_PIECES_MAX - 1);
+    cr_assert_eq(t.p.iov[t.p.n - 1].iov_base, t.b.mem);
     unsigned char whole[16];
-    size_t at = 0;
-    for (unsigned i = 0; i < p.n; i++) {
-        memcpy(whole + at, p.iov[i].iov_base, p.iov[i].iov_len);
-        at += p.iov[i].iov_len;
-    }
-    cr_assert_eq(at, 16);
+    cr_assert_eq(gather(&t.p, whole), 16);
     cr_assert_arr_eq(whole, src, 16);
-    ck_fs_read_release(&fs, a, &p);
-    cr_assert_eq(c.releases, c.holds);
-    ck_fs_free(&fs);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    cr_assert_eq(t.c.releases, t.c.holds);
+    ck_fs_free(&t.fs);
 }
 
 Test(core, read_of_a_changed_lending_source_is_eio_with_nothing_held)
 {
-    counted_src c = {.piece = 8, .changed = 1};
-    ck_fs fs;
-    counted_fs(&fs, &lending_ops, &c);
-    uint64_t a = ino_at(&fs, "w/a");
-    counted_buf b = {0};
-    ck_pieces p;
-    cr_assert_eq(ck_fs_read(&fs, a, 16, 0, counted_buffer, &b, &p), -EIO);
-    cr_assert_gt(c.holds, 0);
-    cr_assert_eq(c.releases, c.holds, "every piece lent was given back");
-    cr_assert_eq(p.n, 0);
-    cr_assert_eq(p.lent, 0);
-    ck_fs_free(&fs);
+    counted t;
+    uint64_t a = counted_mount(&t, &lending_ops, 8);
+    t.c.changed = 1;
+    cr_assert_eq(ck_fs_read(&t.fs, a, 16, 0, counted_buffer, &t.b, &t.p), -EIO);
+    cr_assert_gt(t.c.holds, 0);
+    cr_assert_eq(t.c.releases, t.c.holds, "every piece lent was given back");
+    cr_assert_eq(t.p.n, 0);
+    cr_assert_eq(t.p.lent, 0);
+    ck_fs_free(&t.fs);
 }
 
 Test(core, npy_view_of_a_lending_source_is_copied)
 {
     /* Its header is the mount's: the view is made in the buffer, the tensor's bytes read into
      * it after the header. */
-    counted_src c = {.piece = 8};
-    ck_fs fs;
-    counted_fs(&fs, &lending_ops, &c);
-    fs.npy = 1;
+    counted t;
+    counted_mount(&t, &lending_ops, 8);
+    t.fs.npy = 1;
     struct stat st;
-    uint64_t npy = walk(&fs, "w/a.npy", &st);
-    counted_buf b = {0};
-    ck_pieces p;
-    cr_assert_eq(ck_fs_read(&fs, npy, (size_t)st.st_size, 0, counted_buffer, &b, &p),
+    uint64_t npy = walk(&t.fs, "w/a.npy", &st);
+    cr_assert_eq(ck_fs_read(&t.fs, npy, (size_t)st.st_size, 0, counted_buffer, &t.b, &t.p),
                  st.st_size);
-    cr_assert_eq(c.holds, 0);
-    cr_assert_eq(c.preads, 1);
-    cr_assert_eq(b.calls, 1);
-    cr_assert_arr_eq(b.mem + st.st_size - 16, src, 16);
-    ck_fs_read_release(&fs, npy, &p);
-    ck_fs_free(&fs);
+    assert_asked(&t.c, &t.b, 0, 1, 1);
+    cr_assert_arr_eq(t.b.mem + st.st_size - 16, src, 16);
+    ck_fs_read_release(&t.fs, npy, &t.p);
+    ck_fs_free(&t.fs);
 }
 
 /* --- index.json, made on first use -------------------------------------------------------- */
