@@ -7,12 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Forks the daemon while this process is still small, and returns in it with *ready the pipe
- * to tell the command it may end (daemon_ready); the command itself waits here and exits with
- * the daemon's verdict: 0 once it is ready, else its exit status, after it has printed why.
- * Forking before the checkpoint is parsed rather than after (as fuse_daemonize would): the
+/* Forking before the checkpoint is parsed rather than after (as fuse_daemonize would): the
  * daemon then owns every page it touches, instead of copying each on first write, and the
- * command exits with nothing to tear down. -1 when the fork fails. */
+ * command exits with nothing to tear down. */
 int ck_daemon_fork(int *ready)
 {
     int p[2];
@@ -42,16 +39,13 @@ int ck_daemon_fork(int *ready)
     _exit(WIFEXITED(st) && WEXITSTATUS(st) ? WEXITSTATUS(st) : 1);
 }
 
-/* Whether stderr is a file (`2>>ckptfs.log`), where the daemon may go on writing. A terminal,
- * a pipe or a socket is the command's, and a reader of a pipe waits for its end. */
+/* A terminal, a pipe or a socket is the command's, and a reader of a pipe waits for its end. */
 int ck_stderr_is_file(void)
 {
     struct stat st;
     return fstat(2, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Detaches the daemon (its own session, "/" as its directory, /dev/null as stdin, stdout and
- * stderr, unless keep_stderr) and lets the waiting command end. */
 int ck_daemon_ready(int ready, int keep_stderr)
 {
     int null = open("/dev/null", O_RDWR);

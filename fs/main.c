@@ -31,23 +31,10 @@
  * command line itself (as ckpt's usage errors). */
 enum { EXIT_FAILED = 1, EXIT_USAGE = 2 };
 
-/* Whether the mount is made with auto_unmount: a daemon that dies (kill -9, a crash) takes its
- * mount with it instead of leaving "Transport endpoint is not connected" behind. The default,
- * unless asked otherwise (noauto_unmount: mount.fuse.ckptfs's, fstab's mounts being the
- * administrator's), the mountpoint is another's (/dev/fd/N), or nobody can do the watching:
- * root's own watcher (watch_unmount), else fusermount3 (libfuse's), when it is not there (a
- * container without it). Then only when asked. */
-static int wants_auto_unmount(const struct ck_opts *o, int by_fd)
-{
-    return o->auto_unmount ||
-           (!o->no_auto_unmount && !by_fd && (geteuid() == 0 || ck_have_fusermount()));
-}
-
 /* Root watches its own mount (watch.h): libfuse's auto_unmount would mount through fusermount3,
  * whose start costs a small checkpoint's mount many times what root's own mount(2) does
- * (BENCHMARKS.md, "Issue 28: mount latency without fusermount3; where a first read through the
- * mount goes"). Others keep libfuse's watcher, which their mount needs anyway. The socket to
- * the watcher, or -1 for libfuse's (or none). */
+ * (BENCHMARKS.md, mount latency without fusermount3). Others keep libfuse's watcher, which
+ * their mount needs anyway. The socket to the watcher, or -1 for libfuse's (or none). */
 static int watch_unmount(int auto_unmount, int by_fd, const char *mountpoint, char *args,
                          size_t args_len)
 {
@@ -190,25 +177,162 @@ static void log_line(const char *line)
     ck_ll_log(full);
 }
 
+/* One run of the command: what main makes, in order, and frees at the end, whatever happened. */
+typedef struct run {
+    struct fuse_args args;        /* what is left of the command line for libfuse */
+    struct ck_opts o;
+    struct fuse_cmdline_opts co;  /* co.mountpoint: MOUNTPOINT, canonical */
+    int by_fd;                    /* MOUNTPOINT is /dev/fd/N: a mount another made */
+    int auto_unmount;             /* ck_wants_auto_unmount */
+    int watch;                    /* the socket to our own watcher (watch_unmount), or -1 */
+    int ready;                    /* the pipe to the waiting command (ck_daemon_fork), or -1 */
+    http_remote *remote;          /* every remote file's caches */
+    ck_mount m;
+    struct fuse_session *se;
+    int mounted;
+    char *arg_block;              /* the argument block, as the kernel shows it */
+    size_t arg_block_len;
+} run;
+
+/* Parses the command line and checks it, everything said in our words: -1 to go on, else the
+ * exit status (0 for --help and --version). */
+static int parse_command_line(run *r, const char *prog)
+{
+    fuse_set_log_func(keep_libfuse_said);
+    capturing = 1;
+    int parsed = ck_opts_parse(&r->args, &r->o) == 0 &&
+                 fuse_parse_cmdline(&r->args, &r->co) == 0;
+    capturing = 0;
+    if (!parsed) {
+        say_refused("arguments", "malformed");
+        return EXIT_USAGE;
+    }
+    if (r->co.show_help) {
+        ck_opts_usage(stdout, prog);
+        fuse_cmdline_help();
+        fuse_lowlevel_help();
+        return 0;
+    }
+    if (r->co.show_version) {
+        printf("ckptfs %s (libfuse %s)\n", CKPTFS_VERSION, fuse_pkgversion());
+        return 0;
+    }
+    if (!r->o.source || !r->o.mountpoint || r->o.extra) {
+        char shown[CK_SHOWN_MAX]; /* the extra argument may be a URL with its secrets */
+        if (r->o.extra)
+            fprintf(stderr, "ckptfs: %s: one argument too many (usage: %s [options] SOURCE "
+                    "MOUNTPOINT)\n", ck_location_shown(r->o.extra, shown, sizeof shown), prog);
+        else
+            fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", prog);
+        return EXIT_USAGE;
+    }
+    if (!libfuse_accepts(&r->args)) {
+        say_refused("options", "not accepted by libfuse");
+        return EXIT_USAGE;
+    }
+    return ck_opts_check(&r->o) == 0 ? -1 : EXIT_USAGE;
+}
+
+/* Forks the daemon (unless in the foreground), starts the watcher, parses SOURCE into the view:
+ * 0, or -1 reported. */
+static int build(run *r)
+{
+    const struct ck_opts *o = &r->o;
+    if (!r->co.foreground && ck_daemon_fork(&r->ready) != 0) {
+        fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
+        return -1;
+    }
+    r->auto_unmount = ck_wants_auto_unmount(o, r->by_fd);
+    r->watch = watch_unmount(r->auto_unmount, r->by_fd, r->co.mountpoint, r->arg_block,
+                             r->arg_block_len);
+    r->remote = ck_remote_new(&(http_config){.cacert = o->cacert, .anonymous = o->anonymous,
+                                             .cache_mem = o->cache_mem_bytes,
+                                             .cache_dir = o->cache_dir,
+                                             .cache_max = o->cache_max_bytes, .log = log_line});
+    if (!r->remote) {
+        fprintf(stderr, "ckptfs: out of memory\n");
+        return -1;
+    }
+    if (!ck_location_is_url(o->source)) /* a URL's parse waits on the network, not on faults */
+        ck_prefault_heap(o->source);
+    return build_view(&r->m, r->remote, o->source, o) != 0 ||
+                   (!r->by_fd && !o->nonempty &&
+                    ck_preflight_sources(&r->m.fs, o->mountpoint, r->co.mountpoint) != 0)
+               ? -1
+               : 0;
+}
+
+/* Mounts the view and answers the kernel's first request, detaches the daemon and lets the
+ * command end: 0, or -1 reported. */
+static int mount_view(run *r)
+{
+    const struct ck_opts *o = &r->o;
+    char abs[PATH_MAX];
+    const char *source = !ck_location_is_url(o->source) && realpath(o->source, abs) ? abs
+                                                                                    : o->source;
+    if (add_mount_opts(&r->args, source, r->auto_unmount && r->watch < 0) != 0 ||
+        pthread_key_create(&r->m.read_buf, free) != 0) {
+        fprintf(stderr, "ckptfs: out of memory\n");
+        return -1;
+    }
+    capturing = 1;
+    r->se = fuse_session_new(&r->args, &ck_ll_ops, sizeof ck_ll_ops, &r->m);
+    int started = r->se && fuse_set_signal_handlers(r->se) == 0;
+    r->mounted = started && fuse_session_mount(r->se, r->co.mountpoint) == 0;
+    capturing = 0;
+    if (!r->mounted) {
+        /* a user's mount is fusermount3's, which says why on stderr itself */
+        say_refused(started ? o->mountpoint : "libfuse",
+                    started ? "mount failed (fusermount3 says why)" : "no session (out of memory)");
+        return -1;
+    }
+    if (r->watch >= 0)
+        ck_watch_arm(r->watch);
+    if (serve_init(r->se) != 0)
+        return -1;
+    if (!r->by_fd) /* a mount made by someone else: its path is not ours to know */
+        ck_set_readahead(r->co.mountpoint, o->readahead_kb, o->readahead_set);
+    int keep_stderr = r->co.foreground || ck_stderr_is_file();
+    if (!r->co.foreground && ck_daemon_ready(r->ready, keep_stderr) != 0) {
+        fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));
+        return -1;
+    }
+    ck_ll_log_start(keep_stderr);
+    if (!r->by_fd) /* not when the mount is another's (/dev/fd/N): its namespace is theirs */
+        (void)ck_watch_namespace(r->co.mountpoint);
+    return 0;
+}
+
+static void run_free(run *r)
+{
+    if (r->se) {
+        if (r->mounted)
+            fuse_session_unmount(r->se);
+        if (r->mounted && r->watch >= 0)
+            ck_watch_disarm(r->watch);
+        fuse_remove_signal_handlers(r->se);
+        fuse_session_destroy(r->se);
+    }
+    ck_fs_free(&r->m.fs);
+    http_remote_free(r->remote); /* after the files opened through it */
+    free(r->co.mountpoint);
+    ck_opts_free(&r->o);
+    fuse_opt_free_args(&r->args);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) { /* nothing asked: how to ask */
         ck_opts_usage(stderr, argc ? argv[0] : "ckptfs");
         return EXIT_USAGE;
     }
-    /* the argument block, as the kernel shows it (hide_args below rewrites it in place) */
-    char *arg_block = argv[0];
-    size_t arg_block_len = (size_t)(argv[argc - 1] - argv[0]) + strlen(argv[argc - 1]) + 1;
     ck_keep_freed_memory();
-    struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-    struct ck_opts o = {.timeout = 86400, .readahead_kb = 4096};
-    struct fuse_cmdline_opts co = {0};
-    ck_mount m = {0};
-    struct fuse_session *se = NULL;
-    http_remote *remote = NULL; /* every remote file's caches */
-    int status = EXIT_FAILED, mounted = 0, ready = -1, watch = -1;
-    uint64_t cache_mem, cache_max;
-
+    run r = {
+        .args = FUSE_ARGS_INIT(argc, argv), .o = CK_OPTS_INIT, .watch = -1, .ready = -1,
+        /* read before ck_location_hide_args rewrites the block in place */
+        .arg_block = argv[0],
+        .arg_block_len = (size_t)(argv[argc - 1] - argv[0]) + strlen(argv[argc - 1]) + 1,
+    };
     /* Before anything else: the daemon lives long, and `ps` would show SOURCE's secrets. */
     if (ck_location_hide_args(argc, argv) != 0) {
         fprintf(stderr, "ckptfs: out of memory\n");
@@ -217,128 +341,13 @@ int main(int argc, char **argv)
     /* A descriptor per source file for the mount's life (a DCP job's file per rank), besides
      * FUSE's and remote connections': as servers do, all the hard limit allows. */
     ck_nofile_raise();
-    fuse_set_log_func(keep_libfuse_said);
-    capturing = 1;
-    int parsed = fuse_opt_parse(&args, &o, ck_opt_spec, ck_opts_proc) == 0 &&
-                 fuse_parse_cmdline(&args, &co) == 0;
-    capturing = 0;
-    if (!parsed) {
-        say_refused("arguments", "malformed");
-        status = EXIT_USAGE;
-        goto out;
-    }
-    if (co.show_help) {
-        ck_opts_usage(stdout, argv[0]);
-        fuse_cmdline_help();
-        fuse_lowlevel_help();
-        status = 0;
-        goto out;
-    }
-    if (co.show_version) {
-        printf("ckptfs %s (libfuse %s)\n", CKPTFS_VERSION, fuse_pkgversion());
-        status = 0;
-        goto out;
-    }
-    status = EXIT_USAGE; /* until the command line is known good */
-    if (!o.source || !o.mountpoint || o.extra) {
-        char shown[CK_SHOWN_MAX]; /* the extra argument may be a URL with its secrets */
-        if (o.extra)
-            fprintf(stderr, "ckptfs: %s: one argument too many (usage: %s [options] SOURCE "
-                    "MOUNTPOINT)\n", ck_location_shown(o.extra, shown, sizeof shown), argv[0]);
-        else
-            fprintf(stderr, "ckptfs: need SOURCE and MOUNTPOINT (see %s --help)\n", argv[0]);
-        goto out;
-    }
-    if (!libfuse_accepts(&args)) {
-        say_refused("options", "not accepted by libfuse");
-        goto out;
-    }
-    if (!ck_opts_valid(&o) || ck_opts_size("cache_mem", o.cache_mem, &cache_mem) != 0 ||
-        ck_opts_size("cache_max", o.cache_max, &cache_max) != 0)
-        goto out;
-    status = EXIT_FAILED;
-    if (ck_check_mountpoint(o.mountpoint) != 0)
-        goto out;
-    int by_fd = ck_mountpoint_fd(o.mountpoint) >= 0; /* the path stays as libfuse parses it */
-    if (!(co.mountpoint = by_fd ? strdup(o.mountpoint) : realpath(o.mountpoint, NULL))) {
-        fprintf(stderr, "ckptfs: %s: %s\n", o.mountpoint, strerror(errno));
-        goto out;
-    }
-    if (!by_fd && (ck_check_fuse_device() != 0 || ck_check_fusermount() != 0 ||
-                   ck_check_not_inside(o.mountpoint, co.mountpoint) ||
-                   (!o.nonempty && ck_check_not_mounted(o.mountpoint, co.mountpoint) != 0)))
-        goto out;
-    if (!co.foreground && ck_daemon_fork(&ready) != 0) {
-        fprintf(stderr, "ckptfs: cannot fork the daemon: %s\n", strerror(errno));
-        goto out;
-    }
-    int auto_unmount = wants_auto_unmount(&o, by_fd);
-    watch = watch_unmount(auto_unmount, by_fd, co.mountpoint, arg_block, arg_block_len);
-    remote = ck_remote_new(&(http_config){.cacert = o.cacert, .anonymous = o.anonymous,
-                                          .cache_mem = cache_mem, .cache_dir = o.cache_dir,
-                                          .cache_max = cache_max,
-                                          .log = log_line});
-    if (!remote) {
-        fprintf(stderr, "ckptfs: out of memory\n");
-        goto out;
-    }
-    if (!ck_location_is_url(o.source)) /* a URL's parse waits on the network, not on faults */
-        ck_prefault_heap(o.source);
-    if (build_view(&m, remote, o.source, &o) != 0 ||
-        (!by_fd && !o.nonempty && ck_check_sources_outside(&m.fs, o.mountpoint, co.mountpoint)))
-        goto out;
-    char abs[PATH_MAX];
-    if (add_mount_opts(&args, !ck_location_is_url(o.source) && realpath(o.source, abs)
-                                  ? abs : o.source, auto_unmount && watch < 0) != 0 ||
-        pthread_key_create(&m.read_buf, free) != 0) {
-        fprintf(stderr, "ckptfs: out of memory\n");
-        goto out;
-    }
-    capturing = 1;
-    se = fuse_session_new(&args, &ck_ll_ops, sizeof ck_ll_ops, &m);
-    int started = se && fuse_set_signal_handlers(se) == 0;
-    mounted = started && fuse_session_mount(se, co.mountpoint) == 0;
-    capturing = 0;
-    if (!mounted) {
-        /* a user's mount is fusermount3's, which says why on stderr itself */
-        say_refused(started ? o.mountpoint : "libfuse",
-                    started ? "mount failed (fusermount3 says why)" : "no session (out of memory)");
-        goto out;
-    }
-    if (watch >= 0)
-        ck_watch_arm(watch);
-    if (serve_init(se) != 0)
-        goto out;
-    if (!by_fd) /* a mount made by someone else: its path is not ours to know */
-        ck_set_readahead(co.mountpoint, o.readahead_kb, o.readahead_set);
-    int keep_stderr = co.foreground || ck_stderr_is_file();
-    if (!co.foreground && ck_daemon_ready(ready, keep_stderr) != 0) {
-        fprintf(stderr, "ckptfs: cannot detach the daemon: %s\n", strerror(errno));
-        goto out;
-    }
-    ck_ll_log_start(keep_stderr);
-    if (!by_fd) /* not when the mount is another's (/dev/fd/N): its namespace is theirs */
-        (void)ck_watch_namespace(co.mountpoint);
-    status = serve(se, &co) < 0;
-out:
-    if (se) {
-        if (mounted)
-            fuse_session_unmount(se);
-        if (mounted && watch >= 0)
-            ck_watch_disarm(watch);
-        fuse_remove_signal_handlers(se);
-        fuse_session_destroy(se);
-    }
-    ck_fs_free(&m.fs);
-    http_remote_free(remote); /* after the files opened through it */
-    free(co.mountpoint);
-    free(o.mountpoint);
-    free(o.source);
-    free(o.extra);
-    free(o.cacert);
-    free(o.cache_mem);
-    free(o.cache_dir);
-    free(o.cache_max);
-    fuse_opt_free_args(&args);
+    int status = parse_command_line(&r, argv[0]);
+    if (status < 0) /* the command line is good: what fails now is no usage error */
+        status = ck_preflight_mountpoint(r.o.mountpoint, r.o.nonempty, &r.co.mountpoint,
+                                         &r.by_fd) != 0 ||
+                         build(&r) != 0 || mount_view(&r) != 0
+                     ? EXIT_FAILED
+                     : serve(r.se, &r.co) < 0;
+    run_free(&r);
     return status;
 }

@@ -8,7 +8,7 @@
 #include "../base/size.h"
 
 #define CK_OPT(t, p) {t, offsetof(struct ck_opts, p), 1}
-const struct fuse_opt ck_opt_spec[] = {
+static const struct fuse_opt spec[] = {
     CK_OPT("direct_io", direct_io),
     CK_OPT("npy", npy),
     CK_OPT("uid=%u", uid),
@@ -67,7 +67,7 @@ void ck_opts_usage(FILE *out, const char *prog)
 /* Options that mount(8) and fstab pass along but that mean nothing to a FUSE mount: `defaults`
  * and the automount and ownership flags are mount(8)'s own, `_netdev`, `nofail` and `x-*` are
  * for systemd. Dropped, so that an fstab line cannot fail on them. `rw` and `ro` reach libfuse,
- * and every mount is made `ro` after them (add_mount_opts). */
+ * and every mount is made `ro` after them (main.c). */
 static const char *const fstab_only[] = {
     "defaults", "auto", "noauto", "user", "nouser", "users", "owner", "group", "_netdev",
     "nofail", "comment=", "x-",
@@ -87,7 +87,7 @@ static int is_fstab_only(const char *arg)
 /* The first non-option argument is SOURCE, the second MOUNTPOINT, any other one too many: all
  * stay ours, so that a bad one is reported in our one-line form rather than by libfuse's
  * parser (which takes a third as its mountpoint). */
-int ck_opts_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
 {
     (void)outargs;
     struct ck_opts *o = data;
@@ -102,13 +102,17 @@ int ck_opts_proc(void *data, const char *arg, int key, struct fuse_args *outargs
     return 1;
 }
 
-/* -o NAME=VALUE as a size into *v (0 when absent). 0, or -1 reported. */
+int ck_opts_parse(struct fuse_args *args, struct ck_opts *o)
+{
+    return fuse_opt_parse(args, o, spec, opt_proc);
+}
+
 /* The numeric options' bounds. sscanf reads "-5" as a huge unsigned and "nan" or "1e400" as
  * doubles that libfuse would turn into undefined timeouts: each is refused, named. */
 enum { MAX_READAHEAD_KB = 1 << 20 }; /* 1 GiB */
 #define MAX_TIMEOUT_S 4294967295.0
 
-int ck_opts_valid(const struct ck_opts *o)
+static int numbers_valid(const struct ck_opts *o)
 {
     const char *why = !(o->timeout >= 0 && o->timeout <= MAX_TIMEOUT_S)
                           ? "-o timeout: not a number of seconds from 0 to 4294967295"
@@ -122,7 +126,8 @@ int ck_opts_valid(const struct ck_opts *o)
     return !why;
 }
 
-int ck_opts_size(const char *name, const char *value, uint64_t *v)
+/* -o NAME=VALUE as a size into *v (0 when absent). 0, or -1 reported. */
+static int option_size(const char *name, const char *value, uint64_t *v)
 {
     *v = value ? ck_parse_size(value, 0) : 0;
     if (value && !*v) {
@@ -130,4 +135,23 @@ int ck_opts_size(const char *name, const char *value, uint64_t *v)
         return -1;
     }
     return 0;
+}
+
+int ck_opts_check(struct ck_opts *o)
+{
+    return numbers_valid(o) && option_size("cache_mem", o->cache_mem, &o->cache_mem_bytes) == 0 &&
+                   option_size("cache_max", o->cache_max, &o->cache_max_bytes) == 0
+               ? 0
+               : -1;
+}
+
+void ck_opts_free(struct ck_opts *o)
+{
+    free(o->source);
+    free(o->mountpoint);
+    free(o->extra);
+    free(o->cacert);
+    free(o->cache_mem);
+    free(o->cache_dir);
+    free(o->cache_max);
 }

@@ -1,9 +1,11 @@
-/* options.h — ckptfs's own command-line options (-o NAME[=VALUE]), beside libfuse's.
+/* options.h — ckptfs's own command-line options (-o NAME[=VALUE], SOURCE, MOUNTPOINT), beside
+ * libfuse's, and the usage text that describes them.
  *
- * Contract: fuse_opt_parse(args, &opts, ck_opt_spec, ck_opts_proc) fills a struct ck_opts (its
- * strings malloc'ed, the caller's to free) and leaves libfuse's own options in args; fstab's
- * and mount(8)'s options that mean nothing to a mount are dropped. Nothing here prints but
- * the usage and the one line that says which option is wrong.
+ * Contract: ck_opts_parse fills a struct ck_opts, set to CK_OPTS_INIT first (the defaults the
+ * usage states), and leaves libfuse's own options in args for libfuse; the options that mount(8)
+ * and fstab pass along but that mean nothing to a FUSE mount are dropped. ck_opts_check refuses
+ * a value out of bounds with one line `ckptfs: -o NAME...: what is wrong` on stderr. The
+ * strings are malloc'ed: ck_opts_free.
  */
 #ifndef CK_OPTIONS_H
 #define CK_OPTIONS_H
@@ -27,6 +29,7 @@ struct ck_opts {
     char *cacert;
     char *cache_dir;
     char *cache_max;
+    uint64_t cache_mem_bytes, cache_max_bytes; /* cache_mem, cache_max: ck_opts_check's (0: unset) */
     int auto_unmount;    /* -o auto_unmount given */
     int no_auto_unmount; /* -o noauto_unmount given (mount.fuse.ckptfs: fstab's mounts) */
     int nonempty;        /* -o nonempty: mount over a ckptfs mount, or over SOURCE itself */
@@ -34,18 +37,19 @@ struct ck_opts {
     char *extra;         /* the first argument after MOUNTPOINT: a usage error */
 };
 
-extern const struct fuse_opt ck_opt_spec[];
+#define CK_OPTS_INIT {.timeout = 86400, .readahead_kb = 4096}
 
-/* The usage text, for prog, to out. */
+/* The usage text, naming the command prog, to out. */
 void ck_opts_usage(FILE *out, const char *prog);
 
-/* fuse_opt_parse's processing function (data: the struct ck_opts). */
-int ck_opts_proc(void *data, const char *arg, int key, struct fuse_args *outargs);
+/* Takes ckptfs's options and arguments out of args into *o: fuse_opt_parse's answer (0, or -1
+ * when libfuse's parser refused, having said why through fuse_log). */
+int ck_opts_parse(struct fuse_args *args, struct ck_opts *o);
 
-/* Whether the numeric options are in bounds; else 0, with the line that says which is not. */
-int ck_opts_valid(const struct ck_opts *o);
+/* Whether the numbers are in bounds, and the sizes sizes (cache_mem_bytes, cache_max_bytes set):
+ * 0, or -1 reported. */
+int ck_opts_check(struct ck_opts *o);
 
-/* -o NAME=VALUE as a size into *v (0 when absent). 0, or -1 reported. */
-int ck_opts_size(const char *name, const char *value, uint64_t *v);
+void ck_opts_free(struct ck_opts *o);
 
 #endif

@@ -14,7 +14,7 @@
 
 /* The fd N of a mountpoint "/dev/fd/N" (libfuse >= 3.3: a /dev/fuse descriptor that a
  * privileged helper has already mounted and passed down), or -1 for an ordinary path. */
-int ck_mountpoint_fd(const char *mnt)
+static int mountpoint_fd(const char *mnt)
 {
     unsigned fd;
     int end = 0;
@@ -24,7 +24,7 @@ int ck_mountpoint_fd(const char *mnt)
 }
 
 /* Whether fusermount3, which libfuse runs to watch an auto_unmount mount, is on PATH. */
-int ck_have_fusermount(void)
+static int have_fusermount(void)
 {
     const char *path = getenv("PATH");
     char dir[PATH_MAX];
@@ -43,7 +43,7 @@ int ck_have_fusermount(void)
 /* FUSE's device, opened first so that a machine (a container) without it is told so in one
  * line before SOURCE is parsed; libfuse opens it again to mount. A user who may not open it
  * may still mount through fusermount3 (set-user-ID root), which is then left to try. */
-int ck_check_fuse_device(void)
+static int check_fuse_device(void)
 {
     int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
     if (fd >= 0) {
@@ -61,9 +61,9 @@ int ck_check_fuse_device(void)
  * which no pip install can bring): without it libfuse's attempt ends in two lines that name
  * neither the package nor the way around it, so it is looked for first, where have_fusermount
  * looks. */
-int ck_check_fusermount(void)
+static int check_fusermount(void)
 {
-    if (geteuid() == 0 || ck_have_fusermount())
+    if (geteuid() == 0 || have_fusermount())
         return 0;
     fprintf(stderr, "ckptfs: fusermount3: not found on PATH: a user other than root mounts "
             "through it (install fuse3, or mount as root)\n");
@@ -73,7 +73,7 @@ int ck_check_fusermount(void)
 /* Refuses a mountpoint that is already a ckptfs mount (at real, its canonical path): the new
  * mount would hide the old one, whose daemon would then serve nobody until both are
  * unmounted. */
-int ck_check_not_mounted(const char *mnt, const char *real)
+static int check_not_mounted(const char *mnt, const char *real)
 {
     ck_mount_at at;
     if (ck_mount_top(CK_MOUNTINFO, real, &at) != 1 || strcmp(at.fstype, "fuse.ckptfs") != 0)
@@ -86,7 +86,7 @@ int ck_check_not_mounted(const char *mnt, const char *real)
 /* Refuses a mountpoint (real: canonical) inside a ckptfs mount: the new mount would keep the
  * outer one busy, so that it could not be unmounted while the inner one lives. The directory
  * that holds real says (real itself may be a mount, which check_not_mounted judges). */
-int ck_check_not_inside(const char *mnt, const char *real)
+static int check_not_inside(const char *mnt, const char *real)
 {
     char *copy = strdup(real);
     struct stat st;
@@ -109,9 +109,9 @@ static int is_under(const char *path, const char *dir)
     return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == '\0' || dir[n - 1] == '/');
 }
 
-/* Refuses a mountpoint (real: canonical) that holds one of the source files: the mount would
- * hide it, and every open would fail, as the core checks each source file by its path. */
-int ck_check_sources_outside(const ck_fs *fs, const char *mnt, const char *real)
+/* A mountpoint that holds a source file would hide it, and every open would fail, as the core
+ * checks each source file by its path. */
+int ck_preflight_sources(const ck_fs *fs, const char *mnt, const char *real)
 {
     for (uint32_t i = 0; i < fs->ix->nfiles; i++) {
         char buf[PATH_MAX];
@@ -125,10 +125,11 @@ int ck_check_sources_outside(const ck_fs *fs, const char *mnt, const char *real)
     return 0;
 }
 
-int ck_check_mountpoint(const char *mnt)
+/* A directory, or an open /dev/fuse as /dev/fd/N. */
+static int check_mountpoint(const char *mnt)
 {
     struct stat st;
-    int fd = ck_mountpoint_fd(mnt);
+    int fd = mountpoint_fd(mnt);
     if (fd >= 0) { /* must be an open /dev/fuse; libfuse takes it over */
         if (fstat(fd, &st) != 0 || !S_ISCHR(st.st_mode)) {
             fprintf(stderr, "ckptfs: %s: %s\n", mnt,
@@ -146,4 +147,27 @@ int ck_check_mountpoint(const char *mnt)
         return -1;
     }
     return 0;
+}
+
+int ck_preflight_mountpoint(const char *mnt, int nonempty, char **real, int *by_fd)
+{
+    if (check_mountpoint(mnt) != 0)
+        return -1;
+    *by_fd = mountpoint_fd(mnt) >= 0; /* the path stays as libfuse parses it */
+    if (!(*real = *by_fd ? strdup(mnt) : realpath(mnt, NULL))) {
+        fprintf(stderr, "ckptfs: %s: %s\n", mnt, strerror(errno));
+        return -1;
+    }
+    if (*by_fd) /* a mount made by someone else: where is not ours to judge */
+        return 0;
+    return check_fuse_device() != 0 || check_fusermount() != 0 || check_not_inside(mnt, *real) ||
+                   (!nonempty && check_not_mounted(mnt, *real) != 0)
+               ? -1
+               : 0;
+}
+
+int ck_wants_auto_unmount(const struct ck_opts *o, int by_fd)
+{
+    return o->auto_unmount ||
+           (!o->no_auto_unmount && !by_fd && (geteuid() == 0 || have_fusermount()));
 }

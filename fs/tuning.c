@@ -14,10 +14,8 @@
 #include <unistd.h>
 
 /* FUSE readahead is the kernel's default 128 KiB, which caps buffered reads at 128 KiB
- * requests; a larger window brings 1 MiB requests and a faster first read (BENCHMARKS.md,
- * "Issue 2: the safetensors mount"). Only root may write the knob: for others, and when asked
- * for 0, the kernel's default stays. An explicit -o readahead that cannot be applied is
- * reported, not fatal. */
+ * requests; a larger window brings 1 MiB requests and a faster first read (BENCHMARKS.md, the
+ * safetensors mount). */
 void ck_set_readahead(const char *mnt, unsigned kb, int explicit)
 {
     /* The mount's device, without asking the mount itself (that would wait on this very
@@ -39,7 +37,7 @@ void ck_set_readahead(const char *mnt, unsigned kb, int explicit)
 
 /* Memory the parse frees is what the tree, index.json and the serving threads then use: in a
  * VM a page the process touches for the first time is dear, and a mount of many small tensors
- * touches many (BENCHMARKS.md, "Issue 13: mount latency"), so blocks up to HEAP_REUSE stay in
+ * touches many (BENCHMARKS.md, mount latency), so blocks up to HEAP_REUSE stay in
  * the one heap that every thread shares, and are not handed back to the kernel between uses.
  * What stays is bounded: blocks above it still come from and go back to the kernel. */
 enum { HEAP_REUSE = 32 << 20 };
@@ -51,18 +49,16 @@ void ck_keep_freed_memory(void)
     mallopt(M_ARENA_MAX, 1);
 }
 
-/* The heap the parse is about to grow into, faulted in by a helper thread on the other core
- * while the parse runs: a large checkpoint's parse, tree and index.json touch hundreds of fresh
- * pages, one after another on the thread the mount waits for (BENCHMARKS.md, "Issue 13, fifth
- * round: mount latency"). The window is added to the heap by allocating and freeing it (it
- * stays, as keep_freed_memory says); MADV_POPULATE_WRITE (Linux 5.14) maps its pages without
- * writing them, so it may run while malloc hands the same pages out. Where the window did not
- * come from the brk heap (another allocator, such as the sanitizers'), or the advice is
- * refused, nothing is done: the faults stay on the parse's thread. With one CPU to run on, the
- * helper would only take turns with the parse, and fault pages the parse never uses. The
- * window's size (prefault_size) is what such a parse's heap reaches anyway. */
+/* A large checkpoint's parse, tree and index.json touch many fresh pages, one after another on
+ * the thread the mount waits for (BENCHMARKS.md, mount latency): a helper thread on the other
+ * core faults them in while the parse runs. The window is added to the heap by allocating and
+ * freeing it (it stays, as ck_keep_freed_memory keeps it); MADV_POPULATE_WRITE (Linux 5.14)
+ * maps its pages without writing them, so it may run while malloc hands the same pages out.
+ * With one CPU to run on, the helper would only take turns with the parse, and fault pages the
+ * parse never uses. The window's size (prefault_size) is what such a parse's heap reaches
+ * anyway. */
 enum {
-    HEAP_PREFAULT = 4 << 20,  /* the most: what a 5,000-tensor .pt's parse and tree take */
+    HEAP_PREFAULT = 4 << 20,  /* the most: what a .pt of many thousand tensors takes */
     PREFAULT_PER_BYTE = 3,    /* bytes of heap per byte of a file, as that .pt's parse takes */
     PREFAULT_STEP = 256 << 10 /* also the least: a smaller parse is not worth a thread */
 };
