@@ -14,6 +14,7 @@
 #include "progress.h"
 
 static const ck_command *find_command(const char *name);
+static const ck_option own_options[];
 
 /* Whether argv (a command's arguments) asks for help: -h or --help, before any "--". */
 static int wants_help(int argc, char **argv)
@@ -45,6 +46,7 @@ static void print_usage(FILE *out)
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %s\n", commands[i]->usage);
     fprintf(out, "\nckpt COMMAND --help explains one command.\n");
+    ck_opts_print_help(out, own_options);
 }
 
 static void print_command_help(const ck_command *c)
@@ -74,32 +76,51 @@ static const ck_command *find_command(const char *name)
     return NULL;
 }
 
-/* ckpt's own options, before the COMMAND: --cacert FILE (or =FILE), CA certificates for https
- * sources; --no-sign-request, s3:// unsigned (a public bucket). Both become the variables every
- * opener reads (CKPTFS_CACERT, CKPTFS_NO_SIGN_REQUEST): `ckpt load` opens its source in
- * libckload too. The arguments argv[1] used (0: none is one), or -2 (usage, said), -1. */
+/* ckpt's own options, before the COMMAND: --cacert FILE (or =FILE) and --no-sign-request
+ * become the variables every opener reads (CKPTFS_CACERT, CKPTFS_NO_SIGN_REQUEST): `ckpt load`
+ * opens its source in libckload too. --version stands alone. The one table of their names and
+ * help: ckpt --help prints it, global_option parses by it, ckpt(1)'s OPTIONS is checked
+ * against it. */
+enum { OWN_CACERT, OWN_NO_SIGN_REQUEST, OWN_VERSION };
+static const ck_option own_options[] = {
+    {"cacert", "FILE", "CA certificates for https sources (also --cacert=FILE)", 0},
+    {"no-sign-request", NULL, "s3:// requests unsigned, whatever credentials are around: a\n"
+                              "public bucket", 0},
+    {"version", NULL, "the version, alone", 0},
+    {NULL, NULL, NULL, 0}};
+
+/* Which of own_options arg is: its whole --NAME (no prefix), or --NAME=VALUE for one that
+ * takes a value (*value then points at VALUE, else is NULL); -1 when none. */
+static int own_option(const char *arg, const char **value)
+{
+    size_t n = strncmp(arg, "--", 2) == 0 ? strcspn(arg + 2, "=") : 0;
+    for (int k = 0; n && own_options[k].name; k++) {
+        const ck_option *o = &own_options[k];
+        if (strlen(o->name) != n || strncmp(arg + 2, o->name, n) != 0 || (arg[2 + n] && !o->value))
+            continue;
+        *value = arg[2 + n] ? arg + 3 + n : NULL;
+        return k;
+    }
+    return -1;
+}
+
+/* The option of ckpt's own at argv[1], applied: the arguments it used (0: argv[1] is none of
+ * them), or -2 (usage, said), -1. */
 static int global_option(int argc, char **argv)
 {
-    if (strncmp(argv[1], "--cacert", 8) == 0 && (!argv[1][8] || argv[1][8] == '=')) {
-        int eq = argv[1][8] == '=', used = eq ? 1 : 2;
-        if (argc < used + 2 || (eq && !argv[1][9])) {
-            fprintf(stderr, "ckpt: --cacert needs FILE and a COMMAND (see ckpt --help)\n");
-            return -2;
-        }
-        if (setenv("CKPTFS_CACERT", eq ? argv[1] + 9 : argv[2], 1) != 0)
-            return fprintf(stderr, "ckpt: out of memory\n"), -1;
-        return used;
+    const char *value = NULL;
+    int k = own_option(argv[1], &value), used = k == OWN_CACERT && !value ? 2 : 1;
+    if (k != OWN_CACERT && k != OWN_NO_SIGN_REQUEST)
+        return 0;
+    if (argc < used + 2 || (value && !*value)) {
+        fprintf(stderr, "ckpt: --%s needs %sa COMMAND (see ckpt --help)\n", own_options[k].name,
+                k == OWN_CACERT ? "FILE and " : "");
+        return -2;
     }
-    if (strcmp(argv[1], "--no-sign-request") == 0) {
-        if (argc < 3) {
-            fprintf(stderr, "ckpt: --no-sign-request needs a COMMAND (see ckpt --help)\n");
-            return -2;
-        }
-        if (setenv("CKPTFS_NO_SIGN_REQUEST", "1", 1) != 0)
-            return fprintf(stderr, "ckpt: out of memory\n"), -1;
-        return 1;
-    }
-    return 0;
+    if (setenv(k == OWN_CACERT ? "CKPTFS_CACERT" : "CKPTFS_NO_SIGN_REQUEST",
+               k == OWN_CACERT ? (value ? value : argv[2]) : "1", 1) != 0)
+        return fprintf(stderr, "ckpt: out of memory\n"), -1;
+    return used;
 }
 
 int main(int argc, char **argv)
@@ -116,7 +137,8 @@ int main(int argc, char **argv)
         print_usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? CK_USAGE : 0;
     }
-    if (strcmp(argv[1], "--version") == 0) {
+    const char *value;
+    if (own_option(argv[1], &value) == OWN_VERSION) {
         printf("ckpt %s\n", CKPTFS_VERSION);
         return 0;
     }
