@@ -125,30 +125,55 @@ static int load_option(const ck_opts *p, int k, const char *val, ckl_options *o,
     }
 }
 
-static int cmd_load(int argc, char **argv, http_remote *remote)
+/* The line a finished load prints: what, how much, where, how fast, read from where. */
+static void print_loaded(ckl_load *l, const char *path, double dt, int verified)
 {
-    (void)remote; /* libckload opens SOURCE itself */
-    ckl_options o;
-    ckl_default_options(&o);
-    const char *path = NULL, *val;
-    enum { MAX_SLICES = 64 };
-    ckl_slice slices[MAX_SLICES];
-    o.slices = slices;
+    uint64_t bytes = ckl_total_bytes(l);
+    char dev[32] = "cpu";
+    if (ckl_device_of(l) == CKL_CUDA)
+        snprintf(dev, sizeof dev, "cuda:%d", ckl_cuda_ordinal(l));
+    const char *rp = ckl_read_path(l);
+    int sums = strcmp(rp, "pack") == 0 || strcmp(rp, "mount") == 0; /* the pack read */
+    char shown[CK_SHOWN_MAX];
+    printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), %s%s\n",
+           ck_location_shown(path, shown, sizeof shown), ckl_count(l), (unsigned long long)bytes,
+           dev, dt, dt > 0 ? (double)bytes / dt / 1e9 : 0.0, read_path_words(rp),
+           !verified ? "" : sums ? ", checksums match" : ", sources unchanged");
+}
+
+/* The operand and options of ckpt load into *path and o (slices: room for max rules); 0, or
+ * CK_USAGE after saying why. */
+static int load_parse(int argc, char **argv, const char **path, ckl_options *o,
+                      ckl_slice *slices, unsigned max)
+{
+    const char *val;
     int k;
     ck_opts p;
     ck_opts_init(&p, "load", load_options, argc, argv);
     while ((k = ck_opts_next(&p, &val)) != CK_OPT_END) {
         if (k == CK_OPT_ERROR)
             return CK_USAGE;
-        if (k >= 0 && load_option(&p, k, val, &o, slices, MAX_SLICES) != 0)
+        if (k >= 0 && load_option(&p, k, val, o, slices, max) != 0)
             return CK_USAGE;
-        if (k == CK_OPT_OPERAND && path)
+        if (k == CK_OPT_OPERAND && *path)
             return ck_usage_error("load", "one SOURCE only");
         if (k == CK_OPT_OPERAND)
-            path = val;
+            *path = val;
     }
-    if (!path)
-        return ck_usage_error("load", "missing SOURCE");
+    return *path ? 0 : ck_usage_error("load", "missing SOURCE");
+}
+
+static int cmd_load(int argc, char **argv, http_remote *remote)
+{
+    (void)remote; /* libckload opens SOURCE itself */
+    ckl_options o;
+    ckl_default_options(&o);
+    const char *path = NULL;
+    enum { MAX_SLICES = 64 };
+    ckl_slice slices[MAX_SLICES];
+    o.slices = slices;
+    if (load_parse(argc, argv, &path, &o, slices, MAX_SLICES) != 0)
+        return CK_USAGE;
     char err[PATH_MAX + 512];
     ckl_load *l;
     double t0 = seconds_now();
@@ -158,21 +183,8 @@ static int cmd_load(int argc, char **argv, http_remote *remote)
     }
     ck_progress_catch_signals();
     int rc = loading_finish(l);
-    double dt = seconds_now() - t0;
-    if (rc == 0) {
-        uint64_t bytes = ckl_total_bytes(l);
-        char dev[32] = "cpu";
-        if (ckl_device_of(l) == CKL_CUDA)
-            snprintf(dev, sizeof dev, "cuda:%d", ckl_cuda_ordinal(l));
-        const char *rp = ckl_read_path(l);
-        int sums = strcmp(rp, "pack") == 0 || strcmp(rp, "mount") == 0; /* the pack read */
-        char shown[CK_SHOWN_MAX];
-        printf("%s: %zu tensors, %llu bytes into %s in %.3f s (%.2f GB/s), %s%s\n",
-               ck_location_shown(path, shown, sizeof shown), ckl_count(l),
-               (unsigned long long)bytes, dev, dt,
-               dt > 0 ? (double)bytes / dt / 1e9 : 0.0, read_path_words(rp),
-               !o.verify ? "" : sums ? ", checksums match" : ", sources unchanged");
-    }
+    if (rc == 0)
+        print_loaded(l, path, seconds_now() - t0, o.verify);
     ckl_release(l);
     return rc != 0;
 }

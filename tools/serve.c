@@ -110,6 +110,17 @@ static void serve_until_told(ckl_server *s, const char *socket, const sigset_t *
     }
 }
 
+/* SIGINT, SIGTERM and SIGHUP into *stop, blocked in this thread (and those it starts after):
+ * serve_until_told takes them. */
+static void block_stop_signals(sigset_t *stop)
+{
+    sigemptyset(stop);
+    sigaddset(stop, SIGINT);
+    sigaddset(stop, SIGTERM);
+    sigaddset(stop, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, stop, NULL);
+}
+
 static int cmd_serve(int argc, char **argv, http_remote *remote)
 {
     (void)remote; /* libckload opens SOURCE itself */
@@ -134,13 +145,8 @@ static int cmd_serve(int argc, char **argv, http_remote *remote)
         ckl_release(l);
         return 1;
     }
-    /* Blocked before the server's thread starts, so that it inherits the mask. */
     sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    block_stop_signals(&stop); /* before the server's thread starts: it inherits the mask */
     rc = ckl_serve(l, a.socket, a.gid, &s, err, sizeof err);
     if (rc == 0) {
         char shown[CK_SHOWN_MAX];
