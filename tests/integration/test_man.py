@@ -42,6 +42,11 @@ COMMANDS = list(page_commands())  # test_ckpt_commands_are_its_tables checks the
 OPTION = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*")  # --name or -x, where text names one
 
 
+def options_named(roff):
+    """The options a line of a page names, its font escapes (\\fB...\\fR) left out."""
+    return set(OPTION.findall(re.sub(r"\\f(?:[BIRP]|\(..)", "", roff)))
+
+
 def help_items(text):
     """The options a --help lists at the start of its lines, a tuple per line ("-v", "--verbose")."""
     items = []
@@ -60,7 +65,7 @@ def options_in_help(text):
 def options_in_items(section):
     """The options a page's section lists as items (`.TP` and the option on its next line)."""
     return {o for item in re.findall(r"^\.TP\n(.*)$", section, flags=re.M)
-            for o in OPTION.findall(item)}
+            for o in options_named(item)}
 
 
 def ckpt_help(*args):
@@ -86,9 +91,11 @@ def test_ckpt_commands_are_its_tables():
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_ckpt_options_are_in_their_commands_section(cmd):
     """A command's options (its `--help`, from the command's table) are the items of its
-    section: an option in one and not the other fails."""
+    section, and its heading names none other: an option in one and not the other fails."""
     opts = options_in_help(ckpt_help(cmd)) - {"-h", "--help"}
-    assert options_in_items(page_commands()[cmd]) == opts
+    section = page_commands()[cmd]
+    assert options_in_items(section) == opts
+    assert options_named(section.splitlines()[0]) <= opts, section.splitlines()[0]
 
 
 def test_ckpt_own_options_are_its_pages():
