@@ -14,7 +14,6 @@
 #include "progress.h"
 
 static const ck_command *find_command(const char *name);
-static const ck_option own_options[];
 
 /* Whether argv (a command's arguments) asks for help: -h or --help, before any "--". */
 static int wants_help(int argc, char **argv)
@@ -32,10 +31,23 @@ static const ck_command ckpt_help = {"help", "ckpt help [COMMAND]", "Shows what 
 
 /* The commands, in the order ckpt --help lists them. */
 static const ck_command *const commands[] = {
-    &ckpt_ls,     &ckpt_cat,  &ckpt_pack, &ckpt_convert, &ckpt_verify, &ckpt_load,
-    &ckpt_serve,  &ckpt_diff, &ckpt_info, &ckpt_stats,   &ckpt_help,
+    &ckpt_ls,    &ckpt_cat,  &ckpt_pack, &ckpt_convert, &ckpt_verify, &ckpt_load,
+    &ckpt_serve, &ckpt_diff, &ckpt_info, &ckpt_stats,   &ckpt_help,
 };
 enum { NCOMMANDS = sizeof commands / sizeof *commands };
+
+/* ckpt's own options, before the COMMAND: --cacert FILE (or =FILE) and --no-sign-request
+ * become the variables every opener reads (CKPTFS_CACERT, CKPTFS_NO_SIGN_REQUEST): `ckpt load`
+ * opens its source in libckload too. --version stands alone. The one table of their names and
+ * help: ckpt --help prints it, global_option parses by it, ckpt(1)'s OPTIONS is checked
+ * against it. */
+enum { OWN_CACERT, OWN_NO_SIGN_REQUEST, OWN_VERSION };
+static const ck_option own_options[] = {
+    {"cacert", "FILE", "CA certificates for https sources (also --cacert=FILE)", 0},
+    {"no-sign-request", NULL, "s3:// requests unsigned, whatever credentials are around: a\n"
+                              "public bucket", 0},
+    {"version", NULL, "the version, alone", 0},
+    {NULL, NULL, NULL, 0}};
 
 static void print_usage(FILE *out)
 {
@@ -75,19 +87,6 @@ static const ck_command *find_command(const char *name)
             return commands[i];
     return NULL;
 }
-
-/* ckpt's own options, before the COMMAND: --cacert FILE (or =FILE) and --no-sign-request
- * become the variables every opener reads (CKPTFS_CACERT, CKPTFS_NO_SIGN_REQUEST): `ckpt load`
- * opens its source in libckload too. --version stands alone. The one table of their names and
- * help: ckpt --help prints it, global_option parses by it, ckpt(1)'s OPTIONS is checked
- * against it. */
-enum { OWN_CACERT, OWN_NO_SIGN_REQUEST, OWN_VERSION };
-static const ck_option own_options[] = {
-    {"cacert", "FILE", "CA certificates for https sources (also --cacert=FILE)", 0},
-    {"no-sign-request", NULL, "s3:// requests unsigned, whatever credentials are around: a\n"
-                              "public bucket", 0},
-    {"version", NULL, "the version, alone", 0},
-    {NULL, NULL, NULL, 0}};
 
 /* Which of own_options arg is: its whole --NAME (no prefix), or --NAME=VALUE for one that
  * takes a value (*value then points at VALUE, else is NULL); -1 when none. */
