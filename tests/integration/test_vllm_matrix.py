@@ -1,0 +1,163 @@
+"""vLLM's load format `ckload` against its own `auto`, parameter by parameter: tiny seeded models
+of architectures whose weight loaders differ (Llama; Qwen2 with its head tied to the
+embeddings; GPT-2's Conv1D, transposed; Phi-3's fused qkv and gate_up; Mixtral's and Qwen2-MoE's
+experts; Mistral's own names and rotary layout; ...), each written by transformers 4.44 (Debian
+torch 1.13, the writer most `.bin` checkpoints on the Hub came from) in every directory layout
+vLLM loads: one model.safetensors, safetensors shards with their index, one pytorch_model.bin,
+`.bin` shards with pytorch_model.bin.index.json, a `*.pt`, and Mistral's consolidated.safetensors
+(alone, and beside Hugging Face shards, as Mistral's repositories ship both).
+
+One engine per architecture starts with load_format="ckload" from one layout's directory alone
+(no source key). A vLLM plugin of the test's (vllm_matrix_plugin.py) hashes every parameter in
+each worker right after that load; then, in the same model, zeroes every parameter and loads it
+again with `auto` and with `ckload` from every layout's directory, hashing after each. Every
+hash must be auto's from model.safetensors, on every rank (one architecture at
+tensor_parallel_size=2): tokens alone would hide a wrong weight."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ckptfs_testlib import need_module
+from test_vllm import driver, vllm_env  # noqa: F401: vllm_env is a fixture used here
+
+transformers = need_module("transformers")
+
+PLUGIN = "vllm_matrix_plugin"
+BASE = "safetensors"  # auto's load of this layout is what every other load must equal
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)
+
+
+def configs():
+    """name: (config, model class, the layout the engine starts from, dtype, tensor parallel)."""
+    t = transformers
+    return {
+        "llama": (t.LlamaConfig(**TINY), t.LlamaForCausalLM, "bin", torch.float32, 1),
+        "qwen2-tied": (t.Qwen2Config(**TINY, tie_word_embeddings=True), t.Qwen2ForCausalLM,
+                       "bin-shards", torch.float32, 2),
+        "gpt2": (t.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=512, n_positions=128),
+                 t.GPT2LMHeadModel, "safetensors-shards", torch.float32, 1),
+        "phi3": (t.Phi3Config(**TINY, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                 t.Phi3ForCausalLM, "safetensors", torch.bfloat16, 1),
+        "mixtral": (t.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+                    t.MixtralForCausalLM, "bin-shards", torch.float32, 1),
+        "mistral": (t.MistralConfig(**TINY, sliding_window=None), t.MistralForCausalLM,
+                    "consolidated", torch.float32, 1),
+        "qwen2-moe": (t.Qwen2MoeConfig(**TINY, moe_intermediate_size=64, num_experts=4,
+                                       num_experts_per_tok=2, shared_expert_intermediate_size=128),
+                      t.Qwen2MoeForCausalLM, "safetensors", torch.float32, 1),
+        "gpt-neox": (t.GPTNeoXConfig(**TINY), t.GPTNeoXForCausalLM, "safetensors-shards",
+                     torch.float32, 1),
+        "gemma": (t.GemmaConfig(**TINY, head_dim=32), t.GemmaForCausalLM, "safetensors",
+                  torch.bfloat16, 1),
+    }
+
+
+def mistral_named(sd, cfg):
+    """sd (Hugging Face's names and rotary layout) as Mistral's consolidated.safetensors holds
+    it: its names, and q and k with each head's rotary pairs interleaved (vLLM's
+    maybe_remap_mistral undoes it)."""
+    def unpermute(w, heads):
+        return w.view(heads, 2, w.shape[0] // heads // 2, w.shape[1]).transpose(1, 2) \
+            .reshape(w.shape).contiguous()
+
+    names = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+             "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+             "mlp.gate_proj": "feed_forward.w1", "mlp.down_proj": "feed_forward.w2",
+             "mlp.up_proj": "feed_forward.w3", "input_layernorm": "attention_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    out = {}
+    for name, t in sd.items():
+        if name == "model.embed_tokens.weight":
+            out["tok_embeddings.weight"] = t
+        elif name == "model.norm.weight":
+            out["norm.weight"] = t
+        elif name == "lm_head.weight":
+            out["output.weight"] = t
+        else:
+            _, _, i, module, rest = name.split(".", 4)
+            if module != "mlp" and module.endswith("norm"):
+                new = f"layers.{i}.{names[module]}.{rest}"
+            else:
+                part, leaf = rest.rsplit(".", 1)
+                new = f"layers.{i}.{names[module + '.' + part]}.{leaf}"
+            if name.endswith("q_proj.weight"):
+                t = unpermute(t, cfg.num_attention_heads)
+            elif name.endswith("k_proj.weight"):
+                t = unpermute(t, cfg.num_key_value_heads)
+            out[new] = t
+    return out
+
+
+def layouts(name, where):
+    """{layout: its directory}: the seeded model of configs()[name] saved in each layout vLLM
+    loads, each directory with the model's config.json."""
+    cfg, cls, _, dtype, _ = configs()[name]
+    torch.manual_seed(0)
+    model = cls(cfg).to(dtype)
+    third = sum(t.numel() * t.element_size() for t in model.state_dict().values()) // 3
+    out = {lay: where / lay for lay in ("safetensors", "safetensors-shards", "bin", "bin-shards",
+                                         "pt")}
+    model.save_pretrained(out["safetensors"])
+    model.save_pretrained(out["safetensors-shards"], max_shard_size=third)
+    model.save_pretrained(out["bin"], safe_serialization=False)
+    model.save_pretrained(out["bin-shards"], safe_serialization=False, max_shard_size=third)
+    out["pt"].mkdir()
+    shutil.copy(out["bin"] / "config.json", out["pt"])
+    shutil.copy(out["bin"] / "pytorch_model.bin", out["pt"] / "model.pt")  # torch.save's file
+    for lay in ("safetensors-shards", "bin-shards"):
+        assert len(list(out[lay].glob("*-of-*"))) >= 2, sorted(out[lay].iterdir())
+    if name == "mistral":
+        sd = load_file(out["safetensors"] / "model.safetensors")
+        consolidated = mistral_named(sd, cfg)
+        out["consolidated"] = where / "consolidated"
+        out["consolidated"].mkdir()
+        shutil.copy(out["bin"] / "config.json", out["consolidated"])
+        save_file(consolidated, out["consolidated"] / "consolidated.safetensors")
+        out["consolidated-and-shards"] = where / "consolidated-and-shards"
+        shutil.copytree(out["safetensors-shards"], out["consolidated-and-shards"])
+        save_file(consolidated, out["consolidated-and-shards"] / "consolidated.safetensors")
+    return out
+
+
+@pytest.fixture(scope="module")
+def matrix_env(vllm_env, tmp_path_factory):
+    """vllm_env with the test's plugin installed beside the wheel (a module and its dist-info,
+    whose entry point vLLM's plugin loader finds in each process)."""
+    d = tmp_path_factory.mktemp("matrix-plugin")
+    shutil.copy(__file__.replace("test_vllm_matrix.py", f"{PLUGIN}.py"), d)
+    info = d / "ckptfs_vllm_matrix-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ckptfs-vllm-matrix\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nmatrix = {PLUGIN}:register\n")
+    return {**vllm_env, "PYTHONPATH": f"{vllm_env['PYTHONPATH']}:{d}",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+@pytest.mark.parametrize("arch", list(configs()))
+def test_every_layout_loads_as_autos(matrix_env, arch, tmp_path):
+    _, _, start, dtype, tp = configs()[arch]
+    dirs = layouts(arch, tmp_path)
+    runs = [[fmt, f"{fmt} {lay}", str(d)] for fmt in ("auto", "ckload") for lay, d in dirs.items()]
+    out = tmp_path / "hashes"
+    out.mkdir()
+    env = {**matrix_env, "CKPTFS_VLLM_MATRIX": json.dumps({"out": str(out), "runs": runs})}
+    driver(env, "generate", json.dumps({"model": str(dirs[start]), "load_format": "ckload",
+                                        "tp": tp, "dtype": str(dtype).removeprefix("torch.")}))
+    wrong = []
+    for rank in range(tp):
+        got = json.loads((out / f"rank{rank}.json").read_text())
+        want = got[f"auto {BASE}"]
+        assert "error" not in want and want, want
+        for label, hashes in got.items():
+            if "error" in hashes:
+                wrong.append(f"rank {rank}: {label}: {hashes['error']}")
+                continue
+            differ = sorted(n for n in set(want) | set(hashes) if want.get(n) != hashes.get(n))
+            if differ:
+                wrong.append(f"rank {rank}: {label}: {len(differ)} parameters differ from auto's: "
+                             f"{differ[:4]}")
+    assert not wrong, "\n".join(wrong)
