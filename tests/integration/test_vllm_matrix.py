@@ -108,6 +108,13 @@ def layouts(name, where):
     out["pt"].mkdir()
     shutil.copy(out["bin"] / "config.json", out["pt"])
     shutil.copy(out["bin"] / "pytorch_model.bin", out["pt"] / "model.pt")  # torch.save's file
+    # what a Trainer leaves beside the weights, which neither loader may read
+    torch.save(transformers.TrainingArguments(output_dir=str(where), report_to=[]),
+               out["bin-shards"] / "training_args.bin")
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.tensor([[1, 2, 3]])).logits.float().sum().backward()
+    optimizer.step()
+    torch.save(optimizer.state_dict(), out["pt"] / "optimizer.pt")
     for lay in ("safetensors-shards", "bin-shards"):
         assert len(list(out[lay].glob("*-of-*"))) >= 2, sorted(out[lay].iterdir())
     if name == "mistral":
@@ -152,6 +159,9 @@ def test_every_layout_loads_as_autos(matrix_env, arch, tmp_path):
         got = json.loads((out / f"rank{rank}.json").read_text())
         want = got[f"auto {BASE}"]
         assert "error" not in want and want, want
+        if not got.pop("fall_back_to_pt"):  # auto, as the model says, reads no *.pt
+            assert got.pop("auto pt") == {"error": "RuntimeError: Cannot find any model weights "
+                                                   f"with `{dirs['pt']}`"}
         for label, hashes in got.items():
             if "error" in hashes:
                 wrong.append(f"rank {rank}: {label}: {hashes['error']}")

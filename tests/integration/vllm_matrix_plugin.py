@@ -7,7 +7,8 @@ zeroed and filled again by each loader of the spec from each directory, and hash
 The spec is the JSON of the environment variable CKPTFS_VLLM_MATRIX: {"out": DIR, "runs":
 [[FORMAT, LABEL, MODEL_DIR], ...]}; FORMAT is a load format vLLM's get_model_loader knows
 ("auto", "ckload"), given MODEL_DIR as the model (the format's own rule picks the files). Each
-rank writes DIR/rankN.json: {"engine": HASHES, LABEL: HASHES or {"error": LINE}}, HASHES
+rank writes DIR/rankN.json: {"engine": HASHES, LABEL: HASHES or {"error": LINE},
+"fall_back_to_pt": whether the model lets `auto` read *.pt (vLLM's MoE models do not)}, HASHES
 {parameter name: "dtype shape sha256"}. Without the variable the plugin does nothing."""
 import hashlib
 import json
@@ -57,7 +58,8 @@ def _matrix(spec, model, model_config):
     from vllm.config import LoadConfig
     from vllm.distributed import get_tensor_model_parallel_rank
     from vllm.model_executor.model_loader import get_model_loader
-    results = {"engine": _hashes(model)}
+    results = {"engine": _hashes(model),
+               "fall_back_to_pt": getattr(model, "fall_back_to_pt_during_load", True)}
     for load_format, label, where in spec["runs"]:
         with torch.no_grad():
             for p in model.parameters():
