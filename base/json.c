@@ -1,7 +1,10 @@
 #include "json.h"
+#include "names.h"
 #include "utf8.h"
 
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_EXACT_DOUBLE 9007199254740992.0 /* 2^53: above it a double no longer counts by one */
@@ -209,4 +212,42 @@ int ck_json_member(const char *s, size_t n, size_t i, const char *key, size_t *f
         i = ck_json_space(s, n, i + 1);
     }
     return -1;
+}
+
+int ck_json_members_of(const cJSON *obj, int values, ck_json_members *m)
+{
+    m->n = 0;
+    for (const cJSON *v = obj->child; v; v = v->next)
+        m->n++;
+    m->node = malloc((m->n ? m->n : 1) * sizeof *m->node);
+    m->text = malloc((m->n ? m->n : 1) * sizeof *m->text);
+    if (!m->node || !m->text) {
+        free(m->node), free(m->text);
+        return -1;
+    }
+    size_t i = 0;
+    for (const cJSON *v = obj->child; v; v = v->next, i++) {
+        m->node[i] = v;
+        m->text[i] = !values ? v->string : cJSON_IsString(v) ? v->valuestring : NULL;
+    }
+    return 0;
+}
+
+void ck_json_members_free(ck_json_members *m)
+{
+    free(m->node);
+    free(m->text);
+}
+
+size_t *ck_json_winners(const ck_json_members *m)
+{
+    size_t *order = ck_names_grouped(m->text, m->n);
+    size_t *won = order ? malloc((m->n ? m->n : 1) * sizeof *won) : NULL;
+    for (size_t s = 0, e; won && s < m->n; s = e) {
+        for (e = s + 1; e < m->n && strcmp(m->text[order[s]], m->text[order[e]]) == 0; e++)
+            won[order[e]] = SIZE_MAX;
+        won[order[s]] = order[e - 1];
+    }
+    free(order);
+    return won;
 }

@@ -54,4 +54,21 @@ size_t ck_json_space(const char *s, size_t n, size_t i);
  * 0, or -1 when s[i] is no object or has no such member. */
 int ck_json_member(const char *s, size_t n, size_t i, const char *key, size_t *from, size_t *to);
 
+/* A JSON object's members in order, with their keys (or, with values, their string values:
+ * NULL for a value of another type) as texts to group (ck_names_grouped). */
+typedef struct ck_json_members {
+    const cJSON **node;
+    const char **text;
+    size_t n;
+} ck_json_members;
+
+/* obj's members into *m (ck_json_members_free releases them): 0, or -1 without memory. */
+int ck_json_members_of(const cJSON *obj, int values, ck_json_members *m);
+void ck_json_members_free(ck_json_members *m);
+
+/* For each member of m, the member whose value its text takes, as json.loads reads a repeated
+ * key: the text's last occurrence for its first one (where the key stands), SIZE_MAX for the
+ * others. malloc'ed; NULL without memory. O(n log n). */
+size_t *ck_json_winners(const ck_json_members *m);
+
 #endif

@@ -1,6 +1,8 @@
 /* open.c — ck_open (open.h): what kind of checkpoint a location holds, decided by content
  * alone; the one file that knows every format. */
 #include "open.h"
+#include "choose.h"
+#include "shards.h"
 #include "../formats/dcp.h"
 #include "../formats/gguf.h"
 #include "../sources/http.h"
@@ -13,6 +15,8 @@
 #include "../formats/torch.h"
 #include "../index/zip.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,64 +50,78 @@ static int read_zip(ck_index *ix, uint32_t id, const unsigned char *head, size_t
     return rc;
 }
 
-static int open_file(http_remote *remote, const char *source, ck_index **out, ck_error *err)
+/* Reads file id of ix by its first bytes (the probes): the reader of its format, which is
+ * set in *format (and ix->format, which a reader may refine: "gguf-split"). An index of
+ * shards is not read here: *format says "index" and nothing is added. */
+static int read_by_content(ck_index *ix, uint32_t id, const char **format, ck_error *err)
 {
     /* Enough for every probe: a zip's first member name included. */
     unsigned char head[NPY_PROBE_BYTES > PT_PROBE_BYTES ? NPY_PROBE_BYTES : PT_PROBE_BYTES];
+    const ck_file *f = &ix->files[id];
+    size_t n = f->size < sizeof head ? (size_t)f->size : sizeof head;
+    int rc = ck_file_read(f, head, n, 0);
+    if (rc)
+        return ck_fail(err, f->path, "cannot read: %s", strerror(-rc));
+    if (n == 0)
+        return ck_fail(err, f->path, "empty file");
+    /* Content decides, never the file name. */
+    if (pack_probe(head, n)) {
+        ix->format = "pack";
+        rc = pack_read_file(ix, id, err);
+    } else if (st_probe(head, n)) {
+        ix->format = "safetensors";
+        rc = st_read_file(ix, id, err);
+    } else if (npy_probe(head, n)) {
+        ix->format = "npy";
+        rc = npy_read_file(ix, id, err);
+    } else if (gguf_probe(head, n)) {
+        ix->format = "gguf";
+        rc = gguf_read_file(ix, id, err);
+    } else if (zip_probe(head, n)) {
+        rc = read_zip(ix, id, head, n, err);
+    } else if (pt_probe_legacy(head, n)) {
+        ix->format = "pytorch-legacy";
+        rc = pt_read_legacy(ix, id, err);
+    } else if (shards_index_probe(head, n)) {
+        ix->format = "index";
+    } else {
+        char hex[3 * 8 + 1] = "";
+        for (size_t i = 0, k = 0; i < n && i < 8; i++)
+            k += (size_t)snprintf(hex + k, sizeof hex - k, "%s%02x", i ? " " : "", head[i]);
+        return ck_fail(err, f->path, "not a checkpoint format ckptfs knows (first bytes %s)",
+                       hex);
+    }
+    *format = ix->format;
+    return rc;
+}
+
+/* A shard of a set (shards.h's reader): any file but another index. */
+static int read_shard(ck_index *ix, uint32_t id, const char **format, ck_error *err)
+{
+    if (read_by_content(ix, id, format, err))
+        return -1;
+    return strcmp(*format, "index") ? 0
+           : ck_fail(err, ix->files[id].path, "an index of shards, not a shard");
+}
+
+static int open_file(http_remote *remote, const char *source, ck_index **out, ck_error *err)
+{
     ck_index *ix = ck_index_new(NULL);
     if (!ix)
         return ck_fail(err, source, "out of memory");
     ix->remote = remote;
+    const char *format = NULL;
     int id = ck_index_add_source(ix, source, NULL, err);
-    if (id < 0)
-        goto fail;
-    const ck_file *f = &ix->files[id];
-    size_t n = f->size < sizeof head ? (size_t)f->size : sizeof head;
-    int rc = ck_file_read(f, head, n, 0);
-    if (rc) {
-        ck_fail(err, source, "cannot read: %s", strerror(-rc));
-        goto fail;
-    }
-    if (n == 0) {
-        ck_fail(err, source, "empty file");
-        goto fail;
-    }
-    /* Content decides, never the file name. */
-    int rc_read;
-    if (pack_probe(head, n)) {
-        ix->format = "pack";
-        rc_read = pack_read_file(ix, (uint32_t)id, err);
-    } else if (st_probe(head, n)) {
-        ix->format = "safetensors";
-        rc_read = st_read_file(ix, (uint32_t)id, err);
-    } else if (npy_probe(head, n)) {
-        ix->format = "npy";
-        rc_read = npy_read_file(ix, (uint32_t)id, err);
-    } else if (gguf_probe(head, n)) {
-        ix->format = "gguf";
-        rc_read = gguf_read_file(ix, (uint32_t)id, err);
-    } else if (zip_probe(head, n)) {
-        rc_read = read_zip(ix, (uint32_t)id, head, n, err);
-    } else if (pt_probe_legacy(head, n)) {
-        ix->format = "pytorch-legacy";
-        rc_read = pt_read_legacy(ix, (uint32_t)id, err);
-    } else if (st_index_probe(head, n)) { /* a shard set's index file: the shards beside it */
+    if (id < 0 || read_by_content(ix, (uint32_t)id, &format, err)) {
         ck_index_free(ix);
-        return st_open_index(remote, source, out, err);
-    } else {
-        char hex[3 * sizeof head + 1] = "";
-        for (size_t i = 0, k = 0; i < n && i < 8; i++)
-            k += (size_t)snprintf(hex + k, sizeof hex - k, "%s%02x", i ? " " : "", head[i]);
-        ck_fail(err, source, "not a checkpoint format ckptfs knows (first bytes %s)", hex);
-        goto fail;
+        return -1;
     }
-    if (rc_read != 0)
-        goto fail;
+    if (strcmp(format, "index") == 0) { /* a shard set's index file: the shards beside it */
+        ck_index_free(ix);
+        return shards_open_index(remote, source, read_shard, out, err);
+    }
     *out = ix;
     return 0;
-fail:
-    ck_index_free(ix);
-    return -1;
 }
 
 /* A place in a source file: where a tensor begins or ends. */
@@ -153,43 +171,100 @@ static void hint_bounds(ck_index *ix)
     free(v);
 }
 
-/* An hf:// location: the file or files the Hub resolves it to (hub.h), opened as any URL, or
- * as a shard set. */
-static int open_hub(http_remote *remote, const char *loc, ck_index **out, ck_error *err)
+/* The file called name beside base, opened by open_file, or (dcp) as a DCP checkpoint's
+ * .metadata. */
+static int open_beside(http_remote *remote, const char *base, const char *name, int dcp,
+                       ck_index **out, ck_error *err)
 {
-    hub_target t;
-    if (hub_locate(http_remote_client(remote), loc, &t, err))
+    char *loc = ck_source_sibling(base, name, err);
+    if (!loc)
         return -1;
-    int rc = t.nshards ? st_open_names(remote, t.url, (const char *const *)t.shards, t.nshards,
-                                       out, err)
-                       : open_file(remote, t.url, out, err);
-    hub_target_free(&t);
+    int rc = dcp ? dcp_open(remote, loc, out, err) : open_file(remote, loc, out, err);
+    free(loc);
     return rc;
 }
 
-/* An s3:// location: the object, the shard set or the DCP checkpoint its prefix holds (s3.h),
- * each file opened by its s3:// location. */
-static int open_s3(http_remote *remote, const char *loc, ck_index **out, ck_error *err)
+/* A directory (a local one, a Hub repository, an s3:// prefix) of the n files called names,
+ * each resolved beside base: what ck_choose picks of them. where names the directory. */
+static int open_listed(http_remote *remote, const char *base, const char *const *names, size_t n,
+                       const char *where, ck_index **out, ck_error *err)
 {
-    hub_target t;
-    int dcp;
-    if (s3_locate(http_remote_client(remote), loc, &t, &dcp, err))
+    ck_choice c;
+    if (ck_choose(names, n, where, &c, err))
         return -1;
-    int rc = dcp ? dcp_open(remote, t.url, out, err)
-             : t.nshards ? st_open_names(remote, t.url, (const char *const *)t.shards,
-                                         t.nshards, out, err)
-                         : open_file(remote, t.url, out, err);
-    hub_target_free(&t);
+    const char *first = names[c.picked[0]];
+    int rc;
+    if (c.kind == CK_CHOSE_FILES && c.n > 1) {
+        const char **set = malloc(c.n * sizeof *set);
+        for (size_t i = 0; set && i < c.n; i++)
+            set[i] = names[c.picked[i]];
+        rc = set ? shards_open_names(remote, base, set, c.n, where, read_shard, out, err)
+                 : ck_fail(err, where, "out of memory");
+        free(set);
+    } else if (c.kind == CK_CHOSE_INDEX) { /* by its name: a file that is no index says why */
+        char *loc = ck_source_sibling(base, first, err);
+        rc = loc ? shards_open_index(remote, loc, read_shard, out, err) : -1;
+        free(loc);
+    } else {
+        rc = open_beside(remote, base, first, c.kind == CK_CHOSE_DCP, out, err);
+    }
+    /* The directory is the GGUF set: each of its *.gguf files was opened as a split. */
+    if (rc == 0 && c.kind == CK_CHOSE_GGUF && (*out)->nfiles != c.n) {
+        rc = ck_fail(err, where, "holds %zu GGUF files, but the set of '%s' has %u", c.n, first,
+                     (*out)->nfiles);
+        ck_index_free(*out);
+        *out = NULL;
+    }
+    ck_choice_free(&c);
     return rc;
 }
 
-static int open_dcp_dir(http_remote *remote, const char *dir, ck_index **out, ck_error *err)
+/* A local directory's entries (hidden ones too: .metadata), listed: a folder among them that
+ * the rule picks fails as a file that is not regular would. */
+static int open_directory(http_remote *remote, const char *dir, ck_index **out, ck_error *err)
 {
-    char *meta = NULL;
-    if (asprintf(&meta, "%s/" DCP_METADATA, dir) < 0)
-        return ck_fail(err, dir, "out of memory");
-    int rc = dcp_open(remote, meta, out, err);
-    free(meta);
+    DIR *d = opendir(dir);
+    if (!d)
+        return ck_fail(err, dir, "cannot list directory: %s", strerror(errno));
+    char **names = NULL, *base = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
+        if (n == cap) {
+            char **p = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof *p);
+            if (!p) {
+                rc = ck_fail(err, dir, "out of memory");
+                break;
+            }
+            names = p;
+        }
+        if (!(names[n++] = strdup(de->d_name)))
+            rc = ck_fail(err, dir, "out of memory");
+    }
+    closedir(d);
+    size_t len = strlen(dir);
+    if (rc == 0 && asprintf(&base, "%s%s", dir, len && dir[len - 1] == '/' ? "" : "/") < 0)
+        rc = ck_fail(err, dir, "out of memory");
+    if (rc == 0)
+        rc = open_listed(remote, base, (const char *const *)names, n, dir, out, err);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    free(base);
+    return rc;
+}
+
+/* An hf:// or s3:// location: the object it names, or the directory it lists. */
+static int open_remote(http_remote *remote, const char *loc, ck_index **out, ck_error *err)
+{
+    hub_target t;
+    const http_client *client = http_remote_client(remote);
+    if (hub_is_url(loc) ? hub_locate(client, loc, &t, err) : s3_locate(client, loc, &t, err))
+        return -1;
+    int rc = t.dir ? open_listed(remote, t.url, (const char *const *)t.names, t.n, loc, out, err)
+                   : dcp_is_metadata(t.url) ? dcp_open(remote, t.url, out, err)
+                                            : open_file(remote, t.url, out, err);
+    hub_target_free(&t);
     return rc;
 }
 
@@ -197,19 +272,11 @@ static int open_dcp_dir(http_remote *remote, const char *dir, ck_index **out, ck
 static int open_any(http_remote *remote, const char *source, ck_index **out, ck_error *err)
 {
     *out = NULL;
-    if (hub_is_url(source))
-        return open_hub(remote, source, out, err);
-    if (s3_is_url(source))
-        return open_s3(remote, source, out, err);
+    if (hub_is_url(source) || s3_is_url(source))
+        return open_remote(remote, source, out, err);
     struct stat st;
-    if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode)) {
-        /* The one place a directory's kind is decided: a DCP checkpoint (its .metadata), GGUF
-         * splits, else safetensors shards. */
-        if (dcp_dir_probe(source))
-            return open_dcp_dir(remote, source, out, err);
-        return gguf_dir_probe(source) ? gguf_open_dir(source, out, err)
-                                      : st_open_dir(source, out, err);
-    }
+    if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode))
+        return open_directory(remote, source, out, err);
     return dcp_is_metadata(source) ? dcp_open(remote, source, out, err)
                                    : open_file(remote, source, out, err);
 }

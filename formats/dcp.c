@@ -33,14 +33,6 @@ typedef struct dcp_reader {
     ck_error *err;
 } dcp_reader;
 
-int dcp_dir_probe(const char *loc)
-{
-    char path[4096];
-    struct stat st;
-    int n = snprintf(path, sizeof path, "%s/" DCP_METADATA, loc);
-    return n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 int dcp_is_metadata(const char *loc)
 {
     const char *slash = strrchr(loc, '/');

@@ -23,8 +23,6 @@
 
 #define DCP_METADATA ".metadata"
 
-/* Whether loc (a local path) is a directory holding a .metadata file. */
-int dcp_dir_probe(const char *loc);
 /* Whether loc (a path or URL) names a .metadata file itself. */
 int dcp_is_metadata(const char *loc);
 

@@ -4,7 +4,6 @@
 #include "../base/cursor.h"
 #include "../base/json.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -792,104 +791,4 @@ int gguf_read_file(ck_index *ix, uint32_t file, ck_error *err)
             return -1;
     }
     return check_unique_tensors(ix, err);
-}
-
-/* --- directories ------------------------------------------------------------------------ */
-
-/* scandir's filter: a *.gguf name, hidden files aside. */
-static int is_gguf_name(const struct dirent *de)
-{
-    size_t l = strlen(de->d_name);
-    return de->d_name[0] != '.' && l > 5 && strcmp(de->d_name + l - 5, ".gguf") == 0;
-}
-
-static void free_names(struct dirent **names, int n)
-{
-    for (int i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-}
-
-int gguf_dir_probe(const char *dir)
-{
-    struct dirent **names = NULL;
-    int n = scandir(dir, &names, is_gguf_name, NULL);
-    free_names(names, n);
-    return n > 0;
-}
-
-/* The file to open: the only *.gguf, or the only -00001-of-N one when every *.gguf belongs to
- * its set. */
-static int pick_first(const char *dir, char *const *names, size_t n, size_t *pick,
-                      ck_error *err)
-{
-    if (n == 1) {
-        *pick = 0;
-        return 0;
-    }
-    size_t firsts = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *m = strstr(names[i], "-00001-of-");
-        if (m && strlen(m) == strlen("-00001-of-00000.gguf")) {
-            *pick = i;
-            firsts++;
-        }
-    }
-    if (firsts != 1)
-        return ck_fail(err, dir, "holds %zu GGUF files that are not one split set (%zu first "
-                       "splits named *-00001-of-*.gguf)", n, firsts);
-    size_t stem = strlen(names[*pick]) - strlen("-00001-of-00000.gguf");
-    const char *of = names[*pick] + stem + 6; /* "-of-NNNNN.gguf" */
-    for (size_t i = 0; i < n; i++)
-        if (strlen(names[i]) != stem + 20 || memcmp(names[i], names[*pick], stem) ||
-            strcmp(names[i] + stem + 6, of))
-            return ck_fail(err, dir, "'%s' is not part of the split set of '%s'", names[i],
-                           names[*pick]);
-    return 0;
-}
-
-int gguf_open_dir(const char *dir, ck_index **out, ck_error *err)
-{
-    *out = NULL;
-    struct dirent **ents = NULL;
-    int count = scandir(dir, &ents, is_gguf_name, alphasort);
-    if (count < 0)
-        return ck_fail(err, dir, "cannot list directory: %s", strerror(errno));
-    size_t n = (size_t)count, pick = 0;
-    char **names = malloc((n ? n : 1) * sizeof *names);
-    for (size_t i = 0; names && i < n; i++)
-        names[i] = ents[i]->d_name;
-    int rc = names ? 0 : ck_fail(err, dir, "out of memory");
-    if (rc == 0 && n == 0)
-        rc = ck_fail(err, dir, "directory holds no *.gguf file");
-    if (rc == 0)
-        rc = pick_first(dir, names, n, &pick, err);
-    ck_index *ix = NULL;
-    if (rc == 0) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, names[pick]);
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-        ix = ck_index_new("gguf");
-        if (fd < 0) {
-            rc = ck_fail(err, path, "cannot open: %s", strerror(errno));
-        } else if (!ix) {
-            close(fd);
-            rc = ck_fail(err, path, "out of memory");
-        } else {
-            int id = ck_index_add_file(ix, path, fd, err);
-            rc = id < 0 ? -1 : gguf_read_file(ix, (uint32_t)id, err);
-        }
-        /* The directory is the set: each of its files was opened as a split. */
-        if (rc == 0 && ix->nfiles != n)
-            rc = ck_fail(err, dir, "holds %zu GGUF files, but the set of '%s' has %u",
-                         n, names[pick], ix->nfiles);
-    }
-    free(names);
-    free_names(ents, count);
-    if (rc) {
-        ck_index_free(ix);
-        return -1;
-    }
-    *out = ix;
-    return 0;
 }

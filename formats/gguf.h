@@ -38,10 +38,4 @@ int gguf_probe(const unsigned char *head, size_t n);
  * first of a split set, opens and parses the others too. */
 int gguf_read_file(ck_index *ix, uint32_t file, ck_error *err);
 
-/* Whether directory dir holds a *.gguf file (so it is opened with gguf_open_dir). */
-int gguf_dir_probe(const char *dir);
-
-/* Opens a directory holding one GGUF file, or one split set. */
-int gguf_open_dir(const char *dir, ck_index **out, ck_error *err);
-
 #endif

@@ -3,16 +3,10 @@
 #include "../base/json.h"
 #include "../base/names.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#define ST_INDEX_JSON "model.safetensors.index.json"
 
 int st_probe(const unsigned char *head, size_t n)
 {
@@ -53,66 +47,15 @@ static int by_cstr(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* A JSON object's members in order, and their keys or their string values (NULL for another
- * value) as strings to group (ck_names_grouped). */
-typedef struct members {
-    const cJSON **node;
-    const char **text;
-    size_t n;
-} members;
-
-/* obj's members with their keys (values: their string values) as text. 0, or -1 when memory
- * runs out. */
-static int members_of(const cJSON *obj, int values, members *m)
-{
-    m->n = 0;
-    for (const cJSON *v = obj->child; v; v = v->next)
-        m->n++;
-    m->node = malloc((m->n ? m->n : 1) * sizeof *m->node);
-    m->text = malloc((m->n ? m->n : 1) * sizeof *m->text);
-    if (!m->node || !m->text) {
-        free(m->node), free(m->text);
-        return -1;
-    }
-    size_t i = 0;
-    for (const cJSON *v = obj->child; v; v = v->next, i++) {
-        m->node[i] = v;
-        m->text[i] = !values ? v->string : cJSON_IsString(v) ? v->valuestring : NULL;
-    }
-    return 0;
-}
-
-static void members_free(members *m)
-{
-    free(m->node);
-    free(m->text);
-}
-
-/* For each member of m, the member whose value its key takes: its key's last occurrence when it
- * is the key's first, else SIZE_MAX (json.loads keeps a repeated key where it first appears,
- * with the last value). malloc'ed; NULL when memory runs out. */
-static size_t *winners(const members *m)
-{
-    size_t *order = ck_names_grouped(m->text, m->n);
-    size_t *won = order ? malloc((m->n ? m->n : 1) * sizeof *won) : NULL;
-    for (size_t s = 0, e; won && s < m->n; s = e) {
-        for (e = s + 1; e < m->n && strcmp(m->text[order[s]], m->text[order[e]]) == 0; e++)
-            won[order[e]] = SIZE_MAX;
-        won[order[s]] = order[e - 1];
-    }
-    free(order);
-    return won;
-}
-
 /* Adds metadata object obj's members to ix (see winners); a value that is not a string is an
  * error, or with stringify (an index file's "metadata") stands as its JSON text. */
-static int add_metadata(ck_index *ix, const cJSON *obj, int stringify, const char *path,
-                        ck_error *err)
+int st_add_metadata(ck_index *ix, const cJSON *obj, int stringify, const char *path,
+                    ck_error *err)
 {
-    members m;
-    if (members_of(obj, 0, &m))
+    ck_json_members m;
+    if (ck_json_members_of(obj, 0, &m))
         return ck_fail(err, path, "out of memory");
-    size_t *won = winners(&m);
+    size_t *won = ck_json_winners(&m);
     int rc = won ? 0 : ck_fail(err, path, "out of memory");
     for (size_t i = 0; i < m.n && rc == 0 && !stringify; i++)
         if (!cJSON_IsString(m.node[i]))
@@ -126,7 +69,7 @@ static int add_metadata(ck_index *ix, const cJSON *obj, int stringify, const cha
         free(s);
     }
     free(won);
-    members_free(&m);
+    ck_json_members_free(&m);
     return rc;
 }
 
@@ -136,7 +79,7 @@ static int st_read_metadata(ck_index *ix, const cJSON *meta, const char *path, c
         return 0;
     if (!cJSON_IsObject(meta))
         return ck_fail(err, path, "__metadata__ is not an object");
-    return add_metadata(ix, meta, 0, path, err);
+    return st_add_metadata(ix, meta, 0, path, err);
 }
 
 /* Checks one tensor's description and fills t; the extent is checked against the others later. */
@@ -321,267 +264,5 @@ int st_read_file(ck_index *ix, uint32_t file, ck_error *err)
     else
         rc = st_parse_header(ix, file, json, hlen, 8 + hlen, f->size - 8 - hlen, err);
     free(json);
-    return rc;
-}
-
-/* --- shard directories ---------------------------------------------------------------- */
-
-/* Shard `name` beside base (the index file's location, or any in the shards' directory): the
- * name comes from the checkpoint, so ck_source_sibling accepts a plain file name only. */
-static int open_shard(ck_index *ix, const char *base, const char *name, ck_error *err)
-{
-    char *loc = ck_source_sibling(base, name, err);
-    int id = loc ? ck_index_add_source(ix, loc, "shard", err) : -1;
-    free(loc);
-    if (id < 0)
-        return -1;
-    return st_read_file(ix, (uint32_t)id, err) ? -1 : id;
-}
-
-/* Shards named by weight_map, each opened once, in order of first mention. */
-static int open_indexed_shards(ck_index *ix, const cJSON *map, const char *ipath, ck_error *err)
-{
-    for (const cJSON *v = map->child; v; v = v->next)
-        if (!cJSON_IsString(v) || !ck_source_plain_name(v->valuestring))
-            return ck_fail(err, ipath, "weight_map entry '%s' does not name a file in this "
-                           "directory", v->string);
-    members m;
-    if (members_of(map, 1, &m))
-        return ck_fail(err, ipath, "out of memory");
-    size_t *won = winners(&m); /* by value: a shard's first mention is its group's first */
-    int rc = won ? 0 : ck_fail(err, ipath, "out of memory");
-    for (size_t i = 0; i < m.n && rc == 0; i++)
-        if (won[i] != SIZE_MAX && open_shard(ix, ipath, m.text[i], err) < 0)
-            rc = -1;
-    free(won);
-    members_free(&m);
-    return rc;
-}
-
-static int by_entry_name(const void *a, const void *b)
-{
-    return strcmp((*(const ck_entry *const *)a)->name, (*(const ck_entry *const *)b)->name);
-}
-
-static int open_listed_shards(ck_index *ix, int dirfd, const char *dir, const char *ipath,
-                              ck_error *err)
-{
-    int fd = dup(dirfd);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (!d) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        return ck_fail(err, dir, "cannot list directory: %s", strerror(e));
-    }
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    int rc = 0;
-    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
-        size_t l = strlen(de->d_name);
-        if (l <= 12 || strcmp(de->d_name + l - 12, ".safetensors") || de->d_name[0] == '.')
-            continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 16;
-            char **p = realloc(names, cap * sizeof *p);
-            if (!p) {
-                rc = ck_fail(err, dir, "out of memory");
-                break;
-            }
-            names = p;
-        }
-        if (!(names[n++] = strdup(de->d_name)))
-            rc = ck_fail(err, dir, "out of memory");
-    }
-    closedir(d);
-    if (rc == 0 && n == 0)
-        rc = ck_fail(err, dir, "directory holds no *.safetensors file and no " ST_INDEX_JSON);
-    if (n) /* names is NULL when there are none */
-        qsort(names, n, sizeof *names, by_cstr);
-    for (size_t i = 0; i < n && rc == 0; i++)
-        rc = open_shard(ix, ipath, names[i], err) < 0 ? -1 : 0;
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    return rc;
-}
-
-/* Every tensor (by: ix's entries sorted by name, n of them) in the shard weight_map names for it
- * (a repeated key: its last value, as json.loads reads it), and every name weight_map gives a
- * tensor of some shard: one pass over both, sorted. */
-static int check_weight_map(const ck_index *ix, const ck_entry *const *by, size_t n,
-                            const cJSON *map, const char *ipath, ck_error *err)
-{
-    members m;
-    if (members_of(map, 0, &m))
-        return ck_fail(err, ipath, "out of memory");
-    size_t *order = ck_names_grouped(m.text, m.n);
-    int rc = order ? 0 : ck_fail(err, ipath, "out of memory");
-    size_t g = 0, stray = SIZE_MAX; /* the first name in weight_map that no shard holds */
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        for (; g < m.n && strcmp(m.text[order[g]], by[i]->name) < 0; g++)
-            stray = order[g] < stray ? order[g] : stray;
-        size_t e = g;
-        while (e < m.n && strcmp(m.text[order[e]], by[i]->name) == 0)
-            e++;
-        const char *shard = strrchr(ix->files[by[i]->ext.file].path, '/') + 1;
-        if (e == g)
-            rc = ck_fail(err, ipath, "tensor '%s' of shard %s is missing from weight_map",
-                         by[i]->name, shard);
-        else if (strcmp(m.node[order[e - 1]]->valuestring, shard))
-            rc = ck_fail(err, ipath, "weight_map puts tensor '%s' in %s, but it is in %s",
-                         by[i]->name, m.node[order[e - 1]]->valuestring, shard);
-        g = e;
-    }
-    for (; rc == 0 && g < m.n; g++)
-        stray = order[g] < stray ? order[g] : stray;
-    if (rc == 0 && stray != SIZE_MAX)
-        rc = ck_fail(err, ipath, "weight_map names tensor '%s', which is in no shard (%s)",
-                     m.text[stray], m.node[stray]->valuestring);
-    free(order);
-    members_free(&m);
-    return rc;
-}
-
-/* Every tensor in exactly one shard, and where weight_map says. Entries were appended shard by
- * shard, so sorting a copy of the names finds tensors that appear twice. */
-static int check_shards(const ck_index *ix, const cJSON *map, const char *dir, const char *ipath,
-                        ck_error *err)
-{
-    size_t n = ix->nentries;
-    const ck_entry **by = malloc((n ? n : 1) * sizeof *by);
-    if (!by)
-        return ck_fail(err, dir, "out of memory");
-    for (size_t i = 0; i < n; i++)
-        by[i] = &ix->entries[i];
-    qsort(by, n, sizeof *by, by_entry_name);
-    int rc = 0;
-    for (size_t i = 1; i < n && rc == 0; i++)
-        if (strcmp(by[i - 1]->name, by[i]->name) == 0)
-            rc = ck_fail(err, dir, "tensor '%s' is in two shards: %s and %s", by[i]->name,
-                         ix->files[by[i - 1]->ext.file].path, ix->files[by[i]->ext.file].path);
-    if (rc == 0 && map)
-        rc = check_weight_map(ix, by, n, map, ipath, err);
-    free(by);
-    return rc;
-}
-
-/* Reads and parses the index JSON; its non-object "metadata" values become strings. */
-static cJSON *read_index_json(ck_index *ix, const char *ipath, ck_error *err)
-{
-    ck_file f;
-    if (ck_source_open(ix->remote, ipath, NULL, &f, err) != 0)
-        return NULL;
-    cJSON *root = NULL;
-    char *text = NULL;
-    int rc;
-    if (f.size > ST_MAX_HEADER) {
-        ck_fail(err, ipath, "not a regular file of at most %u bytes", ST_MAX_HEADER);
-    } else if (!(text = malloc((size_t)f.size + 1))) {
-        ck_fail(err, ipath, "out of memory");
-    } else if ((rc = ck_file_read(&f, text, (size_t)f.size, 0))) {
-        ck_fail(err, ipath, "cannot read: %s", strerror(-rc));
-    } else {
-        const char *end = NULL;
-        root = cJSON_ParseWithLengthOpts(text, (size_t)f.size, &end, 0);
-        const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
-        if (!root)
-            ck_fail(err, ipath, "not valid JSON (byte %zu)", end ? (size_t)(end - text) : 0);
-        else if (!cJSON_IsObject(map))
-            ck_fail(err, ipath, "no \"weight_map\" object");
-        if (!cJSON_IsObject(map)) {
-            cJSON_Delete(root);
-            root = NULL;
-        }
-    }
-    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");
-    if (cJSON_IsObject(meta) && add_metadata(ix, meta, 1, ipath, err) != 0) {
-        cJSON_Delete(root);
-        root = NULL;
-    }
-    free(text);
-    ck_source_close(&f);
-    return root;
-}
-
-/* The shards of a set, checked against each other: those the index file at ipath names when
- * dirfd is -1, else every *.safetensors in dir (open at dirfd). dir names the set in messages. */
-static int open_sharded(struct http_remote *remote, const char *dir, const char *ipath, int dirfd,
-                        ck_index **out, ck_error *err)
-{
-    *out = NULL;
-    ck_index *ix = ck_index_new("safetensors-sharded");
-    cJSON *root = NULL;
-    int rc = ix ? 0 : ck_fail(err, dir, "out of memory");
-    if (ix)
-        ix->remote = remote;
-    if (rc == 0 && dirfd < 0) {
-        root = read_index_json(ix, ipath, err);
-        rc = root ? open_indexed_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"),
-                                        ipath, err)
-                  : -1;
-    } else if (rc == 0) {
-        rc = open_listed_shards(ix, dirfd, dir, ipath, err);
-    }
-    if (rc == 0)
-        rc = check_shards(ix, cJSON_GetObjectItemCaseSensitive(root, "weight_map"), dir, ipath,
-                          err);
-    if (rc == 0)
-        rc = ck_index_unique_meta(ix, err);
-    cJSON_Delete(root);
-    if (rc) {
-        ck_index_free(ix);
-        return -1;
-    }
-    *out = ix;
-    return 0;
-}
-
-int st_open_index(struct http_remote *remote, const char *ipath, ck_index **out, ck_error *err)
-{
-    return open_sharded(remote, ipath, ipath, -1, out, err);
-}
-
-int st_open_names(struct http_remote *remote, const char *base, const char *const *names, size_t n,
-                  ck_index **out, ck_error *err)
-{
-    *out = NULL;
-    ck_index *ix = ck_index_new("safetensors-sharded");
-    int rc = ix ? 0 : ck_fail(err, base, "out of memory");
-    if (ix)
-        ix->remote = remote;
-    for (size_t i = 0; i < n && rc == 0; i++)
-        rc = open_shard(ix, base, names[i], err) < 0 ? -1 : 0;
-    if (rc == 0)
-        rc = check_shards(ix, NULL, base, base, err);
-    if (rc == 0)
-        rc = ck_index_unique_meta(ix, err);
-    if (rc) {
-        ck_index_free(ix);
-        return -1;
-    }
-    *out = ix;
-    return 0;
-}
-
-int st_index_probe(const unsigned char *head, size_t n)
-{
-    size_t i = 0;
-    while (i < n && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r'))
-        i++;
-    return i < n && head[i] == '{';
-}
-
-int st_open_dir(const char *dir, ck_index **out, ck_error *err)
-{
-    *out = NULL;
-    char ipath[4096];
-    snprintf(ipath, sizeof ipath, "%s/%s", dir, ST_INDEX_JSON);
-    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dirfd < 0)
-        return ck_fail(err, dir, "cannot open directory: %s", strerror(errno));
-    int indexed = faccessat(dirfd, ST_INDEX_JSON, F_OK, 0) == 0;
-    int rc = open_sharded(NULL, dir, ipath, indexed ? -1 : dirfd, out, err);
-    close(dirfd);
     return rc;
 }

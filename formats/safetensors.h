@@ -1,4 +1,4 @@
-/* safetensors.h — the safetensors format (one file) and Hugging Face shard directories.
+/* safetensors.h — the safetensors format: one file (a set of shards is checkpoint/shards.h's).
  *
  * Contract: a file is accepted only if it follows every rule of the public spec: an 8-byte
  * little-endian header length (at most ST_MAX_HEADER), a UTF-8 JSON object of tensors and an
@@ -10,6 +10,8 @@
 #define CK_SAFETENSORS_H
 
 #include "../index/index.h"
+
+#include <cjson/cJSON.h>
 
 #define ST_MAX_HEADER 100000000u
 
@@ -25,22 +27,10 @@ int st_read_file(ck_index *ix, uint32_t file, ck_error *err);
 int st_parse_header(ck_index *ix, uint32_t file, const char *json, size_t len,
                     uint64_t data_start, uint64_t data_len, ck_error *err);
 
-/* Opens a directory of shards: model.safetensors.index.json's weight_map if present, else every
- * *.safetensors file in name order. A tensor in two shards, or a weight_map that disagrees with
- * the shards, is an error. */
-int st_open_dir(const char *dir, ck_index **out, ck_error *err);
-
-/* The same for the set an index file names (a local path or a URL: its shards are opened
- * beside it, ck_source_sibling; URLs through remote, http.h). */
-int st_open_index(struct http_remote *remote, const char *ipath, ck_index **out, ck_error *err);
-
-/* The set of shards called names (n, in that order) beside base (a location in their
- * directory), without an index file. */
-int st_open_names(struct http_remote *remote, const char *base, const char *const *names, size_t n,
-                  ck_index **out, ck_error *err);
-
-/* True when head (the first n bytes of a file) can start a JSON object: an index file, which
- * ck_open hands to st_open_index (no other format it reads starts so). */
-int st_index_probe(const unsigned char *head, size_t n);
+/* Adds metadata object obj's members to ix as json.loads reads them (a repeated key: its last
+ * value where it first stands); a value that is not a string is an error, or with stringify
+ * (an index file's "metadata", which holds numbers) stands as its JSON text. */
+int st_add_metadata(ck_index *ix, const cJSON *obj, int stringify, const char *path,
+                    ck_error *err);
 
 #endif

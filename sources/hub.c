@@ -9,7 +9,6 @@
 #include <string.h>
 
 #define HUB_DEFAULT_ENDPOINT "https://huggingface.co"
-#define HUB_INDEX "model.safetensors.index.json"
 #define HUB_MAX_API (16u << 20) /* a revision answer: the siblings of a large repository */
 
 int hub_is_url(const char *loc)
@@ -139,45 +138,6 @@ char *hub_resolve_url(const char *repo, const char *revision, const char *path)
     return asprintf(&url, "%s/%s/resolve/%s/%s", endpoint, repo, rev, path) < 0 ? NULL : url;
 }
 
-/* Whether name ends in suffix. */
-static int ends(const char *name, const char *suffix)
-{
-    size_t n = strlen(name), k = strlen(suffix);
-    return n >= k && strcmp(name + n - k, suffix) == 0;
-}
-
-static int by_name(const void *a, const void *b, void *names)
-{
-    const char *const *v = names;
-    return strcmp(v[*(const size_t *)a], v[*(const size_t *)b]);
-}
-
-int hub_pick(const char *const *names, size_t n, size_t *picked, const char *where,
-             ck_error *err)
-{
-    static const char *const checkpoints[] = {".safetensors", ".gguf", ".bin", ".pt", ".pth",
-                                              ".ckpt", ".npz", ".npy"};
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(names[i], HUB_INDEX) == 0) {
-            picked[0] = i;
-            return 1;
-        }
-    for (size_t i = 0; i < n; i++)
-        if (!strchr(names[i], '/') && ends(names[i], ".safetensors"))
-            picked[k++] = i;
-    if (k == 0)
-        for (size_t i = 0; i < n; i++)
-            for (size_t c = 1; c < sizeof checkpoints / sizeof *checkpoints; c++)
-                if (!strchr(names[i], '/') && ends(names[i], checkpoints[c]))
-                    picked[k++] = i;
-    if (k > 1 && !ends(names[picked[0]], ".safetensors"))
-        return ck_fail(err, where, "holds several checkpoint files (%s, %s, ...): name one, "
-                       "%s/FILE", names[picked[0]], names[picked[1]], where);
-    qsort_r(picked, k, sizeof *picked, by_name, (void *)names);
-    return (int)k;
-}
-
 /* Whether s is a commit id as the Hub writes one: 40 lowercase hex digits (huggingface_hub's
  * REGEX_COMMIT_HASH). */
 static int is_commit(const char *s)
@@ -225,8 +185,8 @@ static int revision_info(const http_client *c, const hub_ref *r, const char *loc
     return 0;
 }
 
-/* The repository's weights at r's revision, pinned to the commit the Hub reports: one file, or
- * the first of several shards and all their names. */
+/* The repository's files at r's revision, pinned to the commit the Hub reports: their names,
+ * resolved beside the commit's resolve URL of "". */
 static int locate_repository(const http_client *c, const hub_ref *r, const char *loc,
                              hub_target *t, ck_error *err)
 {
@@ -235,34 +195,22 @@ static int locate_repository(const http_client *c, const hub_ref *r, const char 
     if (revision_info(c, r, loc, &root, &sha, err))
         return -1;
     const cJSON *sib = cJSON_GetObjectItemCaseSensitive(root, "siblings");
-    size_t n = (size_t)cJSON_GetArraySize(sib), k = 0;
-    const char **names = malloc((n ? n : 1) * sizeof *names);
-    size_t *picked = malloc((n ? n : 1) * sizeof *picked);
-    int rc = names && picked ? 0 : ck_fail(err, loc, "out of memory");
+    size_t n = (size_t)cJSON_GetArraySize(sib);
+    t->dir = 1;
+    t->url = hub_resolve_url(r->repo, sha, "");
+    t->names = calloc(n ? n : 1, sizeof *t->names);
+    int rc = t->url && t->names ? 0 : -1;
     for (const cJSON *e = sib ? sib->child : NULL; e && rc == 0; e = e->next) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(e, "rfilename");
-        if (cJSON_IsString(f))
-            names[k++] = f->valuestring;
-    }
-    char where[sizeof r->repo + 8];
-    snprintf(where, sizeof where, "hf://%s", r->repo);
-    int m = rc == 0 ? hub_pick(names, k, picked, where, err) : -1;
-    if (m == 0)
-        m = ck_fail(err, loc, "holds no checkpoint file at %s", sha);
-    t->url = m > 0 ? hub_resolve_url(r->repo, sha, names[picked[0]]) : NULL;
-    t->shards = m > 1 ? calloc((size_t)m, sizeof *t->shards) : NULL;
-    rc = m > 0 && t->url && (m == 1 || t->shards) ? 0 : -1;
-    for (int i = 0; rc == 0 && m > 1 && i < m; i++, t->nshards++)
-        if (!(t->shards[i] = strdup(names[picked[i]])))
+        if (cJSON_IsString(f) && !(t->names[t->n++] = strdup(f->valuestring)))
             rc = -1;
-    if (rc && m > 0)
-        ck_fail(err, loc, "out of memory");
-    if (rc)
-        hub_target_free(t);
-    free(names);
-    free(picked);
+    }
     cJSON_Delete(root);
-    return rc;
+    if (rc) {
+        hub_target_free(t);
+        return ck_fail(err, loc, "out of memory");
+    }
+    return 0;
 }
 
 int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err)
@@ -286,9 +234,9 @@ int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *e
 
 void hub_target_free(hub_target *t)
 {
-    for (size_t i = 0; i < t->nshards; i++)
-        free(t->shards[i]);
-    free(t->shards);
+    for (size_t i = 0; i < t->n; i++)
+        free(t->names[i]);
+    free(t->names);
     free(t->url);
     *t = (hub_target){0};
 }

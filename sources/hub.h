@@ -8,8 +8,7 @@
  *  - hf://ORG/REPO[@REVISION] alone asks the revision API
  *    (GET {endpoint}/api/models/ORG/REPO/revision/{REVISION}: JSON with "sha" and
  *    "siblings"[].rfilename), pins the commit sha it reports, and resolves to the repository's
- *    weights at that commit: model.safetensors.index.json if present, else its top-level
- *    *.safetensors (one, or all as shards), else its single checkpoint file.
+ *    files at that commit, a directory (which of them are the weights: checkpoint/choose.h).
  *  - The endpoint is HF_ENDPOINT (default https://huggingface.co), as huggingface_hub reads it.
  *    The token is HF_TOKEN, else the file huggingface_hub writes: $HF_TOKEN_PATH, else
  *    $HF_HOME/token, else $XDG_CACHE_HOME/huggingface/token, else ~/.cache/huggingface/token.
@@ -50,20 +49,14 @@ char *hub_token_for(const char *url);
 /* The resolve URL of path in repo at revision (malloc'ed; the revision percent-encoded). */
 char *hub_resolve_url(const char *repo, const char *revision, const char *path);
 
-/* Which files of a repository (or an s3:// prefix) to open, from its files' names (n of
- * them): the index file, else the top-level *.safetensors, else the one checkpoint file. Their
- * indices into *picked (at most n), their count returned; 0 when there is nothing to open, -1
- * when there are several checkpoint files and no way to choose (err set, naming them and where:
- * "hf://ORG/REPO", "s3://BUCKET/PREFIX"). */
-int hub_pick(const char *const *names, size_t n, size_t *picked, const char *where,
-             ck_error *err);
-
-/* What an hf:// location resolves to (see the contract): the URL of the file to open, or with
- * shards the first shard's URL and every shard's file name beside it (each malloc'ed). */
+/* What a remote location resolves to: one file (dir 0: url), or a directory (a repository, an
+ * s3:// prefix: dir 1): its files' names, each resolved beside url (which ends in '/'). Which
+ * of them make the checkpoint is the opener's choice (checkpoint/choose.h). */
 typedef struct hub_target {
     char *url;
-    char **shards;   /* NULL for one file */
-    size_t nshards;
+    char **names; /* malloc'ed, n of them */
+    size_t n;
+    int dir;
 } hub_target;
 
 /* Resolves loc into *t (hub_target_free releases it), asking the revision API through c.

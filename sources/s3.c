@@ -14,7 +14,6 @@
 #include <cjson/cJSON.h>
 
 #define S3_MAX_INI (1u << 20)     /* a shared credentials or config file */
-#define DCP_METADATA_NAME ".metadata"
 #define S3_MAX_CREDENTIALS (64u << 10) /* a credential endpoint's answer */
 #define REFRESH_MARGIN_S 300            /* temporary credentials are renewed this early */
 
@@ -823,52 +822,26 @@ static char *object_location(const char *bucket, const char *key)
     return asprintf(&out, "s3://%s/%s", bucket, key) < 0 ? NULL : out;
 }
 
-int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck_error *err)
+int s3_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err)
 {
     s3_ref r;
     *t = (hub_target){0};
-    *dcp = 0;
     if (s3_parse(loc, &r, err))
         return -1;
     size_t klen = strlen(r.key);
-    if (klen && r.key[klen - 1] != '/') { /* one object */
-        t->url = object_location(r.bucket, r.key);
-        return t->url ? 0 : ck_fail(err, loc, "out of memory");
-    }
+    t->dir = !klen || r.key[klen - 1] == '/';
+    t->url = object_location(r.bucket, r.key);
+    if (!t->url)
+        return ck_fail(err, loc, "out of memory");
+    if (!t->dir) /* one object */
+        return 0;
     s3_listing l = {0};
-    size_t *picked = NULL;
-    int rc = list_prefix(c, &r, loc, &l, err), m = -1;
-    char **names = l.names;
-    size_t n = l.n;
-    for (size_t i = 0; rc == 0 && i < n && !*dcp; i++)
-        *dcp = strcmp(names[i], DCP_METADATA_NAME) == 0;
-    char key[sizeof r.key + 64];
-    if (rc == 0 && *dcp) {
-        snprintf(key, sizeof key, "%s" DCP_METADATA_NAME, r.key);
-        t->url = object_location(r.bucket, key);
-        m = t->url ? 1 : ck_fail(err, loc, "out of memory");
-    } else if (rc == 0 && (picked = malloc((n ? n : 1) * sizeof *picked))) {
-        char where[sizeof r.bucket + sizeof r.key + 8];
-        snprintf(where, sizeof where, "s3://%s/%s", r.bucket, r.key);
-        m = hub_pick((const char *const *)names, n, picked, where, err);
-        if (m == 0)
-            m = ck_fail(err, loc, "holds no checkpoint file");
-        if (m > 0) {
-            snprintf(key, sizeof key, "%s%s", r.key, names[picked[0]]);
-            t->url = object_location(r.bucket, key);
-        }
-        t->shards = m > 1 ? calloc((size_t)m, sizeof *t->shards) : NULL;
-        for (int i = 0; m > 1 && t->shards && i < m; i++)
-            if ((t->shards[i] = strdup(names[picked[i]])))
-                t->nshards++;
-        if (m > 0 && (!t->url || (m > 1 && t->nshards != (size_t)m)))
-            m = ck_fail(err, loc, "out of memory");
-    } else if (rc == 0) {
-        m = ck_fail(err, loc, "out of memory");
-    }
-    s3_listing_free(&l);
-    free(picked);
-    if (m < 0)
+    if (list_prefix(c, &r, loc, &l, err)) {
+        s3_listing_free(&l);
         hub_target_free(t);
-    return m < 0 ? -1 : 0;
+        return -1;
+    }
+    t->names = l.names; /* the target takes them */
+    t->n = l.n;
+    return 0;
 }

@@ -4,9 +4,7 @@
  * Contract:
  *  - s3://BUCKET/KEY is one checkpoint file; s3://BUCKET/PREFIX/ (or s3://BUCKET) a directory:
  *    its objects directly under PREFIX, listed with ListObjectsV2 (paginated, at most
- *    S3_MAX_PAGES pages), opened as the Hub's are: model.safetensors.index.json if present,
- *    else the *.safetensors (one, or all as shards), else the one checkpoint file; a DCP
- *    checkpoint when a .metadata is there.
+ *    S3_MAX_PAGES pages), chosen among as any directory's files are (checkpoint/choose.h).
  *  - The endpoint is AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (an S3-compatible store:
  *    path-style addressing, {endpoint}/BUCKET/KEY), else AWS's for the region
  *    (https://BUCKET.s3.REGION.amazonaws.com/KEY, virtual-hosted; path-style when BUCKET has a
@@ -104,11 +102,10 @@ int s3_ini_find(char *text, const char *section, const char *key, char *out, siz
  * (cap bytes) set. */
 int s3_container_url_allowed(const char *url, char *why, size_t cap);
 
-/* What loc resolves to, as for hf:// (hub_target): the file to open, or the first shard and
- * every shard's name, or the DCP checkpoint's .metadata in url alone with dcp set; each an
- * s3:// location (s3://BUCKET/KEY), which ck_source_open reads at its API URL, so that a
- * message about it or a file beside it names the object as the user's location does, never
- * the API's URL. 0, or -1 with err set and *t empty. */
-int s3_locate(const http_client *c, const char *loc, hub_target *t, int *dcp, ck_error *err);
+/* What loc resolves to, as for hf:// (hub_target): the object, or a prefix's listing (the
+ * names directly under it); url an s3:// location (s3://BUCKET/KEY), which ck_source_open
+ * reads at its API URL, so that a message about it or a file beside it names the object as the
+ * user's location does, never the API's URL. 0, or -1 with err set and *t empty. */
+int s3_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err);
 
 #endif

@@ -120,12 +120,13 @@ def test_index_string_metadata_and_unlisted_shard_ignored(shard_dir, mount):
 
 
 def test_single_shard_directory(tmp_path, mount):
+    """A directory of one model.safetensors is that file, as an hf:// repository of one is."""
     d = tmp_path / "one"
     d.mkdir()
     safetensors.torch.save_file({"a.b": torch.arange(5)}, str(d / "model.safetensors"))
     lib, meta = library_view(d)
     with mount(d) as m:
-        check_mount(m, lib, meta, "safetensors-sharded")
+        check_mount(m, lib, meta, "safetensors")
 
 
 def test_ckpt_ls_names_the_shard_files(shard_dir):

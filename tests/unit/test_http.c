@@ -192,25 +192,3 @@ Test(http, token_lookup_order)
     unsetenv("HF_TOKEN");
     unsetenv("HF_ENDPOINT");
 }
-
-Test(http, hub_pick)
-{
-    ck_error err;
-    size_t p[8];
-    const char *indexed[] = {"README.md", "model-00002-of-00002.safetensors",
-                             "model.safetensors.index.json", "model-00001-of-00002.safetensors"};
-    cr_expect_eq(hub_pick(indexed, 4, p, "o/r", &err), 1);
-    cr_expect_eq(p[0], 2);
-    const char *shards[] = {"b.safetensors", "config.json", "a.safetensors",
-                            "onnx/c.safetensors"};
-    cr_assert_eq(hub_pick(shards, 4, p, "o/r", &err), 2, "top-level ones, by name");
-    cr_expect(p[0] == 2 && p[1] == 0);
-    const char *single[] = {"config.json", "pytorch_model.bin"};
-    cr_expect_eq(hub_pick(single, 2, p, "o/r", &err), 1);
-    cr_expect_eq(p[0], 1);
-    const char *two[] = {"a.gguf", "b.gguf"};
-    cr_expect_eq(hub_pick(two, 2, p, "hf://o/r", &err), -1);
-    cr_expect(strstr(err.msg, "hf://o/r/FILE"), "%s", err.msg);
-    const char *none[] = {"README.md"};
-    cr_expect_eq(hub_pick(none, 1, p, "o/r", &err), 0);
-}

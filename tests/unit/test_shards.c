@@ -1,4 +1,4 @@
-/* Directories of safetensors shards (st_open_dir, through ck_open): listed or named by
+/* Directories of safetensors shards (checkpoint/shards.h, through ck_open): listed or named by
  * model.safetensors.index.json, and every way the two can disagree. */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -9,7 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../../formats/safetensors.h"
+#include "../../checkpoint/open.h"
 #include "helpers.h"
 
 TestSuite(shards, .fini = tmp_cleanup);
@@ -115,7 +115,7 @@ Test(shards, tensor_in_two_listed_shards)
     assert_open_fails(dir, "tensor 'x' is in two shards: ");
     ck_index *ix = NULL;
     ck_error err = {""};
-    cr_assert_eq(st_open_dir(dir, &ix, &err), -1);
+    cr_assert_eq(ck_open(dir, &ix, &err), -1);
     cr_assert_null(ix);
     cr_assert_not_null(strstr(err.msg, strf("%s/a.safetensors", dir)), "%s", err.msg);
     cr_assert_not_null(strstr(err.msg, strf("%s/b.safetensors", dir)), "%s", err.msg);
@@ -221,7 +221,8 @@ Test(shards, index_json_cannot_be_opened)
 
 Test(shards, empty_directory)
 {
-    assert_open_fails(tmp_dir(), "directory holds no *.safetensors file and no " INDEX_JSON);
+    assert_open_fails(tmp_dir(), "holds no checkpoint file (*.safetensors, *.bin, *.pt, *.gguf, "
+                                 "an index of shards or a DCP .metadata)");
 }
 
 Test(shards, directory_without_shards)
@@ -229,8 +230,8 @@ Test(shards, directory_without_shards)
     const char *dir = tmp_dir();
     tmp_file_in(dir, "notes.txt", "hi", 2);
     st_file_in(dir, ".a.safetensors", "{}", NULL, 0);
-    st_file_in(dir, "model.bin", "{}", NULL, 0);
-    assert_open_fails(dir, "directory holds no *.safetensors file");
+    st_file_in(dir, "model.safetensors.bak", "{}", NULL, 0);
+    assert_open_fails(dir, "holds no checkpoint file");
 }
 
 Test(shards, shard_that_is_a_directory)
@@ -248,15 +249,85 @@ Test(shards, bad_shard_is_named)
     assert_open_fails(dir, strf("%s/b.safetensors: 3 trailing bytes after the last tensor", dir));
 }
 
-Test(shards, open_dir_on_no_directory)
+/* dir/file: torch.save (Debian's torch) of U8 tensors named by names, one byte each holding the
+ * first letter of their name; legacy: the pre-1.6 layout. */
+static void torch_shard(const char *dir, const char *file, const char *names, int legacy)
 {
-    ck_index sentinel, *ix = &sentinel;
-    ck_error err = {""};
-    const char *missing = tmp_path_in(tmp_dir(), "none");
-    cr_assert_eq(st_open_dir(missing, &ix, &err), -1);
-    cr_assert_null(ix);
-    assert_error(&err, missing, "cannot open directory: No such file or directory");
-    const char *file = tmp_file("x", 1);
-    cr_assert_eq(st_open_dir(file, &ix, &err), -1);
-    assert_error(&err, file, "cannot open directory: Not a directory");
+    run_python("import sys, torch\n"
+               "sd = {n: torch.tensor([ord(n[0])], dtype=torch.uint8) for n in sys.argv[2].split()}\n"
+               "torch.save(sd, sys.argv[1], _use_new_zipfile_serialization=sys.argv[3] == '0')\n",
+               tmp_path_in(dir, file), names, legacy ? "1" : "0", NULL);
+}
+
+Test(shards, pytorch_shards_by_their_index)
+{
+    const char *dir = tmp_dir();
+    torch_shard(dir, "pytorch_model-00001-of-00002.bin", "x y", 0);
+    torch_shard(dir, "pytorch_model-00002-of-00002.bin", "z", 1);
+    tmp_file_in(dir, "training_args.bin", "junk", 4);
+    const char *json = "{\"metadata\":{\"total_size\":3},\"weight_map\":{"
+                       "\"z\":\"pytorch_model-00002-of-00002.bin\","
+                       "\"x\":\"pytorch_model-00001-of-00002.bin\","
+                       "\"y\":\"pytorch_model-00001-of-00002.bin\"}}";
+    tmp_file_in(dir, "pytorch_model.bin.index.json", json, strlen(json));
+    ck_index *ix = open_ok(dir);
+    cr_assert_str_eq(ix->format, "pytorch-sharded");
+    cr_assert_eq(ix->nfiles, 2, "the shards, in order of first mention");
+    cr_assert_str_eq(ix->files[0].path, strf("%s/pytorch_model-00002-of-00002.bin", dir));
+    for (const char *n = "zxy"; *n; n++) {
+        const ck_entry *e = ck_index_find(ix, (char[]){*n, 0});
+        cr_assert_not_null(e, "%c", *n);
+        char c = 0;
+        cr_assert_eq(ck_entry_read(ix, e, &c, 1, 0), 1);
+        cr_expect_eq(c, *n);
+    }
+    ck_index_free(ix);
+    /* The index file named as the source opens the same set. */
+    ix = open_ok(strf("%s/pytorch_model.bin.index.json", dir));
+    cr_expect_str_eq(ix->format, "pytorch-sharded");
+    ck_index_free(ix);
+}
+
+Test(shards, pytorch_bin_files_listed_when_there_is_no_index)
+{
+    const char *dir = tmp_dir();
+    torch_shard(dir, "b.bin", "y", 0);
+    torch_shard(dir, "a.bin", "x", 0);
+    torch_shard(dir, "optimizer.bin", "o", 0);
+    ck_index *ix = open_ok(dir);
+    cr_expect_str_eq(ix->format, "pytorch-sharded");
+    cr_assert_eq(ix->nfiles, 2, "optimizer.bin holds no weights");
+    cr_expect_str_eq(ix->files[0].path, strf("%s/a.bin", dir));
+    ck_index_free(ix);
+    /* safetensors first, by name; what a file holds, by content: here torch.save's */
+    torch_shard(dir, "model.safetensors", "s", 0);
+    ix = open_ok(dir);
+    cr_expect_str_eq(ix->format, "pytorch-zip");
+    cr_expect(ix->nfiles == 1 && ix->nentries == 1 && strcmp(ix->entries[0].name, "s") == 0);
+    ck_index_free(ix);
+}
+
+Test(shards, a_set_holds_one_family)
+{
+    const char *dir = tmp_dir();
+    torch_shard(dir, "a.bin", "x", 0);
+    run_python("import sys, numpy as np\n"
+               "np.save(open(sys.argv[1], 'wb'), np.zeros(1, np.uint8))\n",
+               tmp_path_in(dir, "b.bin"), NULL);
+    assert_open_fails(dir, strf("%s/b.bin: a shard must be a safetensors or PyTorch file, "
+                                "not npy", dir));
+    const char *mixed = tmp_dir();
+    torch_shard(mixed, "a.bin", "x", 0);
+    shard(mixed, "b.bin", NAMES("y"));
+    assert_open_fails(mixed, strf("%s/b.bin: a safetensors shard in a set of pytorch ones (%s/a.bin)",
+                                  mixed, mixed));
+}
+
+Test(shards, an_index_naming_an_index)
+{
+    const char *dir = tmp_dir();
+    tmp_file_in(dir, "inner.json", "{\"weight_map\":{}}", 17);
+    tmp_file_in(dir, "pytorch_model.bin.index.json", "{\"weight_map\":{\"x\":\"inner.json\"}}",
+                34);
+    assert_open_fails(dir, strf("%s/inner.json: an index of shards, not a shard", dir));
 }

@@ -82,11 +82,11 @@ Test(source, file_is_safetensors)
     ck_index_free(ix);
 }
 
-Test(source, directory_is_shards)
+Test(source, directory_of_one_file_is_that_file)
 {
     const char *dir = tmp_dir();
     st_file_in(dir, "a.safetensors", "{}", NULL, 0);
     ck_index *ix = open_ok(dir);
-    cr_assert_str_eq(ix->format, "safetensors-sharded");
+    cr_assert_str_eq(ix->format, "safetensors");
     ck_index_free(ix);
 }
