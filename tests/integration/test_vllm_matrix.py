@@ -1,18 +1,24 @@
 """vLLM's load format `ckload` against its own `auto`, parameter by parameter: tiny seeded models
-of architectures whose weight loaders differ (Llama; Qwen2 with its head tied to the
+of nine architectures whose weight loaders differ (Llama; Qwen2 with its head tied to the
 embeddings; GPT-2's Conv1D, transposed; Phi-3's fused qkv and gate_up; Mixtral's and Qwen2-MoE's
-experts; Mistral's own names and rotary layout; ...), each written by transformers 4.44 (Debian
-torch 1.13, the writer most `.bin` checkpoints on the Hub came from) in every directory layout
-vLLM loads: one model.safetensors, safetensors shards with their index, one pytorch_model.bin,
-`.bin` shards with pytorch_model.bin.index.json, a `*.pt`, and Mistral's consolidated.safetensors
-(alone, and beside Hugging Face shards, as Mistral's repositories ship both).
+experts; Mistral's own names and rotary layout; GPT-NeoX's fused query_key_value; Gemma), in
+float32 and bfloat16, each written by transformers 4.44 under Debian's torch 1.13 (the last
+transformers that writes `.bin`) in every directory layout vLLM loads: one model.safetensors,
+safetensors shards with their index, one pytorch_model.bin, `.bin` shards with
+pytorch_model.bin.index.json (and a Trainer's training_args.bin), a `*.pt` (and an
+optimizer.pt), two kinds side by side (the first in vLLM's order holds the model, the other
+another model's weights), and Mistral's consolidated.safetensors (alone, and beside Hugging Face
+shards, as Mistral's repositories ship both).
 
 One engine per architecture starts with load_format="ckload" from one layout's directory alone
 (no source key). A vLLM plugin of the test's (vllm_matrix_plugin.py) hashes every parameter in
 each worker right after that load; then, in the same model, zeroes every parameter and loads it
 again with `auto` and with `ckload` from every layout's directory, hashing after each. Every
 hash must be auto's from model.safetensors, on every rank (one architecture at
-tensor_parallel_size=2): tokens alone would hide a wrong weight."""
+tensor_parallel_size=2): tokens alone would hide a wrong weight. Where `auto` finds no weights
+(a `*.pt` for the models vLLM reads none for, its MoE models; a directory of none, or of two
+unrelated checkpoint files), it says so; ckload loads the first and refuses the others in one
+line naming what it found."""
 import json
 import shutil
 
@@ -27,6 +33,7 @@ transformers = need_module("transformers")
 
 PLUGIN = "vllm_matrix_plugin"
 BASE = "safetensors"  # auto's load of this layout is what every other load must equal
+REFUSALS_IN = "llama"  # the engine that also tries directories neither loader takes
 TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)
 
@@ -48,10 +55,9 @@ def configs():
                     "consolidated", torch.float32, 1),
         "qwen2-moe": (t.Qwen2MoeConfig(**TINY, moe_intermediate_size=64, num_experts=4,
                                        num_experts_per_tok=2, shared_expert_intermediate_size=128),
-                      t.Qwen2MoeForCausalLM, "safetensors", torch.float32, 1),
-        "gpt-neox": (t.GPTNeoXConfig(**TINY), t.GPTNeoXForCausalLM, "safetensors-shards",
-                     torch.float32, 1),
-        "gemma": (t.GemmaConfig(**TINY, head_dim=32), t.GemmaForCausalLM, "safetensors",
+                      t.Qwen2MoeForCausalLM, "safetensors-beside-bin", torch.float32, 1),
+        "gpt-neox": (t.GPTNeoXConfig(**TINY), t.GPTNeoXForCausalLM, "pt", torch.float32, 1),
+        "gemma": (t.GemmaConfig(**TINY, head_dim=32), t.GemmaForCausalLM, "bin-beside-pt",
                   torch.bfloat16, 1),
     }
 
@@ -117,6 +123,15 @@ def layouts(name, where):
     torch.save(optimizer.state_dict(), out["pt"] / "optimizer.pt")
     for lay in ("safetensors-shards", "bin-shards"):
         assert len(list(out[lay].glob("*-of-*"))) >= 2, sorted(out[lay].iterdir())
+    # two kinds in one directory: the first in vLLM's order is read; the other holds another
+    # model's weights, so that reading it shows
+    torch.manual_seed(1)
+    other = cls(cfg).to(dtype).state_dict()
+    for lay, first, decoy in (("safetensors-beside-bin", "safetensors", "pytorch_model.bin"),
+                              ("bin-beside-pt", "bin", "model.pt")):
+        out[lay] = where / lay
+        shutil.copytree(out[first], out[lay])
+        torch.save(other, out[lay] / decoy)
     if name == "mistral":
         sd = load_file(out["safetensors"] / "model.safetensors")
         consolidated = mistral_named(sd, cfg)
@@ -128,6 +143,20 @@ def layouts(name, where):
         shutil.copytree(out["safetensors-shards"], out["consolidated-and-shards"])
         save_file(consolidated, out["consolidated-and-shards"] / "consolidated.safetensors")
     return out
+
+
+def refusals(where):
+    """{label: (a directory, the start of ckload's line on it)}: directories with no checkpoint
+    vLLM's `auto` loads, each refused by ckload naming what it found."""
+    empty, two = where / "empty", where / "two-files"
+    for d in (empty, two):
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    for name in ("model.pth", "model.ckpt"):
+        torch.save({"w": torch.zeros(2)}, two / name)
+    return {"empty": (empty, f"ckload: {empty}: holds no checkpoint file (*.safetensors, "),
+            "two-files": (two, f"ckload: {two}: holds several checkpoint files (model.ckpt, "
+                               f"model.pth, ...): name one, {two}/FILE")}
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +177,9 @@ def matrix_env(vllm_env, tmp_path_factory):
 def test_every_layout_loads_as_autos(matrix_env, arch, tmp_path):
     _, _, start, dtype, tp = configs()[arch]
     dirs = layouts(arch, tmp_path)
-    runs = [[fmt, f"{fmt} {lay}", str(d)] for fmt in ("auto", "ckload") for lay, d in dirs.items()]
+    refused = refusals(tmp_path) if arch == REFUSALS_IN else {}
+    runs = [[fmt, f"{fmt} {lay}", str(d)] for fmt in ("auto", "ckload")
+            for lay, d in [*dirs.items(), *((lay, d) for lay, (d, _) in refused.items())]]
     out = tmp_path / "hashes"
     out.mkdir()
     env = {**matrix_env, "CKPTFS_VLLM_MATRIX": json.dumps({"out": str(out), "runs": runs})}
@@ -159,9 +190,16 @@ def test_every_layout_loads_as_autos(matrix_env, arch, tmp_path):
         got = json.loads((out / f"rank{rank}.json").read_text())
         want = got[f"auto {BASE}"]
         assert "error" not in want and want, want
+        auto_finds_none = list(refused)
         if not got.pop("fall_back_to_pt"):  # auto, as the model says, reads no *.pt
-            assert got.pop("auto pt") == {"error": "RuntimeError: Cannot find any model weights "
-                                                   f"with `{dirs['pt']}`"}
+            auto_finds_none.append("pt")
+        for lay in auto_finds_none:
+            d = refused[lay][0] if lay in refused else dirs[lay]
+            assert got.pop(f"auto {lay}") == {
+                "error": f"RuntimeError: Cannot find any model weights with `{d}`"}
+        for lay, (d, words) in refused.items():
+            line = got.pop(f"ckload {lay}").get("error", "")
+            assert line.startswith(f"Error: {words}") and "\n" not in line, line  # one line
         for label, hashes in got.items():
             if "error" in hashes:
                 wrong.append(f"rank {rank}: {label}: {hashes['error']}")

@@ -69,7 +69,7 @@ def _matrix(spec, model, model_config):
                 model, _At(model_config, where))
             results[label] = _hashes(model)
         except Exception as e:  # noqa: BLE001: the test names each run's failure
-            results[label] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            results[label] = {"error": f"{type(e).__name__}: {e}"}
     path = os.path.join(spec["out"], f"rank{get_tensor_model_parallel_rank()}.json")
     with open(path, "w") as f:
         json.dump(results, f)
