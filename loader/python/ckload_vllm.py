@@ -8,10 +8,11 @@ imports in each of its processes; nothing is imported, and nothing costs, where 
     LLM(model=DIR, load_format="ckload", model_loader_extra_config={"source": PATH})
 
 DIR keeps the config and tokenizer; the weights come from `source` when given (a mount or its
-.ckptfs/checkpoint.pack, a pack, .bin/.pt, safetensors one file or shards, a DCP directory,
-http(s)://, s3://, hf://), else from DIR itself (hf://MODEL when MODEL is a Hub id, not a
-directory; the URI itself when vLLM pulled the config files of a model named by an
-object-storage URI into a local DIR). Other keys: `window`, the bytes held at once of what is streamed through
+.ckptfs/checkpoint.pack, a pack, .bin/.pt, safetensors or .bin one file or shards, a DCP
+directory, http(s)://, s3://, hf://), else from DIR itself, whatever layout its file names make
+it (docs/VLLM.md, "Layouts"; hf://MODEL when MODEL is a Hub id, not a directory; the URI itself
+when vLLM pulled the config files of a model named by an object-storage URI into a local DIR).
+Other keys: `window`, the bytes held at once of what is streamed through
 model.load_weights (ckload.stream: 1 GiB by default), `verify` (a pack's checksums; any other
 source's files unchanged, true by default), and `attach`: the Unix socket of a `ckpt serve` keeper holding the weights on
 this GPU (attach_into: no byte read; `source`, if given, is what it must have loaded). Each
