@@ -21,6 +21,7 @@ unrelated checkpoint files), it says so; ckload loads the first and refuses the 
 line naming what it found."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,8 +119,9 @@ def layouts(name, where):
     torch.save(transformers.TrainingArguments(output_dir=str(where), report_to=[]),
                out["bin-shards"] / "training_args.bin")
     optimizer = torch.optim.AdamW(model.parameters())
-    model(torch.tensor([[1, 2, 3]])).logits.float().sum().backward()
-    optimizer.step()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()  # its state: a tensor or two per parameter
     torch.save(optimizer.state_dict(), out["pt"] / "optimizer.pt")
     for lay in ("safetensors-shards", "bin-shards"):
         assert len(list(out[lay].glob("*-of-*"))) >= 2, sorted(out[lay].iterdir())
@@ -164,7 +166,7 @@ def matrix_env(vllm_env, tmp_path_factory):
     """vllm_env with the test's plugin installed beside the wheel (a module and its dist-info,
     whose entry point vLLM's plugin loader finds in each process)."""
     d = tmp_path_factory.mktemp("matrix-plugin")
-    shutil.copy(__file__.replace("test_vllm_matrix.py", f"{PLUGIN}.py"), d)
+    shutil.copy(Path(__file__).with_name(f"{PLUGIN}.py"), d)
     info = d / "ckptfs_vllm_matrix-0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ckptfs-vllm-matrix\nVersion: 0\n")
@@ -178,8 +180,9 @@ def test_every_layout_loads_as_autos(matrix_env, arch, tmp_path):
     _, _, start, dtype, tp = configs()[arch]
     dirs = layouts(arch, tmp_path)
     refused = refusals(tmp_path) if arch == REFUSALS_IN else {}
-    runs = [[fmt, f"{fmt} {lay}", str(d)] for fmt in ("auto", "ckload")
-            for lay, d in [*dirs.items(), *((lay, d) for lay, (d, _) in refused.items())]]
+    places = {**dirs, **{lay: d for lay, (d, _) in refused.items()}}
+    runs = [[fmt, f"{fmt} {lay}", str(d)]
+            for fmt in ("auto", "ckload") for lay, d in places.items()]
     out = tmp_path / "hashes"
     out.mkdir()
     env = {**matrix_env, "CKPTFS_VLLM_MATRIX": json.dumps({"out": str(out), "runs": runs})}
@@ -194,10 +197,9 @@ def test_every_layout_loads_as_autos(matrix_env, arch, tmp_path):
         if not got.pop("fall_back_to_pt"):  # auto, as the model says, reads no *.pt
             auto_finds_none.append("pt")
         for lay in auto_finds_none:
-            d = refused[lay][0] if lay in refused else dirs[lay]
             assert got.pop(f"auto {lay}") == {
-                "error": f"RuntimeError: Cannot find any model weights with `{d}`"}
-        for lay, (d, words) in refused.items():
+                "error": f"RuntimeError: Cannot find any model weights with `{places[lay]}`"}
+        for lay, (_, words) in refused.items():
             line = got.pop(f"ckload {lay}").get("error", "")
             assert line.startswith(f"Error: {words}") and "\n" not in line, line  # one line
         for label, hashes in got.items():
