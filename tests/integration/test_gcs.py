@@ -281,12 +281,14 @@ class Server:
         self.httpd.server_close()
 
 
-def storage_route(data, cdn=None, objects=None, pages=None):
+def storage_route(data, cdn=None, objects=None, pages=None, state=None):
     """A JSON API wanting TOKEN: the object gs://bkt/m.safetensors (data, generation 7) and any
     of objects ({name: bytes}); media reads sent on to cdn when given (a redirect to another
     origin); a listing of pages ({prefix: [names of page 1, names of page 2, ...]}), page n+1
-    asked with pageToken "page-n+1"."""
+    asked with pageToken "page-n+1". state, when given, holds the generation ("gen") and the
+    bytes ("data") of m.safetensors, which a test may replace while it is read."""
     objects = dict(objects or {}, **{"m.safetensors": data})
+    state = state if state is not None else {}
 
     def route(srv, h):
         if h.headers.get("Authorization") != f"Bearer {TOKEN}" and srv is not cdn:
@@ -305,11 +307,12 @@ def storage_route(data, cdn=None, objects=None, pages=None):
         name = path[len("/storage/v1/b/bkt/o/"):]
         if not path.startswith("/storage/v1/b/bkt/o/") or name not in objects:
             return h.answer(404)
-        obj = objects[name]
+        gen = state.get("gen", "7") if name == "m.safetensors" else "7"
+        obj = state.get("data", objects[name]) if name == "m.safetensors" else objects[name]
         if q.get("alt") != "media":
-            return h.answer(200, json.dumps({"name": name, "generation": "7",
+            return h.answer(200, json.dumps({"name": name, "generation": gen,
                                              "size": str(len(obj))}).encode())
-        if q.get("ifGenerationMatch") != "7":
+        if q.get("ifGenerationMatch", gen) != gen:  # as the JSON API answers a precondition
             return h.answer(412)
         if cdn and srv is not cdn:
             return h.answer(302, headers=[("Location", cdn.url + h.path)])
@@ -511,6 +514,35 @@ def test_a_listing_over_pages_with_the_token(gcs, tmp_path):
                  if r["path"] == "/storage/v1/b/bkt/o"]
         assert lists == [None, "page-1", "page-2"], lists
         only_storage_saw_the_token(store, md)
+    finally:
+        md.close()
+        store.close()
+
+
+def test_a_new_generation_fails_the_read_never_a_mix(stored, tmp_path, mount, monkeypatch):
+    """The object replaced by one of the same size, other bytes, a new generation, while
+    mounted: the storage server answers the reads pinned to the old one with 412, as the JSON
+    API does, and the read fails."""
+    data, tensors = stored
+    state = {}
+    md = Server(lambda srv, h: h.answer(200, json.dumps({"access_token": TOKEN,
+                                                         "expires_in": 3599}).encode()))
+    store = Server(storage_route(data, state=state))
+    try:
+        env = google_env(tmp_path, store.url, GCE_METADATA_HOST=md.url[len("http://"):])
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
+            monkeypatch.delenv(k, raising=False)
+        big = max(tensors, key=lambda n: len(tensors[n][2]))
+        with mount("gs://bkt/m.safetensors") as m:
+            path = next(t["path"] for t in json.loads((m / ".ckptfs" / "index.json")
+                                                      .read_text())["tensors"]
+                        if t["name"] == big)
+            state.update(gen="8", data=bytes(b ^ 0xFF for b in data))
+            with pytest.raises(OSError):
+                Path(m / path).read_bytes()
+        assert any(r["query"].get("ifGenerationMatch") == "7" for r in store.requests)
     finally:
         md.close()
         store.close()
