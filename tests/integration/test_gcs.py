@@ -447,6 +447,18 @@ def test_an_authorized_user_refresh_token_from_gclouds_file(stored, tmp_path):
     try:
         read_all(google_env(tmp_path, store.url, CLOUDSDK_CONFIG=str(cfg)), tensors)
         only_storage_saw_the_token(store, tok)
+        # A refresh token the endpoint refuses: one line, neither secret in it.
+        wrong = tmp_path / "wrong.json"
+        wrong.write_text(json.dumps({
+            "type": "authorized_user", "client_id": "cid", "client_secret": "csecret-never",
+            "refresh_token": "1//refresh-other-never-printed", "token_uri": tok.url + "/token"}))
+        p = ckpt(google_env(tmp_path, store.url, GOOGLE_APPLICATION_CREDENTIALS=str(wrong)),
+                 "ls", "gs://bkt/m.safetensors")
+        line = p.stderr.decode()
+        assert p.returncode == 1 and line.count("\n") == 1, line
+        assert "no token from the key file" in line and "400" in line, line
+        for secret in ("csecret-never", "refresh-other-never-printed", TOKEN):
+            assert secret not in line, line
     finally:
         store.close()
         tok.close()
