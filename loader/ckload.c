@@ -190,7 +190,7 @@ static void load_blob(ckl_load *l, reader *r, size_t b, XXH3_state_t *st)
 /* on_ready for the tensors with no bytes, once per load, from whichever reader starts first. */
 static void announce_empty_tensors(ckl_load *l)
 {
-    if (!l->opt.on_ready || atomic_exchange(&l->empties_announced, 1))
+    if (!l->opt.on_ready || atomic_exchange(&l->readers.empties_announced, 1))
         return;
     for (size_t i = 0; i < l->plan->ntensors; i++)
         if (l->plan->tensors[i].blob == CK_PLAN_NONE)
@@ -250,12 +250,12 @@ static void ring_blobs(ckl_load *l, reader *r, XXH3_state_t *st)
 static void reader_done(ckl_load *l)
 {
     pthread_mutex_lock(&l->lock);
-    int last = l->running == 1;
+    int last = l->readers.running == 1;
     pthread_mutex_unlock(&l->lock);
     if (last) /* only readers count themselves down: no other can finish meanwhile */
         load_close_sources(l);
     pthread_mutex_lock(&l->lock);
-    l->running--;
+    l->readers.running--;
     pthread_cond_broadcast(&l->cond);
     pthread_mutex_unlock(&l->lock);
 }
@@ -266,7 +266,7 @@ static void *worker(void *arg)
 {
     ckl_load *l = arg;
     announce_empty_tensors(l);
-    int ringer = l->ring && !atomic_exchange(&l->ring_taken, 1);
+    int ringer = l->ring && !atomic_exchange(&l->readers.ring_taken, 1);
     int hash = l->opt.verify && l->plan->stored_sums;
     XXH3_state_t *st = hash ? XXH3_createState() : NULL;
     if (hash && !st)
@@ -281,8 +281,8 @@ static void *worker(void *arg)
     size_t nblobs = l->plan->nblobs;
     if (r && ringer)
         ring_blobs(l, r, st);
-    for (size_t b; r && !ringer && (b = atomic_fetch_add(&l->next_blob, 1)) < nblobs &&
-                   !failed(l);) {
+    for (size_t b; r && !ringer && (b = atomic_fetch_add(&l->readers.next_blob, 1)) < nblobs
+                   && !failed(l);) {
         /* Another rank's blob is put by the caller (ckl_blob_put); the ring reads its own. */
         if (!reads(l, b) || ring_reads(l, &l->plan->blobs[b]))
             continue;
@@ -298,6 +298,25 @@ static void *worker(void *arg)
 }
 
 
+/* The load's reader threads (load_readers): as many as load_count_readers, or the ones that
+ * started before one could not (the load fails, and they stop). */
+static void start_readers(ckl_load *l)
+{
+    load_readers *rs = &l->readers;
+    unsigned nt = load_count_readers(l);
+    rs->running = nt;
+    for (unsigned i = 0; i < nt; i++) {
+        if (pthread_create(&rs->threads[i], NULL, worker, l) != 0) {
+            set_error(l, "cannot start reader thread %u", i);
+            pthread_mutex_lock(&l->lock);
+            rs->running -= nt - i;
+            pthread_mutex_unlock(&l->lock);
+            break;
+        }
+        rs->nthreads++;
+    }
+}
+
 int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char *err,
                    size_t errlen)
 {
@@ -310,18 +329,7 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
         load_free(l);
         return fail_as(code);
     }
-    unsigned nt = load_count_readers(l);
-    l->running = nt;
-    for (unsigned i = 0; i < nt; i++) {
-        if (pthread_create(&l->threads[i], NULL, worker, l) != 0) {
-            set_error(l, "cannot start reader thread %u", i);
-            pthread_mutex_lock(&l->lock);
-            l->running -= nt - i;
-            pthread_mutex_unlock(&l->lock);
-            break;
-        }
-        l->nthreads++;
-    }
+    start_readers(l);
     *out = l;
     return 0;
 }
@@ -436,10 +444,10 @@ static int wait_until(ckl_load *l, size_t blob_or_all, const struct timespec *de
     for (;;) {
         if (l->err[0])
             break;
-        if (blob_or_all == SIZE_MAX ? l->running == 0
+        if (blob_or_all == SIZE_MAX ? l->readers.running == 0
                                     : atomic_load(&l->landed[blob_or_all]) != 0)
             break;
-        if (l->running == 0 && blob_or_all != SIZE_MAX && reads(l, blob_or_all)) {
+        if (l->readers.running == 0 && blob_or_all != SIZE_MAX && reads(l, blob_or_all)) {
             /* readers gone, blob never came */
             snprintf(l->err, l->errcap, "%s: the load stopped early", l->path);
             break;
@@ -552,7 +560,7 @@ void ckl_release(ckl_load *l)
     if (!l || atomic_fetch_sub(&l->refs, 1) != 1)
         return;
     set_error(l, "released"); /* stops readers that are still going */
-    for (unsigned i = 0; i < l->nthreads; i++)
-        pthread_join(l->threads[i], NULL);
+    for (unsigned i = 0; i < l->readers.nthreads; i++)
+        pthread_join(l->readers.threads[i], NULL);
     load_free(l); /* the backend frees the block once nothing is copying into it */
 }

@@ -330,7 +330,7 @@ void load_free(ckl_load *l)
     free(l->tensor_at);
     free(l->stored_sums);
     free(l->tensors);
-    free(l->threads);
+    free(l->readers.threads);
     pthread_mutex_destroy(&l->lock);
     pthread_cond_destroy(&l->cond);
     free(l);
@@ -498,8 +498,8 @@ int load_prepare(ckl_load *l, const char *path, const ckl_options *o, char *err,
         void *mine = l->tensor_at ? l->tensor_at[i] : NULL;
         l->tensors[i].data = mine ? mine : b == CK_PLAN_NONE ? l->block : l->blob_at[b];
     }
-    l->threads = calloc(load_count_readers(l), sizeof *l->threads);
-    return l->threads ? 0 : out_of_memory(l, err, errlen);
+    l->readers.threads = calloc(load_count_readers(l), sizeof *l->readers.threads);
+    return l->readers.threads ? 0 : out_of_memory(l, err, errlen);
 }
 
 /* A load of path with nothing in it yet: one allocation, the load, its path, then room for its

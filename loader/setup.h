@@ -32,15 +32,34 @@
 
 /* --- the load ---------------------------------------------------------------------------- */
 
+/* The load's reader threads, its thread pool: ckl_load_start starts nthreads of the load's
+ * threads (room for load_count_readers), each takes the blobs in turn (next_blob), the first
+ * to start becomes the ring's (ring_taken) when there is a ring, and the first of all says the
+ * empty tensors are ready. running counts those not yet done, under the load's lock; the last
+ * release joins them. */
+typedef struct load_readers {
+    pthread_t *threads;
+    unsigned nthreads;       /* started */
+    unsigned running;        /* not yet done (under the load's lock) */
+    atomic_size_t next_blob;
+    atomic_int ring_taken;   /* a reader thread has become the ring's */
+    atomic_int empties_announced; /* empty tensors are ready at once: the first reader says so */
+} load_readers;
+
 struct ckl_load {
+    /* its lifetime, and what it shows */
     atomic_int refs;
     char *path;              /* as shown in messages (ck_location_shown); in the same allocation,
                               * as is err */
+    void (*drop)(void *ctx); /* an attachment (load_adopt): unmaps its block, not be->free */
+    void *drop_ctx;
+    /* the source and the options */
     ck_index *ix;            /* src.ix */
     mount_source src;        /* what path stands for: the index, the selection (mount.h) */
     int check_files;         /* check each source file is unchanged once a blob is read */
     uint64_t identity;       /* ckl_source_identity, taken while the files are open */
     ckl_options opt;
+    /* the device, the block and where each blob and tensor goes in it */
     int device, ordinal;
     const backend *be;       /* the device's: owns the block and moves bytes into it */
     ckl_pool *pool;
@@ -50,26 +69,21 @@ struct ckl_load {
     unsigned char **blob_at; /* per plan blob: where its bytes go (its place in the block, or
                               * the caller's memory: ckl_options.dest) */
     void **tensor_at;        /* per plan tensor: the caller's address for it, or NULL */
-    atomic_int *landed;      /* per plan blob: in place */
     uint64_t *stored_sums;   /* per plan blob, from a pack's trailer; only with verify */
     ckl_tensor *tensors;     /* per plan tensor */
+    /* how the bytes are read */
     direct_files direct;     /* which source files are read O_DIRECT (direct.h) */
     ringload *ring;          /* reads the blobs that land in place O_DIRECT (ring_reads); NULL:
                               * the reader threads read every blob */
-    atomic_int ring_taken;   /* a reader thread has become the ring's */
-    pthread_t *threads;
-    unsigned nthreads;
-    atomic_size_t next_blob;
-    atomic_int empties_announced; /* empty tensors are ready at once: the first reader says so */
+    load_readers readers;
+    /* progress, readiness and the first error: landed, running and err change under lock, and
+     * each change wakes cond's waiters */
+    atomic_int *landed;      /* per plan blob: in place */
     atomic_uint_least64_t done_bytes;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    unsigned running;
-    int joined;
     char *err;               /* the first error; empty while all is well */
     size_t errcap;           /* room for the path and ERR_ROOM more */
-    void (*drop)(void *ctx); /* an attachment (load_adopt): unmaps its block, not be->free */
-    void *drop_ctx;
 };
 
 ckl_load *load_new(const char *path, char *err, size_t errlen);
