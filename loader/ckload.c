@@ -2,10 +2,11 @@
  * virtual pack), read by a few threads, into one destination block that a backend (backend.h:
  * CPU or CUDA) owns and fills. Which files are read O_DIRECT is direct.h's; the blobs that land
  * in place so are read through io_uring by ringload.h on one of the threads. Setting a load up
- * before its readers start, and freeing it, is setup.h's. */
+ * before its readers start, and freeing it, is ckload_setup.h's. */
 #include "ckload.h"
 #include "loadview.h"
-#include "setup.h"
+#include "pool.h"
+#include "ckload_setup.h"
 
 #include "../index/index.h"
 
@@ -332,6 +333,16 @@ int ckl_load_start(const char *path, const ckl_options *o, ckl_load **out, char 
     start_readers(l);
     *out = l;
     return 0;
+}
+
+ckl_pool *ckl_pool_new(void)
+{
+    return pool_new();
+}
+
+void ckl_pool_free(ckl_pool *p)
+{
+    pool_free(p);
 }
 
 /* --- what the loader's other modules see (loadview.h) ---------------------------------------- */

@@ -1,6 +1,6 @@
-/* setup.h — a load's fields (struct ckl_load), and how a load is set up before its readers
- * start (setup.c): what the loader's core (ckload.c) and its setup share, and nothing else
- * includes.
+/* ckload_setup.h — a load's fields (struct ckl_load), and how a load is set up before its
+ * readers start (ckload_setup.c): what the loader's core (ckload.c) and its setup share, and
+ * nothing else includes.
  *
  * Contract:
  *  - load_new: a load of path with nothing in it yet (one allocation: the load, its path as
@@ -17,8 +17,8 @@
  *  - The inline helpers answer for a load once it is prepared: whose blob b is, where a blob's
  *    bytes go, whether its O_DIRECT reads land in place, whether the ring reads it.
  */
-#ifndef CKL_SETUP_H
-#define CKL_SETUP_H
+#ifndef CKL_CKLOAD_SETUP_H
+#define CKL_CKLOAD_SETUP_H
 
 #include "ckload.h"
 #include "backend.h"

@@ -1,7 +1,8 @@
-/* setup.c — setting a load up (setup.h): the options checked, the source opened, the device
- * picked, the plan made and the caller's placements asked for, the block allocated, the readers
- * and the ring chosen; and a load's allocation and release. */
-#include "setup.h"
+/* ckload_setup.c — setting a load up (ckload_setup.h): the options checked, the source opened,
+ * the device picked, the plan made and the caller's placements asked for, the block allocated,
+ * the readers and the ring chosen; and a load's allocation and release. */
+#include "ckload_setup.h"
+#include "pool.h"
 
 #include "../index/index.h"
 #include "../base/names.h"
@@ -318,7 +319,7 @@ void load_free(ckl_load *l)
     else if (l->block)
         l->be->free(l->block, block_size(l));
     if (l->own_pool)
-        ckl_pool_free(l->pool);
+        pool_free(l->pool);
     if (l->ix)
         load_close_sources(l);
     direct_free(&l->direct);
@@ -463,7 +464,7 @@ int load_prepare(ckl_load *l, const char *path, const ckl_options *o, char *err,
     l->opt = *o;
     if (!l->opt.buffers)
         l->opt.buffers = DEFAULT_STAGES;
-    l->pool = o->pool ? o->pool : ckl_pool_new();
+    l->pool = o->pool ? o->pool : pool_new();
     l->own_pool = !o->pool;
     if (!options_valid(l, err, errlen))
         return EINVAL;
