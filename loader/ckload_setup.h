@@ -15,7 +15,8 @@
  *  - load_close_sources: closes the source files and O_DIRECT descriptors, once nothing will
  *    read them again.
  *  - The inline helpers answer for a load once it is prepared: whose blob b is, where a blob's
- *    bytes go, whether its O_DIRECT reads land in place, whether the ring reads it.
+ *    bytes go, whether its O_DIRECT reads land in place, whether the ring reads it, how large
+ *    its block is.
  */
 #ifndef CKL_CKLOAD_SETUP_H
 #define CKL_CKLOAD_SETUP_H
