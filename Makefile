@@ -58,7 +58,7 @@ CORE_SRC := $(wildcard base/*.c sources/*.c index/*.c formats/*.c checkpoint/*.c
 # core are the mount's and the tools'.
 MOUNTINFO_SRC := views/mountinfo.c views/tree.c
 VIEW_SRC := views/view.c fs/core.c
-FS_SRC   := fs/ll.c fs/main.c fs/watch.c
+FS_SRC   := fs/ll.c fs/main.c fs/watch.c fs/options.c fs/preflight.c fs/tuning.c fs/daemon.c
 TOOL_SRC := $(wildcard tools/*.c)
 # The loader's planning (which blobs, where in the block, tensor-parallel parts): the loader's,
 # and the unit tests' and the plan fuzzer's.
@@ -170,7 +170,7 @@ test: setup check-layers
 
 # Suites that run once, not again under a sanitizer: what they test is built without one (the
 # wheel, the Debian package) or is a client's (vLLM), and each costs minutes.
-ONCE_TESTS := test_vllm test_wheel_root test_sidecar test_deb
+ONCE_TESTS := test_vllm test_vllm_matrix test_wheel_root test_sidecar test_deb
 
 # The loader's tests again under torch 2.x (.deps/torch2, which scripts/setup makes: what GPU
 # users have), beside the main run's Debian torch 1.13: loads from every source, DLPack 1.0,
