@@ -69,7 +69,7 @@ SHAREMSG_SRC := loader/sharemsg.c
 SHARECLIENT_SRC := loader/share_client.c loader/sharesock.c
 # The cold-read policy and the io_uring read loop: the loader's, and their unit tests'.
 COLD_SRC := loader/direct.c loader/ringload.c loader/uring.c loader/backend_cpu.c
-LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/pool.c loader/mount.c loader/abi.c \
+LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/ckload_setup.c loader/pool.c loader/mount.c loader/abi.c \
             loader/dlpack.c loader/share_keeper.c loader/share_attach.c $(SHARECLIENT_SRC) \
             $(SHAREMSG_SRC) \
             $(if $(HAVE_CUDA),loader/backend_cuda.c loader/cudart.c,loader/backend_nocuda.c)
