@@ -128,7 +128,10 @@ def test_what_a_layer_may_include_is_read_from_layout_md(tree):
 
 
 def test_c_source_outside_the_layers_is_refused(tree):
-    rc, lines = added(tree, lambda t: ((t / "cache").mkdir(), write(t / "cache" / "lru.c", "int lru;\n")))
+    def change(t):
+        (t / "cache").mkdir()
+        write(t / "cache" / "lru.c", "int lru;\n")
+    rc, lines = added(tree, change)
     assert rc == 1
     assert lines == ["check-layers: cache/: C source in no layer (docs/LAYOUT.md's table)"]
 

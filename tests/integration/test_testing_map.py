@@ -59,21 +59,25 @@ def test_every_module_of_the_layers_has_a_row():
     assert missing == [], f"docs/TESTING.md's map has no row for {', '.join(missing)}"
 
 
+def exists(*parts):
+    return os.path.exists(os.path.join(ROOT, *parts))
+
+
+def stale_names(folder, cells):
+    """What a row names that is no file: its modules (names with a '.' or '/'), unit suites'
+    files (test_NAME: tests/unit/test_NAME.c), pytest and GPU files (test_NAME.py:
+    tests/integration/ or tests/gpu/) and fuzz targets (NAME: fuzz/fuzz_NAME.c)."""
+    module, unit, integration, fuzz = (TICKED.findall(c) for c in cells[:4])
+    return ([f"{folder}/{n}" for n in module if re.search(r"[./]", n) and not exists(folder, n)]
+            + [n for n in unit if re.fullmatch(r"test_\w+", n)
+               and not exists("tests/unit", n + ".c")]
+            + [n for n in integration if re.fullmatch(r"(tests/gpu/)?test_\w+\.py", n)
+               and not any(exists("tests", d, os.path.basename(n)) for d in ("integration", "gpu"))]
+            + [f"fuzz target {n}" for n in fuzz if re.fullmatch(r"\w+", n)
+               and not exists("fuzz", f"fuzz_{n}.c")])
+
+
 def test_every_module_and_test_the_map_names_is_a_file():
-    """Modules (the first column: names with a '.' or '/'), unit suites' files (test_NAME:
-    tests/unit/test_NAME.c), pytest and GPU files (test_NAME.py: tests/integration/ or
-    tests/gpu/) and fuzz targets (NAME: fuzz/fuzz_NAME.c)."""
-    stale = []
-    for folder, rows in the_map().items():
-        for cells in rows:
-            module, unit, integration, fuzz = cells[0], cells[1], cells[2], cells[3]
-            stale += [f"{folder}/{n}" for n in TICKED.findall(module)
-                      if re.search(r"[./]", n) and not os.path.exists(os.path.join(ROOT, folder, n))]
-            stale += [n for n in TICKED.findall(unit) if re.fullmatch(r"test_\w+", n)
-                      and not os.path.exists(os.path.join(ROOT, "tests", "unit", n + ".c"))]
-            stale += [n for n in TICKED.findall(integration) if re.fullmatch(r"(tests/gpu/)?test_\w+\.py", n)
-                      and not any(os.path.exists(os.path.join(ROOT, "tests", d, os.path.basename(n)))
-                                  for d in ("integration", "gpu"))]
-            stale += [f"fuzz target {n}" for n in TICKED.findall(fuzz) if re.fullmatch(r"\w+", n)
-                      and not os.path.exists(os.path.join(ROOT, "fuzz", f"fuzz_{n}.c"))]
+    stale = [n for folder, rows in the_map().items() for cells in rows
+             for n in stale_names(folder, cells)]
     assert stale == [], f"docs/TESTING.md's map names what is no file: {', '.join(stale)}"
