@@ -152,6 +152,16 @@ def test_two_modules_that_include_each_other_are_a_loop(tree):
                      "base/utf8"]
 
 
+def test_a_part_of_a_module_may_include_its_whole(tree):
+    """index/zip_x.c is a part of zip (as loader/backend_cpu.c is of backend): zip.c may include
+    its header and it zip.h, as one file of a module may another's."""
+    def change(t):
+        write(t / "index" / "zip_x.h", "int zip_x(void);\n")
+        write(t / "index" / "zip_x.c", '#include "zip_x.h"\n#include "zip.h"\nint zip_x(void) { return 0; }\n')
+        add_include(t / "index" / "zip.c", "zip_x.h")
+    assert added(tree, change)[1] == []
+
+
 @pytest.mark.parametrize("string, name, owner", [
     ('"model.safetensors.index.json"', "model.safetensors.index.json", "checkpoint/choose.c"),
     ('"%s/x.safetensors"', ".safetensors", "checkpoint/choose.c"),
