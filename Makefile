@@ -170,7 +170,7 @@ test: setup check-layers
 
 # Suites that run once, not again under a sanitizer: what they test is built without one (the
 # wheel, the Debian package) or is a client's (vLLM), and each costs minutes.
-ONCE_TESTS := test_vllm test_wheel_root test_sidecar test_deb
+ONCE_TESTS := test_vllm test_vllm_matrix test_wheel_root test_sidecar test_deb
 
 # The loader's tests again under torch 2.x (.deps/torch2, which scripts/setup makes: what GPU
 # users have), beside the main run's Debian torch 1.13: loads from every source, DLPack 1.0,

@@ -279,13 +279,13 @@ static int print_info_json(const ck_index *ix, const info *in)
 }
 
 enum { INFO_DEPTH, INFO_JSON, INFO_FULL };
-const ck_option info_options[] = {
+static const ck_option info_options[] = {
     {"depth", "N", "the tree of bytes by name prefix to depth N, 0 to 64 (default 2)", 0},
     {"json", NULL, "the summary as JSON (metadata always whole, as index.json has it)", 0},
     {"full", NULL, "metadata values whole: long arrays and text are cut without it", 0},
     {NULL, NULL, NULL, 0}};
 
-int cmd_info(int argc, char **argv, http_remote *remote)
+static int cmd_info(int argc, char **argv, http_remote *remote)
 {
     const char *source = NULL, *val;
     int json = 0, full = 0, k;
@@ -358,3 +358,11 @@ int cmd_info(int argc, char **argv, http_remote *remote)
     ck_index_free(ix);
     return rc;
 }
+
+const ck_command ckpt_info = {
+    "info", "ckpt info SOURCE [--depth N] [--json] [--full]",
+    "Summarizes SOURCE: format, files, tensor and value counts, parameters (elements), bytes\n"
+    "by dtype, a du-like tree of bytes and parameters by name prefix ('.'-separated parts) to\n"
+    "depth N (default 2), and the metadata (a long array as its count and first items, long\n"
+    "text cut: --full shows them whole). Reads no tensor data.",
+    info_options, cmd_info};
