@@ -58,7 +58,7 @@ CORE_SRC := $(wildcard base/*.c sources/*.c index/*.c formats/*.c checkpoint/*.c
 # core are the mount's and the tools'.
 MOUNTINFO_SRC := views/mountinfo.c views/tree.c
 VIEW_SRC := views/view.c fs/core.c
-FS_SRC   := fs/ll.c fs/main.c fs/watch.c
+FS_SRC   := fs/ll.c fs/main.c fs/watch.c fs/options.c fs/preflight.c fs/tuning.c fs/daemon.c
 TOOL_SRC := $(wildcard tools/*.c)
 # The loader's planning (which blobs, where in the block, tensor-parallel parts): the loader's,
 # and the unit tests' and the plan fuzzer's.
