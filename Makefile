@@ -184,7 +184,7 @@ test-torch2: all
 	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
 	    CKPTFS_SKIP_LOG=$(SKIP_LOG) $(TORCH2_PYTHON) $(PYTEST) $(TORCH2_TESTS:%=tests/integration/%.py)
 
-# Every #include goes downward through the layers (scripts/check-layers says which they are).
+# Every #include goes downward through the layers (docs/LAYOUT.md's table says which they are).
 check-layers:
 	$(PYTHON) scripts/check-layers
 # No two files call each other's functions (scripts/check-calls reads the objects' symbols).

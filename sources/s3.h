@@ -46,8 +46,8 @@
 #define S3_MAX_PAGES 100                    /* 100,000 keys at S3's 1,000 a page */
 #define S3_MAX_KEYS 100000u                 /* objects listed, every page's together */
 #define S3_MAX_LISTING (8u << 20)           /* one page: 1,000 keys of 1 KiB and their fields */
-#define S3_MAX_LISTING_TOTAL (64u << 20)    /* every page: 100,000 keys of ~400 bytes */
-#define S3_MAX_NAME_BYTES (16u << 20)       /* the names kept: 100,000 of ~160 bytes */
+#define S3_MAX_LISTING_TOTAL (64u << 20)    /* every page: S3_MAX_KEYS of 671 bytes */
+#define S3_MAX_NAME_BYTES (16u << 20)       /* the names kept: S3_MAX_KEYS of 167 bytes */
 
 typedef struct s3_ref {
     char bucket[64];

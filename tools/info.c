@@ -117,7 +117,8 @@ static void print_cut(const char *text, size_t len, int full)
  * as its value, in JSON; an array of more than SHOWN_ITEMS items as its count and first items
  * unless full (a vocabulary of 128000 tokens: [128000 strings: "<unk>", "<s>", "</s>", …]);
  * text cut after SHOWN_BYTES unless full. The JSON is walked as the index holds it, not parsed:
- * a tree of a 16 Mi-item array takes ~1.4 GB, and the text is exact (a UINT64 above 2^53 too). */
+ * a tree of a long array takes many times the text's memory, and the text is exact (a UINT64
+ * above 2^53 too). */
 static void print_meta_value(const ck_meta *m, int full)
 {
     const char *s = m->value;
@@ -222,7 +223,7 @@ static void put_one_line(const char *s, size_t n)
 }
 
 /* The summary as JSON, written as it goes: the metadata, last, as the index holds it (a typed
- * GGUF value's text, exact, rather than a tree of it: ~1.4 GB for a 16 Mi-item array). */
+ * GGUF value's text, exact, rather than a tree of it, many times larger for a long array). */
 static int print_info_json(const ck_index *ix, const info *in)
 {
     cJSON *doc = cJSON_CreateObject(), *files = cJSON_CreateArray(), *by = cJSON_CreateObject(),
