@@ -7,7 +7,7 @@ BUILD   ?= $(if $(SANITIZE),build/san,$(if $(COVERAGE),build/cov,build))
 PYTHON  ?= /usr/bin/python3
 PYDEPS  := $(CURDIR)/.deps/python
 
-PKGS    := fuse3 libcjson libxxhash zlib
+PKGS    := fuse3 libcjson libxxhash zlib libcrypto
 CFLAGS  ?= -O2 -g
 # -fPIC (the core also goes into libckload.so) would otherwise keep a file's calls of its own
 # global functions from being inlined, in case another object interposed them: nothing does
@@ -58,7 +58,7 @@ CORE_SRC := $(wildcard base/*.c sources/*.c index/*.c formats/*.c checkpoint/*.c
 # core are the mount's and the tools'.
 MOUNTINFO_SRC := views/mountinfo.c views/tree.c
 VIEW_SRC := views/view.c fs/core.c
-FS_SRC   := fs/ll.c fs/main.c fs/watch.c
+FS_SRC   := fs/ll.c fs/main.c fs/watch.c fs/options.c fs/preflight.c fs/tuning.c fs/daemon.c
 TOOL_SRC := $(wildcard tools/*.c)
 # The loader's planning (which blobs, where in the block, tensor-parallel parts): the loader's,
 # and the unit tests' and the plan fuzzer's.
@@ -69,7 +69,7 @@ SHAREMSG_SRC := loader/sharemsg.c
 SHARECLIENT_SRC := loader/share_client.c loader/sharesock.c
 # The cold-read policy and the io_uring read loop: the loader's, and their unit tests'.
 COLD_SRC := loader/direct.c loader/ringload.c loader/uring.c loader/backend_cpu.c
-LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/pool.c loader/mount.c loader/abi.c \
+LOAD_SRC := $(PLAN_SRC) $(COLD_SRC) loader/ckload.c loader/ckload_setup.c loader/pool.c loader/mount.c loader/abi.c \
             loader/dlpack.c loader/share_keeper.c loader/share_attach.c $(SHARECLIENT_SRC) \
             $(SHAREMSG_SRC) \
             $(if $(HAVE_CUDA),loader/backend_cuda.c loader/cudart.c,loader/backend_nocuda.c)
@@ -170,7 +170,7 @@ test: setup check-layers
 
 # Suites that run once, not again under a sanitizer: what they test is built without one (the
 # wheel, the Debian package) or is a client's (vLLM), and each costs minutes.
-ONCE_TESTS := test_vllm test_wheel_root test_sidecar test_deb
+ONCE_TESTS := test_vllm test_vllm_matrix test_wheel_root test_sidecar test_deb
 
 # The loader's tests again under torch 2.x (.deps/torch2, which scripts/setup makes: what GPU
 # users have), beside the main run's Debian torch 1.13: loads from every source, DLPack 1.0,
@@ -184,7 +184,7 @@ test-torch2: all
 	$(SAN_PYTHON_ENV) CKPTFS_BUILD=$(CURDIR)/$(BUILD) PYTHONPATH=$(PYDEPS):$(CURDIR)/$(BUILD)/python \
 	    CKPTFS_SKIP_LOG=$(SKIP_LOG) $(TORCH2_PYTHON) $(PYTEST) $(TORCH2_TESTS:%=tests/integration/%.py)
 
-# Every #include goes downward through the layers (scripts/check-layers says which they are).
+# Every #include goes downward through the layers (docs/LAYOUT.md's table says which they are).
 check-layers:
 	$(PYTHON) scripts/check-layers
 # No two files call each other's functions (scripts/check-calls reads the objects' symbols).

@@ -43,10 +43,10 @@ cJSON *ck_json_parse(const char *s, size_t n, const char *what, const char *path
 int ck_json_count(const cJSON *v, uint64_t *out);
 
 /* Walking a JSON text without a tree, for text ckptfs wrote itself (a GGUF key's typed JSON:
- * ~100 MB for a 16 Mi-item array, of which a cJSON tree takes ~15 times as much). Nothing is
- * checked, and nothing past n is read: a text that is not JSON gives spans that mean nothing,
- * never a fault. ck_json_end: where the value that starts at s[i] ends (n when the text runs
- * out first). ck_json_space: the first byte from i on that is not white space. */
+ * hundreds of megabytes for the longest arrays, and a cJSON tree of it many times as much). Nothing
+ * is checked, and nothing past n is read: a text that is not JSON gives spans that mean nothing,
+ * never a fault. ck_json_end: where the value that starts at s[i] ends (n when the text runs out
+ * first). ck_json_space: the first byte from i on that is not white space. */
 size_t ck_json_end(const char *s, size_t n, size_t i);
 size_t ck_json_space(const char *s, size_t n, size_t i);
 

@@ -1,4 +1,4 @@
-/* location.c — locations: which scheme, and how they are shown (location.h). */
+/* location.c — locations: a path or a URL, and how they are shown (location.h). */
 #include "location.h"
 
 #include <stdio.h>
@@ -6,20 +6,19 @@
 #include <string.h>
 #include <strings.h>
 
-int ck_location_scheme(const char *loc)
+int ck_location_is_http(const char *loc)
 {
-    if (strncasecmp(loc, "http://", 7) == 0 || strncasecmp(loc, "https://", 8) == 0)
-        return CK_SCHEME_HTTP;
-    if (strncmp(loc, "hf://", CK_HUB_SCHEME_LEN) == 0)
-        return CK_SCHEME_HUB;
-    if (strncmp(loc, "s3://", CK_S3_SCHEME_LEN) == 0)
-        return CK_SCHEME_S3;
-    return CK_SCHEME_PATH;
+    return strncasecmp(loc, "http://", 7) == 0 || strncasecmp(loc, "https://", 8) == 0;
 }
 
 int ck_location_is_url(const char *loc)
 {
-    return ck_location_scheme(loc) != CK_SCHEME_PATH;
+    if (ck_location_is_http(loc))
+        return 1;
+    if (!(*loc >= 'a' && *loc <= 'z'))
+        return 0;
+    size_t n = 1 + strspn(loc + 1, "abcdefghijklmnopqrstuvwxyz0123456789+-.");
+    return strncmp(loc + n, "://", 3) == 0;
 }
 
 /* Where loc's userinfo lies: [*from, *from + *len), the part of its authority (between "://" and
@@ -27,8 +26,7 @@ int ck_location_is_url(const char *loc)
 static void userinfo(const char *loc, size_t *from, size_t *len)
 {
     *from = *len = 0;
-    if (ck_location_scheme(loc) != CK_SCHEME_HTTP) /* hf:// and s3:// have none (hf's '@' names
-                                                     * a revision) */
+    if (!ck_location_is_url(loc)) /* any scheme's: hf://'s '@' (a revision) follows a '/' */
         return;
     *from = (size_t)(strstr(loc, "://") - loc) + 3;
     size_t auth = *from + strcspn(loc + *from, "/?#");

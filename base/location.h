@@ -1,9 +1,10 @@
 /* location.h — how a checkpoint's location is named and shown.
  *
  * Contract:
- *  - A location is a path, or a URL of a scheme ckptfs reads: http:// and https:// (any case, as
- *    RFC 3986 has schemes), hf:// (the Hub's) or s3:// (a bucket's). ck_location_scheme is the
- *    one test of which.
+ *  - A location is a path, or a URL: http:// or https:// (any case, as RFC 3986 has schemes),
+ *    or SCHEME:// with a scheme name in lowercase (a letter, then letters, digits, '+', '-',
+ *    '.'). Which schemes ckptfs reads, and how, is sources/schemes.h's table: a URL of a scheme
+ *    it does not know fails there, by name, rather than as a missing file.
  *  - A location is shown (in messages, `mount`, a process's command line) only through
  *    ck_location_shown: a URL's userinfo ("user:password@"), query (a presigned URL's signature)
  *    and fragment are secrets, never printed.
@@ -14,17 +15,11 @@
 
 #include <stddef.h>
 
-enum ck_scheme { CK_SCHEME_PATH, CK_SCHEME_HTTP, CK_SCHEME_HUB, CK_SCHEME_S3 };
+/* Whether loc is an http:// or https:// URL. */
+int ck_location_is_http(const char *loc);
 
-/* Which kind of location loc is (enum ck_scheme). */
-int ck_location_scheme(const char *loc);
-
-/* Whether loc names a remote source (http://, https://, hf://, s3://) rather than a path. */
+/* Whether loc is a URL (above) rather than a path. */
 int ck_location_is_url(const char *loc);
-
-/* The length of the hf:// and s3:// prefixes, which hub.c's and s3.c's parsers skip. */
-#define CK_HUB_SCHEME_LEN 5
-#define CK_S3_SCHEME_LEN 5
 
 /* Room for a shown location: a local path (PATH_MAX) whole; a longer URL is cut. */
 #define CK_SHOWN_MAX 4096

@@ -1,12 +1,12 @@
 /* text.h — a text in pieces: bytes of its own and, between them, texts lent to it.
  *
- * Contract: a GGUF key's typed JSON can be ~100 MB, held once by the index; the texts made from
- * the index (index.json, the headers of the virtual safetensors and pack) lend it rather than
- * copy it, as a copy would double what holds them. A ck_textbuf grows as it is written; a text
+ * Contract: a GGUF key's typed JSON can be hundreds of megabytes, held once by the index; the texts
+ * made from the index (index.json, the headers of the virtual safetensors and pack) lend it rather
+ * than copy it, as a copy would double what holds them. A ck_textbuf grows as it is written; a text
  * put with ck_textbuf_put_held (memory that outlives the text) is pointed to from CK_TEXT_LEND_MIN
  * bytes on, copied when shorter. Out of memory is noted once (oom), after which every write is
- * dropped, so a writer checks only at the end (ck_textbuf_finish). A finished ck_text is valid
- * as long as what was lent to it; its own bytes may be changed in place (a header filled in).
+ * dropped, so a writer checks only at the end (ck_textbuf_finish). A finished ck_text is valid as
+ * long as what was lent to it; its own bytes may be changed in place (a header filled in).
  */
 #ifndef CK_TEXT_H
 #define CK_TEXT_H

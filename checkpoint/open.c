@@ -6,8 +6,7 @@
 #include "../formats/dcp.h"
 #include "../formats/gguf.h"
 #include "../sources/http.h"
-#include "../sources/hub.h"
-#include "../sources/s3.h"
+#include "../sources/schemes.h"
 #include "../formats/npy.h"
 #include "../formats/packfile.h"
 #include "../formats/pt2.h"
@@ -254,17 +253,17 @@ static int open_directory(http_remote *remote, const char *dir, ck_index **out, 
     return rc;
 }
 
-/* An hf:// or s3:// location: the object it names, or the directory it lists. */
-static int open_remote(http_remote *remote, const char *loc, ck_index **out, ck_error *err)
+/* A location of scheme s (hf://, s3://...): the object it names, or the directory it lists. */
+static int open_remote(http_remote *remote, const ck_scheme *s, const char *loc, ck_index **out,
+                       ck_error *err)
 {
-    hub_target t;
-    const http_client *client = http_remote_client(remote);
-    if (hub_is_url(loc) ? hub_locate(client, loc, &t, err) : s3_locate(client, loc, &t, err))
+    ck_located t;
+    if (s->locate(http_remote_client(remote), loc, &t, err))
         return -1;
     int rc = t.dir ? open_listed(remote, t.url, (const char *const *)t.names, t.n, loc, out, err)
                    : dcp_is_metadata(t.url) ? dcp_open(remote, t.url, out, err)
                                             : open_file(remote, t.url, out, err);
-    hub_target_free(&t);
+    ck_located_free(&t);
     return rc;
 }
 
@@ -272,10 +271,11 @@ static int open_remote(http_remote *remote, const char *loc, ck_index **out, ck_
 static int open_any(http_remote *remote, const char *source, ck_index **out, ck_error *err)
 {
     *out = NULL;
-    if (hub_is_url(source) || s3_is_url(source))
-        return open_remote(remote, source, out, err);
+    const ck_scheme *s = ck_scheme_of(source);
+    if (s && s->locate)
+        return open_remote(remote, s, source, out, err);
     struct stat st;
-    if (!http_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode))
+    if (!ck_location_is_url(source) && stat(source, &st) == 0 && S_ISDIR(st.st_mode))
         return open_directory(remote, source, out, err);
     return dcp_is_metadata(source) ? dcp_open(remote, source, out, err)
                                    : open_file(remote, source, out, err);
@@ -283,12 +283,12 @@ static int open_any(http_remote *remote, const char *source, ck_index **out, ck_
 
 http_remote *ck_remote_new(const http_config *c)
 {
-    http_config with_token = *c;
+    http_config with_table = *c;
     const char *anonymous = getenv("CKPTFS_NO_SIGN_REQUEST"); /* how ckpt and ckload say it */
-    with_token.token_for = hub_token_for;
-    with_token.sign_for = c->anonymous || (anonymous && strcmp(anonymous, "1") == 0)
-                              ? NULL : s3_sign_for;
-    return http_remote_new(&with_token);
+    with_table.authorize = c->anonymous || (anonymous && strcmp(anonymous, "1") == 0)
+                               ? ck_schemes_authorize_anonymous : ck_schemes_authorize;
+    with_table.explain = ck_schemes_explain;
+    return http_remote_new(&with_table);
 }
 
 int ck_open_through(http_remote *remote, const char *source, ck_index **out, ck_error *err)

@@ -1,5 +1,5 @@
-/* open.h — ck_open: a location (a file, a directory of shards or splits, an http(s):// or
- * hf:// URL) to its index.
+/* open.h — ck_open: a location (a file, a directory of shards or splits, a URL of a scheme
+ * sources/schemes.h knows) to its index.
  *
  * Contract: the format is decided by content, never by the file's name: the first bytes of a
  * file (or, for a directory, the files in it) say which reader (one per format) builds the
@@ -13,8 +13,10 @@
 #include "../sources/http.h"
 #include "../index/index.h"
 
-/* A remote context (http.h) configured by c whose requests carry the Hub's token to the Hub
- * (hub.h): what an entry point makes to open all its sources through. NULL without memory. */
+/* A remote context (http.h) configured by c whose requests are authorised, and whose error
+ * replies explained, by the schemes' table (schemes.h): each scheme's credential to its own
+ * endpoint alone. What an entry point makes to open all its sources through. NULL without
+ * memory. */
 http_remote *ck_remote_new(const http_config *c);
 
 /* Opens SOURCE and parses its headers, its remote files opened through remote (NULL: a context

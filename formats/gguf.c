@@ -138,7 +138,7 @@ static const unsigned char *take_string(rd *r, uint64_t *len, const char *what)
 
 /* Text written into memory of a size known beforehand, or only counted: a key's JSON text is
  * written twice, first counted (s NULL), then into memory of exactly that size, so that the text
- * of a 16 Mi-item array (~100 MB) is held once, where it stays, and never grown or copied. A
+ * of a 16 Mi-item array is held once, where it stays, and never grown or copied. A
  * string's raw bytes (at most GGUF_MAX_STRING) go to a jbuf that grows instead. */
 typedef struct jbuf {
     char *s;     /* NULL: count only */
@@ -389,7 +389,7 @@ static int render_value(ck_index *ix, rd *r, int add, jbuf *raw, unsigned *vt, s
 /* Adds key's metadata, its typed JSON (text, len bytes, held by the index: render_value), and
  * its value entry: the value and a newline, a string's raw bytes (raw) or else the value's
  * JSON, which is the metadata's own text from vstart up to its closing brace (held once: a
- * 16 Mi-item array is ~100 MB of text). */
+ * long array is hundreds of megabytes of text). */
 static int add_key(ck_index *ix, const char *key, size_t klen, unsigned vt, const char *text,
                    size_t len, size_t vstart, jbuf *raw, ck_error *err)
 {

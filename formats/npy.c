@@ -486,21 +486,9 @@ static void copy_hint(ck_file *f, const uint64_t *bounds, size_t n)
     (void)f, (void)bounds, (void)n;
 }
 
-static ssize_t copy_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
-                         void **token)
-{
-    (void)f, (void)len, (void)off, (void)ptr, (void)token;
-    return -ENOTSUP;
-}
-
-static void copy_release(const ck_file *f, void *token)
-{
-    (void)f, (void)token;
-}
-
 static const ck_source_ops copy_ops = {
     .pread = copy_pread, .same = copy_same, .close = copy_close, .stats = copy_stats,
-    .hint = copy_hint, .hold = copy_hold, .release = copy_release, .origin = copy_origin,
+    .hint = copy_hint, .origin = copy_origin,
 };
 
 /* Adds the copy of the array of nbytes that member zi of file `archive` holds past zi->skip, to

@@ -457,76 +457,6 @@ int ck_fs_open(ck_fs *fs, uint64_t ino, int flags)
     return rc ? -ESTALE : 0;
 }
 
-/* Releases every piece h holds of tensor node nd. */
-static void tensor_release(ck_fs *fs, const ck_node *nd, ck_held *h)
-{
-    while (h->n > 0) {
-        h->n--;
-        ck_entry_release(fs->ix, entry_of(fs, nd), h->token[h->n]);
-    }
-}
-
-/* A tensor file's bytes held in place (ck_entry_hold, a piece at a time), checked as ck_fs_read
- * checks them. */
-static ssize_t tensor_hold(ck_fs *fs, const ck_node *nd, size_t size, uint64_t off, ck_held *h)
-{
-    const ck_entry *e = entry_of(fs, nd);
-    size_t got = 0;
-    ssize_t rc = 0;
-    while (got < size && rc == 0) {
-        const void *p;
-        ssize_t k = h->n == CK_HELD_MAX ? -ENOTSUP
-                                        : ck_entry_hold(fs->ix, e, size - got, off + got, &p,
-                                                        &h->token[h->n]);
-        if (k > 0) {
-            h->iov[h->n++] = (struct iovec){.iov_base = (void *)p, .iov_len = (size_t)k};
-            got += (size_t)k;
-        }
-        rc = k > 0 ? 0 : k == 0 ? 1 : k; /* 1: the end of the tensor */
-    }
-    /* After the holds, as after ck_fs_read's pread: a change seen while fetching is seen here. */
-    if (rc >= 0)
-        rc = entry_check(fs, e, off, size);
-    if (rc < 0) {
-        tensor_release(fs, nd, h);
-        return rc;
-    }
-    return (ssize_t)got;
-}
-
-ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_held *h)
-{
-    const ck_node *nd = node_of(fs, ino);
-    h->n = 0;
-    if (!nd)
-        return -ENOENT;
-    if (nd->kind == CK_NODE_TENSOR && !is_npy(fs, ino))
-        return off < 0 ? -EINVAL : tensor_hold(fs, nd, size, (uint64_t)off, h);
-    if (nd->kind != CK_NODE_MEMFILE)
-        return -ENOTSUP;
-    if (off < 0)
-        return -EINVAL;
-    if (!vfile_ready(fs, nd->id))
-        return -EIO;
-    const ck_text *t = &fs->vfile[nd->id].text;
-    uint64_t left = (uint64_t)off >= t->len ? 0 : t->len - (uint64_t)off;
-    size_t want = left > size ? size : (size_t)left;
-    /* the mount's own bytes (and the index's it lends): nothing to release */
-    if (ck_text_lend(t, (uint64_t)off, want, h->iov, CK_HELD_MAX, &h->n) < want) {
-        h->n = 0;
-        return -ENOTSUP;
-    }
-    return (ssize_t)want;
-}
-
-void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_held *h)
-{
-    const ck_node *nd = node_of(fs, ino);
-    if (nd && nd->kind == CK_NODE_TENSOR)
-        tensor_release(fs, nd, h);
-    h->n = 0;
-}
-
 /* .ckptfs/status's bytes at off, made for this read. */
 static ssize_t status_read(ck_fs *fs, char *buf, size_t size, uint64_t off)
 {
@@ -554,50 +484,135 @@ static ssize_t npy_read(ck_fs *fs, const ck_node *nd, char *buf, size_t size, ui
     return r < 0 ? r : (ssize_t)n + r;
 }
 
-ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off)
+/* Bytes [off, off+size) of file ino (node nd, not a directory nor the mount's own text) copied
+ * into buf: the count, or -errno as ck_fs_read. */
+static ssize_t copy_read(ck_fs *fs, uint64_t ino, const ck_node *nd, char *buf, size_t size,
+                         uint64_t off)
 {
-    const ck_node *nd = node_of(fs, ino);
-    if (!nd)
-        return -ENOENT;
-    if (off < 0)
-        return -EINVAL;
     ssize_t n;
     int changed = 0;
     switch (nd->kind) {
-    case CK_NODE_DIR:
-        return -EISDIR;
-    case CK_NODE_MEMFILE:
-        return vfile_ready(fs, nd->id)
-                   ? (ssize_t)ck_text_read(&fs->vfile[nd->id].text, (uint64_t)off, buf, size)
-                   : -EIO;
     case CK_NODE_VALUE: /* its text is in memory */
-        return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
+        return ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, off);
     case CK_NODE_STATUS:
-        return status_read(fs, buf, size, (uint64_t)off);
+        return status_read(fs, buf, size, off);
     case CK_NODE_TENSOR: {
         size_t hl = 0; /* a NAME.npy view's header: the mount's own bytes */
-        n = is_npy(fs, ino) ? npy_read(fs, nd, buf, size, (uint64_t)off, &hl)
-                            : ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, (uint64_t)off);
+        n = is_npy(fs, ino) ? npy_read(fs, nd, buf, size, off, &hl)
+                            : ck_entry_read(fs->ix, entry_of(fs, nd), buf, size, off);
         /* Checked after the pread: a write that could have put new bytes into buf has already
          * moved the mtime (or the size) by the time the pread returns, so this sees it. Every
          * file the range's bytes come from (a DCP tensor's chunks lie in files of their own). */
-        uint64_t at = (uint64_t)off > hl ? (uint64_t)off - hl : 0;
-        changed = entry_check(fs, entry_of(fs, nd), at, size);
+        changed = entry_check(fs, entry_of(fs, nd), off > hl ? off - hl : 0, size);
         break;
     }
     default: { /* CK_NODE_SYNTH */
         if (!vfile_ready(fs, nd->id))
             return -EIO;
         ck_synth *sy = fs->vfile[nd->id].synth;
-        n = ck_synth_read(sy, buf, size, (uint64_t)off);
+        n = ck_synth_read(sy, buf, size, off);
         /* Only the files these bytes came from: checking every shard on every read costs two
          * syscalls per shard per request. A failed read checks its whole range, so that a
          * source cut short answers as changed rather than short. */
-        changed = ck_synth_each_source(sy, (uint64_t)off, n < 0 ? size : (size_t)n,
-                                       source_check_cb, fs);
+        changed = ck_synth_each_source(sy, off, n < 0 ? size : (size_t)n, source_check_cb, fs);
     }
     }
     return changed ? changed : n;
+}
+
+/* Appends a piece of len bytes at base to p (none for no bytes). */
+static void add_piece(ck_pieces *p, const void *base, size_t len)
+{
+    if (len)
+        p->iov[p->n++] = (struct iovec){.iov_base = (void *)base, .iov_len = len};
+}
+
+/* index.json's bytes, lent as they lie in its text; those past the pieces p has room for
+ * copied. */
+static ssize_t text_lend(ck_fs *fs, const ck_node *nd, size_t size, uint64_t off,
+                         ck_fs_buffer buffer, void *arg, ck_pieces *p)
+{
+    if (!vfile_ready(fs, nd->id))
+        return -EIO;
+    const ck_text *t = &fs->vfile[nd->id].text;
+    uint64_t left = off >= t->len ? 0 : t->len - off;
+    size_t want = left > size ? size : (size_t)left;
+    size_t got = ck_text_lend(t, off, want, p->iov, CK_PIECES_MAX - 1, &p->n);
+    if (got < want) {
+        char *buf = buffer(arg, want - got);
+        if (!buf)
+            return p->n = 0, -ENOMEM;
+        add_piece(p, buf, ck_text_read(t, off + got, buf, want - got));
+    }
+    return (ssize_t)want;
+}
+
+/* A tensor's bytes lent by its source (ck_entry_hold, a piece at a time); those past the pieces
+ * p has room for copied. Checked as copy_read checks them. */
+static ssize_t tensor_lend(ck_fs *fs, uint64_t ino, const ck_node *nd, size_t size,
+                           uint64_t off, ck_fs_buffer buffer, void *arg, ck_pieces *p)
+{
+    const ck_entry *e = entry_of(fs, nd);
+    size_t got = 0;
+    ssize_t k = 1;
+    while (got < size && k > 0 && p->n < CK_PIECES_MAX - 1) {
+        const void *at;
+        k = ck_entry_hold(fs->ix, e, size - got, off + got, &at, &p->token[p->n]);
+        if (k > 0) {
+            add_piece(p, at, (size_t)k);
+            p->lent = p->n;
+            got += (size_t)k;
+        }
+    }
+    if (got < size && k > 0) {
+        char *buf = buffer(arg, size - got);
+        k = buf ? ck_entry_read(fs->ix, e, buf, size - got, off + got) : -ENOMEM;
+        if (k > 0) {
+            add_piece(p, buf, (size_t)k);
+            got += (size_t)k;
+        }
+    }
+    /* After the holds, as after copy_read's pread: a change seen while fetching is seen here. */
+    int rc = k < 0 ? (int)k : entry_check(fs, e, off, size);
+    if (rc < 0) {
+        ck_fs_read_release(fs, ino, p);
+        return rc;
+    }
+    return (ssize_t)got;
+}
+
+ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_fs_buffer buffer,
+                   void *arg, ck_pieces *p)
+{
+    const ck_node *nd = node_of(fs, ino);
+    p->n = p->lent = 0;
+    if (!nd)
+        return -ENOENT;
+    if (off < 0)
+        return -EINVAL;
+    if (nd->kind == CK_NODE_DIR)
+        return -EISDIR;
+    if (nd->kind == CK_NODE_MEMFILE)
+        return text_lend(fs, nd, size, (uint64_t)off, buffer, arg, p);
+    if (nd->kind == CK_NODE_TENSOR && !is_npy(fs, ino) && ck_entry_lends(fs->ix, entry_of(fs, nd)))
+        return tensor_lend(fs, ino, nd, size, (uint64_t)off, buffer, arg, p);
+    char *buf = buffer(arg, size);
+    if (!buf)
+        return -ENOMEM;
+    ssize_t n = copy_read(fs, ino, nd, buf, size, (uint64_t)off);
+    if (n > 0)
+        add_piece(p, buf, (size_t)n);
+    return n;
+}
+
+void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_pieces *p)
+{
+    const ck_node *nd = node_of(fs, ino); /* a tensor's, where any piece is lent */
+    while (p->lent > 0) {
+        p->lent--;
+        ck_entry_release(fs->ix, entry_of(fs, nd), p->token[p->lent]);
+    }
+    p->n = 0;
 }
 
 /* --- attributes -------------------------------------------------------------------------- */

@@ -127,25 +127,31 @@ int ck_fs_readdir(const ck_fs *fs, uint64_t ino, off_t off, ck_dirent *d);
  * file changed: every one is checked, as a changed source makes the whole view suspect;
  * .ckptfs/status, which says so, opens all the same). */
 int ck_fs_open(ck_fs *fs, uint64_t ino, int flags);
-/* Up to size bytes of file ino at off into buf: the count (0 at or past the end), or -ENOENT,
- * -EINVAL (off < 0), -EISDIR, -EIO, -ESTALE (the sources were checked after reading). */
-ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, char *buf, size_t size, off_t off);
-/* Bytes lent for one read (ck_fs_read_in_place): n pieces, in order. */
-#define CK_HELD_MAX 4
-typedef struct ck_held {
-    unsigned n;
-    struct iovec iov[CK_HELD_MAX];
-    void *token[CK_HELD_MAX];
-} ck_held;
-/* ck_fs_read without the copy, where the bytes are in memory to lend: a file the mount holds
- * (index.json), or a contiguous tensor's range that its source holds (source.h ck_file_hold: a
- * remote file's cached blocks). The count ck_fs_read would answer, its bytes in h's pieces,
- * checked as ck_fs_read checks them, held until ck_fs_read_release(fs, ino, h); or -errno as
- * ck_fs_read, with nothing held; -ENOTSUP where the bytes cannot be lent, or not in
- * CK_HELD_MAX pieces (ck_fs_read then). A reply straight from them needs no read buffer, nor
- * the copy into it. */
-ssize_t ck_fs_read_in_place(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_held *h);
-void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_held *h);
+/* Where a read's bytes go when they are copied rather than lent: a buffer of at least size
+ * bytes that stays the caller's (a thread's own, reused from read to read), or NULL when memory
+ * runs out. */
+typedef char *(*ck_fs_buffer)(void *arg, size_t size);
+/* One read's bytes: n pieces, in order. The first `lent` are lent by the source, each held by
+ * its token until ck_fs_read_release; the others are the mount's own bytes or the caller's
+ * buffer. */
+#define CK_PIECES_MAX 4
+typedef struct ck_pieces {
+    unsigned n, lent;
+    struct iovec iov[CK_PIECES_MAX];
+    void *token[CK_PIECES_MAX];
+} ck_pieces;
+/* Up to size bytes of file ino at off: the count (0 at or past the end), its bytes in p's
+ * pieces, held until ck_fs_read_release(fs, ino, p); or -ENOENT, -EINVAL (off < 0), -EISDIR,
+ * -EIO, -ESTALE (the sources are checked after reading), -ENOMEM (no buffer), with nothing
+ * held. One call decides, by what the file is and never by a read that fails, whether the
+ * bytes are lent in place (a reply straight from them needs neither a buffer nor the copy into
+ * it) or copied once into the buffer buffer(arg, ...) gives: lent where they are in memory to
+ * lend, a file the mount holds (index.json) or a contiguous tensor's range that its source
+ * lends (index.h ck_entry_lends: a remote file's cached blocks); a read that needs more
+ * pieces than CK_PIECES_MAX has its rest copied. Every other file is copied. */
+ssize_t ck_fs_read(ck_fs *fs, uint64_t ino, size_t size, off_t off, ck_fs_buffer buffer,
+                   void *arg, ck_pieces *p);
+void ck_fs_read_release(ck_fs *fs, uint64_t ino, ck_pieces *p);
 
 /* The attribute name of ino, as getxattr(2) answers: its length, copied into buf when size is
  * not 0; -ERANGE when size is too small, -ENODATA when ino has no such attribute, -ENOENT.

@@ -124,10 +124,12 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 enum { HUGE_PAGE = 2 << 20 };
 
-/* This thread's read buffer, at least size bytes. In whole huge pages: the reply's writev pins
- * the buffer's pages, and a 1 MiB reply then pins one page, not 256 small ones. */
-static char *read_buffer(ck_mount *m, size_t size)
+/* This thread's read buffer, at least size bytes (ck_fs_buffer, arg the mount): asked for only
+ * by a read whose bytes are copied. In whole huge pages: the reply's writev pins the buffer's
+ * pages, and a 1 MiB reply then pins one page, not 256 small ones. */
+static char *read_buffer(void *arg, size_t size)
 {
+    ck_mount *m = arg;
     size_t *b = pthread_getspecific(m->read_buf);
     if (!b || *b < size) {
         free(b);
@@ -149,20 +151,12 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 {
     (void)fi;
     ck_fs *fs = fs_of(req); /* req is gone once replied to */
-    ck_held h;
-    ssize_t n = ck_fs_read_in_place(fs, ino, size, off, &h);
-    if (n != -ENOTSUP) { /* the reply copies the held bytes into the kernel before it returns */
-        if (n < 0)
-            return (void)fuse_reply_err(req, (int)-n);
-        fuse_reply_iov(req, h.iov, (int)h.n);
-        ck_fs_read_release(fs, ino, &h);
-        return;
-    }
-    char *buf = read_buffer(mount_of(req), size);
-    n = buf ? ck_fs_read(fs, ino, buf, size, off) : -ENOMEM;
+    ck_pieces p;
+    ssize_t n = ck_fs_read(fs, ino, size, off, read_buffer, mount_of(req), &p);
     if (n < 0)
         return (void)fuse_reply_err(req, (int)-n);
-    fuse_reply_buf(req, buf, (size_t)n);
+    fuse_reply_iov(req, p.iov, (int)p.n); /* which copies the bytes into the kernel */
+    ck_fs_read_release(fs, ino, &p);
 }
 
 /* getxattr and listxattr: a length when asked for it (size 0), else the bytes. */

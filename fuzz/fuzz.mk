@@ -10,7 +10,7 @@
 #       the sanitizers when SANITIZE is set); `make test` runs it.
 
 FUZZ_TARGETS ?= safetensors sharded zip pickle torch_zip torch_legacy packfile source plan npy gguf \
-                pt2 dcp s3_list s3_creds sharemsg shareclient
+                pt2 dcp s3_list s3_creds gcs_list sharemsg shareclient
 FUZZ_SECONDS ?= 60
 FUZZ_MAX_LEN ?= 262144
 FUZZ_CC      ?= clang

@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_REQUIRE(prefix && xml);
     memcpy(xml, nl ? nl + 1 : data, xlen);
     xml[xlen] = 0;
-    s3_listing l = {0};
+    ck_listing l = {0};
     for (int page = 0; page < 2; page++) {
         ck_error err = {{0}};
         char *token = NULL;
@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_REQUIRE(l.n <= l.keys && l.keys <= S3_MAX_KEYS && l.name_bytes <= S3_MAX_NAME_BYTES);
     for (size_t i = 0; i < l.n; i++)
         FUZZ_REQUIRE(l.names[i][0] && !strchr(l.names[i], '/'));
-    s3_listing_free(&l);
+    ck_listing_free(&l);
     free(xml);
     free(prefix);
     return 0;

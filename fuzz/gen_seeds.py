@@ -26,7 +26,7 @@ from safetensors.torch import save as st_save
 
 SEP = b"\0FZ\0"  # fuzz_dir_files (common.c) splits an input into files here
 TARGETS = ["safetensors", "sharded", "zip", "pickle", "torch_zip", "torch_legacy", "packfile",
-           "source", "plan", "npy", "gguf", "pt2", "dcp", "s3_list", "s3_creds", "sharemsg",
+           "source", "plan", "npy", "gguf", "pt2", "dcp", "s3_list", "s3_creds", "gcs_list", "sharemsg",
            "shareclient"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH2 = os.path.join(REPO, ".deps", "torch2", "bin", "python")
@@ -215,6 +215,31 @@ def dcp_seeds():
                         pieces.append(name.encode() + b"\n" + f.read())
             seeds[how] = SEP.join(pieces)
     return seeds
+
+
+def gcs_seeds():
+    """fuzz_gcs_list.c's PREFIX\nPAGE inputs: objects.list pages in the JSON API's documented
+    shape (written by Python's json), with and without a nextPageToken."""
+    out = {}
+
+    def page(prefix, names, token=None):
+        body = {"kind": "storage#objects", "prefixes": [prefix + "sub/"],
+                "items": [{"kind": "storage#object", "name": n, "bucket": "bucket",
+                           "generation": "1714564800000000", "size": str(i * 1000)}
+                          for i, n in enumerate(names)]}
+        if token:
+            body["nextPageToken"] = token
+        return json.dumps(body)
+
+    shards = [f"m/model-{i:05d}-of-00003.safetensors" for i in range(1, 4)]
+    for name, prefix, names, token in [
+            ("shards", "m/", shards + ["m/model.safetensors.index.json", "m/"], None),
+            ("dcp", "ck/step-1/", [f"ck/step-1/__{i}_0.distcp" for i in range(4)] +
+             ["ck/step-1/.metadata"], "Cgpjay9zdGVwLTEv"),
+            ("escaped", "", ["a\"b <c>.bin", "\u00e9t\u00e9.pt"], None),
+            ("empty", "none/", [], None)]:
+        out[("gcs_list", f"gen_{name}")] = (prefix + "\n" + page(prefix, names, token)).encode()
+    return out
 
 
 def s3_seeds():
@@ -424,7 +449,7 @@ def main():
     for name, data in dcp_seeds().items():
         add(["dcp"], f"gen_{name}", data)
         add(["pickle"], f"gen_dcp_{name}.pkl", data.split(SEP)[0])
-    for (target, name), data in s3_seeds().items():
+    for (target, name), data in {**s3_seeds(), **gcs_seeds()}.items():
         add([target], name, data)
 
     # packs of some of the above, written by our own tool

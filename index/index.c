@@ -446,11 +446,15 @@ static size_t entry_span(const ck_entry *e, size_t len, uint64_t off)
     return len > SSIZE_MAX ? SSIZE_MAX : len;
 }
 
+int ck_entry_lends(const ck_index *ix, const ck_entry *e)
+{
+    return e->kind == CK_TENSOR && e->layout == CK_CONTIGUOUS &&
+           ck_file_lends(&ix->files[e->ext.file]);
+}
+
 ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_t off,
                       const void **ptr, void **token)
 {
-    if (e->kind != CK_TENSOR || e->layout != CK_CONTIGUOUS)
-        return -ENOTSUP;
     len = entry_span(e, len, off);
     if (len == 0)
         return 0;

@@ -158,12 +158,13 @@ ssize_t ck_entry_read(const ck_index *ix, const ck_entry *e, void *buf, size_t l
  * otherwise. */
 const char *ck_entry_fault(const ck_entry *e);
 
-/* ck_entry_read without the copy, where the source can lend the bytes (ck_file_hold): *ptr
- * points at the count it returns of them, held until ck_entry_release(ix, e, *token): as many
- * as one piece of the source holds, fewer than ck_entry_read would give where they lie in
- * pieces (the rest is asked for again); 0 at or past the end, nothing held. -ENOTSUP for a
- * layout other than one contiguous extent, a value, or a source that cannot lend (a local
- * file): ck_entry_read then. */
+/* Whether e's bytes can be lent rather than copied: a tensor of one contiguous extent in a
+ * source file that lends (ck_file_lends: a remote file's cached blocks, not a local file). */
+int ck_entry_lends(const ck_index *ix, const ck_entry *e);
+/* ck_entry_read without the copy, for an entry that lends (ck_entry_lends): *ptr points at the
+ * count it returns of the bytes, held until ck_entry_release(ix, e, *token): as many as one
+ * piece of the source holds, fewer than ck_entry_read would give where they lie in pieces (the
+ * rest is asked for again); 0 at or past the end, nothing held; -errno as ck_entry_read. */
 ssize_t ck_entry_hold(const ck_index *ix, const ck_entry *e, size_t len, uint64_t off,
                       const void **ptr, void **token);
 void ck_entry_release(const ck_index *ix, const ck_entry *e, void *token);

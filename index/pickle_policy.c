@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "pickle.h" /* enum pk_global, PK_DTYPE_BYTES */
+#include "../base/dtype.h" /* the storages' and dtypes' enum ck_dtype */
 
 /* --- opcodes --------------------------------------------------------------------------- */
 

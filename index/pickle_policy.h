@@ -48,6 +48,41 @@ enum pk_opcode {
 /* "MARK", "BINUNICODE8", ...; NULL for a byte that is no opcode. */
 const char *pk_opcode_name(unsigned char op);
 
+/* The allowed globals. */
+enum pk_global {
+    PKG_REBUILD_TENSOR,            /* torch._utils._rebuild_tensor (legacy) */
+    PKG_REBUILD_TENSOR_V2,         /* torch._utils._rebuild_tensor_v2 */
+    PKG_REBUILD_TENSOR_V3,         /* torch._utils._rebuild_tensor_v3 (dtype given) */
+    PKG_REBUILD_PARAMETER,         /* torch._utils._rebuild_parameter */
+    PKG_REBUILD_PARAMETER_STATE,   /* torch._utils._rebuild_parameter_with_state */
+    PKG_ORDERED_DICT,              /* collections.OrderedDict */
+    PKG_TORCH_SIZE,                /* torch.Size */
+    PKG_CODECS_ENCODE,             /* _codecs.encode: protocol 2 writes bytes this way */
+    PKG_STORAGE_CLASS,             /* torch.<X>Storage, torch.UntypedStorage: .dtype says which */
+    PKG_DTYPE,                     /* torch.float32, torch.float8_e4m3fn, ...: .dtype */
+    PKG_DEVICE,                    /* torch.device */
+    PKG_BYTES,                     /* builtins.bytes: protocols < 3 write b'' as bytes() */
+    /* Allowed only in a DCP .metadata pickle (pk_limits.dcp). Record classes, which NEWOBJ
+     * makes and BUILD gives a state (PK_OBJECT): */
+    PKG_DCP_METADATA,              /* torch.distributed.checkpoint.metadata.Metadata */
+    PKG_DCP_TENSOR_STORAGE,        /* ...metadata.TensorStorageMetadata */
+    PKG_DCP_BYTES_STORAGE,         /* ...metadata.BytesStorageMetadata */
+    PKG_DCP_CHUNK,                 /* ...metadata.ChunkStorageMetadata */
+    PKG_DCP_TENSOR_PROPERTIES,     /* ...metadata.TensorProperties */
+    PKG_DCP_METADATA_INDEX,        /* ...metadata.MetadataIndex */
+    PKG_DCP_STORAGE_META,          /* ...metadata.StorageMeta */
+    PKG_DCP_STORAGE_INFO,          /* torch.distributed.checkpoint.filesystem._StorageInfo */
+    /* and values: */
+    PKG_DCP_MEM_FORMAT,            /* ...metadata._MEM_FORMAT_ENCODING, only for getattr */
+    PKG_GET_LAYOUT,                /* torch.serialization._get_layout(name): the str name */
+    PKG_GETATTR,                   /* builtins.getattr(_MEM_FORMAT_ENCODING, name): the str */
+    PKG_POSIX_PATH,                /* pathlib.PosixPath(*parts): the parts joined by '/' */
+};
+
+/* Marks an untyped storage (torch.UntypedStorage): its numel counts bytes, and the tensors on
+ * it carry their own dtype (_rebuild_tensor_v3). Every other dtype is an enum ck_dtype. */
+#define PK_DTYPE_BYTES 255
+
 /* An allowed global and what it stands for. */
 typedef struct pk_allowed {
     const char *module, *name;

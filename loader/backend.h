@@ -22,7 +22,7 @@
 
 #include <stddef.h>
 
-#include "pool.h"
+struct ckl_pool; /* pool.h */
 
 typedef struct reader reader; /* one reader thread's state, the backend's own */
 

@@ -19,8 +19,12 @@
 
 #include <stdint.h>
 
-#include "ckload.h"
 #include "plan.h"
+
+/* ckload.h's load and tensor, by their struct tags: ckload.c implements this header and
+ * includes it, so it includes no header of the API. */
+struct ckl_load;
+struct ckl_tensor;
 
 typedef struct load_view {
     const unsigned char *block;
@@ -31,20 +35,20 @@ typedef struct load_view {
     const char *path;        /* as shown in messages */
 } load_view;
 
-void load_view_of(const ckl_load *l, load_view *v);
+void load_view_of(const struct ckl_load *l, load_view *v);
 
 typedef struct load_adopted {
     const char *shown;       /* what messages call it (copied) */
     int ordinal;             /* the CUDA device the memory is on */
     unsigned char *block;
     ck_plan *plan;           /* taken */
-    ckl_tensor *tensors;     /* taken, plan->ntensors; data set here */
+    struct ckl_tensor *tensors; /* taken, plan->ntensors; data set here */
     void (*drop)(void *ctx);
     void *ctx;
 } load_adopted;
 
 /* 0 with *out set; -1 with err set ("SHOWN: out of memory") and errno ENOMEM: then nothing is
  * taken (the caller still owns plan and tensors) and drop is not called. */
-int load_adopt(const load_adopted *a, ckl_load **out, char *err, size_t errlen);
+int load_adopt(const load_adopted *a, struct ckl_load **out, char *err, size_t errlen);
 
 #endif

@@ -1,6 +1,5 @@
 /* pool.c — staging buffers kept across loads (pool.h). */
 #include "pool.h"
-#include "ckload.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -15,15 +14,15 @@ struct ckl_pool {
     size_t n, cap;
 };
 
-ckl_pool *ckl_pool_new(void)
+struct ckl_pool *pool_new(void)
 {
-    ckl_pool *p = calloc(1, sizeof *p);
+    struct ckl_pool *p = calloc(1, sizeof *p);
     if (p)
         pthread_mutex_init(&p->lock, NULL);
     return p;
 }
 
-void ckl_pool_free(ckl_pool *p)
+void pool_free(struct ckl_pool *p)
 {
     if (!p)
         return;
@@ -34,7 +33,7 @@ void ckl_pool_free(ckl_pool *p)
     free(p);
 }
 
-void *pool_take(ckl_pool *p, size_t size)
+void *pool_take(struct ckl_pool *p, size_t size)
 {
     void *b = NULL;
     pthread_mutex_lock(&p->lock);
@@ -47,7 +46,7 @@ void *pool_take(ckl_pool *p, size_t size)
     return b;
 }
 
-void pool_keep(ckl_pool *p, void *b, size_t size, void (*release)(void *))
+void pool_keep(struct ckl_pool *p, void *b, size_t size, void (*release)(void *))
 {
     pthread_mutex_lock(&p->lock);
     if (p->n == p->cap) {

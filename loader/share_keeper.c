@@ -262,7 +262,7 @@ static int identify(ckl_server *s, const load_view *v, char **source, char *err,
                     size_t errlen)
 {
     const ck_index *ix = v->ix;
-    if (ck_location_scheme(v->path) != CK_SCHEME_PATH) {
+    if (ck_location_is_url(v->path)) {
         snprintf(err, errlen, "%s: a remote source cannot be served (its files cannot be "
                  "re-checked at each attach)", v->path);
         return share_fail(EINVAL);

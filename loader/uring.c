@@ -52,7 +52,7 @@ static int submit(uring *r, unsigned s)
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->io);
     if (!sqe) /* cannot happen: no more reads are in flight than the ring has entries */
         return -EBUSY;
-    size_t n = op->len - op->got; /* the kernel reads at most ~2 GiB at once anyway */
+    size_t n = op->len - op->got; /* the kernel reads at most 2 GiB less a page at once anyway */
     io_uring_prep_read(sqe, op->fd, op->buf + op->got, n < MAX_READ ? (unsigned)n : MAX_READ,
                        op->off + op->got);
     io_uring_sqe_set_data64(sqe, s);

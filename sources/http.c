@@ -1,8 +1,9 @@
 /* http.c — remote source files (http.h): the ck_file ops over a target's head bytes and the
  * block cache, and the remote context that owns the caches. */
 #include "http.h"
+#include "../base/location.h"
 #include "../base/size.h" /* ck_parse_size: CKPTFS_CACHE_MAX */
-#include "s3.h"          /* an s3:// object's API URL */
+#include "schemes.h"     /* the URL an object location is read at */
 
 #include <errno.h>
 #include <pthread.h>
@@ -45,8 +46,8 @@ http_remote *http_remote_new(const http_config *c)
     }
     r->config.cacert = r->cacert;
     r->config.cache_dir = r->cache_dir;
-    r->client = (http_client){.cacert = r->cacert, .token_for = c->token_for,
-                              .sign_for = c->sign_for};
+    r->client = (http_client){.cacert = r->cacert, .authorize = c->authorize,
+                              .explain = c->explain};
     pthread_mutex_init(&r->lock, NULL);
     return r;
 }
@@ -202,7 +203,7 @@ static const ck_source_ops http_ops = {
 int ck_source_open(http_remote *remote, const char *loc, const char *what, ck_file *f,
                    ck_error *err)
 {
-    if (!http_is_url(loc) && !s3_is_url(loc))
+    if (!ck_location_is_url(loc))
         return ck_source_open_local(loc, what, f, err);
     if (!remote)
         return ck_fail(err, loc, "a URL where only local files are opened");
@@ -244,13 +245,17 @@ static int open_named(http_remote *r, const char *url, const char *loc, const ch
 
 int http_open(http_remote *r, const char *loc, const char *what, ck_file *f, ck_error *err)
 {
-    if (!s3_is_url(loc))
+    const ck_scheme *s = ck_scheme_of(loc);
+    if (!s) {
+        char shown[CK_SHOWN_MAX], names[256];
+        ck_scheme_names(names, sizeof names);
+        return ck_fail(err, ck_location_shown(loc, shown, sizeof shown),
+                       "not a scheme ckptfs reads (%s)", names);
+    }
+    if (!s->object_url)
         return open_named(r, loc, loc, what, f, err);
-    s3_ref ref;
-    if (s3_parse(loc, &ref, err))
-        return -1;
-    char *url = s3_object_url(ref.bucket, ref.key);
-    int rc = url ? open_named(r, url, loc, what, f, err) : ck_fail(err, loc, "out of memory");
+    char *url = s->object_url(&r->client, loc, err);
+    int rc = url ? open_named(r, url, loc, what, f, err) : -1;
     free(url);
     return rc;
 }

@@ -37,10 +37,11 @@ typedef struct http_config {
     const char *cache_dir; /* the disk cache's directory (diskcache.h), or NULL: none */
     uint64_t cache_max;    /* its bound; 0: DC_MAX_DEFAULT */
     void (*log)(const char *line); /* where the disk cache reports; NULL: stderr */
-    http_token_fn token_for;       /* where a request finds its token; NULL: none */
-    http_sign_fn sign_for;         /* how a request is signed (SigV4); NULL: unsigned */
+    http_auth_fn authorize;        /* how a request is authorised; NULL: never */
+    http_explain_fn explain;       /* what an error reply says; NULL: its status alone */
     int anonymous;                 /* sign nothing (ckptfs -o anonymous, ckpt --no-sign-request;
-                                    * also CKPTFS_NO_SIGN_REQUEST=1): a public bucket */
+                                    * also CKPTFS_NO_SIGN_REQUEST=1): a public bucket; what the
+                                    * opener reads to choose authorize (schemes.h) */
 } http_config;
 
 typedef struct http_remote http_remote;
@@ -52,9 +53,10 @@ void http_remote_free(http_remote *r);
 /* How r's requests are made (its CA certificates and tokens): for http_get. */
 const http_client *http_remote_client(const http_remote *r);
 
-/* Opens loc through r into *f (see the contract): an http(s) URL, or an s3:// object (s3.h),
- * read at its API URL and named by loc, so that every message about it (its own and a
- * sibling's: ck_source_sibling keeps the scheme) says s3://BUCKET/KEY. what names the file in a
+/* Opens loc through r into *f (see the contract): an http(s) URL, or an object location of a
+ * scheme (schemes.h: s3://), read at the URL its row names and named by loc, so that every
+ * message about it (its own and a sibling's: ck_source_sibling keeps the scheme) says
+ * s3://BUCKET/KEY. what names the file in a
  * failure ("shard"), or NULL. 0, or -1 with err set. */
 int http_open(http_remote *r, const char *loc, const char *what, ck_file *f, ck_error *err);
 

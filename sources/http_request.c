@@ -19,7 +19,7 @@
 
 int http_is_url(const char *loc)
 {
-    return ck_location_scheme(loc) == CK_SCHEME_HTTP;
+    return ck_location_is_http(loc);
 }
 
 /* A decimal number of at most 19 digits at *p, advancing; -1 when there is none. */
@@ -214,7 +214,7 @@ typedef struct reply {
     size_t cap, got;
     char **grow;        /* http_get: a growing buffer instead (cap is its limit) */
     size_t discarded;
-    char error_body[1024]; /* the start of an error reply's body (an S3 error document) */
+    char error_body[1024]; /* the start of an error reply's body (a scheme's error document) */
     int overflow;       /* the body was longer than asked: aborted */
     long filetime;      /* Last-Modified (seconds since the epoch), -1 when absent */
 } reply;
@@ -288,47 +288,31 @@ static size_t on_body(char *b, size_t size, size_t n, void *ctx)
 /* How an attempt ended. */
 enum outcome { DONE, RETRY, FAIL };
 
-/* What to check after an S3 error code a user can fix (what follows "check "); NULL for the
- * others. */
-static const char *s3_error_cause(const char *code, size_t n)
+/* An error reply's status for a message: "403", or with what the client's explain makes of its
+ * body "403 (AccessDenied)". */
+static void error_status(const http_client *c, const reply *r, char *out, size_t cap)
 {
-    static const struct { const char *code, *cause; } causes[] = {
-        {"SignatureDoesNotMatch", "the secret key, the region and this machine's clock"},
-        {"RequestTimeTooSkewed", "this machine's clock"},
-        {"AuthorizationHeaderMalformed", "the region (AWS_REGION): it is not the bucket's"},
-        {"InvalidAccessKeyId", "the access key: this endpoint has no such key"},
-        {"ExpiredToken", "the credentials: their session token has expired"}};
-    for (size_t i = 0; i < sizeof causes / sizeof *causes; i++)
-        if (strlen(causes[i].code) == n && strncmp(causes[i].code, code, n) == 0)
-            return causes[i].cause;
-    return NULL;
-}
-
-/* An error reply's status for a message: "403", or with an S3 error document's code
- * "403 (AccessDenied)", and what fixes it where that is likely ("403 (SignatureDoesNotMatch:
- * check the secret key, ...)"); the code's characters checked (it comes from the server). */
-static void error_status(const reply *r, char *out, size_t cap)
-{
-    const char *code = strstr(r->error_body, "<Code>");
-    size_t n = code ? strspn(code + 6, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.")
-                    : 0;
-    const char *cause = code ? s3_error_cause(code + 6, n) : NULL;
-    if (code && n && n < 64 && strncmp(code + 6 + n, "</Code>", 7) == 0)
-        snprintf(out, cap, "%ld (%.*s%s%s)", r->status, (int)n, code + 6,
-                 cause ? ": check " : "", cause ? cause : "");
+    char said[128];
+    if (c->explain && c->explain(r->error_body, said, sizeof said))
+        snprintf(out, cap, "%ld (%s)", r->status, said);
     else
         snprintf(out, cap, "%ld", r->status);
 }
 
-/* Performs one request on h for url, with headers hs, signed with sig when not NULL; the reply
- * in *r. */
-static CURLcode perform(CURL *h, const char *url, const char *method, struct curl_slist *hs,
-                        reply *r, double left, const char *cacert, const http_sigv4 *sig)
+/* Performs one request on h for url (a POST of form when not NULL), with headers hs, signed
+ * with sig when not NULL; the reply in *r. */
+static CURLcode perform(CURL *h, const char *url, const char *method, const char *form,
+                        struct curl_slist *hs, reply *r, double left, const char *cacert,
+                        const http_sigv4 *sig)
 {
     cu.easy_reset(h);
     cu.easy_setopt(h, CURLOPT_URL, url);
     if (method)
         cu.easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (form) {
+        cu.easy_setopt(h, CURLOPT_POSTFIELDS, form);
+        cu.easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(form));
+    }
     cu.easy_setopt(h, CURLOPT_HTTPHEADER, hs);
     cu.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L); /* followed here, without Authorization */
     cu.easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -415,7 +399,8 @@ typedef struct request {
     const http_client *client;
     http_target *o;
     const char *url;          /* the object's URL */
-    const char *method;       /* NULL: GET */
+    const char *method;       /* NULL: GET (or POST with form) */
+    const char *form;         /* a POST's urlencoded body, or NULL */
     const char *const *extra; /* more headers, NULL-terminated, or NULL */
     double budget_s;          /* 0: CKPTFS_HTTP_BUDGET or HTTP_BUDGET_S */
     uint64_t first, last;     /* the range; last < first: the whole document */
@@ -445,9 +430,9 @@ static void wipe_headers(struct curl_slist *hs)
     cu.slist_free_all(hs);
 }
 
-/* The headers of a request of q to url: range, validator, and the token only for its origin
- * (a bearer token, or with sig the session token of a SigV4 signature). */
-static struct curl_slist *headers(const request *q, const char *url, const http_sigv4 *sig)
+/* The headers of a request of q to url: range, validator, and auth's (given only for its
+ * origin: a bearer token, or a SigV4 signature's session token). */
+static struct curl_slist *headers(const request *q, const char *url, const http_auth *auth)
 {
     char line[512];
     struct curl_slist *hs = NULL;
@@ -463,17 +448,14 @@ static struct curl_slist *headers(const request *q, const char *url, const http_
         snprintf(line, sizeof line, "If-Unmodified-Since: %s", q->o->since);
         hs = cu.slist_append(hs, line);
     }
-    http_token_fn token_for = q->client->token_for;
-    char *auth = token_for && http_same_origin(url, q->url) ? token_for(q->url) : NULL;
-    if (auth) {
+    const http_sigv4 *sig = auth->sigv4 ? &auth->sig : NULL;
+    if (auth->bearer) {
         char *a = NULL;
-        if (asprintf(&a, "Authorization: Bearer %s", auth) >= 0) {
+        if (asprintf(&a, "Authorization: Bearer %s", auth->bearer) >= 0) {
             hs = cu.slist_append(hs, a);
             memset(a, 0, strlen(a));
             free(a);
         }
-        memset(auth, 0, strlen(auth));
-        free(auth);
     }
     if (sig) /* S3 wants the payload's hash signed, which libcurl 7.88 does not add itself */
         hs = cu.slist_append(hs, "x-amz-content-sha256: " EMPTY_SHA256);
@@ -489,6 +471,16 @@ static struct curl_slist *headers(const request *q, const char *url, const http_
         hs = cu.slist_append(hs, *x); /* the caller's credentials too: its origin's alone */
     hs = cu.slist_append(hs, "Accept-Encoding: identity");
     return hs;
+}
+
+/* Wipes and frees what authorised a request. */
+static void wipe_auth(http_auth *a)
+{
+    if (a->bearer) {
+        memset(a->bearer, 0, strlen(a->bearer));
+        free(a->bearer);
+    }
+    memset(a, 0, sizeof *a);
 }
 
 /* Whether every header line is one line: a token or key with CR or LF in it would add
@@ -550,27 +542,27 @@ static enum outcome attempt(request *q, CURL *h, double left)
             out = fail(q, -EIO, "more than %s redirects", "10");
             break;
         }
-        http_sigv4 sig;
-        int how = q->client->sign_for && http_same_origin(url, q->url)
-                      ? q->client->sign_for(q->url, &sig) : 0, signed_here = how == 1;
+        http_auth auth = {0};
+        int how = q->client->authorize && http_same_origin(url, q->url)
+                      ? q->client->authorize(q->url, &auth) : 0;
         if (how < 0) {
-            out = fail(q, -EACCES, "%s", sig.error);
-            memset(&sig, 0, sizeof sig);
+            out = fail(q, -EACCES, "%s", auth.error);
+            wipe_auth(&auth);
             break;
         }
-        struct curl_slist *hs = headers(q, url, signed_here ? &sig : NULL);
+        struct curl_slist *hs = headers(q, url, &auth);
         if (!one_line_each(hs) ||
-            (signed_here && strpbrk(sig.access_key, "\r\n"))) { /* libcurl writes it in one */
+            (auth.sigv4 && strpbrk(auth.sig.access_key, "\r\n"))) { /* libcurl writes it in one */
             wipe_headers(hs);
-            memset(&sig, 0, sizeof sig);
+            wipe_auth(&auth);
             out = fail(q, -EACCES, "%s", "a token or key holds a line break");
             break;
         }
         q->r = (reply){.dst = q->r.dst, .cap = q->r.cap, .grow = q->r.grow};
-        CURLcode c = perform(h, url, q->method, hs, &q->r, left, q->client->cacert,
-                             signed_here ? &sig : NULL);
+        CURLcode c = perform(h, url, q->method, q->form, hs, &q->r, left, q->client->cacert,
+                             auth.sigv4 ? &auth.sig : NULL);
         wipe_headers(hs);
-        memset(&sig, 0, sizeof sig);
+        wipe_auth(&auth);
         cu.easy_getinfo(h, CURLINFO_FILETIME, &q->r.filetime);
         if (o) {
             atomic_fetch_add(&o->requests, 1);
@@ -587,7 +579,7 @@ static enum outcome attempt(request *q, CURL *h, double left)
                       : (fail(q, -EIO, "%s", cu.easy_strerror(c)), RETRY);
         } else if (st >= 300 && st < 400 && st != 304 && q->no_redirects) {
             char s[160];
-            error_status(&q->r, s, sizeof s);
+            error_status(q->client, &q->r, s, sizeof s);
             out = fail(q, -EIO, "HTTP %s: a redirect, which a credential request never follows",
                        s);
         } else if (st >= 300 && st < 400 && st != 304) {
@@ -611,7 +603,7 @@ static enum outcome attempt(request *q, CURL *h, double left)
                       : fail(q, -EIO, "%s", "416 Range Not Satisfiable");
         } else if (st == 429 || st >= 500) {
             char s[160];
-            error_status(&q->r, s, sizeof s);
+            error_status(q->client, &q->r, s, sizeof s);
             fail(q, -EIO, "HTTP %s", s);
             out = RETRY;
         } else if (cached && st >= 400) { /* the redirect's target expired: from the start */
@@ -624,7 +616,7 @@ static enum outcome attempt(request *q, CURL *h, double left)
             out = check_body(q);
         } else {
             char s[160];
-            error_status(&q->r, s, sizeof s);
+            error_status(q->client, &q->r, s, sizeof s);
             out = fail(q, st == 404 || st == 410 ? -ENOENT : st == 401 || st == 403 ? -EACCES
                                                                                  : -EIO,
                        "HTTP %s", s);
@@ -799,7 +791,8 @@ int http_request_doc(const http_client *c, const char *url, const http_doc_reque
     *body = NULL;
     if (have_curl(shown, err))
         return -1;
-    request q = {.client = c, .url = url, .method = how->method, .extra = how->headers,
+    request q = {.client = c, .url = url, .method = how->method, .form = how->form,
+                 .extra = how->headers,
                  .tries = how->tries, .budget_s = how->budget_s, .first = 1, .last = 0,
                  .no_redirects = how->no_redirects,
                  .r = {.grow = body, .cap = max}};

@@ -14,14 +14,14 @@
  *    (CKPTFS_HTTP_TRIES, CKPTFS_HTTP_BUDGET override both), then -EIO. At most
  *    HTTP_CONNECTIONS requests of one target are in flight; their connections are kept.
  *  - Redirects (http and https only, at most HTTP_MAX_REDIRECTS) are followed here, not by
- *    libcurl: every credential (the client's token_for, its sign_for's SigV4 signature and
- *    session token, the caller's own headers of http_request_doc) goes only to the origin of
+ *    libcurl: every credential (the client's authorize: a bearer token, a SigV4 signature and
+ *    session token; the caller's own headers of http_request_doc) goes only to the origin of
  *    the URL it is for, never to another origin a redirect names; origins are compared as
  *    libcurl parses URLs (http_url_parse), never as strings. A request with no_redirects
  *    follows none. A header line holding CR or LF is never sent (the request fails). A token
  *    or key is never put in a message.
- *  - An error reply's body is read up to MAX_DISCARD bytes; an S3 error document's <Code>
- *    (NoSuchKey, AccessDenied, SignatureDoesNotMatch...) is put in the failure's message.
+ *  - An error reply's body is read up to MAX_DISCARD bytes; what the client's explain makes of
+ *    it (an S3 error document's <Code>...) is put in the failure's message.
  *  - TLS is verified against the system store, or the client's cacert (else CKPTFS_CACERT).
  *    Nothing turns verification off.
  *  - libcurl is loaded (dlopen, once per process, never unloaded) on the first request, so a
@@ -42,11 +42,6 @@
 #define HTTP_BUDGET_S 60.0
 #define HTTP_MAX_REDIRECTS 10u
 
-/* Where a request finds its bearer token: fn(url) returns the token for url (malloc'ed; wiped
- * and freed after use), or NULL for none. The transport knows no credential: the opener hands
- * it one (open.c: hub_token_for). */
-typedef char *(*http_token_fn)(const char *url);
-
 /* What a request to an S3 API is signed with: AWS Signature Version 4, computed by libcurl
  * itself (CURLOPT_AWS_SIGV4, service s3), with a session token for temporary credentials. */
 typedef struct http_sigv4 {
@@ -54,21 +49,36 @@ typedef struct http_sigv4 {
     char secret_key[256];
     char session_token[4096]; /* "" for long-term keys */
     char region[64];
-    char error[sizeof(ck_error) + 128]; /* why, when sign_for returns -1 */
+    char error[sizeof(ck_error) + 128]; /* why, when credentials could not be had */
 } http_sigv4;
 
-/* Where a request finds how to sign: fn(url, out) fills *out and returns 1 when requests to
- * url's origin are signed, 0 when they go unsigned, -1 when credentials should be there and
- * could not be had (out->error says why: the request fails with it). The transport wipes *out
- * after use, and signs only requests to the origin of the URL it was asked for (never a
- * redirect's). */
-typedef int (*http_sign_fn)(const char *url, http_sigv4 *out);
+/* What authorises a request: a bearer token ("Authorization: Bearer"), or a SigV4 signature. */
+typedef struct http_auth {
+    char *bearer; /* malloc'ed, or NULL */
+    int sigv4;    /* 1: signed with sig */
+    http_sigv4 sig;
+    char error[sizeof(ck_error) + 128]; /* why, when the hook returns -1 */
+} http_auth;
 
-/* How requests are made: each may be NULL (the system store; no token; unsigned). Borrowed. */
+/* Where a request finds its authorisation: fn(url, out) fills *out (zeroed by the caller) and
+ * returns 1 when requests to url are authorised, 0 when they go without, -1 when credentials
+ * should be there and could not be had (out->error says why, without a secret: the request
+ * fails with it). The transport knows no credential and no scheme: the opener hands it the
+ * schemes' table (schemes.h). It asks only for the URL a request was made for, only when the
+ * request goes to that URL's origin (never a redirect's), and wipes *out after use. */
+typedef int (*http_auth_fn)(const char *url, http_auth *out);
+
+/* What an error reply's body (NUL-terminated, its first bytes) says in a scheme's own words,
+ * into out (cap bytes: "AccessDenied", "SignatureDoesNotMatch: check the secret key..."): 1,
+ * or 0 when it says nothing the hook knows. The body comes from the server: out is checked. */
+typedef int (*http_explain_fn)(const char *body, char *out, size_t cap);
+
+/* How requests are made: each may be NULL (the system store; no credential; statuses alone).
+ * Borrowed. */
 typedef struct http_client {
     const char *cacert;      /* a PEM file of CA certificates */
-    http_token_fn token_for;
-    http_sign_fn sign_for;
+    http_auth_fn authorize;
+    http_explain_fn explain;
 } http_client;
 
 typedef struct http_target http_target;
@@ -104,9 +114,10 @@ void http_target_stats(const http_target *t, uint64_t *requests, uint64_t *bytes
  * *body (malloc'ed, NUL-terminated, *len bytes). 0, or -1 with err set. */
 int http_get(const http_client *c, const char *url, size_t max, char **body, size_t *len,
              ck_error *err);
-/* How http_request_doc asks: the credential endpoints' ways (s3.c). */
+/* How http_request_doc asks: the credential endpoints' ways (s3.c, gcs.c). */
 typedef struct http_doc_request {
-    const char *method;         /* NULL: GET; "PUT": without a body */
+    const char *method;         /* NULL: GET (POST with form); "PUT": without a body */
+    const char *form;           /* a POST's application/x-www-form-urlencoded body, or NULL */
     const char *const *headers; /* "Name: value" lines, NULL-terminated, or NULL */
     unsigned tries;             /* 0: as configured (HTTP_TRIES) */
     double budget_s;            /* 0: as configured (HTTP_BUDGET_S); also bounds the connect */

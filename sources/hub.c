@@ -1,7 +1,6 @@
 /* hub.c — hf:// locations: resolve URLs, the revision API, the token (hub.h). */
 #include "hub.h"
 #include "http_request.h"
-#include "../base/location.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -9,11 +8,12 @@
 #include <string.h>
 
 #define HUB_DEFAULT_ENDPOINT "https://huggingface.co"
+#define PREFIX_LEN 5 /* "hf://" */
 #define HUB_MAX_API (16u << 20) /* a revision answer: the siblings of a large repository */
 
 int hub_is_url(const char *loc)
 {
-    return ck_location_scheme(loc) == CK_SCHEME_HUB;
+    return strncmp(loc, "hf://", PREFIX_LEN) == 0;
 }
 
 /* Whether s[0..n) is a name the Hub allows for an organisation, repository or path segment. */
@@ -31,7 +31,7 @@ static int plain_segment(const char *s, size_t n)
 int hub_parse(const char *loc, hub_ref *r, ck_error *err)
 {
     *r = (hub_ref){0};
-    const char *p = loc + CK_HUB_SCHEME_LEN;
+    const char *p = loc + PREFIX_LEN;
     size_t org = strcspn(p, "/");
     const char *name = p + org + (p[org] == '/');
     size_t repo = strcspn(name, "/@");
@@ -188,7 +188,7 @@ static int revision_info(const http_client *c, const hub_ref *r, const char *loc
 /* The repository's files at r's revision, pinned to the commit the Hub reports: their names,
  * resolved beside the commit's resolve URL of "". */
 static int locate_repository(const http_client *c, const hub_ref *r, const char *loc,
-                             hub_target *t, ck_error *err)
+                             ck_located *t, ck_error *err)
 {
     cJSON *root = NULL;
     const char *sha = NULL;
@@ -207,16 +207,16 @@ static int locate_repository(const http_client *c, const hub_ref *r, const char 
     }
     cJSON_Delete(root);
     if (rc) {
-        hub_target_free(t);
+        ck_located_free(t);
         return ck_fail(err, loc, "out of memory");
     }
     return 0;
 }
 
-int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err)
+int hub_locate(const http_client *c, const char *loc, ck_located *t, ck_error *err)
 {
     hub_ref r;
-    *t = (hub_target){0};
+    *t = (ck_located){0};
     if (hub_parse(loc, &r, err))
         return -1;
     if (!r.path[0])
@@ -232,11 +232,26 @@ int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *e
     return t->url ? 0 : ck_fail(err, loc, "out of memory");
 }
 
-void hub_target_free(hub_target *t)
+/* The resolve URL a file location is read at (hub_locate's); a repository is no file. */
+static char *object_url(const http_client *c, const char *loc, ck_error *err)
 {
-    for (size_t i = 0; i < t->n; i++)
-        free(t->names[i]);
-    free(t->names);
-    free(t->url);
-    *t = (hub_target){0};
+    ck_located t;
+    if (hub_locate(c, loc, &t, err))
+        return NULL;
+    char *url = t.dir ? NULL : t.url;
+    if (t.dir)
+        ck_fail(err, loc, "a repository, not a file");
+    else
+        t.url = NULL;
+    ck_located_free(&t);
+    return url;
 }
+
+static int authorize(const char *url, http_auth *out)
+{
+    out->bearer = hub_token_for(url);
+    return out->bearer ? 1 : 0;
+}
+
+const ck_scheme hub_scheme = {.name = "hf", .is = hub_is_url, .object_url = object_url,
+                              .locate = hub_locate, .authorize = authorize};

@@ -12,8 +12,7 @@
  *  - The endpoint is HF_ENDPOINT (default https://huggingface.co), as huggingface_hub reads it.
  *    The token is HF_TOKEN, else the file huggingface_hub writes: $HF_TOKEN_PATH, else
  *    $HF_HOME/token, else $XDG_CACHE_HOME/huggingface/token, else ~/.cache/huggingface/token.
- *    It is sent only to the endpoint's origin (the opener hands hub_token_for to the transport:
- *    http_config's token_for), never printed.
+ *    It is sent only to the endpoint's origin (hub_scheme's authorize), never printed.
  *  - Names are checked: ORG and REPO of [A-Za-z0-9._-] (not "." or ".."), a PATH of such
  *    segments separated by '/', none empty, "." or "..".
  */
@@ -24,6 +23,7 @@
 
 #include "../base/error.h"
 #include "http_request.h"
+#include "scheme.h"
 
 typedef struct hub_ref {
     char repo[256];     /* ORG/REPO */
@@ -49,19 +49,12 @@ char *hub_token_for(const char *url);
 /* The resolve URL of path in repo at revision (malloc'ed; the revision percent-encoded). */
 char *hub_resolve_url(const char *repo, const char *revision, const char *path);
 
-/* What a remote location resolves to: one file (dir 0: url), or a directory (a repository, an
- * s3:// prefix: dir 1): its files' names, each resolved beside url (which ends in '/'). Which
- * of them make the checkpoint is the opener's choice (checkpoint/choose.h). */
-typedef struct hub_target {
-    char *url;
-    char **names; /* malloc'ed, n of them */
-    size_t n;
-    int dir;
-} hub_target;
+/* Resolves loc into *t, asking the revision API through c: a file's resolve URL, or a
+ * repository's files beside the commit's resolve URL of "". 0, or -1 with err set and *t
+ * empty. */
+int hub_locate(const http_client *c, const char *loc, ck_located *t, ck_error *err);
 
-/* Resolves loc into *t (hub_target_free releases it), asking the revision API through c.
- * 0, or -1 with err set and *t empty. */
-int hub_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err);
-void hub_target_free(hub_target *t);
+/* The hf:// row of the schemes' table (schemes.h). */
+extern const ck_scheme hub_scheme;
 
 #endif

@@ -1,6 +1,5 @@
 /* s3.c — s3:// sources (s3.h). */
 #include "s3.h"
-#include "../base/location.h"
 
 #include <arpa/inet.h>
 #include <pthread.h>
@@ -17,31 +16,16 @@
 #define S3_MAX_CREDENTIALS (64u << 10) /* a credential endpoint's answer */
 #define REFRESH_MARGIN_S 300            /* temporary credentials are renewed this early */
 
+#define PREFIX_LEN 5 /* "s3://" */
+
 int s3_is_url(const char *loc)
 {
-    return ck_location_scheme(loc) == CK_SCHEME_S3;
-}
-
-/* Whether key (len bytes) has a segment that is "", "." or ".." before its end (a prefix's
- * trailing '/' is no empty segment). */
-static int bad_segments(const char *key, size_t len)
-{
-    for (size_t at = 0; at < len;) {
-        size_t n = strcspn(key + at, "/");
-        if (n > len - at)
-            n = len - at;
-        int last = at + n >= len;
-        if ((n == 0 && !last) || (n == 1 && key[at] == '.') ||
-            (n == 2 && key[at] == '.' && key[at + 1] == '.'))
-            return 1;
-        at += n + 1;
-    }
-    return 0;
+    return strncmp(loc, "s3://", PREFIX_LEN) == 0;
 }
 
 int s3_parse(const char *loc, s3_ref *r, ck_error *err)
 {
-    const char *b = loc + CK_S3_SCHEME_LEN;
+    const char *b = loc + PREFIX_LEN;
     size_t blen = strcspn(b, "/");
     const char *key = b[blen] == '/' ? b + blen + 1 : b + blen;
     *r = (s3_ref){0};
@@ -49,7 +33,7 @@ int s3_parse(const char *loc, s3_ref *r, ck_error *err)
         return ck_fail(err, loc, "not an s3:// location");
     if (blen < 3 || blen > 63 || strspn(b, "abcdefghijklmnopqrstuvwxyz0123456789.-") < blen)
         return ck_fail(err, loc, "the bucket name must be 3 to 63 of a-z, 0-9, '.' and '-'");
-    if (strlen(key) >= sizeof r->key || bad_segments(key, strlen(key)) || strchr(key, '?') ||
+    if (strlen(key) >= sizeof r->key || ck_bad_segments(key, strlen(key)) || strchr(key, '?') ||
         strchr(key, '#'))
         return ck_fail(err, loc, "the key must have no empty, '.' or '..' segments, '?' or '#', "
                        "and be under %zu bytes", sizeof r->key);
@@ -172,7 +156,6 @@ static void custom_endpoint(char *out, size_t cap)
 
 static int next_element(const char **at, const char *end, const char *tag, const char **text,
                         size_t *len);
-static int encode(const char *s, int keep_slash, char *out, size_t cap, size_t *at);
 
 /* --- temporary credentials from an endpoint (web identity through STS, a container's) ------- */
 
@@ -360,11 +343,11 @@ static int from_web_identity(http_sigv4 *out, time_t *expires, char *source, siz
     int fits = token && snprintf(url, sizeof url, "%s/?Action=AssumeRoleWithWebIdentity"
                                  "&DurationSeconds=3600&RoleArn=", sts) > 0;
     at = strlen(url);
-    fits = fits && encode(role, 0, url, sizeof url, &at) == 0 &&
+    fits = fits && ck_url_encode(role, 0, url, sizeof url, &at) == 0 &&
            snprintf(url + at, sizeof url - at, "&RoleSessionName=") > 0 &&
-           (at = strlen(url), encode(session, 0, url, sizeof url, &at) == 0) &&
+           (at = strlen(url), ck_url_encode(session, 0, url, sizeof url, &at) == 0) &&
            snprintf(url + at, sizeof url - at, "&Version=2011-06-15&WebIdentityToken=") > 0 &&
-           (at = strlen(url), encode(token, 0, url, sizeof url, &at) == 0);
+           (at = strlen(url), ck_url_encode(token, 0, url, sizeof url, &at) == 0);
     ck_error err;
     http_doc_request get = {.no_redirects = 1};
     int rc = fits ? http_request_doc(&(http_client){0}, url, &get, S3_MAX_CREDENTIALS, &body,
@@ -520,22 +503,6 @@ static int credentials(http_sigv4 *out)
 
 /* --- URLs -------------------------------------------------------------------------------------- */
 
-/* s with every byte but RFC 3986's unreserved ones (and '/' when keep_slash) as %XX, appended
- * to out at *at (cap bytes); 0, or -1 when it does not fit. */
-static int encode(const char *s, int keep_slash, char *out, size_t cap, size_t *at)
-{
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        int plain = (*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') ||
-                    (*c >= '0' && *c <= '9') || strchr("-._~", *c) || (keep_slash && *c == '/');
-        int n = plain ? snprintf(out + *at, cap - *at, "%c", *c)
-                      : snprintf(out + *at, cap - *at, "%%%02X", *c);
-        if (n < 0 || (size_t)n >= cap - *at)
-            return -1;
-        *at += (size_t)n;
-    }
-    return 0;
-}
-
 /* The URL of the bucket's root ("https://B.s3.R.amazonaws.com/", "{endpoint}/B/") into out. */
 static int bucket_url(const char *bucket, char *out, size_t cap)
 {
@@ -557,7 +524,7 @@ char *s3_object_url(const char *bucket, const char *key)
     if (bucket_url(bucket, url, sizeof url) != 0)
         return NULL;
     at = strlen(url);
-    return encode(key, 1, url, sizeof url, &at) == 0 ? strdup(url) : NULL;
+    return ck_url_encode(key, 1, url, sizeof url, &at) == 0 ? strdup(url) : NULL;
 }
 
 /* Whether host (len bytes) is one of AWS's S3 hosts for region: s3.R.amazonaws.com or
@@ -691,30 +658,7 @@ static char *xml_text(const char *text, size_t len)
     return out;
 }
 
-void s3_listing_free(s3_listing *l)
-{
-    for (size_t i = 0; i < l->n; i++)
-        free(l->names[i]);
-    free(l->names);
-    *l = (s3_listing){0};
-}
-
-/* Keeps name (malloc'ed, the prefix cut off) in l; 0, or -1 when memory runs out. */
-static int keep_name(s3_listing *l, char *name)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 64;
-        char **grown = realloc(l->names, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        l->names = grown;
-        l->cap = cap;
-    }
-    l->names[l->n++] = name;
-    return 0;
-}
-
-int s3_parse_listing(const char *xml, size_t xlen, const char *prefix, s3_listing *l,
+int s3_parse_listing(const char *xml, size_t xlen, const char *prefix, ck_listing *l,
                      char **token, const char *what, ck_error *err)
 {
     const char *at = xml, *end = xml + xlen, *text, *key;
@@ -743,7 +687,7 @@ int s3_parse_listing(const char *xml, size_t xlen, const char *prefix, s3_listin
             return ck_fail(err, what, "lists more than %u MiB of object names",
                            S3_MAX_NAME_BYTES >> 20);
         }
-        if (keep_name(l, name) != 0) {
+        if (ck_listing_add(l, name) != 0) {
             free(name);
             return ck_fail(err, what, "out of memory");
         }
@@ -760,58 +704,29 @@ int s3_parse_listing(const char *xml, size_t xlen, const char *prefix, s3_listin
     return 0;
 }
 
-/* Every object name directly under r's prefix, listed page by page through c into l; a
- * failure said of loc (the s3:// location as the user gave it), never of the API's URL. */
-static int list_prefix(const http_client *c, const s3_ref *r, const char *loc, s3_listing *l,
-                       ck_error *err)
+/* The URL of a ListObjectsV2 page of the prefix ctx (an s3_ref) names (ck_pager's page_url):
+ * the query in SigV4's canonical form (names sorted, values encoded), as libcurl signs it as
+ * written. */
+static int page_url(const void *ctx, const char *token, char *url, size_t cap)
 {
-    char *token = NULL, url[16384];
-    size_t total = 0;
-    int rc = 0;
-    for (unsigned page = 0; rc == 0; page++) {
-        size_t at;
-        if (page == S3_MAX_PAGES) {
-            rc = ck_fail(err, loc, "lists more than %d pages of objects", S3_MAX_PAGES);
-            break;
-        }
-        if (bucket_url(r->bucket, url, sizeof url) != 0) {
-            rc = ck_fail(err, loc, "the bucket's URL is too long");
-            break;
-        }
-        /* The query in SigV4's canonical form (names sorted, values encoded): libcurl signs
-         * it as written. */
-        at = strlen(url);
-        int fits = snprintf(url + at, sizeof url - at, "?%s", token ? "continuation-token=" : "")
-                   > 0;
-        at = strlen(url);
-        fits = fits && (!token || encode(token, 0, url, sizeof url, &at) == 0) &&
-               snprintf(url + at, sizeof url - at, "%sdelimiter=%%2F&list-type=2&prefix=",
-                        token ? "&" : "") > 0;
-        at = strlen(url);
-        if (!fits || encode(r->key, 0, url, sizeof url, &at) != 0) {
-            rc = ck_fail(err, loc, "the listing's URL is too long");
-            break;
-        }
-        free(token);
-        token = NULL;
-        char *body = NULL;
-        size_t len = 0;
-        rc = http_get(c, url, S3_MAX_LISTING, &body, &len, err);
-        if (rc != 0) {
-            char why[sizeof err->msg];
-            snprintf(why, sizeof why, "%s", ck_error_detail(err, url));
-            rc = ck_fail(err, loc, "cannot list it (page %u): %s", page + 1, why);
-        } else if ((total += len) > S3_MAX_LISTING_TOTAL) {
-            rc = ck_fail(err, loc, "its listing is over %u MiB", S3_MAX_LISTING_TOTAL >> 20);
-        } else {
-            rc = s3_parse_listing(body, len, r->key, l, &token, loc, err);
-        }
-        free(body);
-        if (rc == 0 && !token)
-            break;
-    }
-    free(token);
-    return rc;
+    const s3_ref *r = ctx;
+    size_t at;
+    if (bucket_url(r->bucket, url, cap) != 0)
+        return -1;
+    at = strlen(url);
+    int fits = snprintf(url + at, cap - at, "?%s", token ? "continuation-token=" : "") > 0;
+    at = strlen(url);
+    fits = fits && (!token || ck_url_encode(token, 0, url, cap, &at) == 0) &&
+           snprintf(url + at, cap - at, "%sdelimiter=%%2F&list-type=2&prefix=",
+                    token ? "&" : "") > 0;
+    at = strlen(url);
+    return fits && ck_url_encode(r->key, 0, url, cap, &at) == 0 ? 0 : -1;
+}
+
+static int parse_page(const void *ctx, const char *body, size_t len, ck_listing *l,
+                      char **token, const char *loc, ck_error *err)
+{
+    return s3_parse_listing(body, len, ((const s3_ref *)ctx)->key, l, token, loc, err);
 }
 
 /* The s3:// location of key in bucket, malloc'ed, or NULL: what the target names, so that a
@@ -822,10 +737,10 @@ static char *object_location(const char *bucket, const char *key)
     return asprintf(&out, "s3://%s/%s", bucket, key) < 0 ? NULL : out;
 }
 
-int s3_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err)
+int s3_locate(const http_client *c, const char *loc, ck_located *t, ck_error *err)
 {
     s3_ref r;
-    *t = (hub_target){0};
+    *t = (ck_located){0};
     if (s3_parse(loc, &r, err))
         return -1;
     size_t klen = strlen(r.key);
@@ -835,13 +750,66 @@ int s3_locate(const http_client *c, const char *loc, hub_target *t, ck_error *er
         return ck_fail(err, loc, "out of memory");
     if (!t->dir) /* one object */
         return 0;
-    s3_listing l = {0};
-    if (list_prefix(c, &r, loc, &l, err)) {
-        s3_listing_free(&l);
-        hub_target_free(t);
-        return -1;
-    }
-    t->names = l.names; /* the target takes them */
-    t->n = l.n;
-    return 0;
+    ck_pager pager = {.max_pages = S3_MAX_PAGES, .max_page = S3_MAX_LISTING,
+                      .max_total = S3_MAX_LISTING_TOTAL, .ctx = &r, .page_url = page_url,
+                      .parse = parse_page};
+    return ck_list(c, loc, &pager, t, err);
 }
+
+/* The API URL an s3:// object location is read at. */
+static char *object_url(const http_client *c, const char *loc, ck_error *err)
+{
+    (void)c;
+    s3_ref r;
+    if (s3_parse(loc, &r, err))
+        return NULL;
+    char *url = s3_object_url(r.bucket, r.key);
+    if (!url)
+        ck_fail(err, loc, "out of memory");
+    return url;
+}
+
+static int authorize(const char *url, http_auth *out)
+{
+    int rc = s3_sign_for(url, &out->sig);
+    out->sigv4 = rc == 1;
+    if (rc < 0)
+        snprintf(out->error, sizeof out->error, "%s", out->sig.error);
+    return rc;
+}
+
+/* What to check after an S3 error code a user can fix (what follows "check "); NULL for the
+ * others. */
+static const char *error_cause(const char *code, size_t n)
+{
+    static const struct { const char *code, *cause; } causes[] = {
+        {"SignatureDoesNotMatch", "the secret key, the region and this machine's clock"},
+        {"RequestTimeTooSkewed", "this machine's clock"},
+        {"AuthorizationHeaderMalformed", "the region (AWS_REGION): it is not the bucket's"},
+        {"InvalidAccessKeyId", "the access key: this endpoint has no such key"},
+        {"ExpiredToken", "the credentials: their session token has expired"}};
+    for (size_t i = 0; i < sizeof causes / sizeof *causes; i++)
+        if (strlen(causes[i].code) == n && strncmp(causes[i].code, code, n) == 0)
+            return causes[i].cause;
+    return NULL;
+}
+
+/* An S3 error document's <Code> (its characters checked), and what fixes it where that is
+ * likely ("SignatureDoesNotMatch: check the secret key, ..."). */
+static int explain(const char *body, char *out, size_t cap)
+{
+    const char *code = strstr(body, "<Code>");
+    if (!code)
+        return 0;
+    code += 6;
+    size_t n = strspn(code, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.");
+    if (!n || n >= 64 || strncmp(code + n, "</Code>", 7) != 0)
+        return 0;
+    const char *cause = error_cause(code, n);
+    snprintf(out, cap, "%.*s%s%s", (int)n, code, cause ? ": check " : "", cause ? cause : "");
+    return 1;
+}
+
+const ck_scheme s3_scheme = {.name = "s3", .is = s3_is_url, .object_url = object_url,
+                             .locate = s3_locate, .authorize = authorize,
+                             .anonymous_unsigned = 1, .explain = explain};

@@ -24,7 +24,7 @@
  *    for each request (refreshed files are picked up); an endpoint's temporary credentials
  *    are kept, process-wide, until REFRESH_MARGIN_S before they expire, then asked again.
  *    None found: requests go unsigned (a public bucket). They go only to the endpoint's origin
- *    (the transport's sign_for), never into a message. Last, EC2 instance metadata (IMDSv2: a
+ *    (s3_scheme's authorize), never into a message. Last, EC2 instance metadata (IMDSv2: a
  *    session token, then the role's credentials; AWS_EC2_METADATA_SERVICE_ENDPOINT,
  *    AWS_EC2_METADATA_DISABLED), asked with a 1 s budget and, when nothing answers (not on
  *    EC2), not again for 15 minutes.
@@ -39,15 +39,15 @@
 
 #include "../base/error.h"
 #include "http_request.h"
-#include "hub.h"
+#include "scheme.h"
 
 /* A listing's bounds, checked as its pages arrive (SEMANTICS.md's limits table): S3 answers
  * at most 1,000 keys a page. */
 #define S3_MAX_PAGES 100                    /* 100,000 keys at S3's 1,000 a page */
 #define S3_MAX_KEYS 100000u                 /* objects listed, every page's together */
 #define S3_MAX_LISTING (8u << 20)           /* one page: 1,000 keys of 1 KiB and their fields */
-#define S3_MAX_LISTING_TOTAL (64u << 20)    /* every page: 100,000 keys of ~400 bytes */
-#define S3_MAX_NAME_BYTES (16u << 20)       /* the names kept: 100,000 of ~160 bytes */
+#define S3_MAX_LISTING_TOTAL (64u << 20)    /* every page: S3_MAX_KEYS of 671 bytes */
+#define S3_MAX_NAME_BYTES (16u << 20)       /* the names kept: S3_MAX_KEYS of 167 bytes */
 
 typedef struct s3_ref {
     char bucket[64];
@@ -63,19 +63,9 @@ int s3_parse(const char *loc, s3_ref *r, ck_error *err);
 /* The URL of key in bucket (malloc'ed; the key percent-encoded but for '/'), or NULL. */
 char *s3_object_url(const char *bucket, const char *key);
 
-/* The transport's sign_for (http_request.h): fills *out with the credentials and region when
+/* The row's authorize (scheme.h), for SigV4: fills *out with the credentials and region when
  * url is on the S3 endpoint's origin and credentials are found; 1 then, else 0. */
 int s3_sign_for(const char *url, http_sigv4 *out);
-
-/* What a listing gathered, page by page. */
-typedef struct s3_listing {
-    char **names;      /* directly under the prefix, the prefix cut off (malloc'ed) */
-    size_t n, cap;
-    size_t keys;       /* every object listed so far (S3_MAX_KEYS) */
-    size_t name_bytes; /* of names (S3_MAX_NAME_BYTES) */
-} s3_listing;
-
-void s3_listing_free(s3_listing *l);
 
 /* --- the parsers of what a server sends, for tests and fuzzers ----------------------------- */
 
@@ -83,7 +73,7 @@ void s3_listing_free(s3_listing *l);
  * l, and whether the listing goes on (*token, the NextContinuationToken, malloc'ed, else NULL).
  * Linear in len; the bounds above checked as each key arrives. 0, or -1 with err set (what:
  * the location the user gave). */
-int s3_parse_listing(const char *xml, size_t len, const char *prefix, s3_listing *l,
+int s3_parse_listing(const char *xml, size_t len, const char *prefix, ck_listing *l,
                      char **token, const char *what, ck_error *err);
 
 /* Credentials in the JSON the container endpoint and instance metadata answer with
@@ -102,10 +92,13 @@ int s3_ini_find(char *text, const char *section, const char *key, char *out, siz
  * (cap bytes) set. */
 int s3_container_url_allowed(const char *url, char *why, size_t cap);
 
-/* What loc resolves to, as for hf:// (hub_target): the object, or a prefix's listing (the
- * names directly under it); url an s3:// location (s3://BUCKET/KEY), which ck_source_open
- * reads at its API URL, so that a message about it or a file beside it names the object as the
+/* What loc names (scheme.h): the object, or a prefix's listing (the names directly under it);
+ * url an s3:// location (s3://BUCKET/KEY), which ck_source_open reads at its API URL (the
+ * row's object_url), so that a message about it or a file beside it names the object as the
  * user's location does, never the API's URL. 0, or -1 with err set and *t empty. */
-int s3_locate(const http_client *c, const char *loc, hub_target *t, ck_error *err);
+int s3_locate(const http_client *c, const char *loc, ck_located *t, ck_error *err);
+
+/* The s3:// row of the schemes' table (schemes.h). */
+extern const ck_scheme s3_scheme;
 
 #endif

@@ -140,10 +140,14 @@ int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off)
     return f->ops ? f->ops->pread(f, buf, len, off) : ck_pread(f->fd, buf, len, off);
 }
 
+int ck_file_lends(const ck_file *f)
+{
+    return f->ops && f->ops->hold;
+}
+
 ssize_t ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token)
 {
-    /* A local file's bytes are in the page cache, which only a copy reaches. */
-    return f->ops ? f->ops->hold(f, len, off, ptr, token) : -ENOTSUP;
+    return f->ops->hold(f, len, off, ptr, token);
 }
 
 void ck_file_release(const ck_file *f, void *token)
@@ -201,15 +205,7 @@ static int window_same(const ck_file *f)
     return ck_file_unchanged(((const ck_window *)f->remote)->parent);
 }
 
-static ssize_t window_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
-                           void **token)
-{
-    (void)f, (void)len, (void)off, (void)ptr, (void)token;
-    return -ENOTSUP;
-}
-
-static const ck_source_ops window_ops = {.pread = window_pread, .same = window_same,
-                                         .hold = window_hold};
+static const ck_source_ops window_ops = {.pread = window_pread, .same = window_same};
 
 void ck_window_init(ck_window *w, const ck_file *parent, uint64_t base, uint64_t size)
 {

@@ -19,8 +19,9 @@
  *  - A location is shown only as location.h says (ck_location_shown).
  *  - ck_file_hold lends the bytes at off in place, without a copy, where the source keeps them
  *    in memory (a remote file's cached blocks): the same bytes and checks as ck_file_read, held
- *    until ck_file_release, one piece (a block) at a time. Where it cannot (a local file) it
- *    answers -ENOTSUP, and the caller reads with ck_file_read instead.
+ *    until ck_file_release, one piece (a block) at a time. Whether a file can is a property of
+ *    the file, ck_file_lends, asked before (a local file cannot: its bytes are in the page
+ *    cache, which only a copy reaches), never learnt from a hold that fails.
  *  - Functions taking a const ck_file are safe to call from many threads at once.
  *  - Where a file's tensors begin and end is the index's: ck_open hands it to the file
  *    (ck_file_hint), and a remote file sizes its requests by it.
@@ -53,6 +54,7 @@ typedef struct ck_source_ops {
     void (*stats)(const ck_file *f, uint64_t *requests, uint64_t *bytes);
     /* Where the file's tensors begin and end (see ck_file_hint). */
     void (*hint)(ck_file *f, const uint64_t *bounds, size_t n);
+    /* Lending in place (see ck_file_hold); NULL, both: the bytes cannot be lent. */
     ssize_t (*hold)(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
     void (*release)(const ck_file *f, void *token);
     /* The local file whose bytes these are made from (see ck_file_origin); NULL, or no such
@@ -104,11 +106,13 @@ char *ck_source_sibling(const char *loc, const char *name, ck_error *err);
 /* Reads exactly len bytes at off. 0, or -errno; a file that ends first gives -EIO. */
 int ck_file_read(const ck_file *f, void *buf, size_t len, uint64_t off);
 
-/* Lends the first of the len (> 0) bytes at off in place, as many as one piece of the source
- * holds (a remote file's block; a read of the rest asks again): *ptr points at the count it
- * returns (> 0) of them, exactly what ck_file_read would copy, until ck_file_release(f, *token),
- * which every successful hold needs (before f is closed). -errno as ck_file_read, or -ENOTSUP
- * where the bytes cannot be lent (a local file). */
+/* Whether f's bytes can be lent in place (ck_file_hold): a remote file's, not a local file's. */
+int ck_file_lends(const ck_file *f);
+/* Lends the first of the len (> 0) bytes at off of a file that lends (ck_file_lends) in place,
+ * as many as one piece of the source holds (a remote file's block; a read of the rest asks
+ * again): *ptr points at the count it returns (> 0) of them, exactly what ck_file_read would
+ * copy, until ck_file_release(f, *token), which every successful hold needs (before f is
+ * closed). -errno as ck_file_read. */
 ssize_t ck_file_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr, void **token);
 void ck_file_release(const ck_file *f, void *token);
 

@@ -20,10 +20,10 @@
 #include "outfile.h"
 #include "progress.h"
 
-const char convert_usage[] =
+static const char convert_usage[] =
     "ckpt convert SOURCE OUT [--to safetensors|pack] [--max-shard-size SIZE] [--only P] "
     "[--skip-unsupported] [--keep P] [--drop P] [--force] [-v]";
-const char convert_help[] =
+static const char convert_help[] =
     "Writes SOURCE (any format ckptfs mounts) as OUT, without running anything in it.\n"
     "--to safetensors (the default): one safetensors file whose __metadata__ is {\"format\":\n"
     "\"pt\"} plus SOURCE's metadata, tensors in natural name order. With --max-shard-size SIZE\n"
@@ -59,7 +59,7 @@ typedef struct options {
 
 enum { CONVERT_TO, CONVERT_MAX_SHARD_SIZE, CONVERT_ONLY, CONVERT_SKIP_UNSUPPORTED, CONVERT_KEEP,
        CONVERT_DROP, CONVERT_FORCE, CONVERT_VERBOSE };
-const ck_option convert_options[] = {
+static const ck_option convert_options[] = {
     {"to", "FORMAT", "safetensors (the default) or pack", 0},
     {"max-shard-size", "SIZE", "OUT a directory of Hugging Face shards of at most SIZE (5GB,\n"
                                "500MB decimal; 2GiB binary)", 0},
@@ -386,7 +386,7 @@ static int convert(const ck_index *ix, const options *o)
     return rc;
 }
 
-int cmd_convert(int argc, char **argv, http_remote *remote)
+static int cmd_convert(int argc, char **argv, http_remote *remote)
 {
     options o;
     int rc = parse_args(argc, argv, &o);
@@ -413,3 +413,6 @@ int cmd_convert(int argc, char **argv, http_remote *remote)
     free(file);
     return rc;
 }
+
+const ck_command ckpt_convert = {"convert", convert_usage, convert_help, convert_options,
+                                 cmd_convert};

@@ -410,12 +410,12 @@ static void print_diff_text(const diff_result *d)
 }
 
 enum { DIFF_JSON, DIFF_ONLY };
-const ck_option diff_options[] = {
+static const ck_option diff_options[] = {
     {"json", NULL, "the comparison as JSON", 0},
     {"only", "P", CK_ONLY_HELP, 0},
     {NULL, NULL, NULL, 0}};
 
-int cmd_diff(int argc, char **argv, http_remote *remote)
+static int cmd_diff(int argc, char **argv, http_remote *remote)
 {
     const char *src[2] = {NULL, NULL}, *only = NULL, *val;
     int json = 0, nsrc = 0, k;
@@ -469,3 +469,14 @@ out:
     ck_index_free(ib);
     return rc;
 }
+
+const ck_command ckpt_diff = {
+    "diff", "ckpt diff A B [--json] [--only PREFIX_OR_GLOB]",
+    "Compares the tensors of two sources (formats may differ: a .bin and its safetensors):\n"
+    "names only in A or only in B, dtype or shape changes, and for tensors in both whether\n"
+    "their bytes are identical (XXH3 of each side, streamed). For float tensors (F64, F32,\n"
+    "F16, BF16, F8 E4M3/E5M2) that differ: the max absolute difference and the relative L2\n"
+    "||a-b||/||a||, computed in double. Values (non-tensor pickle entries) are not compared.\n"
+    "--only compares the entries whose name is P or starts with P., or matches the glob.\n"
+    "Exits 0 when the same, 1 when different, 2 on trouble (as cmp and diff do).",
+    diff_options, cmd_diff};

@@ -117,7 +117,8 @@ static void print_cut(const char *text, size_t len, int full)
  * as its value, in JSON; an array of more than SHOWN_ITEMS items as its count and first items
  * unless full (a vocabulary of 128000 tokens: [128000 strings: "<unk>", "<s>", "</s>", …]);
  * text cut after SHOWN_BYTES unless full. The JSON is walked as the index holds it, not parsed:
- * a tree of a 16 Mi-item array takes ~1.4 GB, and the text is exact (a UINT64 above 2^53 too). */
+ * a tree of a long array takes many times the text's memory, and the text is exact (a UINT64
+ * above 2^53 too). */
 static void print_meta_value(const ck_meta *m, int full)
 {
     const char *s = m->value;
@@ -222,7 +223,7 @@ static void put_one_line(const char *s, size_t n)
 }
 
 /* The summary as JSON, written as it goes: the metadata, last, as the index holds it (a typed
- * GGUF value's text, exact, rather than a tree of it: ~1.4 GB for a 16 Mi-item array). */
+ * GGUF value's text, exact, rather than a tree of it, many times larger for a long array). */
 static int print_info_json(const ck_index *ix, const info *in)
 {
     cJSON *doc = cJSON_CreateObject(), *files = cJSON_CreateArray(), *by = cJSON_CreateObject(),
@@ -278,13 +279,13 @@ static int print_info_json(const ck_index *ix, const info *in)
 }
 
 enum { INFO_DEPTH, INFO_JSON, INFO_FULL };
-const ck_option info_options[] = {
+static const ck_option info_options[] = {
     {"depth", "N", "the tree of bytes by name prefix to depth N, 0 to 64 (default 2)", 0},
     {"json", NULL, "the summary as JSON (metadata always whole, as index.json has it)", 0},
     {"full", NULL, "metadata values whole: long arrays and text are cut without it", 0},
     {NULL, NULL, NULL, 0}};
 
-int cmd_info(int argc, char **argv, http_remote *remote)
+static int cmd_info(int argc, char **argv, http_remote *remote)
 {
     const char *source = NULL, *val;
     int json = 0, full = 0, k;
@@ -357,3 +358,11 @@ int cmd_info(int argc, char **argv, http_remote *remote)
     ck_index_free(ix);
     return rc;
 }
+
+const ck_command ckpt_info = {
+    "info", "ckpt info SOURCE [--depth N] [--json] [--full]",
+    "Summarizes SOURCE: format, files, tensor and value counts, parameters (elements), bytes\n"
+    "by dtype, a du-like tree of bytes and parameters by name prefix ('.'-separated parts) to\n"
+    "depth N (default 2), and the metadata (a long array as its count and first items, long\n"
+    "text cut: --full shows them whole). Reads no tensor data.",
+    info_options, cmd_info};

@@ -8,6 +8,8 @@
 enum { NAME_MAX_SHOWN = 64 }; /* an unknown option is shown up to this length */
 #define HELP_INDENT "                          " /* where --help's descriptions start */
 
+const ck_option ck_no_options[] = {{NULL, NULL, NULL, 0}};
+
 void ck_opts_init(ck_opts *p, const char *cmd, const ck_option *table, int argc, char **argv)
 {
     *p = (ck_opts){.cmd = cmd, .table = table, .argc = argc, .argv = argv, .next = 1};

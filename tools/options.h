@@ -35,6 +35,9 @@ typedef struct ck_opts {
     int operands_only;       /* after "--" */
 } ck_opts;
 
+/* The table of a command without options (verify, help). */
+extern const ck_option ck_no_options[];
+
 /* The help of every --only (pack, convert, load, diff): one selection rule, names.h's. */
 #define CK_ONLY_HELP                                                                           \
     "the entries named P or under P. (P ending in '.': the names it\n"                          \

@@ -279,11 +279,11 @@ static int print_stats(const stats_run *r, int json)
 }
 
 enum { STATS_JSON };
-const ck_option stats_options[] = {
+static const ck_option stats_options[] = {
     {"json", NULL, "the statistics as JSON", 0},
     {NULL, NULL, NULL, 0}};
 
-int cmd_stats(int argc, char **argv, http_remote *remote)
+static int cmd_stats(int argc, char **argv, http_remote *remote)
 {
     const char *source = NULL, *val;
     int json = 0, npat = 0, k;
@@ -334,3 +334,12 @@ out:
     ck_index_free(ix);
     return rc;
 }
+
+const ck_command ckpt_stats = {
+    "stats", "ckpt stats SOURCE [NAME|GLOB...] [--json]",
+    "For each tensor (or those named: NAME, a prefix, or a glob): element count, min, max,\n"
+    "mean and std (population) over the finite values, and the NaN, Inf and zero counts.\n"
+    "Every integer dtype, BOOL, F64/F32/F16/BF16 and F8 E4M3/E5M2 are decoded (64-bit\n"
+    "integers through double); complex, F4/F6, F8 E8M0 and FNUZ, and GGUF block-quantized\n"
+    "tensors are listed as skipped. On a terminal each tensor gets a 10-bin histogram.",
+    stats_options, cmd_stats};

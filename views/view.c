@@ -2,7 +2,7 @@
  *
  * index.json is written straight into one growing buffer rather than built as a cJSON tree and
  * printed: for a checkpoint of many small tensors the tree costs more than everything else the
- * mount does (BENCHMARKS.md, "Issue 13: mount latency"). The text is the one
+ * mount does (BENCHMARKS.md, the rounds of mount latency). The text is the one
  * cJSON_PrintUnformatted gave: the same members in the same order, strings escaped the same way.
  */
 #include "view.h"

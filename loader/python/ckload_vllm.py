@@ -8,9 +8,11 @@ imports in each of its processes; nothing is imported, and nothing costs, where 
     LLM(model=DIR, load_format="ckload", model_loader_extra_config={"source": PATH})
 
 DIR keeps the config and tokenizer; the weights come from `source` when given (a mount or its
-.ckptfs/checkpoint.pack, a pack, .bin/.pt, safetensors one file or shards, a DCP directory,
-http(s)://, s3://, hf://), else from DIR itself (hf://MODEL when MODEL is a Hub id, not a
-directory). Other keys: `window`, the bytes held at once of what is streamed through
+.ckptfs/checkpoint.pack, a pack, .bin/.pt, safetensors or .bin one file or shards, a DCP
+directory, http(s)://, s3://, hf://), else from DIR itself, whatever layout its file names make
+it (docs/VLLM.md, "Layouts"; hf://MODEL when MODEL is a Hub id, not a directory; the URI itself
+when vLLM pulled the config files of a model named by an object-storage URI into a local DIR).
+Other keys: `window`, the bytes held at once of what is streamed through
 model.load_weights (ckload.stream: 1 GiB by default), `verify` (a pack's checksums; any other
 source's files unchanged, true by default), and `attach`: the Unix socket of a `ckpt serve` keeper holding the weights on
 this GPU (attach_into: no byte read; `source`, if given, is what it must have loaded). Each
@@ -58,11 +60,15 @@ def checked_config(extra):
     return extra
 
 
-def weights_source(model, revision, extra):
-    """The location the weights are read from: extra's source, the model directory, or the Hub
+def weights_source(model, revision, extra, pulled=""):
+    """The location the weights are read from: extra's source; else pulled, the object-storage
+    URI vLLM pulled the model's config files from into the local directory `model`, which
+    holds no weights (model_config.model_weights); else the model directory, or the Hub
     repository the model names."""
     if extra.get("source"):
         return str(extra["source"])
+    if pulled:
+        return pulled
     if os.path.isdir(model):
         return model
     return f"hf://{model}" + (f"@{revision}" if revision else "")
@@ -629,7 +635,8 @@ def register():
                 logger.info("Loading weights took %.2f seconds (ckload, attached to %s: %d "
                             "tensors)", time.perf_counter() - start, socket, n)
                 return
-            source = weights_source(model_config.model, model_config.revision, self.extra)
+            source = weights_source(model_config.model, model_config.revision, self.extra,
+                                    getattr(model_config, "model_weights", ""))
             placed, read, other = fill(model, source,
                                        window=self.extra.get("window", 1 << 30),
                                        verify=self.extra.get("verify", True))

@@ -1,11 +1,14 @@
 """No secret in any message of any entry point, whatever form the location carries it in: a URL's
 userinfo (`https://user:S3CR3T@...`), a presigned query (`?X-Amz-Signature=...`), an hf://
 location read with a token in the environment (HF_TOKEN), an s3:// location read with a secret
-key in the environment (AWS_SECRET_ACCESS_KEY). The entry points: libckload (ctypes), `ckpt`
+key in the environment (AWS_SECRET_ACCESS_KEY), a gs:// location read with an authorized_user's
+refresh token and client secret in GOOGLE_APPLICATION_CREDENTIALS's file and the access token
+they buy. The entry points: libckload (ctypes), `ckpt`
 (every command that takes a source), the daemon `ckptfs` (its stderr, which is its log in the
 foreground), the Python module (load, load_into, entries, stream, attach, serve: refused
 arguments and failing sources) and the vLLM load format (its config check and fill). Every
-server is the tests' own on 127.0.0.1: netlab's file server and Hub stand-in, s3lab's radosgw.
+server is the tests' own on 127.0.0.1: netlab's file server and Hub stand-in, s3lab's radosgw,
+test_gcs's token and storage servers.
 Each message must also still name the location as shown (ckload.shown, the C rule), so that a
 message that names nothing cannot pass."""
 import ctypes
@@ -55,7 +58,8 @@ class Place:
 
     def environ(self):
         env = dict(os.environ, **self.env)
-        for k in ("HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        for k in ("HF_TOKEN_PATH", "HUGGING_FACE_HUB_TOKEN", "AWS_PROFILE", "AWS_SESSION_TOKEN",
+                  "STORAGE_EMULATOR_HOST", "CLOUDSDK_CONFIG"):
             env.pop(k, None)
         return env
 
@@ -70,7 +74,33 @@ class Place:
             assert ckload.shown(names) in first, (ckload.shown(names), first)
 
 
-@pytest.fixture(params=["userinfo", "presigned", "hf", "s3"])
+def gs_place(request, sample, tmp_path):
+    """gs://bkt/NAME on test_gcs's storage server, its token bought with a refresh token."""
+    import json
+    import test_gcs
+    data = sample[1].read_bytes()
+    state = {}
+    store = test_gcs.Server(test_gcs.storage_route(data, objects={NAME: data}, state=state))
+    tok = test_gcs.Server(test_gcs.token_route(
+        lambda r: r["form"].get("refresh_token") == f"1//{SECRET}-refresh"))
+    request.addfinalizer(store.close)
+    request.addfinalizer(tok.close)
+    key = tmp_path / "adc.json"
+    key.write_text(json.dumps({"type": "authorized_user", "client_id": "cid",
+                               "client_secret": f"{SECRET}-client", "token_uri": tok.url + "/t",
+                               "refresh_token": f"1//{SECRET}-refresh"}))
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def changing():
+        return "gs://bkt/m.safetensors", lambda: state.update(gen="8", data=changed(sample[1]))
+    return Place(f"gs://bkt/{NAME}", "gs://bkt/missing.safetensors",
+                 {"CKPTFS_GCS_ENDPOINT": store.url, "GOOGLE_APPLICATION_CREDENTIALS": str(key),
+                  "HOME": str(home), "GCE_METADATA_HOST": f"127.0.0.1:{netlab.free_port()}"},
+                 (SECRET, test_gcs.TOKEN), changing)
+
+
+@pytest.fixture(params=["userinfo", "presigned", "hf", "s3", "gs"])
 def place(request, server, sample, tmp_path, monkeypatch):
     kind = request.param
     if kind in ("userinfo", "presigned"):
@@ -95,6 +125,8 @@ def place(request, server, sample, tmp_path, monkeypatch):
         p = Place("hf://org/model", "hf://org/missing",
                   {"HF_ENDPOINT": h.base, "HF_TOKEN": HUB_TOKEN, "HF_HOME": str(home)},
                   (SECRET, HUB_TOKEN))
+    elif kind == "gs":
+        p = gs_place(request, sample, tmp_path)
     else:
         srv = request.getfixturevalue("s3")
 

@@ -266,3 +266,47 @@ def test_the_registered_format_refuses_a_bad_window(vllm_env):
     want = [f"ckload: model_loader_extra_config: window={w!r}: not an integer from 1 to {1 << 62}"
             for w in ("1G", None, [1 << 20], -1, True)]
     assert p.stdout.decode().splitlines() == want, p.stdout.decode()
+
+
+PULLED = """
+import sys, types, torch
+import ckload_vllm
+from safetensors.torch import load_file
+from vllm.config import LoadConfig
+from vllm.model_executor.model_loader import get_model_loader
+ckload_vllm.register()
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(4, 6), requires_grad=False)
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            getattr(self, name).copy_(t)
+        return {"w"}
+
+
+tiny = Tiny()
+config = types.SimpleNamespace(model=sys.argv[1], model_weights=sys.argv[2], revision=None)
+with torch.no_grad():
+    get_model_loader(LoadConfig(load_format="ckload")).load_weights(tiny, config)
+assert torch.equal(tiny.w, load_file(sys.argv[2] + "/model.safetensors")["w"])
+"""
+
+
+def test_the_weights_of_a_model_vllm_pulled_are_read_where_they_are(vllm_env, tmp_path):
+    """A model named by an object-storage URI: vLLM pulls its config files into a local
+    directory (model_config.model) and keeps the URI in model_config.model_weights. ckload
+    reads the weights from the URI (here a directory stands in for it), not from the local
+    directory, which holds none."""
+    pulled, weights = tmp_path / "pulled", tmp_path / "weights"
+    pulled.mkdir()
+    weights.mkdir()
+    (pulled / "config.json").write_text("{}")
+    save_file({"w": torch.arange(24, dtype=torch.float32).reshape(4, 6)},
+              weights / "model.safetensors")
+    p = subprocess.run([str(VLLM_PY), "-c", PULLED, str(pulled), str(weights)],
+                       capture_output=True, env=vllm_env, timeout=START)
+    assert p.returncode == 0, p.stderr.decode()[-4000:]

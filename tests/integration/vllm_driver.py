@@ -3,11 +3,11 @@ greedy tokens out as JSON lines on stdout.
 
     vllm_driver.py make DIR KIND           a tiny model of KIND (llama, qwen2-tied), fixed seeds
     vllm_driver.py tokenizer DIR           a word-level tokenizer into DIR: word "tN" is token N
-    vllm_driver.py generate SPEC_JSON      SPEC: {"model", "load_format", "extra", "tp",
-                                           "reload": [sources]}: LLM(...) then greedy tokens;
-                                           then, per reload source, the weights read again in
-                                           place by ckload.stream (vLLM's reload_weights) and
-                                           the tokens again
+    vllm_driver.py generate SPEC_JSON      SPEC: {"model", "load_format", "extra", "tp", "dtype"
+                                           (float32 if absent), "reload": [sources]}: LLM(...)
+                                           then greedy tokens; then, per reload source, the
+                                           weights read again in place by ckload.stream (vLLM's
+                                           reload_weights) and the tokens again
 Lines: {"source": S, "tokens": [[...], ...]}; {"loaded_s": seconds} from vLLM's own log is left
 to the caller. A failure is vLLM's own exception, its traceback on stderr."""
 import json
@@ -63,8 +63,8 @@ def generate(spec):
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-    llm = LLM(model=spec["model"], dtype="float32", max_model_len=64, enforce_eager=True,
-              load_format=spec.get("load_format", "auto"),
+    llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), max_model_len=64,
+              enforce_eager=True, load_format=spec.get("load_format", "auto"),
               model_loader_extra_config=spec.get("extra") or {},
               tensor_parallel_size=spec.get("tp", 1), skip_tokenizer_init=True, seed=0)
     params = SamplingParams(temperature=0, max_tokens=8, detokenize=False)

@@ -193,13 +193,13 @@ static void parse_listing(const char *path, unsigned n)
 {
     size_t len;
     char *page = (char *)read_whole(path, &len);
-    s3_listing l = {0};
+    ck_listing l = {0};
     char *token = NULL;
     ck_error err = {""};
     cr_assert_eq(s3_parse_listing(page, len, "p/", &l, &token, "s3://b/p/", &err), 0, "%s",
                  err.msg);
     cr_assert_eq(l.n, n);
-    s3_listing_free(&l);
+    ck_listing_free(&l);
     free(token);
     free(page);
 }
@@ -207,7 +207,7 @@ static void parse_listing(const char *path, unsigned n)
 /* A ListObjectsV2 page in AWS's shape (keys escaped by Python's XML writer, one character
  * reference each): a decoder that scans the rest of the page per reference or per key
  * (sscanf's strlen, a search for <Key> past its <Contents>) is quadratic. */
-Test(complexity, s3_listing_page)
+Test(complexity, ck_listing_page)
 {
     assert_linear("import sys\n"
                   "from xml.sax.saxutils import escape\n"

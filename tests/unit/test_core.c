@@ -82,6 +82,53 @@ static uint64_t ino_at(ck_fs *fs, const char *path)
     return walk(fs, path, &st);
 }
 
+/* The buffer a read's bytes are copied into (ck_fs_buffer): the caller's, as the FUSE adapter
+ * hands its thread's buffer. */
+static char *given(void *arg, size_t size)
+{
+    (void)size;
+    return arg;
+}
+
+/* p's pieces, one after the other, into out: how many bytes. */
+static size_t gather(const ck_pieces *p, void *out)
+{
+    size_t at = 0;
+    for (unsigned i = 0; i < p->n; i++) {
+        memcpy((char *)out + at, p->iov[i].iov_base, p->iov[i].iov_len);
+        at += p->iov[i].iov_len;
+    }
+    return at;
+}
+
+/* ck_fs_read's pieces gathered into buf, as a reply gathers them, and released: the count or
+ * -errno. (No assertion: racing threads call it.) */
+static ssize_t read_at(ck_fs *fs, uint64_t ino, void *buf, size_t size, off_t off)
+{
+    char *scratch = malloc(size ? size : 1);
+    ck_pieces p;
+    ssize_t n = scratch ? ck_fs_read(fs, ino, size, off, given, scratch, &p) : -ENOMEM;
+    size_t at = n >= 0 ? gather(&p, buf) : 0;
+    if (n >= 0)
+        ck_fs_read_release(fs, ino, &p);
+    free(scratch);
+    return n >= 0 && at != (size_t)n ? -EBADMSG : n;
+}
+
+/* A buffer for ck_fs_read that counts how often it is asked for. */
+typedef struct counted_buf {
+    char mem[1 << 12];
+    unsigned calls;
+} counted_buf;
+
+static char *counted_buffer(void *arg, size_t size)
+{
+    counted_buf *b = arg;
+    cr_assert_leq(size, sizeof b->mem);
+    b->calls++;
+    return b->mem;
+}
+
 /* The whole file ino, read in chunks of `chunk` bytes; its length in *len. */
 static unsigned char *read_all(ck_fs *fs, uint64_t ino, size_t chunk, size_t *len)
 {
@@ -91,7 +138,7 @@ static unsigned char *read_all(ck_fs *fs, uint64_t ino, size_t chunk, size_t *le
     for (;;) {
         if (n + chunk > cap)
             cr_assert_not_null(b = realloc(b, cap = 2 * (n + chunk)));
-        ssize_t got = ck_fs_read(fs, ino, (char *)b + n, chunk, (off_t)n);
+        ssize_t got = read_at(fs, ino, (char *)b + n, chunk, (off_t)n);
         cr_assert_geq(got, 0, "read at %zu gave %zd", n, got);
         if (got == 0)
             break;
@@ -206,7 +253,7 @@ Test(core, unknown_inodes)
         cr_assert_eq(ck_fs_opendir(fs, bad[i]), -ENOENT);
         cr_assert_eq(ck_fs_readdir(fs, bad[i], 0, &d), -ENOENT);
         cr_assert_eq(ck_fs_open(fs, bad[i], O_RDONLY), -ENOENT);
-        cr_assert_eq(ck_fs_read(fs, bad[i], buf, sizeof buf, 0), -ENOENT);
+        cr_assert_eq(read_at(fs, bad[i], buf, sizeof buf, 0), -ENOENT);
         cr_assert_eq(ck_fs_getxattr(fs, bad[i], "user.ckptfs.name", buf, sizeof buf), -ENOENT);
         cr_assert_eq(ck_fs_listxattr(fs, bad[i], buf, sizeof buf), -ENOENT);
     }
@@ -306,26 +353,26 @@ Test(core, read_tensors_and_values)
     ck_fs *fs = sample_fs();
     char buf[64];
     uint64_t a = ino_at(fs, "w/a"), b = ino_at(fs, "w/b"), n = ino_at(fs, "n");
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), 16);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, 0), 16);
     cr_assert_arr_eq(buf, src, 16);
-    cr_assert_eq(ck_fs_read(fs, a, buf, 5, 3), 5);
+    cr_assert_eq(read_at(fs, a, buf, 5, 3), 5);
     cr_assert_arr_eq(buf, src + 3, 5);
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 15), 1);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, 15), 1);
     cr_assert_eq(buf[0], (char)src[15]);
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 16), 0);
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 1000), 0);
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, -1), -EINVAL);
-    cr_assert_eq(ck_fs_read(fs, b, buf, sizeof buf, 0), 6);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, 16), 0);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, 1000), 0);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, -1), -EINVAL);
+    cr_assert_eq(read_at(fs, b, buf, sizeof buf, 0), 6);
     cr_assert_arr_eq(buf, src + 16, 6);
-    cr_assert_eq(ck_fs_read(fs, n, buf, sizeof buf, 0), 2);
+    cr_assert_eq(read_at(fs, n, buf, sizeof buf, 0), 2);
     cr_assert_arr_eq(buf, src + 22, 2);
     uint64_t v = ino_at(fs, "v");
-    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 0), 2);
+    cr_assert_eq(read_at(fs, v, buf, sizeof buf, 0), 2);
     cr_assert_arr_eq(buf, "7\n", 2);
-    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 1), 1);
-    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 2), 0);
-    cr_assert_eq(ck_fs_read(fs, CK_ROOT_INO, buf, sizeof buf, 0), -EISDIR);
-    cr_assert_eq(ck_fs_read(fs, ino_at(fs, ".ckptfs"), buf, sizeof buf, 0), -EISDIR);
+    cr_assert_eq(read_at(fs, v, buf, sizeof buf, 1), 1);
+    cr_assert_eq(read_at(fs, v, buf, sizeof buf, 2), 0);
+    cr_assert_eq(read_at(fs, CK_ROOT_INO, buf, sizeof buf, 0), -EISDIR);
+    cr_assert_eq(read_at(fs, ino_at(fs, ".ckptfs"), buf, sizeof buf, 0), -EISDIR);
     ck_fs_free(fs);
 }
 
@@ -356,26 +403,234 @@ Test(core, read_index_json)
         free(got);
     }
     char buf[8];
-    cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, (off_t)want_len + 100), 0);
-    cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, -1), -EINVAL);
-    /* The same bytes without the copy, as the FUSE adapter replies them; no other file has them. */
-    ck_held h;
+    cr_assert_eq(read_at(fs, ino, buf, sizeof buf, (off_t)want_len + 100), 0);
+    cr_assert_eq(read_at(fs, ino, buf, sizeof buf, -1), -EINVAL);
+    /* The same bytes lent, without a copy: no buffer asked for. */
+    ck_pieces p;
+    counted_buf b = {0};
     for (size_t off = 0; off < want_len; off += 1000) {
-        ssize_t n = ck_fs_read_in_place(fs, ino, 4096, (off_t)off, &h);
+        ssize_t n = ck_fs_read(fs, ino, 4096, (off_t)off, counted_buffer, &b, &p);
         size_t left = want_len - off;
         cr_assert_eq(n, (ssize_t)(left < 4096 ? left : 4096), "at %zu", off);
-        cr_assert_eq(h.n, 1);
-        cr_assert_eq(h.iov[0].iov_len, (size_t)n);
-        cr_assert_arr_eq(h.iov[0].iov_base, want + off, (size_t)n);
+        cr_assert_eq(p.n, 1);
+        cr_assert_eq(p.lent, 0, "the mount's own bytes: nothing to release");
+        cr_assert_eq(p.iov[0].iov_len, (size_t)n);
+        cr_assert_arr_eq(p.iov[0].iov_base, want + off, (size_t)n);
     }
-    cr_assert_eq(ck_fs_read_in_place(fs, ino, 8, (off_t)want_len + 100, &h), 0);
-    cr_assert_eq(ck_fs_read_in_place(fs, ino, 8, -1, &h), -EINVAL);
-    cr_assert_eq(ck_fs_read_in_place(fs, ino_at(fs, "w/a"), 8, 0, &h), -ENOTSUP);
-    cr_assert_eq(ck_fs_read_in_place(fs, ino_at(fs, ".ckptfs/checkpoint.pack"), 8, 0, &h),
-                 -ENOTSUP);
-    cr_assert_eq(ck_fs_read_in_place(fs, 1u << 30, 8, 0, &h), -ENOENT);
+    cr_assert_eq(ck_fs_read(fs, ino, 8, (off_t)want_len + 100, counted_buffer, &b, &p), 0);
+    cr_assert_eq(p.n, 0);
+    cr_assert_eq(ck_fs_read(fs, ino, 8, -1, counted_buffer, &b, &p), -EINVAL);
+    cr_assert_eq(ck_fs_read(fs, 1u << 30, 8, 0, counted_buffer, &b, &p), -ENOENT);
+    cr_assert_eq(b.calls, 0);
     free(want);
     ck_fs_free(fs);
+}
+
+/* --- one read: lent or copied ------------------------------------------------------------ */
+
+/* A source file over src whose ops count what reads ask of them. With lending_ops it lends its
+ * bytes in pieces of `piece` bytes, as a remote file lends its cached blocks; with copying_ops
+ * it has no way to (a local file, an .npz member's inflated copy). */
+typedef struct counted_src {
+    size_t piece;
+    int changed;
+    unsigned preads, holds, releases;
+} counted_src;
+
+static int cs_pread(const ck_file *f, void *buf, size_t len, uint64_t off)
+{
+    counted_src *c = f->remote;
+    c->preads++;
+    if (off > f->size || len > f->size - off)
+        return -EIO;
+    memcpy(buf, src + off, len);
+    return 0;
+}
+
+static int cs_same(const ck_file *f)
+{
+    return !((counted_src *)f->remote)->changed;
+}
+
+static void cs_close(ck_file *f)
+{
+    (void)f;
+}
+
+static void cs_stats(const ck_file *f, uint64_t *requests, uint64_t *bytes)
+{
+    (void)f;
+    *requests = *bytes = 0;
+}
+
+static void cs_hint(ck_file *f, const uint64_t *bounds, size_t n)
+{
+    (void)f, (void)bounds, (void)n;
+}
+
+static ssize_t cs_hold(const ck_file *f, size_t len, uint64_t off, const void **ptr,
+                       void **token)
+{
+    counted_src *c = f->remote;
+    c->holds++;
+    size_t n = c->piece - (size_t)(off % c->piece); /* to the end of its piece */
+    *ptr = src + off;
+    *token = c;
+    return (ssize_t)(n < len ? n : len);
+}
+
+static void cs_release(const ck_file *f, void *token)
+{
+    cr_assert_eq(token, f->remote);
+    ((counted_src *)f->remote)->releases++;
+}
+
+static const ck_source_ops copying_ops = {
+    .pread = cs_pread, .same = cs_same, .close = cs_close, .stats = cs_stats, .hint = cs_hint,
+};
+static const ck_source_ops lending_ops = {
+    .pread = cs_pread, .same = cs_same, .close = cs_close, .stats = cs_stats, .hint = cs_hint,
+    .hold = cs_hold, .release = cs_release,
+};
+
+/* One test's mount of the sample's tensors (w.a, w.b, n) over a counted source, the buffer its
+ * copies go to, and a read's pieces. */
+typedef struct counted {
+    counted_src c;
+    ck_fs fs;
+    counted_buf b;
+    ck_pieces p;
+} counted;
+
+/* t's mount over a source read through ops, in pieces of `piece` bytes; w.a's inode. */
+static uint64_t counted_mount(counted *t, const ck_source_ops *ops, size_t piece)
+{
+    *t = (counted){.c = {.piece = piece}};
+    fill_bytes(src, sizeof src, 7);
+    ck_index *ix = ck_index_new("test");
+    cr_assert_not_null(ix);
+    ck_error err = {""};
+    ck_file f = {.path = "counted", .fd = -1, .size = SRC_LEN, .ops = ops, .remote = &t->c};
+    cr_assert_eq(ck_index_add_opened(ix, &f, &err), 0, "%s", err.msg);
+    add_contig(ix, "w.a", CK_F32, 1, (int64_t[]){4}, 0, 16);
+    add_contig(ix, "w.b", CK_U8, 2, (int64_t[]){2, 3}, 16, 6);
+    add_contig(ix, "n", CK_I16, 0, NULL, 22, 2);
+    init_ok(&t->fs, ix);
+    return ino_at(&t->fs, "w/a");
+}
+
+/* What a read asked for: the source's holds and preads, and buffers. */
+static void assert_asked(const counted_src *c, const counted_buf *b, unsigned holds,
+                         unsigned preads, unsigned buffers)
+{
+    cr_assert_eq(c->holds, holds, "holds");
+    cr_assert_eq(c->preads, preads, "preads");
+    cr_assert_eq(b->calls, buffers, "buffers");
+}
+
+/* A read's bytes, len of them as at want, are one piece: the copy in t's buffer. */
+static void assert_copied(const counted *t, const void *want, size_t len)
+{
+    cr_assert_eq(t->p.n, 1);
+    cr_assert_eq(t->p.lent, 0);
+    cr_assert_eq(t->p.iov[0].iov_base, t->b.mem, "the bytes are in the caller's buffer");
+    cr_assert_eq(t->p.iov[0].iov_len, len);
+    cr_assert_arr_eq(t->b.mem, want, len);
+}
+
+Test(core, read_of_a_file_that_cannot_lend_copies_in_one_pass)
+{
+    /* Each read asks the source once, for all its bytes, into the one buffer: it never asks it
+     * to lend first. */
+    counted t;
+    uint64_t a = counted_mount(&t, &copying_ops, 0);
+    cr_assert_eq(ck_fs_read(&t.fs, a, 12, 2, counted_buffer, &t.b, &t.p), 12);
+    assert_asked(&t.c, &t.b, 0, 1, 1);
+    assert_copied(&t, src + 2, 12);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    ck_fs_free(&t.fs);
+    /* A local file is read the same way: one copy into the buffer. */
+    ck_fs *local = sample_fs();
+    uint64_t b = ino_at(local, "w/b");
+    cr_assert_not(ck_file_lends(&local->ix->files[0]));
+    t.b.calls = 0;
+    cr_assert_eq(ck_fs_read(local, b, 64, 0, counted_buffer, &t.b, &t.p), 6);
+    cr_assert_eq(t.b.calls, 1);
+    assert_copied(&t, src + 16, 6);
+    ck_fs_read_release(local, b, &t.p);
+    ck_fs_free(local);
+}
+
+Test(core, read_of_a_file_that_lends_lends_and_releases)
+{
+    /* The source's own bytes, in its pieces, never copied; each piece released once. */
+    counted t;
+    uint64_t a = counted_mount(&t, &lending_ops, 8);
+    cr_assert_eq(ck_fs_read(&t.fs, a, 64, 2, counted_buffer, &t.b, &t.p), 14);
+    assert_asked(&t.c, &t.b, 2, 0, 0);
+    cr_assert_eq(t.p.n, 2);
+    cr_assert_eq(t.p.lent, 2);
+    cr_assert_eq(t.p.iov[0].iov_base, src + 2);
+    cr_assert_eq(t.p.iov[0].iov_len, 6);
+    cr_assert_eq(t.p.iov[1].iov_base, src + 8);
+    cr_assert_eq(t.p.iov[1].iov_len, 8);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    cr_assert_eq(t.c.releases, 2);
+    /* At or past the end: nothing held, nothing to release. */
+    cr_assert_eq(ck_fs_read(&t.fs, a, 8, 16, counted_buffer, &t.b, &t.p), 0);
+    cr_assert_eq(t.p.n, 0);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    cr_assert_eq(t.c.releases, 2);
+    ck_fs_free(&t.fs);
+}
+
+Test(core, read_that_needs_more_pieces_than_lent_copies_the_rest)
+{
+    /* 2-byte pieces: w.a's 16 bytes would take 8. The first CK_PIECES_MAX - 1 are lent, the
+     * rest copied in one read into the buffer, and the whole comes out in order. */
+    counted t;
+    uint64_t a = counted_mount(&t, &lending_ops, 2);
+    cr_assert_eq(ck_fs_read(&t.fs, a, 16, 0, counted_buffer, &t.b, &t.p), 16);
+    assert_asked(&t.c, &t.b, CK_PIECES_MAX - 1, 1, 1);
+    cr_assert_eq(t.p.n, CK_PIECES_MAX);
+    cr_assert_eq(t.p.lent, CK_PIECES_MAX - 1);
+    cr_assert_eq(t.p.iov[t.p.n - 1].iov_base, t.b.mem);
+    unsigned char whole[16];
+    cr_assert_eq(gather(&t.p, whole), 16);
+    cr_assert_arr_eq(whole, src, 16);
+    ck_fs_read_release(&t.fs, a, &t.p);
+    cr_assert_eq(t.c.releases, t.c.holds);
+    ck_fs_free(&t.fs);
+}
+
+Test(core, read_of_a_changed_lending_source_is_eio_with_nothing_held)
+{
+    counted t;
+    uint64_t a = counted_mount(&t, &lending_ops, 8);
+    t.c.changed = 1;
+    cr_assert_eq(ck_fs_read(&t.fs, a, 16, 0, counted_buffer, &t.b, &t.p), -EIO);
+    cr_assert_gt(t.c.holds, 0);
+    cr_assert_eq(t.c.releases, t.c.holds, "every piece lent was given back");
+    cr_assert_eq(t.p.n, 0);
+    cr_assert_eq(t.p.lent, 0);
+    ck_fs_free(&t.fs);
+}
+
+Test(core, npy_view_of_a_lending_source_is_copied)
+{
+    /* Its header is the mount's: the view is made in the buffer, the tensor's bytes read into
+     * it after the header. */
+    counted t;
+    counted_mount(&t, &lending_ops, 8);
+    t.fs.npy = 1;
+    struct stat st;
+    uint64_t npy = walk(&t.fs, "w/a.npy", &st);
+    cr_assert_eq(ck_fs_read(&t.fs, npy, (size_t)st.st_size, 0, counted_buffer, &t.b, &t.p),
+                 st.st_size);
+    assert_asked(&t.c, &t.b, 0, 1, 1);
+    cr_assert_arr_eq(t.b.mem + st.st_size - 16, src, 16);
+    ck_fs_read_release(&t.fs, npy, &t.p);
+    ck_fs_free(&t.fs);
 }
 
 /* --- index.json, made on first use -------------------------------------------------------- */
@@ -425,7 +680,7 @@ Test(core, index_json_is_made_on_first_use)
         case 0: cr_assert_eq(ck_fs_lookup(fs, dir, "index.json", &st), 0); break;
         case 1: cr_assert_eq(ck_fs_getattr(fs, ino, &st), 0); break;
         case 2: cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), 0); break;
-        default: cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), (ssize_t)sizeof buf);
+        default: cr_assert_eq(read_at(fs, ino, buf, sizeof buf, 0), (ssize_t)sizeof buf);
         }
         cr_assert(fs->vfile[CK_VFILE_INDEX_JSON].made, "operation %d did not make it", first);
         assert_index_json_served(fs, ino, 1000);
@@ -454,7 +709,7 @@ static void *race(void *arg)
         return NULL;
     r->size = st.st_size;
     r->got = malloc((size_t)st.st_size + 1);
-    ssize_t n = r->got ? ck_fs_read(r->fs, r->ino, r->got, (size_t)st.st_size + 1, 0) : -1;
+    ssize_t n = r->got ? read_at(r->fs, r->ino, r->got, (size_t)st.st_size + 1, 0) : -1;
     r->len = n < 0 ? 0 : (size_t)n;
     return NULL;
 }
@@ -535,15 +790,13 @@ Test(core, index_json_that_could_not_be_made_is_eio)
     cr_assert_eq(ck_fs_lookup(fs, dir, "index.json", &st), -EIO);
     cr_assert_eq(ck_fs_getattr(fs, ino, &st), -EIO);
     cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), -EIO);
-    cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), -EIO);
-    ck_held h;
-    cr_assert_eq(ck_fs_read_in_place(fs, ino, sizeof buf, 0, &h), -EIO);
+    cr_assert_eq(read_at(fs, ino, buf, sizeof buf, 0), -EIO);
     cr_assert_null(fs->vfile[CK_VFILE_INDEX_JSON].text.own, "made after all");
     /* statfs counts the entries alone; everything else still serves. */
     struct statvfs sv;
     ck_fs_statfs(fs, &sv);
     cr_assert_eq(sv.f_blocks, 1);
-    cr_assert_eq(ck_fs_read(fs, ino_at(fs, "w/a"), buf, sizeof buf, 0), 16);
+    cr_assert_eq(read_at(fs, ino_at(fs, "w/a"), buf, sizeof buf, 0), 16);
     cr_assert_arr_eq(buf, src, 16);
     ck_fs_free(fs);
 }
@@ -616,8 +869,8 @@ Test(core, unbuildable_pack_is_eio_everywhere_and_logged_once)
         cr_assert_eq(ck_fs_lookup(fs, dir, "checkpoint.pack", &st), -EIO);
         cr_assert_eq(ck_fs_getattr(fs, ino, &st), -EIO);
         cr_assert_eq(ck_fs_open(fs, ino, O_RDONLY), -EIO);
-        cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 0), -EIO);
-        cr_assert_eq(ck_fs_read(fs, ino, buf, sizeof buf, 1 << 20), -EIO);
+        cr_assert_eq(read_at(fs, ino, buf, sizeof buf, 0), -EIO);
+        cr_assert_eq(read_at(fs, ino, buf, sizeof buf, 1 << 20), -EIO);
     }
     cr_assert_eq(nlogged, 1, "logged %d times", nlogged);
     const char *want = strf("ckptfs: %s: ", fs->ix->files[0].path);
@@ -631,13 +884,13 @@ Test(core, unbuildable_pack_is_eio_everywhere_and_logged_once)
     cr_assert_str_eq(logged, strf("ckptfs: %s", err.msg));
     /* Everything else still serves. */
     cr_assert_eq(ck_fs_open(fs, ino_at(fs, "a"), O_RDONLY), 0);
-    cr_assert_eq(ck_fs_read(fs, ino_at(fs, "a"), buf, sizeof buf, 0), 3);
+    cr_assert_eq(read_at(fs, ino_at(fs, "a"), buf, sizeof buf, 0), 3);
     cr_assert_arr_eq(buf, src + 8, 3);
-    cr_assert_eq(ck_fs_read(fs, ino_at(fs, "%"), buf, sizeof buf, 0), 8);
+    cr_assert_eq(read_at(fs, ino_at(fs, "%"), buf, sizeof buf, 0), 8);
     cr_assert_arr_eq(buf, src, 8);
     uint64_t st_ino = walk(fs, ".ckptfs/checkpoint.safetensors", &st);
     cr_assert_gt(st.st_size, 0);
-    cr_assert_eq(ck_fs_read(fs, st_ino, buf, 8, 0), 8);
+    cr_assert_eq(read_at(fs, st_ino, buf, 8, 0), 8);
     cr_assert_eq(nlogged, 1);
     ck_fs_free(fs);
 }
@@ -790,8 +1043,8 @@ Test(core, modified_source_is_eio_on_read_estale_on_open)
     /* Another size: the mtime alone may not move within the clock's granularity. */
     unsigned char other[SRC_LEN + 1] = {0};
     tmp_rewrite(fs->ix->files[0].path, other, sizeof other);
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -EIO);
-    cr_assert_eq(ck_fs_read(fs, pack, buf, sizeof buf, 0), -EIO);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, 0), -EIO);
+    cr_assert_eq(read_at(fs, pack, buf, sizeof buf, 0), -EIO);
     for (uint64_t ino = 1; ino <= fs->tree->nnodes; ino++)
         if (fs->tree->nodes[ino - 1].kind != CK_NODE_DIR)
             /* but the status, which says why */
@@ -799,8 +1052,8 @@ Test(core, modified_source_is_eio_on_read_estale_on_open)
                          fs->tree->nodes[ino - 1].kind == CK_NODE_STATUS ? 0 : -ESTALE,
                          "inode %llu", (unsigned long long)ino);
     /* What lives in memory keeps reading. */
-    cr_assert_eq(ck_fs_read(fs, v, buf, sizeof buf, 0), 2);
-    cr_assert_gt(ck_fs_read(fs, json, buf, sizeof buf, 0), 0);
+    cr_assert_eq(read_at(fs, v, buf, sizeof buf, 0), 2);
+    cr_assert_gt(read_at(fs, json, buf, sizeof buf, 0), 0);
     ck_fs_free(fs);
 }
 
@@ -812,11 +1065,11 @@ Test(core, replaced_or_removed_source_is_estale)
     char buf[64];
     /* Renamed over: our descriptor still holds the old, intact inode. */
     cr_assert_eq(rename(tmp_file(src, sizeof src), path), 0);
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -ESTALE);
-    cr_assert_eq(ck_fs_read(fs, st_file, buf, sizeof buf, 0), -ESTALE);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, 0), -ESTALE);
+    cr_assert_eq(read_at(fs, st_file, buf, sizeof buf, 0), -ESTALE);
     cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), -ESTALE);
     cr_assert_eq(unlink(path), 0);
-    cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -ESTALE);
+    cr_assert_eq(read_at(fs, a, buf, sizeof buf, 0), -ESTALE);
     cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), -ESTALE);
     ck_fs_free(fs);
 }
@@ -851,7 +1104,7 @@ Test(core, status_says_ok_then_why_reads_fail_and_the_log_says_it_once)
     cr_assert_eq(nlogged, 0, "nothing looked yet");
     char buf[64];
     for (int k = 0; k < 3; k++)
-        cr_assert_eq(ck_fs_read(fs, a, buf, sizeof buf, 0), -EIO);
+        cr_assert_eq(read_at(fs, a, buf, sizeof buf, 0), -EIO);
     cr_assert_eq(ck_fs_open(fs, a, O_RDONLY), -ESTALE);
     cr_assert_str_eq(status_of(fs), strf("source changed: %s (%s); remount to read it\n",
                                          fs->src_path[0], why));
@@ -903,12 +1156,12 @@ Test(core, synthesized_read_checks_the_sources_it_reads)
     unsigned char other[1] = {0};
     tmp_rewrite(pa, other, sizeof other);
     unsigned char buf[8192];
-    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, sizeof buf, (off_t)at_b), 8192);
+    cr_assert_eq(read_at(&fs, pack, (char *)buf, sizeof buf, (off_t)at_b), 8192);
     cr_assert_arr_eq(buf, db, sizeof db);
-    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 100, (off_t)at_a + 100), -EIO);
-    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 64, 0), -EIO);
+    cr_assert_eq(read_at(&fs, pack, (char *)buf, 100, (off_t)at_a + 100), -EIO);
+    cr_assert_eq(read_at(&fs, pack, (char *)buf, 64, 0), -EIO);
     /* The trailer is hashed from every file. */
-    cr_assert_eq(ck_fs_read(&fs, pack, (char *)buf, 8, (off_t)len - 8), -EIO);
+    cr_assert_eq(read_at(&fs, pack, (char *)buf, 8, (off_t)len - 8), -EIO);
     cr_assert_eq(ck_fs_open(&fs, pack, O_RDONLY), -ESTALE);
     free(whole);
     ck_fs_free(&fs);
@@ -931,7 +1184,7 @@ Test(core, relative_source_checked_from_anywhere)
     uint64_t t = ino_at(&fs, "t");
     char buf[8];
     cr_assert_eq(ck_fs_open(&fs, t, O_RDONLY), 0);
-    cr_assert_eq(ck_fs_read(&fs, t, buf, sizeof buf, 0), 3);
+    cr_assert_eq(read_at(&fs, t, buf, sizeof buf, 0), 3);
     cr_assert_arr_eq(buf, "xyz", 3);
     cr_assert_eq(chdir(cwd), 0);
     ck_fs_free(&fs);

@@ -8,12 +8,16 @@
 
 Test(location, schemes)
 {
-    cr_expect_eq(ck_location_scheme("http://h/m"), CK_SCHEME_HTTP);
-    cr_expect_eq(ck_location_scheme("HTTPS://h/m"), CK_SCHEME_HTTP);
-    cr_expect_eq(ck_location_scheme("hf://org/repo"), CK_SCHEME_HUB);
-    cr_expect_eq(ck_location_scheme("HF://org/repo"), CK_SCHEME_PATH);
-    cr_expect_eq(ck_location_scheme("http:/h"), CK_SCHEME_PATH);
-    cr_expect_eq(ck_location_scheme("./http://x"), CK_SCHEME_PATH);
+    cr_expect(ck_location_is_http("http://h/m"));
+    cr_expect(ck_location_is_http("HTTPS://h/m"));
+    cr_expect(!ck_location_is_http("hf://org/repo"));
+    cr_expect(ck_location_is_url("hf://org/repo"));
+    cr_expect(ck_location_is_url("s3://b/k"));
+    cr_expect(ck_location_is_url("gs://b/k"));
+    cr_expect(!ck_location_is_url("HF://org/repo"));
+    cr_expect(!ck_location_is_url("http:/h"));
+    cr_expect(!ck_location_is_url("./http://x"));
+    cr_expect(!ck_location_is_url("://x"));
     cr_expect(ck_location_is_url("https://h/m"));
     cr_expect(!ck_location_is_url("model.safetensors"));
 }
@@ -29,6 +33,8 @@ Test(location, shown_source_has_no_secrets)
         {"http://h/a@b/m#x", "http://h/a@b/m"},       /* an '@' in the path is no userinfo */
         {"http://h?u:p@x/y", "http://h"},             /* nor one in the query */
         {"hf://org/repo@v1.0/m.safetensors", "hf://org/repo@v1.0/m.safetensors"},
+        {"ftp://u:pw@h/m?x", "ftp://h/m"}, /* any scheme's userinfo, a scheme unread too */
+        {"gs://bkt/o/m.safetensors#f", "gs://bkt/o/m.safetensors"},
         {"dir/m@1.safetensors?x#y", "dir/m@1.safetensors?x#y"}, /* a path is shown as is */
     };
     char out[128];

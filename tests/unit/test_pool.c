@@ -3,7 +3,6 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
-#include "../../loader/ckload.h"
 #include "../../loader/pool.h"
 
 TestSuite(pool);
@@ -18,7 +17,7 @@ static void release(void *b)
 
 Test(pool, kept_buffers_are_taken_again)
 {
-    ckl_pool *p = ckl_pool_new();
+    struct ckl_pool *p = pool_new();
     cr_assert_not_null(p);
     cr_assert_null(pool_take(p, 1), "an empty pool");
     void *small = malloc(16), *big = malloc(64);
@@ -32,7 +31,7 @@ Test(pool, kept_buffers_are_taken_again)
     for (int i = 0; i < 40; i++) /* past the first allocation of its table */
         pool_keep(p, malloc(8), 8, release);
     cr_assert_eq(released, 0);
-    ckl_pool_free(p);
+    pool_free(p);
     cr_assert_eq(released, 41);
     free(big);
 }

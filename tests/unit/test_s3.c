@@ -134,7 +134,7 @@ Test(s3, listing_pages)
                        "<Contents><Key>m/deeper/x.bin</Key><Size>1</Size></Contents>"
                        "<CommonPrefixes><Prefix>m/sub/</Prefix></CommonPrefixes>"
                        "</ListBucketResult>";
-    s3_listing l = {0};
+    ck_listing l = {0};
     char *token = NULL;
     ck_error err;
     cr_assert_eq(s3_parse_listing(page, strlen(page), "m/", &l, &token, "L", &err), 0, "%s",
@@ -151,7 +151,7 @@ Test(s3, listing_pages)
     cr_assert_eq(s3_parse_listing(last, strlen(last), "m/", &l, &token, "L", &err), 0);
     cr_expect(l.n == 3 && token == NULL);
     cr_expect_str_eq(l.names[2], "z.safetensors", "character references, decimal and hex");
-    s3_listing_free(&l);
+    ck_listing_free(&l);
     const char *bad[] = {"<Error><Code>AccessDenied</Code></Error>",
                          "<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
                          "<ListBucketResult><Contents><Key>m/&bogus;</Key></Contents>"
@@ -164,7 +164,7 @@ Test(s3, listing_pages)
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         cr_expect_eq(s3_parse_listing(bad[i], strlen(bad[i]), "m/", &l, &token, "L", &err), -1,
                      "%s", bad[i]);
-        s3_listing_free(&l);
+        ck_listing_free(&l);
     }
 }
 
@@ -184,7 +184,7 @@ static char *many_keys(size_t count)
 
 Test(s3, a_listings_bounds_are_checked_as_its_keys_arrive)
 {
-    s3_listing l = {0};
+    ck_listing l = {0};
     char *token = NULL, *page = many_keys(S3_MAX_KEYS / 2);
     ck_error err;
     cr_assert_eq(s3_parse_listing(page, strlen(page), "m/", &l, &token, "s3://b/m/", &err), 0,
@@ -195,7 +195,7 @@ Test(s3, a_listings_bounds_are_checked_as_its_keys_arrive)
     cr_expect_eq(s3_parse_listing(page, strlen(page), "m/", &l, &token, "s3://b/m/", &err), -1);
     cr_expect_eq(l.keys, S3_MAX_KEYS + 1, "refused at the first key over it, not the page's end");
     cr_expect_str_eq(err.msg, "s3://b/m/: lists more than 100000 objects");
-    s3_listing_free(&l);
+    ck_listing_free(&l);
     free(page);
 }
 
