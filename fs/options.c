@@ -58,8 +58,9 @@ void ck_opts_usage(FILE *out, const char *prog)
            "                           /etc/fuse.conf unless root)\n"
            "    -o nonempty            mount even over a ckptfs mount, or a directory that\n"
            "                           holds SOURCE (which the mount then hides)\n"
-           "    -o anonymous           s3:// requests unsigned, whatever credentials are\n"
-           "                           around (a public bucket; also CKPTFS_NO_SIGN_REQUEST=1)\n\n"
+           "    -o anonymous           s3:// and gs:// requests unsigned, whatever credentials\n"
+           "                           are around (a public bucket; also\n"
+           "                           CKPTFS_NO_SIGN_REQUEST=1)\n\n"
            "Exit status: 0 mounted, 1 refused or failed, 2 a usage error.\n\n",
            prog);
 }

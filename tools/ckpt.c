@@ -44,8 +44,8 @@ enum { NCOMMANDS = sizeof commands / sizeof *commands };
 enum { OWN_CACERT, OWN_NO_SIGN_REQUEST, OWN_VERSION };
 static const ck_option own_options[] = {
     {"cacert", "FILE", "CA certificates for https sources (also --cacert=FILE)", 0},
-    {"no-sign-request", NULL, "s3:// requests unsigned, whatever credentials are around: a\n"
-                              "public bucket", 0},
+    {"no-sign-request", NULL, "s3:// and gs:// requests unsigned, whatever credentials are\n"
+                              "around: a public bucket", 0},
     {"version", NULL, "the version, alone", 0},
     {NULL, NULL, NULL, 0}};
 
@@ -53,7 +53,7 @@ static void print_usage(FILE *out)
 {
     fprintf(out, "usage: ckpt [--cacert FILE] [--no-sign-request] COMMAND [ARGS]   (SOURCE: a\n"
                  "       checkpoint file, a directory of shards or a DCP checkpoint, an http(s)://\n"
-                 "       URL, hf://ORG/REPO[@REV][/PATH] or s3://BUCKET/KEY[/])\n"
+                 "       URL, hf://ORG/REPO[@REV][/PATH], s3://BUCKET/KEY[/] or gs://BUCKET/KEY[/])\n"
                  "       ckpt --version\n\n");
     for (int i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %s\n", commands[i]->usage);

@@ -9,7 +9,7 @@ imports in each of its processes; nothing is imported, and nothing costs, where 
 
 DIR keeps the config and tokenizer; the weights come from `source` when given (a mount or its
 .ckptfs/checkpoint.pack, a pack, .bin/.pt, safetensors or .bin one file or shards, a DCP
-directory, http(s)://, s3://, hf://), else from DIR itself, whatever layout its file names make
+directory, http(s)://, s3://, gs://, hf://), else from DIR itself, whatever layout its file names make
 it (docs/VLLM.md, "Layouts"; hf://MODEL when MODEL is a Hub id, not a directory; the URI itself
 when vLLM pulled the config files of a model named by an object-storage URI into a local DIR).
 Other keys: `window`, the bytes held at once of what is streamed through

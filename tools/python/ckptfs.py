@@ -1,6 +1,6 @@
 """ckptfs installed by pip: the `ckpt` and `ckptfs` commands pip puts on PATH run the programs
 this package carries in bin/, with the libcurl the wheel brings (bin/libckcurl.so, found through
-CKPTFS_LIBCURL unless that is set already) for http(s)://, hf:// and s3:// sources. What the
+CKPTFS_LIBCURL unless that is set already) for http(s)://, hf://, s3:// and gs:// sources. What the
 wheel cannot bring: fusermount3, setuid, from the system's fuse3 (mounts as a non-root user), and
 a CUDA runtime (torch's, found at the first CUDA use). BIN is where the programs are, for a
 script that would rather run them directly than through Python."""
