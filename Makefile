@@ -7,7 +7,7 @@ BUILD   ?= $(if $(SANITIZE),build/san,$(if $(COVERAGE),build/cov,build))
 PYTHON  ?= /usr/bin/python3
 PYDEPS  := $(CURDIR)/.deps/python
 
-PKGS    := fuse3 libcjson libxxhash zlib libcrypto
+PKGS    := fuse3 libcjson libxxhash zlib
 CFLAGS  ?= -O2 -g
 # -fPIC (the core also goes into libckload.so) would otherwise keep a file's calls of its own
 # global functions from being inlined, in case another object interposed them: nothing does
@@ -130,7 +130,7 @@ $(BUILD)/test_unit: $(call obj,$(UNIT_SRC) $(PLAN_SRC) $(SHAREMSG_SRC) $(SHARECL
                              $(COLD_SRC) loader/pool.c \
                              $(VIEW_SRC)) \
                    $(BUILD)/libckpt.a
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -luring -lcriterion -o $@
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -luring -lcriterion -lcrypto -o $@
 
 setup:
 	@scripts/setup

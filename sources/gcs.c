@@ -1,6 +1,7 @@
 /* gcs.c — gs:// locations: Google Cloud Storage's JSON API, its credentials (gcs.h). */
 #include "gcs.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,13 +74,52 @@ static int objects_url(const gcs_ref *r, char *out, size_t cap, size_t *at)
 
 /* --- credentials ------------------------------------------------------------------------- */
 
+/* libcrypto's functions a JWT needs, looked up at the first one (as libcurl is at the first URL):
+ * a program that never signs a service account's token never maps the library. */
+static struct {
+    void *so;
+    int (*encode_block)(unsigned char *, const unsigned char *, int);
+    BIO *(*bio_new_mem_buf)(const void *, int);
+    int (*bio_free)(BIO *);
+    EVP_PKEY *(*read_private_key)(BIO *, EVP_PKEY **, pem_password_cb *, void *);
+    int (*key_base_id)(const EVP_PKEY *);
+    void (*key_free)(EVP_PKEY *);
+    EVP_MD_CTX *(*md_ctx_new)(void);
+    void (*md_ctx_free)(EVP_MD_CTX *);
+    const EVP_MD *(*sha256)(void);
+    int (*sign_init)(EVP_MD_CTX *, EVP_PKEY_CTX **, const EVP_MD *, ENGINE *, EVP_PKEY *);
+    int (*sign)(EVP_MD_CTX *, unsigned char *, size_t *, const unsigned char *, size_t);
+} crypto;
+static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
+
+#define LIBCRYPTO "libcrypto.so.3"
+
+static void load_crypto(void)
+{
+    void *so = dlopen(LIBCRYPTO, RTLD_NOW | RTLD_LOCAL);
+    if (!so)
+        return;
+#define SYM(field, name) (*(void **)&crypto.field = dlsym(so, name))
+    int ok = SYM(encode_block, "EVP_EncodeBlock") && SYM(bio_new_mem_buf, "BIO_new_mem_buf") &&
+             SYM(bio_free, "BIO_free") && SYM(read_private_key, "PEM_read_bio_PrivateKey") &&
+             SYM(key_base_id, "EVP_PKEY_get_base_id") && SYM(key_free, "EVP_PKEY_free") &&
+             SYM(md_ctx_new, "EVP_MD_CTX_new") && SYM(md_ctx_free, "EVP_MD_CTX_free") &&
+             SYM(sha256, "EVP_sha256") && SYM(sign_init, "EVP_DigestSignInit") &&
+             SYM(sign, "EVP_DigestSign");
+#undef SYM
+    if (ok)
+        crypto.so = so;
+    else
+        dlclose(so);
+}
+
 /* [p, p+n) in base64url without padding (RFC 7515), malloc'ed, or NULL. */
 static char *base64url(const unsigned char *p, size_t n)
 {
     char *out = malloc(4 * ((n + 2) / 3) + 1);
     if (!out)
         return NULL;
-    int len = EVP_EncodeBlock((unsigned char *)out, p, (int)n);
+    int len = crypto.encode_block((unsigned char *)out, p, (int)n);
     for (char *c = out; c < out + len; c++)
         *c = *c == '+' ? '-' : *c == '/' ? '_' : *c;
     while (len && out[len - 1] == '=')
@@ -101,27 +141,31 @@ static char *json_part(cJSON *obj)
 /* The RS256 signature of data (n bytes) with the PEM key, base64url (malloc'ed), or NULL. */
 static char *rs256(const char *pem, const char *data, size_t n)
 {
-    BIO *b = BIO_new_mem_buf(pem, -1);
-    EVP_PKEY *k = b ? PEM_read_bio_PrivateKey(b, NULL, NULL, NULL) : NULL;
-    EVP_MD_CTX *m = EVP_MD_CTX_new();
+    BIO *b = crypto.bio_new_mem_buf(pem, -1);
+    EVP_PKEY *k = b ? crypto.read_private_key(b, NULL, NULL, NULL) : NULL;
+    EVP_MD_CTX *m = crypto.md_ctx_new();
     unsigned char *sig = NULL;
     size_t len = 0;
-    int ok = k && m && EVP_PKEY_base_id(k) == EVP_PKEY_RSA &&
-             EVP_DigestSignInit(m, NULL, EVP_sha256(), NULL, k) == 1 &&
-             EVP_DigestSign(m, NULL, &len, (const unsigned char *)data, n) == 1 &&
+    int ok = k && m && crypto.key_base_id(k) == EVP_PKEY_RSA &&
+             crypto.sign_init(m, NULL, crypto.sha256(), NULL, k) == 1 &&
+             crypto.sign(m, NULL, &len, (const unsigned char *)data, n) == 1 &&
              (sig = malloc(len)) &&
-             EVP_DigestSign(m, sig, &len, (const unsigned char *)data, n) == 1;
+             crypto.sign(m, sig, &len, (const unsigned char *)data, n) == 1;
     char *out = ok ? base64url(sig, len) : NULL;
     free(sig);
-    EVP_MD_CTX_free(m);
-    EVP_PKEY_free(k);
-    BIO_free(b);
+    crypto.md_ctx_free(m);
+    crypto.key_free(k);
+    crypto.bio_free(b);
     return out;
 }
 
 char *gcs_jwt(const char *iss, const char *kid, const char *key_pem, const char *aud,
               const char *scope, time_t now, ck_error *err)
 {
+    pthread_once(&crypto_once, load_crypto);
+    if (!crypto.so)
+        return ck_fail(err, "service account key", "cannot load " LIBCRYPTO " (Debian: libssl3), "
+                       "which signs its token request"), NULL;
     cJSON *h = cJSON_CreateObject(), *c = cJSON_CreateObject();
     cJSON_AddStringToObject(h, "alg", "RS256");
     cJSON_AddStringToObject(h, "typ", "JWT");

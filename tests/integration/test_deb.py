@@ -27,7 +27,7 @@ MULTIARCH = "/usr/lib/x86_64-linux-gnu"
 # The libraries the programs link, beyond libc and zlib (the package's Depends, which
 # dpkg-shlibdeps computes). The minbase root has libfuse3-3 (fuse3's) and libxxhash0 (apt's),
 # not libcJSON, liburing or libcurl: apt-get must bring those from the mirror.
-LINKED = ("libcjson1", "libfuse3-3", "libssl3", "liburing2", "libxxhash0")
+LINKED = ("libcjson1", "libfuse3-3", "liburing2", "libxxhash0")
 FROM_MIRROR = ("libcjson1", "liburing2", "libcurl4")
 TORCH_AT = "/opt/torch2"
 # Paths a root changes by running at all (apt's and dpkg's state, caches, logs, mount(8)'s
