@@ -170,15 +170,18 @@ static void hint_bounds(ck_index *ix)
     free(v);
 }
 
-/* The file called name beside base, opened by open_file, or (dcp) as a DCP checkpoint's
- * .metadata. */
-static int open_beside(http_remote *remote, const char *base, const char *name, int dcp,
-                       ck_index **out, ck_error *err)
+/* The file called name beside base, opened as what the rule chose it for: a DCP checkpoint's
+ * .metadata, an index of shards (by its name: a file that is no index says why), else by
+ * open_file. */
+static int open_beside(http_remote *remote, const char *base, const char *name,
+                       enum ck_choice_kind kind, ck_index **out, ck_error *err)
 {
     char *loc = ck_source_sibling(base, name, err);
     if (!loc)
         return -1;
-    int rc = dcp ? dcp_open(remote, loc, out, err) : open_file(remote, loc, out, err);
+    int rc = kind == CK_CHOSE_DCP     ? dcp_open(remote, loc, out, err)
+             : kind == CK_CHOSE_INDEX ? shards_open_index(remote, loc, read_shard, out, err)
+                                      : open_file(remote, loc, out, err);
     free(loc);
     return rc;
 }
@@ -200,12 +203,8 @@ static int open_listed(http_remote *remote, const char *base, const char *const 
         rc = set ? shards_open_names(remote, base, set, c.n, where, read_shard, out, err)
                  : ck_fail(err, where, "out of memory");
         free(set);
-    } else if (c.kind == CK_CHOSE_INDEX) { /* by its name: a file that is no index says why */
-        char *loc = ck_source_sibling(base, first, err);
-        rc = loc ? shards_open_index(remote, loc, read_shard, out, err) : -1;
-        free(loc);
     } else {
-        rc = open_beside(remote, base, first, c.kind == CK_CHOSE_DCP, out, err);
+        rc = open_beside(remote, base, first, c.kind, out, err);
     }
     /* The directory is the GGUF set: each of its *.gguf files was opened as a split. */
     if (rc == 0 && c.kind == CK_CHOSE_GGUF && (*out)->nfiles != c.n) {

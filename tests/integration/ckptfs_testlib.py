@@ -457,3 +457,17 @@ def run_on_a_terminal(argv, stderr_too=False, timeout=60):
         out += chunk
     os.close(master)
     return p.returncode, out.decode().replace("\r\n", "\n"), p.stderr or b""
+
+
+def client_env(set_, drop, over):
+    """os.environ with set_ added, the names in drop removed (stray settings of the host), then
+    over applied: a value sets its name, None removes it."""
+    env = dict(os.environ, **set_)
+    for k in drop:
+        env.pop(k, None)
+    for k, v in over.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import netlab
-from ckptfs_testlib import (check_mount, ckpt_bin, library_view, need_module, run, torch_bytes,
+from ckptfs_testlib import (client_env, check_mount, ckpt_bin, library_view, need_module, run, torch_bytes,
                             write_safetensors)
 
 need_module("gcp_storage_emulator")
@@ -94,16 +94,9 @@ def gcs(tmp_path_factory):
 
 def env_for(em, **over):
     """A client's environment: the emulator, a HOME of its own, no Google credentials."""
-    env = dict(os.environ, STORAGE_EMULATOR_HOST=em.endpoint, HOME=str(em.home))
-    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "CKPTFS_GCS_ENDPOINT",
-              "GCE_METADATA_HOST"):
-        env.pop(k, None)
-    for k, v in over.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+    return client_env(dict(STORAGE_EMULATOR_HOST=em.endpoint, HOME=str(em.home)),
+                      ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "CKPTFS_GCS_ENDPOINT",
+                       "GCE_METADATA_HOST"), over)
 
 
 def ckpt(env, *args):

@@ -11,7 +11,7 @@ import pytest
 
 import netlab
 import s3lab
-from ckptfs_testlib import (TORCH2, check_mount, ckpt_bin, library_view, need_torch2, run,
+from ckptfs_testlib import (client_env, TORCH2, check_mount, ckpt_bin, library_view, need_torch2, run,
                             write_safetensors)
 
 BUCKET = "ckpt-tests"
@@ -47,18 +47,12 @@ def s3(tmp_path_factory):
 def env_for(srv, **over):
     """The environment of a client of srv: its endpoint and region, the keys in the
     environment unless over says otherwise, a HOME of its own (no stray ~/.aws)."""
-    env = dict(os.environ, AWS_ENDPOINT_URL=srv.endpoint, AWS_REGION=srv.region,
-               AWS_ACCESS_KEY_ID=srv.access_key, AWS_SECRET_ACCESS_KEY=srv.secret_key,
-               HOME=str(srv.home), AWS_EC2_METADATA_DISABLED="true")  # never 169.254.169.254
-    for k in ("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-              "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
-        env.pop(k, None)
-    for k, v in over.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+    return client_env(
+        dict(AWS_ENDPOINT_URL=srv.endpoint, AWS_REGION=srv.region,
+             AWS_ACCESS_KEY_ID=srv.access_key, AWS_SECRET_ACCESS_KEY=srv.secret_key,
+             HOME=str(srv.home), AWS_EC2_METADATA_DISABLED="true"),  # never 169.254.169.254
+        ("AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_SESSION_TOKEN",
+         "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"), over)
 
 
 def ckpt(srv, *args, **over):
